@@ -1,0 +1,63 @@
+# ignition-mcp: one `make` builds the server and the agent, `make images`
+# builds the rootfs trees, `make check` runs every test.
+
+CC       ?= gcc
+BUILD    ?= build
+VERSION  := 0.1.0
+WARN     := -Wall -Wextra -Werror -Wno-missing-field-initializers
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu17 $(WARN) -D_GNU_SOURCE -DIGN_VERSION='"$(VERSION)"' -I.
+SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c) proto/proto.c proto/client.c
+AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c
+HEADERS     := $(wildcard */*.h)
+SERVER_LIBS := -ljansson -lpthread
+AGENT_LIBS  := -lseccomp
+
+UNIT_SRCS   := $(wildcard tests/unit/test_*.c)
+UNIT_BINS   := $(patsubst tests/unit/%.c,$(BUILD)/test/%,$(UNIT_SRCS))
+# Unit tests link the server's sources minus its main().
+LIB_SRCS    := $(filter-out mcp/main.c,$(SERVER_SRCS))
+
+.PHONY: all images rootfs-small rootfs-tools check check-unit check-e2e clean install
+
+all: $(BUILD)/ignition-mcp $(BUILD)/ign-agent
+
+$(BUILD)/ignition-mcp: $(SERVER_SRCS) $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ $(SERVER_SRCS) $(SERVER_LIBS)
+
+$(BUILD)/ign-agent: $(AGENT_SRCS) $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -static -o $@ $(AGENT_SRCS) $(AGENT_LIBS)
+
+# Sanitizer builds used by the tests.
+$(BUILD)/san/ignition-mcp: $(SERVER_SRCS) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $(SERVER_SRCS) $(SERVER_LIBS)
+
+$(BUILD)/test/%: tests/unit/%.c $(LIB_SRCS) $(HEADERS) $(BUILD)/ign-agent
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $< $(LIB_SRCS) $(SERVER_LIBS)
+
+$(BUILD):
+	mkdir -p $@
+
+images: rootfs-small rootfs-tools
+
+rootfs-small: $(BUILD)/ign-agent
+	image/build-rootfs-small.sh $(BUILD)/rootfs/small
+
+rootfs-tools:
+	image/build-rootfs-tools.sh $(BUILD)/rootfs/tools
+
+check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS)
+	BUILD=$(BUILD) tests/run.sh
+
+check-unit: all $(UNIT_BINS)
+	BUILD=$(BUILD) tests/run.sh unit
+
+check-e2e: all $(BUILD)/san/ignition-mcp
+	BUILD=$(BUILD) tests/run.sh e2e
+
+clean:
+	rm -rf $(BUILD)/ignition-mcp $(BUILD)/ign-agent $(BUILD)/san $(BUILD)/test

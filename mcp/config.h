@@ -1,0 +1,32 @@
+/* config.h: the server's settings, read once from IGN_MCP_* variables. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum backend_choice { BACKEND_AUTO, BACKEND_NS, BACKEND_VM };
+
+struct config {
+  enum backend_choice backend;
+  char *rootfs;          /* resolved absolute directory, or NULL if not found */
+  char *rootfs_spec;     /* what the user asked for (name or path) */
+  char *agent;           /* resolved ign-agent path, or NULL */
+  unsigned max_sessions;
+  unsigned idle_secs;
+  size_t output_cap;
+  size_t max_message;
+  size_t max_file;
+  size_t max_stdin;
+  unsigned memory_mb;
+  unsigned pids;
+  unsigned overlay_mb;
+  bool net;
+};
+
+extern struct config cfg;
+
+/* Reads the environment; on an invalid value prints why to stderr and
+ * returns -EINVAL. */
+int config_load(void);
+/* Directory holding the running executable. */
+const char *config_exe_dir(void);

@@ -1,0 +1,83 @@
+/* main.c: ignition-mcp's entry point: settings, signals, backend, serve. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "mcp/config.h"
+#include "mcp/log.h"
+#include "mcp/server.h"
+#include "session/session.h"
+
+static void usage(void) {
+  printf("ignition-mcp %s: a stdio MCP server that gives each session its own sandbox.\n"
+         "\n"
+         "Usage: ignition-mcp            serve MCP on stdin/stdout\n"
+         "       ignition-mcp --version  print the version\n"
+         "       ignition-mcp --help     this text\n"
+         "\n"
+         "Environment (defaults in brackets):\n"
+         "  IGN_MCP_BACKEND       auto | ns | vm [auto]\n"
+         "  IGN_MCP_ROOTFS        rootfs name (tools, small) or directory [tools]\n"
+         "  IGN_MCP_AGENT         path of ign-agent [next to the server]\n"
+         "  IGN_MCP_MAX_SESSIONS  open sessions at most [8]\n"
+         "  IGN_MCP_IDLE_SECS     idle seconds before a session is reaped [600]\n"
+         "  IGN_MCP_OUTPUT_CAP    inline bytes kept per output stream [65536]\n"
+         "  IGN_MCP_MAX_MESSAGE   largest JSON-RPC message in bytes [67108864]\n"
+         "  IGN_MCP_MAX_FILE      largest write_file/read_file in bytes [33554432]\n"
+         "  IGN_MCP_MAX_STDIN     largest run stdin in bytes [8388608]\n"
+         "  IGN_MCP_MEMORY_MB     memory limit per session [1024]\n"
+         "  IGN_MCP_PIDS          process limit per session [1024]\n"
+         "  IGN_MCP_OVERLAY_MB    writable disk per session [1024]\n"
+         "  IGN_MCP_NET           set to give sandboxes a network (vm backend) [unset]\n"
+         "  IGN_MCP_LOG           stderr log level: debug, info, warning, error [info]\n",
+         IGN_VERSION);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    if (strcmp(argv[1], "--version") == 0) {
+      printf("ignition-mcp %s\n", IGN_VERSION);
+      return 0;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+      usage();
+      return 0;
+    }
+    fprintf(stderr, "ignition-mcp: unknown argument '%s'; see ignition-mcp --help\n", argv[1]);
+    return 2;
+  }
+  const char *lv = getenv("IGN_MCP_LOG");
+  if (lv && *lv) {
+    int l = log_level_parse(lv);
+    if (l < 0) {
+      fprintf(stderr, "ignition-mcp: IGN_MCP_LOG=%s is invalid: use debug, info, warning or error\n",
+              lv);
+      return 2;
+    }
+    log_set_stderr_level((enum log_level)l);
+  }
+  if (config_load() < 0)
+    return 2;
+
+  /* Termination signals are read through a signalfd by the main loop; every
+   * thread inherits this mask.  A client that goes away must not kill us
+   * with SIGPIPE before the sandboxes are cleaned up. */
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &mask, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  _cleanup_free_ char *err = NULL;
+  if (sessions_init(&err) < 0)
+    log_warn("sessions cannot open until this is fixed: %s", err);
+  else
+    log_info("ignition-mcp %s ready: backend %s, rootfs %s", IGN_VERSION, sessions_backend(),
+             cfg.rootfs);
+  return mcp_serve();
+}

@@ -1,0 +1,414 @@
+/* server.c: MCP over stdio: JSON-RPC 2.0 validation, lifecycle, dispatch,
+ * cancellation, progress and logging notifications.
+ *
+ * The main thread only reads and dispatches; quick methods are answered
+ * inline, every tools/call runs on a thread of its own, so a command that
+ * runs for minutes never delays ping, another session or a cancellation.
+ * Each call is registered by request id until it ends; a cancelled call sends
+ * no response.  All output goes through mcp_send(), one whole line at a time
+ * under a mutex: stdout carries nothing but protocol messages. */
+#include "mcp/server.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "mcp/config.h"
+#include "mcp/framing.h"
+#include "mcp/log.h"
+#include "proto/proto.h"
+#include "session/session.h"
+#include "tools/tools.h"
+
+#define LATEST_VERSION "2025-11-25"
+#define SHUTDOWN_WAIT_MS 5000
+
+enum {
+  RPC_PARSE_ERROR = -32700,
+  RPC_INVALID_REQUEST = -32600,
+  RPC_METHOD_NOT_FOUND = -32601,
+  RPC_INVALID_PARAMS = -32602,
+  RPC_INTERNAL_ERROR = -32603,
+};
+
+static const char *const supported_versions[] = {"2025-11-25", "2025-06-18", "2025-03-26",
+                                                 "2024-11-05"};
+
+static const char instructions[] =
+    "ignition-mcp gives you sandboxes to run code in, isolated from the user's machine.\n"
+    "- Call open_session once and keep its session_id; a session is a whole machine of its own "
+    "(Debian with python3, gcc, git, make, curl unless configured otherwise), with no network.\n"
+    "- run executes one command as a fresh `sh -c`: the working directory, environment variables "
+    "and shell variables do NOT carry over between runs (pass cwd and env each time, or chain "
+    "with &&), but files you create DO persist for the life of the session.\n"
+    "- Put files in with write_file (binary-safe, base64) and read them back with read_file "
+    "(use offset and max_bytes for large files) rather than echo/cat.\n"
+    "- Long output is cut to a head; stdout_bytes/stderr_bytes give the full sizes, so redirect "
+    "large output to a file and read it in pieces.\n"
+    "- reset wipes the session back to a clean machine under the same id; close it when done.";
+
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t calls_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t calls_cond = PTHREAD_COND_INITIALIZER;
+static bool stdout_broken;
+
+struct call {
+  struct call *next;
+  struct call_ctx ctx;
+  char *tool;
+  json_t *args;
+};
+static struct call *calls;
+static unsigned n_calls;
+
+void mcp_send(json_t *msg) {
+  char *s = json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY);
+  json_decref(msg);
+  if (!s) {
+    log_error("cannot encode a response (out of memory)");
+    return;
+  }
+  size_t n = strlen(s);
+  s[n] = '\n';
+  pthread_mutex_lock(&out_lock);
+  if (!stdout_broken && proto_write_all(1, s, n + 1) < 0)
+    stdout_broken = true;
+  pthread_mutex_unlock(&out_lock);
+  free(s);
+}
+
+static void send_result(json_t *id, json_t *result) {
+  mcp_send(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+}
+
+static void send_error(json_t *id, int code, const char *msg) {
+  mcp_send(json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(),
+                     "error", "code", code, "message", msg));
+}
+
+static void send_notification(const char *method, json_t *params) {
+  mcp_send(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
+}
+
+void mcp_progress(struct call_ctx *ctx, const char *message) {
+  if (!ctx->progress_token)
+    return;
+  ctx->progress += 1;
+  json_t *p = json_pack("{s:O, s:f}", "progressToken", ctx->progress_token, "progress",
+                        ctx->progress);
+  if (message && *message) {
+    json_t *m = json_string(message);
+    if (m)
+      json_object_set_new(p, "message", m);
+  }
+  send_notification("notifications/progress", p);
+}
+
+static void log_sink(enum log_level l, const char *msg) {
+  json_t *data = json_string(msg);
+  if (!data)
+    return;
+  send_notification("notifications/message", json_pack("{s:s, s:s, s:o}", "level",
+                                                        log_level_name(l), "logger",
+                                                        "ignition-mcp", "data", data));
+}
+
+/* ---- tools/call on its own thread ---- */
+
+static void call_free(struct call *c) {
+  json_decref(c->ctx.id);
+  json_decref(c->ctx.progress_token);
+  json_decref(c->args);
+  free(c->tool);
+  free(c);
+}
+
+static void *call_main(void *arg) {
+  struct call *c = arg;
+  json_t *result = tools_call(c->tool, c->args, &c->ctx);
+  if (!atomic_load(&c->ctx.cancelled))
+    send_result(c->ctx.id, result);
+  else
+    json_decref(result);
+  pthread_mutex_lock(&calls_lock);
+  for (struct call **pp = &calls; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  n_calls--;
+  pthread_cond_broadcast(&calls_cond);
+  pthread_mutex_unlock(&calls_lock);
+  call_free(c);
+  return NULL;
+}
+
+static void start_call(json_t *id, json_t *params) {
+  json_t *name = json_object_get(params, "name");
+  json_t *args = json_object_get(params, "arguments");
+  if (!json_is_string(name)) {
+    send_error(id, RPC_INVALID_PARAMS, "tools/call needs params.name, the tool's name (a string)");
+    return;
+  }
+  if (!tools_exists(json_string_value(name))) {
+    _cleanup_free_ char *msg = xasprintf("unknown tool '%s'; tools/list shows the tools",
+                                         json_string_value(name));
+    send_error(id, RPC_INVALID_PARAMS, msg);
+    return;
+  }
+  if (args && !json_is_object(args) && !json_is_null(args)) {
+    send_error(id, RPC_INVALID_PARAMS, "tools/call params.arguments must be an object");
+    return;
+  }
+  struct call *c = calloc(1, sizeof *c);
+  if (!c) {
+    send_error(id, RPC_INTERNAL_ERROR, "out of memory");
+    return;
+  }
+  c->ctx.id = json_incref(id);
+  json_t *meta = json_object_get(params, "_meta");
+  json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
+  if (token && (json_is_string(token) || json_is_integer(token)))
+    c->ctx.progress_token = json_incref(token);
+  c->tool = strdup(json_string_value(name));
+  c->args = json_is_object(args) ? json_incref(args) : NULL;
+
+  pthread_mutex_lock(&calls_lock);
+  c->next = calls;
+  calls = c;
+  n_calls++;
+  pthread_mutex_unlock(&calls_lock);
+
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int r = pthread_create(&t, &attr, call_main, c);
+  pthread_attr_destroy(&attr);
+  if (r != 0) {
+    pthread_mutex_lock(&calls_lock);
+    calls = c->next;
+    n_calls--;
+    pthread_mutex_unlock(&calls_lock);
+    send_error(id, RPC_INTERNAL_ERROR, "cannot start a thread for this call; try again");
+    call_free(c);
+  }
+}
+
+static void cancel_call(json_t *params) {
+  json_t *rid = json_object_get(params, "requestId");
+  if (!rid)
+    return;
+  pthread_mutex_lock(&calls_lock);
+  for (struct call *c = calls; c; c = c->next)
+    if (json_equal(c->ctx.id, rid)) {
+      atomic_store(&c->ctx.cancelled, true);
+      log_info("call %s cancelled by the client", c->tool);
+    }
+  pthread_mutex_unlock(&calls_lock);
+}
+
+/* ---- methods ---- */
+
+static void do_initialize(json_t *id, json_t *params) {
+  json_t *v = json_object_get(params, "protocolVersion");
+  const char *version = LATEST_VERSION;
+  if (json_is_string(v))
+    for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
+      if (strcmp(json_string_value(v), supported_versions[i]) == 0)
+        version = supported_versions[i];
+  send_result(id, json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion",
+                            version, "capabilities", "tools", "listChanged", 0, "logging",
+                            "serverInfo", "name", "ignition-mcp", "version", IGN_VERSION, "title",
+                            "ignition-mcp: a sandbox per session", "instructions", instructions));
+}
+
+static void do_set_level(json_t *id, json_t *params) {
+  json_t *l = json_object_get(params, "level");
+  int level = json_is_string(l) ? log_level_parse(json_string_value(l)) : -1;
+  if (level < 0) {
+    send_error(id, RPC_INVALID_PARAMS, "logging/setLevel needs params.level, one of debug, info, "
+                                       "notice, warning, error, critical, alert, emergency");
+    return;
+  }
+  log_set_client_level((enum log_level)level);
+  send_result(id, json_object());
+}
+
+static bool valid_id(json_t *id) {
+  return json_is_string(id) || json_is_integer(id) || json_is_real(id);
+}
+
+static void handle_message(json_t *msg) {
+  if (json_is_array(msg)) {
+    send_error(NULL, RPC_INVALID_REQUEST, "batches are not supported: send one JSON-RPC message "
+                                          "per line");
+    return;
+  }
+  if (!json_is_object(msg)) {
+    send_error(NULL, RPC_INVALID_REQUEST, "a JSON-RPC message must be a JSON object");
+    return;
+  }
+  json_t *id = json_object_get(msg, "id");
+  json_t *method = json_object_get(msg, "method");
+  json_t *params = json_object_get(msg, "params");
+  json_t *version = json_object_get(msg, "jsonrpc");
+  if (id && !valid_id(id)) {
+    send_error(NULL, RPC_INVALID_REQUEST, "the request id must be a string or a number");
+    return;
+  }
+  if (!json_is_string(version) || strcmp(json_string_value(version), "2.0") != 0) {
+    send_error(id, RPC_INVALID_REQUEST, "the message must have \"jsonrpc\": \"2.0\"");
+    return;
+  }
+  if (!method && id && (json_object_get(msg, "result") || json_object_get(msg, "error")))
+    return; /* a response to a request we never sent: nothing to do */
+  if (!json_is_string(method)) {
+    send_error(id, RPC_INVALID_REQUEST, "the message needs a \"method\" string");
+    return;
+  }
+  if (params && !json_is_object(params)) {
+    if (id)
+      send_error(id, RPC_INVALID_PARAMS, "params must be an object");
+    return;
+  }
+  const char *m = json_string_value(method);
+  if (!id) {
+    if (strcmp(m, "notifications/cancelled") == 0 && params)
+      cancel_call(params);
+    return; /* other notifications need no action and get no answer */
+  }
+  json_t *empty = params ? NULL : json_object();
+  if (!params)
+    params = empty;
+  if (strcmp(m, "initialize") == 0)
+    do_initialize(id, params);
+  else if (strcmp(m, "ping") == 0)
+    send_result(id, json_object());
+  else if (strcmp(m, "tools/list") == 0)
+    send_result(id, json_pack("{s:o}", "tools", tools_list()));
+  else if (strcmp(m, "tools/call") == 0)
+    start_call(id, params);
+  else if (strcmp(m, "logging/setLevel") == 0)
+    do_set_level(id, params);
+  else {
+    _cleanup_free_ char *msg2 = xasprintf("method '%s' not found; this server implements "
+                                          "initialize, ping, tools/list, tools/call and "
+                                          "logging/setLevel",
+                                          m);
+    send_error(id, RPC_METHOD_NOT_FOUND, msg2);
+  }
+  json_decref(empty);
+}
+
+static void on_line(void *ctx, char *line, size_t len) {
+  (void)ctx;
+  size_t i = 0;
+  while (i < len && (line[i] == ' ' || line[i] == '\t'))
+    i++;
+  if (i == len)
+    return;
+  json_error_t err;
+  json_t *msg = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+  if (!msg) {
+    _cleanup_free_ char *m = xasprintf("parse error at byte %d: %s", err.position, err.text);
+    send_error(NULL, RPC_PARSE_ERROR, m);
+    return;
+  }
+  handle_message(msg);
+  json_decref(msg);
+}
+
+static void on_oversize(void *ctx, size_t len) {
+  (void)ctx;
+  _cleanup_free_ char *m = xasprintf("message too large: over %zu bytes (IGN_MCP_MAX_MESSAGE is "
+                                     "%zu); it was discarded. Send large files in pieces.",
+                                     len, cfg.max_message);
+  send_error(NULL, RPC_INVALID_REQUEST, m);
+}
+
+void mcp_handle_line(char *line, size_t len) { on_line(NULL, line, len); }
+
+static void wait_calls(void) {
+  uint64_t deadline = mono_ms() + SHUTDOWN_WAIT_MS;
+  /* The sandboxes are gone by now, so calls still running end at once with
+   * an error that says so. */
+  pthread_mutex_lock(&calls_lock);
+  while (n_calls > 0 && mono_ms() < deadline) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&calls_cond, &calls_lock, &ts);
+  }
+  pthread_mutex_unlock(&calls_lock);
+}
+
+int mcp_serve(void) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  _cleanup_close_ int sfd = signalfd(-1, &mask, SFD_CLOEXEC);
+  log_set_client_sink(log_sink);
+
+  struct line_reader lr;
+  line_reader_init(&lr, cfg.max_message);
+  const struct line_sink sink = {.line = on_line, .oversize = on_oversize};
+  const char *why = "stdin closed";
+  size_t bufsize = 1 << 16;
+  _cleanup_free_ char *buf = malloc(bufsize);
+  if (!buf)
+    return 1;
+  for (;;) {
+    struct pollfd p[2] = {{.fd = 0, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+    if (poll(p, sfd >= 0 ? 2 : 1, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      why = "poll failed";
+      break;
+    }
+    if (sfd >= 0 && (p[1].revents & POLLIN)) {
+      struct signalfd_siginfo si;
+      if (read(sfd, &si, sizeof si) == sizeof si) {
+        log_info("received %s, shutting down", strsignal((int)si.ssi_signo));
+        why = NULL;
+        break;
+      }
+    }
+    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      ssize_t n = read(0, buf, bufsize);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        continue;
+      if (n <= 0) {
+        line_reader_finish(&lr, &sink);
+        break;
+      }
+      if (line_reader_feed(&lr, buf, (size_t)n, &sink) < 0) {
+        log_error("out of memory reading a message");
+        why = "out of memory";
+        break;
+      }
+    }
+    if (stdout_broken) {
+      why = "stdout closed";
+      break;
+    }
+  }
+  if (why)
+    log_info("%s, shutting down", why);
+  line_reader_free(&lr);
+  sessions_shutdown();
+  wait_calls();
+  return 0;
+}

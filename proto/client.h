@@ -1,0 +1,69 @@
+/* client.h: the host side of the agent protocol.  One agent_conn per
+ * sandbox: a reader thread demultiplexes frames to the calls waiting on
+ * them, so several calls can use one sandbox at once.  Every call is bounded:
+ * output beyond the caller's cap is counted, not kept. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct agent_conn;
+
+/* What a waiting call can be interrupted or informed by. */
+struct agent_ctl {
+  atomic_bool *cancelled;    /* set by the MCP layer; the call ends with -ECANCELED */
+  void (*progress)(void *ctx, const char *last_line, uint64_t elapsed_ms);
+  void *ctx;
+};
+
+struct agent_exec_req {
+  const char *command;
+  const char *cwd;           /* NULL: the agent's default */
+  const char *const *env;    /* "NAME=VALUE" */
+  size_t n_env;
+  uint32_t timeout_ms;
+  const void *stdin_data;    /* NULL: no stdin */
+  size_t stdin_len;
+  size_t out_cap;            /* bytes kept per stream */
+};
+
+struct agent_exec_res {
+  char *out, *err;           /* malloc'd, not NUL-terminated; *_len bytes kept */
+  size_t out_len, err_len;
+  uint64_t out_total, err_total; /* exact byte counts */
+  int exit_code;             /* -1 when signalled */
+  int signal;                /* 0 when exited */
+  bool timed_out;
+  uint64_t duration_us;
+};
+
+void agent_exec_res_free(struct agent_exec_res *r);
+
+/* Takes ownership of FD (a connected stream to an agent), says HELLO and
+ * waits up to TIMEOUT_MS for the answer.  On failure *ret_err explains. */
+int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char **ret_err);
+/* Ends the connection: every waiting call fails with -EPIPE.  Idempotent. */
+void agent_conn_shutdown(struct agent_conn *c);
+/* Shuts down, joins the reader and frees. */
+void agent_conn_free(struct agent_conn *c);
+bool agent_conn_alive(struct agent_conn *c);
+/* The agent's HELLO_OK info string. */
+const char *agent_conn_info(struct agent_conn *c);
+
+/* Each call returns 0, -ECANCELED when ctl->cancelled was set, -EPIPE when the
+ * connection died, -ETIMEDOUT when the agent stopped answering, or -EIO/other
+ * with *ret_err set to the agent's or our own explanation. */
+int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err);
+int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
+               struct agent_exec_res *ret, char **ret_err);
+int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, const void *data,
+                     size_t len, const struct agent_ctl *ctl, char **ret_err);
+int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uint64_t max,
+                    const struct agent_ctl *ctl, void **ret_data, size_t *ret_len,
+                    uint64_t *ret_size, bool *ret_eof, char **ret_err);
+/* SETUP: entropy (may be NULL), realtime ns (0: skip), hostname and
+ * machine id (NULL: skip). */
+int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, uint64_t time_ns,
+                const char *hostname, const char *machine_id, char **ret_err);

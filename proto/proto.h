@@ -1,0 +1,180 @@
+/* proto.h: the host <-> ign-agent wire protocol, shared by the server (host
+ * side) and ign-agent (guest side).
+ *
+ * A connection is a byte stream (a socketpair for the ns backend, a
+ * virtio-serial port for the vm backend).  It carries frames:
+ *
+ *   u32 len    payload length in bytes, <= PROTO_MAX_PAYLOAD
+ *   u8  type   enum proto_type
+ *   u8  flags  0 (reserved)
+ *   u16 rsvd   0
+ *   u32 id     request id chosen by the host; 0 for connection-level frames
+ *   u8  payload[len]
+ *
+ * All integers are little-endian.  Requests are multiplexed: the host picks a
+ * fresh id per request, and every frame that belongs to it carries that id.
+ * Each request ends with exactly one terminal frame from the agent (EXIT, OK,
+ * READ_END or ERROR).
+ *
+ * Payloads of control frames are TLV records: u16 tag, u32 len, value.  Fixed
+ * width integers are encoded LE with len 4 or 8; strings are raw bytes (no
+ * terminating NUL).  Data frames (STDIN, STDOUT, STDERR, DATA) carry raw bytes.
+ *
+ * Flows:
+ *   HELLO{VERSION}                    -> HELLO_OK{VERSION,INFO} | ERROR
+ *   PING                              -> PONG
+ *   EXEC{COMMAND,CWD?,ENV*,TIMEOUT_MS,HAS_STDIN}
+ *     [STDIN* STDIN_END when HAS_STDIN=1]
+ *                                     -> STDOUT* STDERR* (interleaved) EXIT | ERROR
+ *   KILL (same id as a running EXEC)  -> (the EXEC ends with EXIT, SIGNAL=9)
+ *   WRITE{PATH,MODE,SIZE} DATA* DATA_END -> OK | ERROR (ERROR may come early;
+ *                                        the agent ignores the rest of the id)
+ *   READ{PATH,OFFSET,MAX}             -> DATA* READ_END{SIZE,EOF,BYTES} | ERROR
+ *   SETUP{ENTROPY?,TIME_NS?,HOSTNAME?,MACHINE_ID?} -> OK | ERROR
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROTO_VERSION 1u
+#define PROTO_HEADER_SIZE 12u
+/* Largest payload either side accepts.  Output and file data are chunked to
+ * PROTO_CHUNK, so every buffer on both sides stays bounded. */
+#define PROTO_MAX_PAYLOAD (256u * 1024u)
+#define PROTO_CHUNK (64u * 1024u)
+/* Caps the agent enforces on fields it receives. */
+#define PROTO_MAX_PATH 4096u
+#define PROTO_MAX_COMMAND (1024u * 1024u)
+#define PROTO_MAX_ENV 256u
+#define PROTO_MAX_ENV_ENTRY 32768u
+
+enum proto_type {
+  PROTO_HELLO = 1,
+  PROTO_HELLO_OK = 2,
+  PROTO_ERROR = 3,
+  PROTO_PING = 4,
+  PROTO_PONG = 5,
+  PROTO_EXEC = 10,
+  PROTO_STDIN = 11,
+  PROTO_STDIN_END = 12,
+  PROTO_STDOUT = 13,
+  PROTO_STDERR = 14,
+  PROTO_EXIT = 15,
+  PROTO_KILL = 16,
+  PROTO_WRITE = 20,
+  PROTO_DATA = 21,
+  PROTO_DATA_END = 22,
+  PROTO_OK = 23,
+  PROTO_READ = 24,
+  PROTO_READ_END = 25,
+  PROTO_SETUP = 30,
+};
+
+enum proto_tag {
+  TAG_VERSION = 1,     /* u32 */
+  TAG_INFO = 2,        /* string */
+  TAG_ERRNO = 3,       /* u32, positive errno */
+  TAG_MESSAGE = 4,     /* string */
+  TAG_COMMAND = 10,    /* string, run as /bin/sh -c COMMAND */
+  TAG_CWD = 11,        /* string */
+  TAG_ENV = 12,        /* string "NAME=VALUE", repeatable */
+  TAG_TIMEOUT_MS = 13, /* u32, 0 = no timeout */
+  TAG_HAS_STDIN = 14,  /* u32 0/1 */
+  TAG_EXIT_CODE = 15,  /* u32 holding an int32: exit status, or -1 if signalled */
+  TAG_SIGNAL = 16,     /* u32, 0 if exited normally */
+  TAG_TIMED_OUT = 17,  /* u32 0/1 */
+  TAG_DURATION_US = 18, /* u64 */
+  TAG_PATH = 20,       /* string */
+  TAG_MODE = 21,       /* u32 permission bits */
+  TAG_SIZE = 22,       /* u64 */
+  TAG_OFFSET = 23,     /* u64 */
+  TAG_MAX = 24,        /* u64 */
+  TAG_EOF = 25,        /* u32 0/1 */
+  TAG_BYTES = 26,      /* u64 bytes sent in DATA frames */
+  TAG_ENTROPY = 30,    /* bytes */
+  TAG_TIME_NS = 31,    /* u64 CLOCK_REALTIME in ns */
+  TAG_HOSTNAME = 32,   /* string */
+  TAG_MACHINE_ID = 33, /* string, 32 hex chars */
+};
+
+struct proto_header {
+  uint32_t len;
+  uint8_t type;
+  uint8_t flags;
+  uint16_t rsvd;
+  uint32_t id;
+};
+
+/* A growable buffer used to build a frame.  proto_frame_begin() reserves the
+ * header; proto_frame_finish() fills it in.  On allocation failure the buffer
+ * is marked failed and every later call is a no-op; check
+ * proto_frame_finish()'s result once. */
+struct proto_buf {
+  uint8_t *data;
+  size_t len;
+  size_t cap;
+  bool failed;
+};
+
+void proto_buf_free(struct proto_buf *b);
+void proto_frame_begin(struct proto_buf *b, enum proto_type type, uint32_t id);
+void proto_put_bytes(struct proto_buf *b, uint16_t tag, const void *v, size_t n);
+void proto_put_str(struct proto_buf *b, uint16_t tag, const char *s);
+void proto_put_u32(struct proto_buf *b, uint16_t tag, uint32_t v);
+void proto_put_u64(struct proto_buf *b, uint16_t tag, uint64_t v);
+void proto_put_raw(struct proto_buf *b, const void *v, size_t n);
+/* 0, or -EMSGSIZE when the payload is over PROTO_MAX_PAYLOAD, -ENOMEM. */
+int proto_frame_finish(struct proto_buf *b);
+
+/* Header codec.  proto_header_decode() returns 0, or -EPROTO when the header
+ * is invalid (payload too large, reserved bits set, unknown type). */
+void proto_header_encode(uint8_t out[PROTO_HEADER_SIZE], const struct proto_header *h);
+int proto_header_decode(const uint8_t in[PROTO_HEADER_SIZE], struct proto_header *ret);
+bool proto_type_known(uint8_t type);
+
+/* TLV iteration over a control payload.  proto_tlv_next() returns 1 and fills
+ * the out-parameters for the next record, 0 at the end, -EPROTO when a
+ * record runs past the payload. */
+struct proto_tlv_iter {
+  const uint8_t *p;
+  size_t left;
+};
+void proto_tlv_init(struct proto_tlv_iter *it, const void *payload, size_t len);
+int proto_tlv_next(struct proto_tlv_iter *it, uint16_t *ret_tag, const uint8_t **ret_val,
+                   uint32_t *ret_len);
+
+/* Typed readers for one TLV value: -EPROTO when the width is wrong. */
+int proto_val_u32(const uint8_t *v, uint32_t len, uint32_t *ret);
+int proto_val_u64(const uint8_t *v, uint32_t len, uint64_t *ret);
+
+/* Convenience: find the first record with TAG.  Returns 1 found, 0 absent,
+ * -EPROTO malformed. */
+int proto_find(const void *payload, size_t len, uint16_t tag, const uint8_t **ret_val,
+               uint32_t *ret_len);
+
+/* Blocking helpers on a file descriptor, retrying EINTR and short transfers.
+ * Return 0, or a negative errno (-EPIPE/-ECONNRESET when the peer left,
+ * -ENODATA on a clean EOF before the first byte of a frame). */
+int proto_write_all(int fd, const void *buf, size_t n);
+int proto_read_all(int fd, void *buf, size_t n);
+/* Read one frame into *payload (a buffer of at least PROTO_MAX_PAYLOAD). */
+int proto_read_frame(int fd, struct proto_header *ret_h, uint8_t *payload);
+
+static inline uint32_t proto_le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t proto_le64(const uint8_t *p) {
+  return (uint64_t)proto_le32(p) | (uint64_t)proto_le32(p + 4) << 32;
+}
+static inline void proto_put_le32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+  p[2] = (uint8_t)(v >> 16);
+  p[3] = (uint8_t)(v >> 24);
+}
+static inline void proto_put_le64(uint8_t *p, uint64_t v) {
+  proto_put_le32(p, (uint32_t)v);
+  proto_put_le32(p + 4, (uint32_t)(v >> 32));
+}

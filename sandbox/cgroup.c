@@ -1,0 +1,223 @@
+/* cgroup.c: memory and pids limits for one sandbox, on cgroup v1 or v2.
+ *
+ * Each sandbox gets a group named ign-mcp-<server pid>-<n> beside the
+ * server's own group (so a server started under a delegated cgroup keeps
+ * its sandboxes inside it).  On v1 (and hybrid hosts) that is one group per
+ * controller; on v2 one group with both controllers enabled in the parent's
+ * subtree.  The server pid in the name lets the next server remove groups a
+ * killed server left behind. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "mcp/log.h"
+#include "sandbox/sandbox.h"
+
+#define CG_ROOT "/sys/fs/cgroup"
+#define CG_PREFIX "ign-mcp-"
+
+struct cgroup {
+  char *dirs[2];
+  int n;
+};
+
+static int write_file(const char *dir, const char *name, const char *value) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  ssize_t n = write(fd, value, strlen(value));
+  if (n < 0)
+    return -errno;
+  return 0;
+}
+
+static bool is_v2(void) { return access(CG_ROOT "/cgroup.controllers", F_OK) == 0; }
+
+/* The server's own group for CONTROLLER (NULL: the v2 line) as a path. */
+static char *own_group(const char *controller) {
+  _cleanup_fclose_ FILE *f = fopen("/proc/self/cgroup", "re");
+  if (!f)
+    return NULL;
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    char *c1 = strchr(line, ':');
+    char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2)
+      continue;
+    *c2 = '\0';
+    const char *ctrls = c1 + 1, *path = c2 + 1;
+    if (strcmp(path, "/") == 0)
+      path = "";
+    if (!controller) {
+      if (strcmp(line, "0") == 0 && *ctrls == '\0')
+        return xasprintf(CG_ROOT "%s", path);
+      continue;
+    }
+    /* ctrls is a comma separated list such as "cpu,cpuacct". */
+    size_t n = strlen(controller);
+    for (const char *p = ctrls; *p;) {
+      const char *e = strchrnul(p, ',');
+      if ((size_t)(e - p) == n && strncmp(p, controller, n) == 0)
+        return xasprintf(CG_ROOT "/%s%s", controller, path);
+      p = *e ? e + 1 : e;
+    }
+  }
+  return NULL;
+}
+
+static void destroy_dir(const char *dir) {
+  write_file(dir, "cgroup.kill", "1");
+  for (int attempt = 0; attempt < 200; attempt++) {
+    if (rmdir(dir) == 0 || errno == ENOENT)
+      return;
+    if (errno != EBUSY)
+      break;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+    _cleanup_fclose_ FILE *f = fopen(path, "re");
+    int pid;
+    while (f && fscanf(f, "%d", &pid) == 1)
+      kill(pid, SIGKILL);
+    usleep(10000);
+  }
+  log_warn("cannot remove cgroup %s: %s", dir, strerror(errno));
+}
+
+int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cgroup **ret,
+                  char **ret_err) {
+  _cleanup_free_ struct cgroup *cg = calloc(1, sizeof *cg);
+  if (!cg)
+    return -ENOMEM;
+  char mem[32], pid_max[32];
+  snprintf(mem, sizeof mem, "%llu", (unsigned long long)memory_mb << 20);
+  snprintf(pid_max, sizeof pid_max, "%u", pids);
+
+  if (is_v2()) {
+    _cleanup_free_ char *base = own_group(NULL);
+    if (!base) {
+      *ret_err = strdup("cannot find the server's cgroup in /proc/self/cgroup");
+      return -ENOENT;
+    }
+    int r = write_file(base, "cgroup.subtree_control", "+memory +pids");
+    if (r < 0) {
+      *ret_err = xasprintf("cannot enable the memory and pids controllers under %s (%s); start "
+                           "the server in a delegated cgroup, e.g. with systemd-run --scope "
+                           "-p Delegate=yes",
+                           base, strerror(-r));
+      return r;
+    }
+    char *dir = xasprintf("%s/%s", base, name);
+    if (mkdir(dir, 0755) < 0) {
+      r = -errno;
+      *ret_err = xasprintf("cannot create cgroup %s: %s", dir, strerror(errno));
+      free(dir);
+      return r;
+    }
+    cg->dirs[cg->n++] = dir;
+    if ((r = write_file(dir, "memory.max", mem)) < 0 ||
+        (r = write_file(dir, "pids.max", pid_max)) < 0) {
+      *ret_err = xasprintf("cannot set limits in %s: %s", dir, strerror(-r));
+      cgroup_destroy(steal_ptr(cg));
+      return r;
+    }
+    write_file(dir, "memory.swap.max", "0");
+    *ret = steal_ptr(cg);
+    return 0;
+  }
+
+  static const char *const controllers[] = {"memory", "pids"};
+  for (size_t i = 0; i < ARRAY_SIZE(controllers); i++) {
+    _cleanup_free_ char *base = own_group(controllers[i]);
+    if (!base || access(base, W_OK) < 0) {
+      *ret_err = xasprintf("the %s cgroup controller is not available or not writable%s%s",
+                           controllers[i], base ? " at " : "", base ? base : "");
+      cgroup_destroy(steal_ptr(cg));
+      return -ENOENT;
+    }
+    char *dir = xasprintf("%s/%s", base, name);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+      int r = -errno;
+      *ret_err = xasprintf("cannot create cgroup %s: %s", dir, strerror(errno));
+      free(dir);
+      cgroup_destroy(steal_ptr(cg));
+      return r;
+    }
+    cg->dirs[cg->n++] = dir;
+    int r = i == 0 ? write_file(dir, "memory.limit_in_bytes", mem)
+                   : write_file(dir, "pids.max", pid_max);
+    if (r < 0) {
+      *ret_err = xasprintf("cannot set the %s limit in %s: %s", controllers[i], dir, strerror(-r));
+      cgroup_destroy(steal_ptr(cg));
+      return r;
+    }
+    if (i == 0)
+      write_file(dir, "memory.memsw.limit_in_bytes", mem);
+  }
+  *ret = steal_ptr(cg);
+  return 0;
+}
+
+int cgroup_attach(struct cgroup *cg, pid_t pid) {
+  char s[32];
+  snprintf(s, sizeof s, "%d", pid);
+  for (int i = 0; i < cg->n; i++) {
+    int r = write_file(cg->dirs[i], "cgroup.procs", s);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+void cgroup_destroy(struct cgroup *cg) {
+  if (!cg)
+    return;
+  for (int i = 0; i < cg->n; i++) {
+    destroy_dir(cg->dirs[i]);
+    free(cg->dirs[i]);
+  }
+  free(cg);
+}
+
+static void cleanup_stale_in(const char *base) {
+  DIR *d = opendir(base);
+  if (!d)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, CG_PREFIX, strlen(CG_PREFIX)) != 0)
+      continue;
+    long pid = strtol(e->d_name + strlen(CG_PREFIX), NULL, 10);
+    if (pid <= 0 || pid == getpid() || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+      continue;
+    char *dir = xasprintf("%s/%s", base, e->d_name);
+    log_info("removing cgroup %s left by a server (pid %ld) that is gone", dir, pid);
+    destroy_dir(dir);
+    free(dir);
+  }
+  closedir(d);
+}
+
+void cgroup_cleanup_stale(void) {
+  if (is_v2()) {
+    _cleanup_free_ char *base = own_group(NULL);
+    if (base)
+      cleanup_stale_in(base);
+    return;
+  }
+  static const char *const controllers[] = {"memory", "pids"};
+  for (size_t i = 0; i < ARRAY_SIZE(controllers); i++) {
+    _cleanup_free_ char *base = own_group(controllers[i]);
+    if (base)
+      cleanup_stale_in(base);
+  }
+}

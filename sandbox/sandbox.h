@@ -1,0 +1,70 @@
+/* sandbox.h: the one interface every backend implements.
+ *
+ * A backend creates a sandbox with an ign-agent inside and hands back a
+ * connected byte stream to that agent; it destroys the sandbox and everything
+ * it made (processes, cgroups, sockets, state directories).  Nothing above
+ * this interface knows which backend it talks to: sessions speak the agent
+ * protocol over the stream and report the backend's isolation string. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto/client.h"
+
+struct sandbox_config {
+  const char *rootfs;       /* resolved absolute path */
+  const char *agent;        /* resolved absolute path of ign-agent */
+  unsigned memory_mb;
+  unsigned pids;
+  unsigned overlay_mb;
+  bool net;
+};
+
+struct sandbox;
+
+struct sandbox_ops {
+  const char *name;         /* "ns", "vm" */
+  /* Creates a sandbox for SESSION_ID.  On success *ret owns a stream fd
+   * (sandbox_fd) connected to the agent, which may still be starting. */
+  int (*create)(const struct sandbox_config *cfg, const char *session_id, struct sandbox **ret,
+                char **ret_err);
+  /* Called once the agent has answered HELLO: last steps before hand-out. */
+  int (*ready)(struct sandbox *sb, struct agent_conn *conn, char **ret_err);
+  /* Kills and removes everything; the stream fd is not touched (the agent
+   * connection owns it by then). */
+  void (*destroy)(struct sandbox *sb);
+  /* Why a sandbox died, when it did on its own; NULL when unknown. */
+  char *(*death_reason)(struct sandbox *sb);
+};
+
+/* The fields common to all backends; a backend embeds this first. */
+struct sandbox {
+  const struct sandbox_ops *ops;
+  int fd;                   /* stream to the agent; moved to agent_conn */
+  pid_t pid;                /* the process that holds the sandbox */
+  const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
+  char limits[128];         /* human summary of the limits in force */
+};
+
+extern const struct sandbox_ops sandbox_ns_ops;
+
+/* Runs FN(ARG) on the long-lived spawner thread and returns its result.
+ * Children that must die with the server (PR_SET_PDEATHSIG) are forked
+ * there, because the death signal follows the thread that forked them. */
+int spawner_call(int (*fn)(void *arg), void *arg);
+/* Kills PID with SIGKILL and reaps it. */
+void sandbox_kill_wait(pid_t pid);
+
+/* cgroups (v1 or v2): one group per sandbox with memory and pids limits. */
+struct cgroup;
+/* Creates the group; returns 0 and *ret, or a negative errno with *ret_err
+ * explaining why limits cannot be applied here. */
+int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cgroup **ret,
+                  char **ret_err);
+int cgroup_attach(struct cgroup *cg, pid_t pid);
+/* Kills whatever is still inside, waits for it to empty and removes it. */
+void cgroup_destroy(struct cgroup *cg);
+/* Removes groups left behind by servers that are no longer running. */
+void cgroup_cleanup_stale(void);

@@ -1,0 +1,467 @@
+/* session.c: ids, the cap, leases, reset, close, the idle reaper, shutdown.
+ *
+ * Locking: one mutex guards the table and every session's fields.  Sandbox
+ * creation (slow) happens outside it: open reserves a slot first, reset marks
+ * the session as resetting and callers wait on a condition variable.
+ *
+ * Lifetimes: a handle (sandbox + agent connection) is reference counted; the
+ * table holds one reference and each lease one more.  Retiring a handle
+ * (close, reset, reap, shutdown) kills its sandbox at once, which fails the
+ * calls still waiting on it; the memory and the cgroup go with the last
+ * reference. */
+#include "session/session.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/util.h"
+#include "mcp/config.h"
+#include "mcp/log.h"
+#include "sandbox/sandbox.h"
+
+#define HELLO_TIMEOUT_MS 30000u
+
+struct handle {
+  int refs;                 /* under table lock */
+  struct sandbox *sb;
+  struct agent_conn *conn;
+  const char *retired;      /* NULL while in service, else "closed", "reset", ... */
+};
+
+struct session {
+  struct session *next;
+  int refs;
+  char id[32];
+  struct handle *h;         /* NULL while (re)creating */
+  bool resetting;
+  bool removed;             /* no longer in the table */
+  const char *removed_why;
+  int busy;
+  uint64_t created_ms, last_used_ms;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static struct session *table;
+static unsigned n_sessions;   /* includes slots reserved by opens in progress */
+static unsigned next_seq;
+static const struct sandbox_ops *backend;
+static char *backend_error;
+static struct sandbox_config sb_cfg;
+static bool shutting_down;
+
+const char *sessions_backend(void) { return backend ? backend->name : "none"; }
+
+static void handle_unref_locked(struct handle *h, struct handle **ret_dead) {
+  *ret_dead = --h->refs == 0 ? h : NULL;
+}
+
+/* Frees a handle whose last reference is gone; without the lock held. */
+static void handle_free(struct handle *h) {
+  if (!h)
+    return;
+  agent_conn_free(h->conn);
+  h->sb->ops->destroy(h->sb);
+  free(h);
+}
+
+/* Stops a handle's sandbox now; calls waiting on it fail with -EPIPE. */
+static void handle_retire(struct handle *h, const char *why) {
+  if (h->retired)
+    return;
+  h->retired = why;
+  agent_conn_shutdown(h->conn);
+  if (h->sb->pid > 0)
+    kill(h->sb->pid, SIGKILL);
+}
+
+static void session_unref_locked(struct session *s) {
+  if (--s->refs == 0)
+    free(s);
+}
+
+static struct session *find_locked(const char *id) {
+  for (struct session *s = table; s; s = s->next)
+    if (strcmp(s->id, id) == 0)
+      return s;
+  return NULL;
+}
+
+static void remove_locked(struct session *s, const char *why) {
+  for (struct session **pp = &table; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  s->removed = true;
+  s->removed_why = why;
+  n_sessions--;
+}
+
+static char *unknown_id(const char *id) {
+  return xasprintf("unknown session_id '%s': no open session has this id (it was never opened, "
+                   "or it was closed, or reaped after %u s idle). Call open_session to get a new "
+                   "one; list_sessions shows the open ones.",
+                   id, cfg.idle_secs);
+}
+
+/* Creates a sandbox and connects to its agent. */
+static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+  uint64_t t0 = mono_us();
+  struct sandbox *sb = NULL;
+  _cleanup_free_ char *err = NULL;
+  int r = backend->create(&sb_cfg, id, &sb, &err);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot start a sandbox: %s", err ? err : strerror(-r));
+    return r;
+  }
+  struct agent_conn *conn = NULL;
+  r = agent_conn_open(sb->fd, HELLO_TIMEOUT_MS, &conn, &err);
+  if (r == 0)
+    r = sb->ops->ready(sb, conn, &err);
+  if (r < 0) {
+    _cleanup_free_ char *why = sb->ops->death_reason ? sb->ops->death_reason(sb) : NULL;
+    *ret_err = xasprintf("the sandbox started but its agent did not come up: %s%s%s",
+                         err ? err : strerror(-r), why ? "; " : "", why ? why : "");
+    agent_conn_free(conn);
+    sb->ops->destroy(sb);
+    return r;
+  }
+  struct handle *h = calloc(1, sizeof *h);
+  if (!h) {
+    agent_conn_free(conn);
+    sb->ops->destroy(sb);
+    return -ENOMEM;
+  }
+  h->refs = 1;
+  h->sb = sb;
+  h->conn = conn;
+  *ret = h;
+  *ret_ms = (mono_us() - t0) / 1000;
+  return 0;
+}
+
+static json_t *describe(const struct session *s, uint64_t open_ms) {
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s}", "session_id", s->id, "isolation",
+                        s->h->sb->isolation, "backend", backend->name, "rootfs", cfg.rootfs_spec,
+                        "limits", s->h->sb->limits);
+  if (open_ms != UINT64_MAX)
+    json_object_set_new(o, "open_ms", json_integer((json_int_t)open_ms));
+  return o;
+}
+
+int session_open(json_t **ret, char **ret_err) {
+  if (!backend) {
+    *ret_err = xasprintf("no sandbox backend can run here: %s", backend_error);
+    return -ENODEV;
+  }
+  pthread_mutex_lock(&lock);
+  if (shutting_down) {
+    pthread_mutex_unlock(&lock);
+    *ret_err = strdup("the server is shutting down");
+    return -ESHUTDOWN;
+  }
+  if (n_sessions >= cfg.max_sessions) {
+    pthread_mutex_unlock(&lock);
+    *ret_err = xasprintf("cannot open a session: the limit of %u open sessions is reached "
+                         "(IGN_MCP_MAX_SESSIONS). Close one you no longer need with "
+                         "close(session_id) (list_sessions shows them), or raise "
+                         "IGN_MCP_MAX_SESSIONS.",
+                         cfg.max_sessions);
+    return -EUSERS;
+  }
+  n_sessions++;
+  unsigned seq = ++next_seq;
+  pthread_mutex_unlock(&lock);
+
+  struct session *s = calloc(1, sizeof *s);
+  if (!s) {
+    pthread_mutex_lock(&lock);
+    n_sessions--;
+    pthread_mutex_unlock(&lock);
+    return -ENOMEM;
+  }
+  uint16_t rnd = 0;
+  if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+    rnd = (uint16_t)mono_us();
+  snprintf(s->id, sizeof s->id, "s%u-%04x", seq, rnd);
+  s->refs = 1;
+
+  uint64_t ms;
+  int r = make_handle(s->id, &s->h, &ms, ret_err);
+  pthread_mutex_lock(&lock);
+  if (r < 0 || shutting_down) {
+    n_sessions--;
+    pthread_mutex_unlock(&lock);
+    if (r == 0) {
+      handle_retire(s->h, "closed");
+      handle_free(s->h);
+      *ret_err = strdup("the server is shutting down");
+      r = -ESHUTDOWN;
+    }
+    free(s);
+    return r;
+  }
+  s->created_ms = s->last_used_ms = mono_ms();
+  s->next = table;
+  table = s;
+  *ret = describe(s, ms);
+  pthread_mutex_unlock(&lock);
+  log_info("session %s opened (%s, %" PRIu64 " ms)", s->id, s->h->sb->isolation, ms);
+  return 0;
+}
+
+int session_acquire(const char *id, struct lease *ret, char **ret_err) {
+  pthread_mutex_lock(&lock);
+  struct session *s = find_locked(id);
+  while (s && s->resetting)
+    pthread_cond_wait(&cond, &lock);
+  if (!s || s->removed || !s->h) {
+    pthread_mutex_unlock(&lock);
+    *ret_err = unknown_id(id);
+    return -ENOENT;
+  }
+  s->refs++;
+  s->busy++;
+  s->last_used_ms = mono_ms();
+  s->h->refs++;
+  ret->s = s;
+  ret->h = s->h;
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+
+void session_release(struct lease *l) {
+  struct handle *dead;
+  pthread_mutex_lock(&lock);
+  l->s->busy--;
+  l->s->last_used_ms = mono_ms();
+  handle_unref_locked(l->h, &dead);
+  session_unref_locked(l->s);
+  pthread_mutex_unlock(&lock);
+  handle_free(dead);
+  l->s = NULL;
+  l->h = NULL;
+}
+
+struct agent_conn *lease_conn(const struct lease *l) { return l->h->conn; }
+const char *lease_id(const struct lease *l) { return l->s->id; }
+
+char *lease_failure(const struct lease *l, const char *what_failed) {
+  pthread_mutex_lock(&lock);
+  const char *retired = l->h->retired;
+  const char *removed_why = l->s->removed ? l->s->removed_why : NULL;
+  pthread_mutex_unlock(&lock);
+  if (removed_why)
+    return xasprintf("%s: session '%s' was %s while this call ran. Call open_session for a new "
+                     "session.",
+                     what_failed, l->s->id, removed_why);
+  if (retired)
+    return xasprintf("%s: session '%s' was %s while this call ran; its files and processes are "
+                     "gone. Call again on the fresh sandbox.",
+                     what_failed, l->s->id, retired);
+  _cleanup_free_ char *why = l->h->sb->ops->death_reason ? l->h->sb->ops->death_reason(l->h->sb)
+                                                         : NULL;
+  return xasprintf("%s: session '%s' is dead (%s). Call reset('%s') to get a fresh sandbox under "
+                   "the same id, or close it.",
+                   what_failed, l->s->id, why ? why : "its sandbox exited", l->s->id);
+}
+
+int session_reset(const char *id, json_t **ret, char **ret_err) {
+  pthread_mutex_lock(&lock);
+  struct session *s = find_locked(id);
+  while (s && s->resetting)
+    pthread_cond_wait(&cond, &lock);
+  if (!s || s->removed) {
+    pthread_mutex_unlock(&lock);
+    *ret_err = unknown_id(id);
+    return -ENOENT;
+  }
+  s->resetting = true;
+  s->refs++;
+  struct handle *old = steal_ptr(s->h), *dead = NULL;
+  handle_retire(old, "reset");
+  handle_unref_locked(old, &dead);
+  pthread_mutex_unlock(&lock);
+  handle_free(dead);
+
+  struct handle *h = NULL;
+  uint64_t ms;
+  int r = make_handle(id, &h, &ms, ret_err);
+  pthread_mutex_lock(&lock);
+  s->resetting = false;
+  s->last_used_ms = mono_ms();
+  if (r == 0 && (s->removed || shutting_down)) {
+    handle_retire(h, "closed");
+    handle_unref_locked(h, &dead);
+    *ret_err = xasprintf("session '%s' was closed during the reset", id);
+    r = -ENOENT;
+  } else if (r == 0) {
+    s->h = h;
+    *ret = describe(s, ms);
+    dead = NULL;
+  } else {
+    /* Without a sandbox the session cannot serve: drop it. */
+    if (!s->removed) {
+      remove_locked(s, "lost (its reset failed)");
+      session_unref_locked(s); /* the table's reference */
+    }
+    dead = NULL;
+    char *msg = xasprintf("%s; session '%s' is closed. Call open_session for a new one.",
+                          *ret_err, id);
+    free(*ret_err);
+    *ret_err = msg;
+  }
+  session_unref_locked(s);
+  pthread_cond_broadcast(&cond);
+  pthread_mutex_unlock(&lock);
+  handle_free(dead);
+  if (r == 0)
+    log_info("session %s reset (%" PRIu64 " ms)", id, ms);
+  return r;
+}
+
+/* Removes S from the table and retires its handle.  Called with the lock;
+ * returns a handle to free once the lock is dropped. */
+static struct handle *close_locked(struct session *s, const char *why) {
+  remove_locked(s, why);
+  struct handle *dead = NULL;
+  if (s->h) {
+    struct handle *h = steal_ptr(s->h);
+    handle_retire(h, why);
+    handle_unref_locked(h, &dead);
+  }
+  session_unref_locked(s);
+  return dead;
+}
+
+int session_close(const char *id, char **ret_err) {
+  pthread_mutex_lock(&lock);
+  struct session *s = find_locked(id);
+  if (!s || s->removed) {
+    pthread_mutex_unlock(&lock);
+    *ret_err = unknown_id(id);
+    return -ENOENT;
+  }
+  /* A reset in progress notices removal and discards its new sandbox. */
+  struct handle *dead = close_locked(s, "closed");
+  pthread_cond_broadcast(&cond);
+  pthread_mutex_unlock(&lock);
+  handle_free(dead);
+  log_info("session %s closed", id);
+  return 0;
+}
+
+json_t *session_list(void) {
+  json_t *arr = json_array();
+  uint64_t now = mono_ms();
+  pthread_mutex_lock(&lock);
+  for (struct session *s = table; s; s = s->next) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:b}", "session_id", s->id, "isolation",
+                          s->h ? s->h->sb->isolation : "(resetting)", "age_s",
+                          (json_int_t)((now - s->created_ms) / 1000), "idle_s",
+                          (json_int_t)(s->busy ? 0 : (now - s->last_used_ms) / 1000), "busy",
+                          s->busy > 0, "alive", s->h && agent_conn_alive(s->h->conn));
+    json_array_append_new(arr, o);
+  }
+  pthread_mutex_unlock(&lock);
+  return json_pack("{s:o, s:i, s:i}", "sessions", arr, "max_sessions", (int)cfg.max_sessions,
+                   "idle_secs", (int)cfg.idle_secs);
+}
+
+static void *reaper_main(void *unused) {
+  (void)unused;
+  for (;;) {
+    unsigned tick_ms = cfg.idle_secs * 1000 / 4;
+    if (tick_ms > 1000)
+      tick_ms = 1000;
+    if (tick_ms < 100)
+      tick_ms = 100;
+    usleep(tick_ms * 1000);
+    for (;;) {
+      pthread_mutex_lock(&lock);
+      if (shutting_down) {
+        pthread_mutex_unlock(&lock);
+        return NULL;
+      }
+      uint64_t now = mono_ms();
+      struct session *victim = NULL;
+      for (struct session *s = table; s; s = s->next)
+        if (!s->busy && !s->resetting && s->h &&
+            now - s->last_used_ms >= (uint64_t)cfg.idle_secs * 1000) {
+          victim = s;
+          break;
+        }
+      if (!victim) {
+        pthread_mutex_unlock(&lock);
+        break;
+      }
+      char id[32];
+      memcpy(id, victim->id, sizeof id);
+      struct handle *dead = close_locked(victim, "reaped after being idle");
+      pthread_cond_broadcast(&cond);
+      pthread_mutex_unlock(&lock);
+      handle_free(dead);
+      log_info("session %s reaped after %u s idle", id, cfg.idle_secs);
+    }
+  }
+}
+
+int sessions_init(char **ret_err) {
+  sb_cfg = (struct sandbox_config){
+      .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb,
+      .pids = cfg.pids, .overlay_mb = cfg.overlay_mb, .net = cfg.net,
+  };
+  int r = 0;
+  if (cfg.backend == BACKEND_VM) {
+    backend_error = strdup("the vm backend is not available in this build; use IGN_MCP_BACKEND=ns "
+                           "or auto");
+    r = -ENOTSUP;
+  } else if (!cfg.agent) {
+    backend_error = xasprintf("ign-agent was not found next to the server (%s) nor in "
+                              "../lib/ignition-mcp; build it with `make` or set IGN_MCP_AGENT",
+                              config_exe_dir());
+    r = -ENOENT;
+  } else if (!cfg.rootfs) {
+    backend_error = xasprintf("the rootfs '%s' was not found; build the images with `make "
+                              "images` (or scripts/setup.sh) or point IGN_MCP_ROOTFS at a rootfs "
+                              "directory",
+                              cfg.rootfs_spec);
+    r = -ENOENT;
+  } else {
+    backend = &sandbox_ns_ops;
+    cgroup_cleanup_stale();
+  }
+  if (r < 0 && ret_err)
+    *ret_err = strdup(backend_error);
+
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_create(&t, &attr, reaper_main, NULL);
+  pthread_attr_destroy(&attr);
+  return r;
+}
+
+void sessions_shutdown(void) {
+  struct handle *dead[1024];
+  size_t n_dead = 0;
+  pthread_mutex_lock(&lock);
+  shutting_down = true;
+  while (table) {
+    struct handle *d = close_locked(table, "closed (the server is shutting down)");
+    if (d && n_dead < ARRAY_SIZE(dead))
+      dead[n_dead++] = d;
+  }
+  pthread_cond_broadcast(&cond);
+  pthread_mutex_unlock(&lock);
+  for (size_t i = 0; i < n_dead; i++)
+    handle_free(dead[i]);
+}

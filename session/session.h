@@ -1,0 +1,42 @@
+/* session.h: the session table.  A session is an id plus the sandbox that
+ * currently serves it; reset swaps the sandbox under the same id.  Calls
+ * take a lease on a session, which keeps its sandbox alive, marks the
+ * session busy (the idle reaper skips it) and refreshes its idle timer. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/client.h"
+
+struct session;
+struct handle;
+
+struct lease {
+  struct session *s;
+  struct handle *h;
+};
+
+/* Picks the backend and starts the reaper.  *ret_err explains when no
+ * backend can work (sessions then cannot open, the server still runs). */
+int sessions_init(char **ret_err);
+/* "ns" or "vm" (or "none"). */
+const char *sessions_backend(void);
+
+/* Opens a session; *ret is an object with session_id, isolation, backend,
+ * limits, ... */
+int session_open(json_t **ret, char **ret_err);
+int session_acquire(const char *id, struct lease *ret, char **ret_err);
+void session_release(struct lease *l);
+struct agent_conn *lease_conn(const struct lease *l);
+const char *lease_id(const struct lease *l);
+/* A sentence for a call whose sandbox connection failed: it names the id and
+ * says whether the session was closed, reset, or died (and why). */
+char *lease_failure(const struct lease *l, const char *what_failed);
+
+int session_reset(const char *id, json_t **ret, char **ret_err);
+int session_close(const char *id, char **ret_err);
+json_t *session_list(void);
+/* Closes every session (shutdown). */
+void sessions_shutdown(void);

@@ -1,0 +1,125 @@
+/* test_args.c: argument checks, base64 and UTF-8 sanitising. */
+#include "tools/args.h"
+#include "test.h"
+
+static void base64_round_trip(void) {
+  for (size_t len = 0; len < 40; len++) {
+    uint8_t data[40];
+    for (size_t i = 0; i < len; i++)
+      data[i] = (uint8_t)(i * 37 + len);
+    char *enc = base64_encode(data, len);
+    uint8_t *dec;
+    size_t n;
+    char *err = NULL;
+    CHECK_EQ_INT(base64_decode(enc, strlen(enc), &dec, &n, &err), 0);
+    CHECK_EQ_INT(n, len);
+    CHECK(memcmp(dec, data, len) == 0);
+    free(dec);
+    free(enc);
+  }
+}
+
+static void base64_refuses_garbage(void) {
+  const char *bad[] = {"@@@@", "ab\ncd==", "a=bc", "abcde", "ab==="};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    uint8_t *dec = NULL;
+    size_t n;
+    char *err = NULL;
+    CHECK_EQ_INT(base64_decode(bad[i], strlen(bad[i]), &dec, &n, &err), -EINVAL);
+    CHECK(err && strstr(err, "base64"));
+    free(err);
+    free(dec);
+  }
+  /* Unpadded input is accepted. */
+  uint8_t *dec;
+  size_t n;
+  char *err = NULL;
+  CHECK_EQ_INT(base64_decode("aGk", 3, &dec, &n, &err), 0);
+  CHECK_EQ_INT(n, 2);
+  CHECK(memcmp(dec, "hi", 2) == 0);
+  free(dec);
+}
+
+static void utf8_sanitize_replaces_invalid(void) {
+  size_t n;
+  char *s = utf8_sanitize("a\xff" "b\xc3\xa9" "\xe2\x82", 7, &n);
+  CHECK_STREQ(s, "a\xef\xbf\xbd" "b\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd");
+  free(s);
+  /* Overlong encodings and surrogates are invalid. */
+  s = utf8_sanitize("\xc0\xaf\xed\xa0\x80", 5, &n);
+  CHECK_EQ_INT(n, 5 * 3);
+  free(s);
+  /* NUL bytes survive. */
+  s = utf8_sanitize("a\0b", 3, &n);
+  CHECK_EQ_INT(n, 3);
+  CHECK(s[1] == '\0' && s[2] == 'b');
+  free(s);
+}
+
+static void arg_checks(void) {
+  json_t *args = json_pack("{s:s, s:i, s:f, s:s, s:s#}", "session_id", "s1", "timeout_s", 0,
+                           "frac", 1.5, "mode", "755", "path", "a\0b", 3);
+  char *err = NULL;
+  long long t = 30;
+  CHECK_EQ_INT(arg_int(args, "run", "timeout_s", 1, 3600, &t, &err), -EINVAL);
+  CHECK(err && strstr(err, "timeout_s") && strstr(err, "1..3600"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(arg_int(args, "run", "frac", 1, 3600, &t, &err), -EINVAL);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(arg_int(args, "run", "absent", 1, 3600, &t, &err), 0);
+  CHECK_EQ_INT(t, 30);
+  uint32_t mode = 0;
+  CHECK_EQ_INT(arg_mode(args, &mode, &err), 0);
+  CHECK_EQ_INT(mode, 0755);
+  const char *p;
+  CHECK_EQ_INT(arg_path(args, "write_file", &p, &err), -EINVAL);
+  CHECK(err && strstr(err, "NUL"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(args_check(args, "run", (const char *[]){"session_id", NULL}, &err), -EINVAL);
+  CHECK(err && strstr(err, "has no argument"));
+  free(err);
+  json_decref(args);
+}
+
+static void env_checks(void) {
+  const char *env[4];
+  size_t n = 0;
+  char *buf = NULL, *err = NULL;
+  json_t *ok = json_pack("{s:{s:s, s:s}}", "env", "A", "1", "B", "x=y");
+  CHECK_EQ_INT(arg_env(ok, env, 4, &n, &buf, &err), 0);
+  CHECK_EQ_INT(n, 2);
+  CHECK(strcmp(env[0], "A=1") == 0 || strcmp(env[1], "A=1") == 0);
+  free(buf);
+  json_decref(ok);
+  json_t *bad = json_pack("{s:{s:i}}", "env", "A", 1);
+  CHECK_EQ_INT(arg_env(bad, env, 4, &n, &buf, &err), -EINVAL);
+  free(err);
+  json_decref(bad);
+  bad = json_pack("{s:{s:s}}", "env", "A=B", "1");
+  err = NULL;
+  CHECK_EQ_INT(arg_env(bad, env, 4, &n, &buf, &err), -EINVAL);
+  free(err);
+  json_decref(bad);
+}
+
+static void definitions_are_complete(void) {
+  json_t *tools = tool_definitions(false, 65536, 1 << 20);
+  CHECK_EQ_INT(json_array_size(tools), 7);
+  size_t i;
+  json_t *t;
+  json_array_foreach(tools, i, t) {
+    CHECK(json_is_string(json_object_get(t, "title")));
+    CHECK(json_is_string(json_object_get(t, "description")));
+    CHECK(json_is_object(json_object_get(t, "inputSchema")));
+    CHECK(json_is_object(json_object_get(t, "outputSchema")));
+    json_t *a = json_object_get(t, "annotations");
+    CHECK(json_is_false(json_object_get(a, "openWorldHint")));
+  }
+  json_decref(tools);
+}
+
+TEST_MAIN(TEST(base64_round_trip), TEST(base64_refuses_garbage), TEST(utf8_sanitize_replaces_invalid),
+          TEST(arg_checks), TEST(env_checks), TEST(definitions_are_complete))

@@ -1,0 +1,339 @@
+/* args.c: see args.h. */
+#include "tools/args.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+static const char *type_name(json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: return "a string";
+  case JSON_INTEGER: return "an integer";
+  case JSON_REAL: return "a number with a fraction";
+  case JSON_TRUE: case JSON_FALSE: return "a boolean";
+  case JSON_NULL: return "null";
+  }
+  return "something else";
+}
+
+int args_check(json_t *args, const char *tool, const char *const *allowed, char **ret_err) {
+  const char *key;
+  json_t *v;
+  json_object_foreach(args, key, v) {
+    bool ok = false;
+    for (const char *const *a = allowed; *a; a++)
+      if (strcmp(key, *a) == 0)
+        ok = true;
+    if (!ok) {
+      char list[256] = "";
+      for (const char *const *a = allowed; *a; a++) {
+        strncat(list, a == allowed ? "" : ", ", sizeof list - strlen(list) - 1);
+        strncat(list, *a, sizeof list - strlen(list) - 1);
+      }
+      _cleanup_free_ char *k = utf8_sanitize(key, strlen(key), NULL);
+      *ret_err = xasprintf("%s has no argument '%.100s'; its arguments are: %s", tool, k,
+                           list[0] ? list : "(none)");
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
+int arg_string(json_t *args, const char *tool, const char *name, bool required, size_t min,
+               size_t max, const char **ret, size_t *ret_len, char **ret_err) {
+  json_t *v = json_object_get(args, name);
+  if (!v || (json_is_null(v) && !required)) {
+    if (required) {
+      *ret_err = xasprintf("%s needs the argument '%s' (a string)", tool, name);
+      return -EINVAL;
+    }
+    return 0;
+  }
+  if (!json_is_string(v)) {
+    *ret_err = xasprintf("%s: '%s' must be a string, not %s", tool, name, type_name(v));
+    return -EINVAL;
+  }
+  size_t len = json_string_length(v);
+  const char *s = json_string_value(v);
+  if (memchr(s, '\0', len)) {
+    *ret_err = xasprintf("%s: '%s' contains a NUL character, which no path or command can hold; "
+                         "remove it", tool, name);
+    return -EINVAL;
+  }
+  if (len < min) {
+    *ret_err = xasprintf("%s: '%s' is empty; give a non-empty string", tool, name);
+    return -EINVAL;
+  }
+  if (len > max) {
+    *ret_err = xasprintf("%s: '%s' is %zu bytes, over its cap of %zu bytes", tool, name, len, max);
+    return -EINVAL;
+  }
+  *ret = s;
+  if (ret_len)
+    *ret_len = len;
+  return 0;
+}
+
+int arg_session_id(json_t *args, const char **ret, char **ret_err) {
+  return arg_string(args, "this tool", "session_id", true, 1, 64, ret, NULL, ret_err);
+}
+
+int arg_int(json_t *args, const char *tool, const char *name, long long min, long long max,
+            long long *ret, char **ret_err) {
+  json_t *v = json_object_get(args, name);
+  if (!v || json_is_null(v))
+    return 0;
+  long long x;
+  if (json_is_integer(v)) {
+    x = json_integer_value(v);
+  } else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
+    x = (long long)json_real_value(v);
+  } else {
+    *ret_err = xasprintf("%s: '%s' must be a whole number from %lld to %lld, not %s", tool, name,
+                         min, max, type_name(v));
+    return -EINVAL;
+  }
+  if (x < min || x > max) {
+    *ret_err = xasprintf("%s: '%s' is %lld, outside its range %lld..%lld", tool, name, x, min, max);
+    return -EINVAL;
+  }
+  *ret = x;
+  return 0;
+}
+
+int arg_path(json_t *args, const char *tool, const char **ret, char **ret_err) {
+  return arg_string(args, tool, "path", true, 1, PROTO_MAX_PATH, ret, NULL, ret_err);
+}
+
+int arg_mode(json_t *args, uint32_t *ret, char **ret_err) {
+  json_t *v = json_object_get(args, "mode");
+  if (!v || json_is_null(v))
+    return 0;
+  long long m = -1;
+  if (json_is_integer(v)) {
+    m = json_integer_value(v);
+  } else if (json_is_string(v)) {
+    const char *s = json_string_value(v);
+    if (s[0] == '0' && (s[1] == 'o' || s[1] == 'O'))
+      s += 2;
+    char *end;
+    errno = 0;
+    if (*s && strspn(s, "01234567") == strlen(s))
+      m = strtoll(s, &end, 8);
+  }
+  if (m < 0 || m > 07777) {
+    *ret_err = strdup("write_file: 'mode' must be permission bits, as an integer (e.g. 493 for "
+                      "0755) or an octal string such as \"755\" or \"0644\"");
+    return -EINVAL;
+  }
+  *ret = (uint32_t)m;
+  return 0;
+}
+
+int arg_stdin(json_t *args, size_t max, const char **ret, size_t *ret_len, char **ret_err) {
+  json_t *v = json_object_get(args, "stdin");
+  if (!v || json_is_null(v))
+    return 0;
+  if (!json_is_string(v)) {
+    *ret_err = xasprintf("run: 'stdin' must be a string, not %s", type_name(v));
+    return -EINVAL;
+  }
+  if (json_string_length(v) > max) {
+    *ret_err = xasprintf("run: 'stdin' is %zu bytes, over the %zu byte cap (IGN_MCP_MAX_STDIN); "
+                         "write the input to a file with write_file and redirect it instead",
+                         json_string_length(v), max);
+    return -EINVAL;
+  }
+  *ret = json_string_value(v);
+  *ret_len = json_string_length(v);
+  return 0;
+}
+
+int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **ret_buf,
+            char **ret_err) {
+  json_t *env = json_object_get(args, "env");
+  if (!env || json_is_null(env))
+    return 0;
+  if (!json_is_object(env)) {
+    *ret_err = xasprintf("run: 'env' must be an object of NAME: \"value\" strings, not %s",
+                         type_name(env));
+    return -EINVAL;
+  }
+  if (json_object_size(env) > max) {
+    *ret_err = xasprintf("run: 'env' has %zu variables, over the cap of %zu",
+                         json_object_size(env), max);
+    return -EINVAL;
+  }
+  size_t total = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(env, k, v) {
+    if (!json_is_string(v)) {
+      *ret_err = xasprintf("run: env['%.100s'] must be a string, not %s", k, type_name(v));
+      return -EINVAL;
+    }
+    size_t kl = strlen(k);
+    if (kl == 0 || strchr(k, '=') || kl != strcspn(k, " \t\n") ||
+        memchr(json_string_value(v), '\0', json_string_length(v))) {
+      *ret_err = xasprintf("run: env has an invalid entry '%.100s': names must be non-empty "
+                           "without '=' or spaces, and values cannot contain NUL", k);
+      return -EINVAL;
+    }
+    total += kl + 1 + json_string_length(v) + 1;
+  }
+  if (total > PROTO_MAX_PAYLOAD / 2) {
+    *ret_err = xasprintf("run: 'env' is %zu bytes in all, over the cap of %u", total,
+                         PROTO_MAX_PAYLOAD / 2);
+    return -EINVAL;
+  }
+  char *buf = malloc(total ? total : 1), *p = buf;
+  if (!buf) {
+    *ret_err = strdup("out of memory");
+    return -ENOMEM;
+  }
+  size_t n = 0;
+  json_object_foreach(env, k, v) {
+    ret[n++] = p;
+    p += sprintf(p, "%s=%s", k, json_string_value(v)) + 1;
+  }
+  *ret_n = n;
+  *ret_buf = buf;
+  return 0;
+}
+
+static int b64_value(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+int base64_decode(const char *in, size_t len, uint8_t **ret, size_t *ret_len, char **ret_err) {
+  size_t pad = 0;
+  while (len > 0 && in[len - 1] == '=' && pad < 2) {
+    len--;
+    pad++;
+  }
+  if (len % 4 == 1 || (pad && (len + pad) % 4 != 0)) {
+    *ret_err = strdup("write_file: content_base64 is not valid base64: its length is wrong "
+                      "(standard base64 comes in groups of 4 characters)");
+    return -EINVAL;
+  }
+  uint8_t *out = malloc(len / 4 * 3 + 3);
+  if (!out) {
+    *ret_err = strdup("out of memory decoding content_base64");
+    return -ENOMEM;
+  }
+  size_t o = 0;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < len; i++) {
+    int v = b64_value((unsigned char)in[i]);
+    if (v < 0) {
+      free(out);
+      *ret_err = xasprintf("write_file: content_base64 is not valid base64: byte %zu is %s; use "
+                           "the standard alphabet A-Z a-z 0-9 + / with optional = padding and no "
+                           "line breaks", i, in[i] == '\n' || in[i] == '\r' ? "a line break"
+                                              : in[i] == '=' ? "'=' before the end"
+                                                             : "not a base64 character");
+      return -EINVAL;
+    }
+    acc = acc << 6 | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out[o++] = (uint8_t)(acc >> bits);
+    }
+  }
+  *ret = out;
+  *ret_len = o;
+  return 0;
+}
+
+char *base64_encode(const void *data, size_t len) {
+  static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const uint8_t *d = data;
+  char *out = malloc((len + 2) / 3 * 4 + 1), *p = out;
+  if (!out)
+    return NULL;
+  size_t i = 0;
+  for (; i + 2 < len; i += 3) {
+    uint32_t v = (uint32_t)d[i] << 16 | (uint32_t)d[i + 1] << 8 | d[i + 2];
+    *p++ = tbl[v >> 18];
+    *p++ = tbl[(v >> 12) & 63];
+    *p++ = tbl[(v >> 6) & 63];
+    *p++ = tbl[v & 63];
+  }
+  if (i < len) {
+    uint32_t v = (uint32_t)d[i] << 16 | (i + 1 < len ? (uint32_t)d[i + 1] << 8 : 0);
+    *p++ = tbl[v >> 18];
+    *p++ = tbl[(v >> 12) & 63];
+    *p++ = i + 1 < len ? tbl[(v >> 6) & 63] : '=';
+    *p++ = '=';
+  }
+  *p = '\0';
+  return out;
+}
+
+/* Length of the valid UTF-8 sequence at S (at most N bytes), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  unsigned char c = s[0];
+  if (c < 0x80)
+    return 1;
+  size_t len;
+  uint32_t min;
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+    min = 0x80;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    min = 0x800;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (n < len)
+    return 0;
+  uint32_t cp = c & (0xff >> (len + 1));
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return len;
+}
+
+char *utf8_sanitize(const char *data, size_t len, size_t *ret_len) {
+  /* Worst case every byte becomes the 3-byte U+FFFD. */
+  char *out = malloc(len * 3 + 1);
+  if (!out)
+    return NULL;
+  const unsigned char *s = (const unsigned char *)data;
+  size_t o = 0;
+  for (size_t i = 0; i < len;) {
+    size_t n = utf8_seq(s + i, len - i);
+    if (n) {
+      memcpy(out + o, s + i, n);
+      o += n;
+      i += n;
+    } else {
+      memcpy(out + o, "\xef\xbf\xbd", 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = '\0';
+  if (ret_len)
+    *ret_len = o;
+  return out;
+}

@@ -1,0 +1,289 @@
+/* tools.c: the seven tools.  Each handler checks its arguments against the
+ * same rules its inputSchema states (and says exactly what was wrong and how
+ * to fix it), takes a lease on the session, calls the agent, and shapes the
+ * result as structuredContent plus the same JSON as text.  Nothing here knows
+ * which backend serves the session. */
+#include "tools/tools.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "mcp/config.h"
+#include "session/session.h"
+#include "tools/args.h"
+
+#define DEFAULT_TIMEOUT_S 30
+#define MAX_TIMEOUT_S 3600
+#define DEFAULT_READ 1048576
+#define MAX_ENV 256
+
+/* ---- results ---- */
+
+static json_t *text_block(const char *text) {
+  return json_pack("[{s:s, s:s}]", "type", "text", "text", text);
+}
+
+static json_t *ok_result(json_t *structured) {
+  _cleanup_free_ char *text = json_dumps(structured, JSON_COMPACT);
+  return json_pack("{s:o, s:o, s:b}", "content", text_block(text ? text : "{}"),
+                   "structuredContent", structured, "isError", 0);
+}
+
+static json_t *err_result(const char *msg) {
+  return json_pack("{s:o, s:b}", "content", text_block(msg), "isError", 1);
+}
+
+static json_t *err_result_free(char *msg) {
+  json_t *r = err_result(msg);
+  free(msg);
+  return r;
+}
+
+/* ---- handlers ---- */
+
+static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  if (args_check(args, "open_session", (const char *[]){NULL}, &err) < 0)
+    return err_result_free(err);
+  json_t *info;
+  if (session_open(&info, &err) < 0)
+    return err_result_free(err);
+  return ok_result(info);
+}
+
+static void on_progress(void *p, const char *last_line, uint64_t elapsed_ms) {
+  struct call_ctx *call = p;
+  (void)elapsed_ms;
+  _cleanup_free_ char *line = utf8_sanitize(last_line, strlen(last_line), NULL);
+  mcp_progress(call, line);
+}
+
+static char *signal_name(int sig) {
+  const char *abbrev = sigabbrev_np(sig);
+  return abbrev ? xasprintf("SIG%s", abbrev) : xasprintf("signal %d", sig);
+}
+
+static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
+  char *err = NULL;
+  if (args_check(args, "run",
+                 (const char *[]){"session_id", "command", "timeout_s", "cwd", "stdin", "env", NULL},
+                 &err) < 0)
+    return err_result_free(err);
+  const char *id, *command, *cwd = NULL, *in = NULL;
+  size_t in_len = 0;
+  long long timeout_s = DEFAULT_TIMEOUT_S;
+  if (arg_session_id(args, &id, &err) < 0 ||
+      arg_string(args, "run", "command", true, 1, PROTO_MAX_COMMAND, &command, NULL, &err) < 0 ||
+      arg_int(args, "run", "timeout_s", 1, MAX_TIMEOUT_S, &timeout_s, &err) < 0 ||
+      arg_string(args, "run", "cwd", false, 1, PROTO_MAX_PATH, &cwd, NULL, &err) < 0 ||
+      arg_stdin(args, cfg.max_stdin, &in, &in_len, &err) < 0)
+    return err_result_free(err);
+  const char *env[MAX_ENV];
+  _cleanup_free_ char *env_buf = NULL;
+  size_t n_env = 0;
+  if (arg_env(args, env, MAX_ENV, &n_env, &env_buf, &err) < 0)
+    return err_result_free(err);
+
+  struct lease l;
+  if (session_acquire(id, &l, &err) < 0)
+    return err_result_free(err);
+  struct agent_exec_req req = {
+      .command = command, .cwd = cwd, .env = env, .n_env = n_env,
+      .timeout_ms = (uint32_t)timeout_s * 1000, .stdin_data = in, .stdin_len = in_len,
+      .out_cap = cfg.output_cap,
+  };
+  struct agent_ctl ctl = {.cancelled = &ctx->cancelled,
+                          .progress = ctx->progress_token ? on_progress : NULL, .ctx = ctx};
+  struct agent_exec_res res;
+  int r = agent_exec(lease_conn(&l), &req, &ctl, &res, &err);
+  if (r < 0) {
+    json_t *out;
+    if (r == -EPIPE)
+      out = err_result_free(lease_failure(&l, "run failed"));
+    else if (r == -ECANCELED)
+      out = err_result("the call was cancelled; the command was killed");
+    else
+      out = err_result_free(xasprintf("run failed in session '%s': %s", id,
+                                      err ? err : strerror(-r)));
+    free(err);
+    session_release(&l);
+    return out;
+  }
+  session_release(&l);
+
+  size_t out_len = 0, errs_len = 0;
+  _cleanup_free_ char *out = utf8_sanitize(res.out, res.out_len, &out_len);
+  _cleanup_free_ char *errs = utf8_sanitize(res.err, res.err_len, &errs_len);
+  if (!out || !errs) {
+    agent_exec_res_free(&res);
+    return err_result("out of memory shaping the output; lower IGN_MCP_OUTPUT_CAP");
+  }
+  json_t *o = json_object();
+  json_object_set_new(o, "stdout", json_stringn(out, out_len));
+  json_object_set_new(o, "stderr", json_stringn(errs, errs_len));
+  json_object_set_new(o, "exit_code",
+                      json_integer(res.signal ? 128 + res.signal : res.exit_code));
+  json_object_set_new(o, "timed_out", json_boolean(res.timed_out));
+  if (res.signal) {
+    _cleanup_free_ char *name = signal_name(res.signal);
+    json_object_set_new(o, "signal", json_string(name));
+  } else {
+    json_object_set_new(o, "signal", json_null());
+  }
+  json_object_set_new(o, "duration_ms", json_integer((json_int_t)(res.duration_us / 1000)));
+  json_object_set_new(o, "stdout_bytes", json_integer((json_int_t)res.out_total));
+  json_object_set_new(o, "stderr_bytes", json_integer((json_int_t)res.err_total));
+  json_object_set_new(o, "stdout_truncated", json_boolean(res.out_total > res.out_len));
+  json_object_set_new(o, "stderr_truncated", json_boolean(res.err_total > res.err_len));
+  agent_exec_res_free(&res);
+  return ok_result(o);
+}
+
+static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
+  char *err = NULL;
+  if (args_check(args, "write_file",
+                 (const char *[]){"session_id", "path", "content_base64", "mode", NULL}, &err) < 0)
+    return err_result_free(err);
+  const char *id, *path, *b64;
+  size_t b64_len;
+  uint32_t mode = 0644;
+  if (arg_session_id(args, &id, &err) < 0 ||
+      arg_path(args, "write_file", &path, &err) < 0 ||
+      arg_string(args, "write_file", "content_base64", true, 0, SIZE_MAX, &b64, &b64_len, &err) < 0 ||
+      arg_mode(args, &mode, &err) < 0)
+    return err_result_free(err);
+  if (b64_len / 4 * 3 > cfg.max_file + 3)
+    return err_result_free(xasprintf("content_base64 decodes to about %zu bytes, over the %zu byte "
+                                     "cap for one file (IGN_MCP_MAX_FILE); split the file and "
+                                     "append the pieces with run, e.g. cat part2 >> file",
+                                     b64_len / 4 * 3, cfg.max_file));
+  size_t len;
+  _cleanup_free_ uint8_t *data = NULL;
+  if (base64_decode(b64, b64_len, &data, &len, &err) < 0)
+    return err_result_free(err);
+  if (len > cfg.max_file)
+    return err_result_free(xasprintf("the file is %zu bytes, over the %zu byte cap for one file "
+                                     "(IGN_MCP_MAX_FILE); split it into pieces",
+                                     len, cfg.max_file));
+  struct lease l;
+  if (session_acquire(id, &l, &err) < 0)
+    return err_result_free(err);
+  struct agent_ctl ctl = {.cancelled = &ctx->cancelled};
+  int r = agent_write_file(lease_conn(&l), path, mode, data, len, &ctl, &err);
+  json_t *out;
+  if (r == -EPIPE)
+    out = err_result_free(lease_failure(&l, "write_file failed"));
+  else if (r < 0)
+    out = err_result_free(xasprintf("write_file failed: %s", err ? err : strerror(-r)));
+  else
+    out = ok_result(json_pack("{s:b, s:s, s:I}", "ok", 1, "path", path, "bytes", (json_int_t)len));
+  free(err);
+  session_release(&l);
+  return out;
+}
+
+static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
+  char *err = NULL;
+  if (args_check(args, "read_file",
+                 (const char *[]){"session_id", "path", "offset", "max_bytes", NULL}, &err) < 0)
+    return err_result_free(err);
+  const char *id, *path;
+  long long offset = 0, max = DEFAULT_READ < cfg.max_file ? DEFAULT_READ : (long long)cfg.max_file;
+  if (arg_session_id(args, &id, &err) < 0 || arg_path(args, "read_file", &path, &err) < 0 ||
+      arg_int(args, "read_file", "offset", 0, INT64_MAX / 2, &offset, &err) < 0 ||
+      arg_int(args, "read_file", "max_bytes", 1, (long long)cfg.max_file, &max, &err) < 0)
+    return err_result_free(err);
+  struct lease l;
+  if (session_acquire(id, &l, &err) < 0)
+    return err_result_free(err);
+  struct agent_ctl ctl = {.cancelled = &ctx->cancelled};
+  void *data = NULL;
+  size_t len = 0;
+  uint64_t size = 0;
+  bool eof = false;
+  int r = agent_read_file(lease_conn(&l), path, (uint64_t)offset, (uint64_t)max, &ctl, &data, &len,
+                          &size, &eof, &err);
+  json_t *out;
+  if (r == -EPIPE) {
+    out = err_result_free(lease_failure(&l, "read_file failed"));
+  } else if (r < 0) {
+    out = err_result_free(xasprintf("read_file failed: %s", err ? err : strerror(-r)));
+  } else {
+    _cleanup_free_ char *b64 = base64_encode(data, len);
+    out = b64 ? ok_result(json_pack("{s:s, s:I, s:I, s:b}", "content_base64", b64, "bytes",
+                                    (json_int_t)len, "size", (json_int_t)size, "eof", eof))
+              : err_result("out of memory encoding the file; read it in smaller pieces");
+  }
+  free(data);
+  free(err);
+  session_release(&l);
+  return out;
+}
+
+static json_t *tool_reset(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  const char *id;
+  if (args_check(args, "reset", (const char *[]){"session_id", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0)
+    return err_result_free(err);
+  json_t *info;
+  if (session_reset(id, &info, &err) < 0)
+    return err_result_free(err);
+  json_object_set_new(info, "ok", json_true());
+  return ok_result(info);
+}
+
+static json_t *tool_close(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  const char *id;
+  if (args_check(args, "close", (const char *[]){"session_id", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0)
+    return err_result_free(err);
+  if (session_close(id, &err) < 0)
+    return err_result_free(err);
+  return ok_result(json_pack("{s:b, s:s}", "ok", 1, "session_id", id));
+}
+
+static json_t *tool_list_sessions(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  if (args_check(args, "list_sessions", (const char *[]){NULL}, &err) < 0)
+    return err_result_free(err);
+  return ok_result(session_list());
+}
+
+/* ---- definitions ---- */
+
+struct tool {
+  const char *name;
+  json_t *(*fn)(json_t *args, struct call_ctx *ctx);
+};
+
+static const struct tool tools[] = {
+    {"open_session", tool_open_session}, {"run", tool_run},
+    {"write_file", tool_write_file},     {"read_file", tool_read_file},
+    {"reset", tool_reset},               {"close", tool_close},
+    {"list_sessions", tool_list_sessions},
+};
+
+bool tools_exists(const char *name) {
+  for (size_t i = 0; i < ARRAY_SIZE(tools); i++)
+    if (strcmp(tools[i].name, name) == 0)
+      return true;
+  return false;
+}
+
+json_t *tools_call(const char *name, json_t *args, struct call_ctx *ctx) {
+  for (size_t i = 0; i < ARRAY_SIZE(tools); i++)
+    if (strcmp(tools[i].name, name) == 0)
+      return tools[i].fn(args, ctx);
+  return err_result("unknown tool");
+}
+
+json_t *tools_list(void) { return tool_definitions(cfg.net, cfg.output_cap, cfg.max_file); }
