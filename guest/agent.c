@@ -1,0 +1,592 @@
+/* agent.c: ign-agent's entry point, event loop and request dispatch.
+ *
+ * Modes (command line):
+ *   --serve-fd N   serve the protocol on fd N with no setup (tests, benchmarks)
+ *   --ns --rootfs DIR --overlay-mb N --hostname H
+ *                  PID 1 of a namespace sandbox the server has cloned: build
+ *                  the sandbox (ns_setup.c), drop privileges (confine.c), serve
+ *                  on fd 3
+ * A third mode, PID 1 of a microVM, will plug in next to mode_ns(): its own
+ * setup file mounts the rootfs disk, overlays it, switch_roots and opens
+ * /dev/vport0p1 as the channel.  Everything after the setup (the loop, every
+ * request, SETUP frames for entropy and the clock) is shared.  Note for that
+ * mode: a virtio-serial port reads EOF while no host is connected, so its
+ * EOF handling will differ from the socketpair modes here, which exit.
+ *
+ * The loop is single-threaded: poll() over the channel, a signalfd for
+ * SIGCHLD and the output pipes of commands, with a timeout computed from the
+ * nearest command deadline.  A readable channel yields one whole frame: the
+ * host writes whole frames, so finishing a partial one with blocking reads
+ * never stalls for long.  Writes to the channel block; the host always
+ * drains it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "guest/agent.h"
+
+#define AGENT_NS_CHANNEL_FD 3
+
+struct agent_options {
+  enum agent_mode mode;
+  int fd;
+  struct ns_options ns;
+};
+
+void agent_log(const char *fmt, ...) {
+  static const char prefix[] = "ign-agent: ";
+  char line[2048];
+  memcpy(line, prefix, sizeof prefix - 1);
+  size_t room = sizeof line - (sizeof prefix - 1) - 1; /* keep one byte for '\n' */
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line + sizeof prefix - 1, room, fmt, ap);
+  va_end(ap);
+  size_t len = sizeof prefix - 1 + (n < 0 ? 0 : (size_t)n < room ? (size_t)n : room - 1);
+  line[len++] = '\n';
+  /* One write per line, so the server's capture of our stderr never gets
+   * two lines interleaved; a failure to log has nowhere to be reported. */
+  if (write(STDERR_FILENO, line, len) < 0)
+    return;
+}
+
+const char *agent_type_name(uint8_t type) {
+  switch (type) {
+  case PROTO_HELLO: return "HELLO";
+  case PROTO_HELLO_OK: return "HELLO_OK";
+  case PROTO_ERROR: return "ERROR";
+  case PROTO_PING: return "PING";
+  case PROTO_PONG: return "PONG";
+  case PROTO_EXEC: return "EXEC";
+  case PROTO_STDIN: return "STDIN";
+  case PROTO_STDIN_END: return "STDIN_END";
+  case PROTO_STDOUT: return "STDOUT";
+  case PROTO_STDERR: return "STDERR";
+  case PROTO_EXIT: return "EXIT";
+  case PROTO_KILL: return "KILL";
+  case PROTO_WRITE: return "WRITE";
+  case PROTO_DATA: return "DATA";
+  case PROTO_DATA_END: return "DATA_END";
+  case PROTO_OK: return "OK";
+  case PROTO_READ: return "READ";
+  case PROTO_READ_END: return "READ_END";
+  case PROTO_SETUP: return "SETUP";
+  default: return "unknown";
+  }
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+void agent_send(struct agent *a) {
+  if (!a->chan_ok)
+    return;
+  int r = proto_frame_finish(&a->out);
+  if (r < 0) {
+    /* Only a bug can build an oversized frame; say so rather than die. */
+    agent_log("dropping an outgoing frame: %s", strerror(-r));
+    return;
+  }
+  r = proto_write_all(a->chan, a->out.data, a->out.len);
+  if (r < 0) {
+    /* The host hanging up is the end of the session, like EOF. */
+    bool hangup = r == -EPIPE || r == -ECONNRESET;
+    if (!hangup)
+      agent_log("writing to the channel failed: %s", strerror(-r));
+    a->chan_ok = false;
+    a->exit_status = hangup ? 0 : 1;
+  }
+}
+
+void agent_send_empty(struct agent *a, enum proto_type type, uint32_t id) {
+  proto_frame_begin(&a->out, type, id);
+  agent_send(a);
+}
+
+void agent_send_data(struct agent *a, enum proto_type type, uint32_t id, const void *p, size_t n) {
+  proto_frame_begin(&a->out, type, id);
+  proto_put_raw(&a->out, p, n);
+  agent_send(a);
+}
+
+void agent_send_error(struct agent *a, uint32_t id, int err, const char *fmt, ...) {
+  /* Messages quote at most a couple of paths (each <= PATH_MAX). */
+  static char msg[3 * PATH_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  proto_frame_begin(&a->out, PROTO_ERROR, id);
+  proto_put_u32(&a->out, TAG_ERRNO, (uint32_t)err);
+  proto_put_str(&a->out, TAG_MESSAGE, msg);
+  agent_send(a);
+}
+
+/* ---- failed multi-frame requests ---------------------------------------- */
+
+void agent_ignore_until(struct agent *a, uint32_t id, enum proto_type end_type) {
+  if (agent_ignoring(a, id, end_type, false))
+    return;
+  /* Bounded: past the cap the oldest is forgotten, and its late frames get
+   * an EPROTO error instead of silence, which is harmless. */
+  if (a->n_ignored == AGENT_MAX_IGNORED) {
+    memmove(&a->ignored[0], &a->ignored[1], (AGENT_MAX_IGNORED - 1) * sizeof a->ignored[0]);
+    a->n_ignored--;
+  }
+  a->ignored[a->n_ignored++] = (struct agent_ignored){.id = id, .end_type = (uint8_t)end_type};
+}
+
+bool agent_ignoring(struct agent *a, uint32_t id, enum proto_type end_type, bool is_end) {
+  for (size_t i = 0; i < a->n_ignored; i++) {
+    if (a->ignored[i].id != id || a->ignored[i].end_type != end_type)
+      continue;
+    if (is_end) {
+      memmove(&a->ignored[i], &a->ignored[i + 1], (a->n_ignored - i - 1) * sizeof a->ignored[0]);
+      a->n_ignored--;
+    }
+    return true;
+  }
+  return false;
+}
+
+bool agent_id_busy(struct agent *a, uint32_t id) {
+  return exec_id_busy(&a->exec, id) || files_id_busy(&a->files, id);
+}
+
+/* ---- request fields ----------------------------------------------------- */
+
+int agent_tlv_u32(struct agent *a, uint32_t id, const char *req, const char *tag,
+                  const uint8_t *v, uint32_t n, uint32_t *ret) {
+  if (proto_val_u32(v, n, ret) < 0) {
+    agent_send_error(a, id, EPROTO,
+                     "malformed %s request: %s must be a 4-byte integer, got %u bytes", req, tag,
+                     n);
+    return -EPROTO;
+  }
+  return 0;
+}
+
+int agent_tlv_u64(struct agent *a, uint32_t id, const char *req, const char *tag,
+                  const uint8_t *v, uint32_t n, uint64_t *ret) {
+  if (proto_val_u64(v, n, ret) < 0) {
+    agent_send_error(a, id, EPROTO,
+                     "malformed %s request: %s must be an 8-byte integer, got %u bytes", req, tag,
+                     n);
+    return -EPROTO;
+  }
+  return 0;
+}
+
+int agent_resolve_path(struct agent *a, uint32_t id, const char *what, const uint8_t *v,
+                       uint32_t n, char ret_path[PATH_MAX]) {
+  if (n == 0) {
+    agent_send_error(a, id, EINVAL, "%s is empty", what);
+    return -EINVAL;
+  }
+  if (memchr(v, '\0', n)) {
+    agent_send_error(a, id, EINVAL, "%s contains a NUL byte", what);
+    return -EINVAL;
+  }
+  if (n > PROTO_MAX_PATH) {
+    agent_send_error(a, id, ENAMETOOLONG, "%s is longer than %u bytes", what, PROTO_MAX_PATH);
+    return -ENAMETOOLONG;
+  }
+  const char *prefix = v[0] == '/' ? "" : "/root/";
+  int len = snprintf(ret_path, PATH_MAX, "%s%.*s", prefix, (int)n, (const char *)v);
+  if (len < 0 || len >= PATH_MAX) {
+    agent_send_error(a, id, ENAMETOOLONG, "%s '%s%.*s' is longer than %d bytes", what, prefix,
+                     (int)n, (const char *)v, PATH_MAX - 1);
+    return -ENAMETOOLONG;
+  }
+  return 0;
+}
+
+/* ---- connection-level requests ------------------------------------------ */
+
+static const char *agent_mode_name(enum agent_mode m) {
+  return m == AGENT_MODE_NS ? "ns" : "fd";
+}
+
+static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, size_t n) {
+  const uint8_t *v;
+  uint32_t len, version;
+  int r = proto_find(p, n, TAG_VERSION, &v, &len);
+  if (r < 0) {
+    agent_send_error(a, id, EPROTO, "malformed HELLO request: a TLV record runs past the payload");
+    return;
+  }
+  if (r == 0) {
+    agent_send_error(a, id, EPROTO, "malformed HELLO request: VERSION is missing");
+    return;
+  }
+  if (agent_tlv_u32(a, id, "HELLO", "VERSION", v, len, &version) < 0)
+    return;
+  if (version != PROTO_VERSION) {
+    agent_send_error(a, id, EPROTONOSUPPORT, "agent speaks protocol %u, host asked for %u",
+                     PROTO_VERSION, version);
+    return;
+  }
+  char info[64];
+  snprintf(info, sizeof info, "ign-agent %s mode=%s", IGN_VERSION, agent_mode_name(a->mode));
+  proto_frame_begin(&a->out, PROTO_HELLO_OK, id);
+  proto_put_u32(&a->out, TAG_VERSION, PROTO_VERSION);
+  proto_put_str(&a->out, TAG_INFO, info);
+  agent_send(a);
+}
+
+static void agent_dispatch(struct agent *a, const struct proto_header *h, const uint8_t *p) {
+  switch (h->type) {
+  case PROTO_HELLO:
+    agent_handle_hello(a, h->id, p, h->len);
+    break;
+  case PROTO_PING:
+    proto_frame_begin(&a->out, PROTO_PONG, h->id);
+    proto_put_u32(&a->out, TAG_VERSION, PROTO_VERSION);
+    agent_send(a);
+    break;
+  case PROTO_EXEC:
+  case PROTO_STDIN:
+  case PROTO_STDIN_END:
+  case PROTO_KILL:
+    exec_handle(a, h, p);
+    break;
+  case PROTO_WRITE:
+  case PROTO_DATA:
+  case PROTO_DATA_END:
+  case PROTO_READ:
+    files_handle(a, h, p);
+    break;
+  case PROTO_SETUP:
+    machine_handle_setup(a, h->id, p, h->len);
+    break;
+  default:
+    /* Frames only the agent sends (STDOUT, EXIT, OK, ...). */
+    agent_send_error(a, h->id, EPROTO, "unexpected %s frame from the host",
+                     agent_type_name(h->type));
+    break;
+  }
+}
+
+static void agent_read_request(struct agent *a) {
+  static uint8_t payload[PROTO_MAX_PAYLOAD];
+  struct proto_header h;
+  int r = proto_read_frame(a->chan, &h, payload);
+  if (r == 0) {
+    agent_dispatch(a, &h, payload);
+    return;
+  }
+  /* EOF, or a stream we can no longer follow: stop serving. */
+  a->exit_status = 1;
+  if (r == -ENODATA) {
+    a->exit_status = 0;
+  } else if (r == -ECONNRESET) {
+    /* The host is gone: it closed the socket with our replies unread, or in
+     * the middle of a frame.  The end of the session all the same. */
+    agent_log("the host hung up (connection reset or closed mid-frame)");
+    a->exit_status = 0;
+  } else if (r == -EPROTO) {
+    agent_send_error(a, 0, EPROTO, "malformed frame header; closing the connection");
+    agent_log("malformed frame header from the host; closing the connection");
+  } else {
+    agent_log("reading the channel failed: %s", strerror(-r));
+  }
+  a->chan_ok = false;
+}
+
+/* ---- the loop ----------------------------------------------------------- */
+
+/* SIGCHLD goes to a signalfd.  In fd mode SIGTERM, SIGINT and SIGHUP do too,
+ * so that a stopped agent still kills its commands.  Not in ns mode: as PID 1
+ * of the namespace, a signal left at SIG_DFL cannot be sent to us from inside
+ * the sandbox, while a blocked one would be queued and obeyed. */
+static int agent_signals_init(struct agent *a) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  if (a->mode == AGENT_MODE_FD) {
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGHUP);
+  }
+  if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+    return -errno;
+  a->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (a->sigfd < 0)
+    return -errno;
+  return 0;
+}
+
+static void agent_on_signal(struct agent *a) {
+  struct signalfd_siginfo si;
+  bool child = false;
+  for (;;) {
+    ssize_t r = read(a->sigfd, &si, sizeof si);
+    if (r != (ssize_t)sizeof si)
+      break;
+    if (si.ssi_signo == SIGCHLD) {
+      child = true;
+    } else {
+      agent_log("stopping on signal %u", si.ssi_signo);
+      a->chan_ok = false;
+      a->exit_status = 128 + (int)si.ssi_signo;
+    }
+  }
+  if (child)
+    exec_reap(a);
+}
+
+static int agent_serve(struct agent *a) {
+  while (a->chan_ok) {
+    struct pollfd pfd[2 + EXEC_POLL_MAX];
+    pfd[0] = (struct pollfd){.fd = a->chan, .events = POLLIN};
+    pfd[1] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
+    size_t n_exec = exec_pollfds(&a->exec, pfd + 2);
+    int r = poll(pfd, 2 + n_exec, exec_poll_timeout(&a->exec));
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      agent_log("poll failed: %m");
+      a->exit_status = 1;
+      break;
+    }
+    /* Output first, then exits (which drain what is left), then new work. */
+    exec_on_poll(a, pfd + 2, n_exec);
+    if (pfd[1].revents)
+      agent_on_signal(a);
+    exec_check_timeouts(a);
+    if (a->chan_ok && pfd[0].revents)
+      agent_read_request(a);
+  }
+  exec_shutdown(&a->exec);
+  files_shutdown(&a->files);
+  proto_buf_free(&a->out);
+  close(a->chan);
+  a->chan = -1;
+  return a->exit_status;
+}
+
+/* ---- startup ------------------------------------------------------------ */
+
+/* Commands get fds 0-2 by dup2(); if ours were closed, a pipe could land on
+ * one of them and be clobbered, so fill the gaps with /dev/null. */
+static int agent_ensure_std_fds(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+      continue;
+    int n = open("/dev/null", O_RDWR);
+    if (n < 0)
+      return -errno;
+    if (n != fd) {
+      close(n);
+      return -EBADF;
+    }
+  }
+  return 0;
+}
+
+/* The inherited channel: close-on-exec, blocking. */
+static int agent_adopt_channel(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+    return -errno;
+  if ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+    return -errno;
+  return 0;
+}
+
+static int mode_fd(const struct agent_options *o, int *ret_chan) {
+  /* Orphans of our commands (a daemon started with '&') get reparented to
+   * us, so our waitpid(-1) loop reaps them as PID 1 would. */
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+    agent_log("cannot become a child subreaper: %m");
+  int r = agent_adopt_channel(o->fd);
+  if (r < 0) {
+    agent_log("fd %d is not usable as the channel: %s", o->fd, strerror(-r));
+    return r;
+  }
+  *ret_chan = o->fd;
+  return 0;
+}
+
+/* /proc/1/cmdline is readable by everyone in the sandbox and would show the
+ * host's paths (agent binary, rootfs): overwrite the argument area in place.
+ * Only after setup, which still reads the options pointing into it. */
+static void agent_hide_args(int argc, char **argv) {
+  static const char shown[] = "ign-agent\0--ns";
+  char *start = argv[0], *end = argv[argc - 1] + strlen(argv[argc - 1]) + 1;
+  memset(start, 0, (size_t)(end - start));
+  memcpy(start, shown, (size_t)(end - start) < sizeof shown ? (size_t)(end - start) : sizeof shown);
+}
+
+static int mode_ns(const struct agent_options *o, int argc, char **argv, int *ret_chan) {
+  if (getpid() != 1) {
+    agent_log("--ns must run as PID 1 of a new pid namespace (we are pid %d)", (int)getpid());
+    return -EINVAL;
+  }
+  int r = agent_adopt_channel(AGENT_NS_CHANNEL_FD);
+  if (r < 0) {
+    agent_log("fd %d is not usable as the channel: %s", AGENT_NS_CHANNEL_FD, strerror(-r));
+    return r;
+  }
+  umask(022);
+  r = ns_setup(&o->ns);
+  if (r < 0)
+    return r;
+  r = confine_drop_privileges();
+  if (r < 0)
+    return r;
+  agent_hide_args(argc, argv);
+  *ret_chan = AGENT_NS_CHANNEL_FD;
+  return 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: ign-agent --serve-fd N\n"
+          "       ign-agent --ns --rootfs ABS_DIR [--overlay-mb N] [--hostname NAME]\n"
+          "Serves the ignition-mcp agent protocol (version %u) on a channel fd.\n",
+          PROTO_VERSION);
+}
+
+static int parse_uint(const char *s, unsigned long max, unsigned long *ret) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-' || v > max)
+    return -EINVAL;
+  *ret = v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, struct agent_options *ret) {
+  enum {
+    OPT_SERVE_FD = 256,
+    OPT_NS,
+    OPT_ROOTFS,
+    OPT_OVERLAY_MB,
+    OPT_HOSTNAME,
+    OPT_HELP,
+    OPT_VERSION,
+  };
+  static const struct option longopts[] = {
+      {"serve-fd", required_argument, NULL, OPT_SERVE_FD},
+      {"ns", no_argument, NULL, OPT_NS},
+      {"rootfs", required_argument, NULL, OPT_ROOTFS},
+      {"overlay-mb", required_argument, NULL, OPT_OVERLAY_MB},
+      {"hostname", required_argument, NULL, OPT_HOSTNAME},
+      {"help", no_argument, NULL, OPT_HELP},
+      {"version", no_argument, NULL, OPT_VERSION},
+      {0},
+  };
+  struct agent_options o = {
+      .mode = AGENT_MODE_FD,
+      .fd = -1,
+      .ns = {.overlay_mb = 1024, .hostname = "sandbox"},
+  };
+  bool ns = false;
+  unsigned long v;
+  int c;
+  while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (c) {
+    case OPT_SERVE_FD:
+      if (parse_uint(optarg, INT_MAX, &v) < 0) {
+        agent_log("--serve-fd wants a file descriptor number, got '%s'", optarg);
+        return -EINVAL;
+      }
+      o.fd = (int)v;
+      break;
+    case OPT_NS:
+      ns = true;
+      break;
+    case OPT_ROOTFS:
+      o.ns.rootfs = optarg;
+      break;
+    case OPT_OVERLAY_MB:
+      if (parse_uint(optarg, 1u << 20, &v) < 0 || v == 0) {
+        agent_log("--overlay-mb wants a size in MiB (1 to 1048576), got '%s'", optarg);
+        return -EINVAL;
+      }
+      o.ns.overlay_mb = (unsigned)v;
+      break;
+    case OPT_HOSTNAME:
+      o.ns.hostname = optarg;
+      break;
+    case OPT_HELP:
+      usage(stdout);
+      exit(0);
+    case OPT_VERSION:
+      printf("ign-agent %s (protocol %u)\n", IGN_VERSION, PROTO_VERSION);
+      exit(0);
+    default:
+      return -EINVAL;
+    }
+  }
+  if (optind != argc) {
+    agent_log("unexpected argument '%s'", argv[optind]);
+    return -EINVAL;
+  }
+  if (ns == (o.fd >= 0)) {
+    agent_log("give exactly one of --serve-fd N and --ns");
+    return -EINVAL;
+  }
+  if (ns) {
+    o.mode = AGENT_MODE_NS;
+    if (!o.ns.rootfs) {
+      agent_log("--ns needs --rootfs ABS_DIR");
+      return -EINVAL;
+    }
+  }
+  *ret = o;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static struct agent a;
+  struct agent_options o;
+  if (parse_args(argc, argv, &o) < 0) {
+    usage(stderr);
+    return 2;
+  }
+  if (agent_ensure_std_fds() < 0)
+    return 1;
+  /* A host that goes away (or stops reading our stderr) must not kill us
+   * before we kill our commands: EPIPE is handled where it happens. */
+  signal(SIGPIPE, SIG_IGN);
+
+  a.mode = o.mode;
+  a.chan = -1;
+  a.sigfd = -1;
+  exec_init(&a.exec);
+  files_init(&a.files);
+
+  int r;
+  switch (o.mode) {
+  case AGENT_MODE_FD:
+    r = mode_fd(&o, &a.chan);
+    break;
+  case AGENT_MODE_NS:
+    r = mode_ns(&o, argc, argv, &a.chan);
+    break;
+  default:
+    r = -EINVAL;
+    break;
+  }
+  if (r < 0)
+    return 1;
+  r = agent_signals_init(&a);
+  if (r < 0) {
+    agent_log("cannot set up signal handling: %s", strerror(-r));
+    return 1;
+  }
+  a.chan_ok = true;
+  return agent_serve(&a);
+}

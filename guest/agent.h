@@ -1,0 +1,174 @@
+/* agent.h: ign-agent, the process that serves the host <-> agent protocol
+ * (proto/proto.h) inside a sandbox.
+ *
+ * The agent is single-threaded: agent.c owns the event loop and the channel,
+ * and hands each request to the module that serves it:
+ *   exec.c      EXEC / STDIN / STDIN_END / KILL, output pipes, reaping
+ *   files.c     WRITE / DATA / DATA_END / READ
+ *   machine.c   SETUP, hostname, loopback
+ *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
+ *   confine.c   the privilege drop: capabilities, no_new_privs, seccomp
+ * Every request ends with exactly one terminal frame (EXIT, OK, READ_END or
+ * ERROR); handlers send it themselves through the agent_send_* helpers. */
+#pragma once
+
+#include <limits.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto/proto.h"
+
+#ifndef IGN_VERSION
+#define IGN_VERSION "0.1.0"
+#endif
+
+/* Caps on what the host can make the agent hold at once. */
+#define EXEC_MAX_RUNNING 64u           /* commands started or waiting for stdin */
+#define EXEC_MAX_STDIN (16u << 20)     /* bytes of stdin per command */
+#define EXEC_MAX_DRAIN 128u            /* pipes of finished commands still read */
+#define EXEC_MAX_GROUPS 256u           /* process groups remembered for shutdown */
+#define EXEC_POLL_MAX (2u * EXEC_MAX_RUNNING + EXEC_MAX_DRAIN)
+#define FILES_MAX_WRITES 16u           /* WRITE requests open at once */
+#define FILES_MAX_READ (64u << 20)     /* bytes per READ */
+#define AGENT_MAX_IGNORED 64u          /* failed multi-frame requests remembered */
+
+enum agent_mode {
+  AGENT_MODE_FD, /* --serve-fd N: no setup, for tests and benchmarks */
+  AGENT_MODE_NS, /* --ns: PID 1 of a namespace sandbox */
+  /* AGENT_MODE_VM (PID 1 of a microVM) will come with its own setup file. */
+};
+
+enum exec_state_kind {
+  EXEC_FREE = 0,
+  EXEC_WAITING_STDIN, /* EXEC with HAS_STDIN=1 received, collecting STDIN */
+  EXEC_RUNNING,       /* the shell has been forked */
+};
+
+struct exec_cmd {
+  enum exec_state_kind state;
+  uint32_t id;
+  /* Owned until the shell is forked. */
+  char *command;
+  char *cwd;
+  char **env;
+  uint32_t timeout_ms;
+  int stdin_fd; /* memfd holding the collected stdin, or -1 */
+  uint64_t stdin_bytes;
+  /* While running. */
+  pid_t pid; /* also the process group id */
+  int out_fd, err_fd; /* non-blocking read ends, -1 once at EOF */
+  uint64_t started_us;
+  uint64_t deadline_ms; /* CLOCK_MONOTONIC, 0 = none */
+  bool timed_out;
+};
+
+struct exec_state {
+  struct exec_cmd cmds[EXEC_MAX_RUNNING];
+  /* Read ends of finished commands whose write ends a background process may
+   * still hold; read and discarded until EOF, oldest first. */
+  int drain[EXEC_MAX_DRAIN];
+  size_t n_drain;
+  /* Process groups started, so that shutdown can kill what is left. */
+  pid_t groups[EXEC_MAX_GROUPS];
+  size_t n_groups;
+};
+
+struct file_write {
+  bool used;
+  uint32_t id;
+  int fd;
+  uint64_t size, received;
+  char path[PATH_MAX];
+  char tmp[PATH_MAX];
+};
+
+struct files_state {
+  struct file_write writes[FILES_MAX_WRITES];
+};
+
+/* A failed multi-frame request: frames for ID are dropped until END_TYPE. */
+struct agent_ignored {
+  uint32_t id;
+  uint8_t end_type;
+};
+
+struct agent {
+  enum agent_mode mode;
+  int chan;
+  bool chan_ok;     /* false once the channel hit EOF or an error */
+  int exit_status;  /* process exit status once the loop ends */
+  int sigfd;
+  struct proto_buf out;
+  uint8_t chunk[PROTO_CHUNK]; /* scratch for output and file reads */
+  struct agent_ignored ignored[AGENT_MAX_IGNORED];
+  size_t n_ignored;
+  struct exec_state exec;
+  struct files_state files;
+};
+
+/* agent.c */
+__attribute__((format(printf, 1, 2))) void agent_log(const char *fmt, ...);
+const char *agent_type_name(uint8_t type);
+/* Finish the frame in a->out and write it.  A write error marks the channel
+ * dead (the loop then ends); later sends are no-ops. */
+void agent_send(struct agent *a);
+void agent_send_empty(struct agent *a, enum proto_type type, uint32_t id);
+void agent_send_data(struct agent *a, enum proto_type type, uint32_t id, const void *p, size_t n);
+/* ERROR{ERRNO=err (positive), MESSAGE=...} for request ID. */
+__attribute__((format(printf, 4, 5))) void agent_send_error(struct agent *a, uint32_t id, int err,
+                                                            const char *fmt, ...);
+/* Remember that ID failed: drop its frames until one of END_TYPE. */
+void agent_ignore_until(struct agent *a, uint32_t id, enum proto_type end_type);
+/* Whether frames of ID are being dropped until END_TYPE; IS_END forgets it. */
+bool agent_ignoring(struct agent *a, uint32_t id, enum proto_type end_type, bool is_end);
+bool agent_id_busy(struct agent *a, uint32_t id);
+/* Typed TLV values; on a wrong width send EPROTO naming REQ and TAG. */
+int agent_tlv_u32(struct agent *a, uint32_t id, const char *req, const char *tag,
+                  const uint8_t *v, uint32_t n, uint32_t *ret);
+int agent_tlv_u64(struct agent *a, uint32_t id, const char *req, const char *tag,
+                  const uint8_t *v, uint32_t n, uint64_t *ret);
+/* Check a path from the host (WHAT names it in messages) and make it absolute:
+ * relative paths are taken from /root.  On failure sends the ERROR. */
+int agent_resolve_path(struct agent *a, uint32_t id, const char *what, const uint8_t *v,
+                       uint32_t n, char ret_path[PATH_MAX]);
+
+/* exec.c */
+void exec_init(struct exec_state *e);
+void exec_handle(struct agent *a, const struct proto_header *h, const uint8_t *payload);
+bool exec_id_busy(const struct exec_state *e, uint32_t id);
+/* Poll set: exec_pollfds() fills up to EXEC_POLL_MAX entries; exec_on_poll()
+ * takes the same entries back after poll(). */
+size_t exec_pollfds(const struct exec_state *e, struct pollfd *pfd);
+void exec_on_poll(struct agent *a, const struct pollfd *pfd, size_t n);
+void exec_reap(struct agent *a);
+int exec_poll_timeout(const struct exec_state *e);
+void exec_check_timeouts(struct agent *a);
+void exec_shutdown(struct exec_state *e);
+
+/* files.c */
+void files_init(struct files_state *f);
+void files_handle(struct agent *a, const struct proto_header *h, const uint8_t *payload);
+bool files_id_busy(const struct files_state *f, uint32_t id);
+void files_shutdown(struct files_state *f);
+
+/* machine.c */
+int machine_set_hostname(const char *name, size_t len);
+int machine_loopback_up(void);
+void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len);
+
+/* ns_setup.c */
+struct ns_options {
+  const char *rootfs; /* absolute path of the rootfs tree on the host */
+  unsigned overlay_mb;
+  const char *hostname;
+};
+/* Build the sandbox's filesystem and identity.  On failure a one-line
+ * message has been written to stderr. */
+int ns_setup(const struct ns_options *o);
+
+/* confine.c */
+/* Drop every capability for good, set no_new_privs, install the seccomp
+ * filter.  On failure a one-line message has been written to stderr. */
+int confine_drop_privileges(void);

@@ -1,0 +1,268 @@
+/* ns_setup.c: the filesystem and identity of a namespace sandbox (--ns).
+ *
+ * The server clones us into new mount, pid, net, ipc, uts and cgroup
+ * namespaces; we are PID 1 and still see the host's filesystem.  Following
+ * bubblewrap's technique:
+ *   1. make every mount private, so nothing we do propagates to the host;
+ *   2. mount a tmpfs of --overlay-mb MiB on /tmp and pivot_root into it, so
+ *      the host's root sits at /oldroot (with its real /tmp, where a test's
+ *      rootfs may live);
+ *   3. overlay the read-only rootfs tree (lower) with upper and work dirs on
+ *      that tmpfs, whose size caps what the sandbox can write (ENOSPC);
+ *   4. build /proc (masked like Docker's defaults) and a minimal /dev with
+ *      device nodes bound from the host's /dev; no sysfs;
+ *   5. detach /oldroot and pivot_root into the overlay: nothing of the host
+ *      remains reachable.
+ * Then the hostname and loopback.  The tmpfs root itself is detached at the
+ * end; the overlay keeps its upper layer alive.  Every failure logs one
+ * line and aborts the setup: a half-built sandbox is never served. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "guest/agent.h"
+
+static const char *const ns_proc_null_files[] = {
+    "kcore", "keys", "timer_list", "sched_debug", "sysrq-trigger", "latency_stats",
+};
+static const char *const ns_proc_empty_dirs[] = {"acpi", "scsi"};
+static const char *const ns_proc_readonly[] = {"sys", "bus", "fs", "irq"};
+static const char *const ns_dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+static const struct {
+  const char *target, *name;
+} ns_dev_links[] = {
+    {"/proc/self/fd", "fd"},
+    {"/proc/self/fd/0", "stdin"},
+    {"/proc/self/fd/1", "stdout"},
+    {"/proc/self/fd/2", "stderr"},
+};
+
+/* Log "ns setup: <message>: <strerror(errno)>" and return -errno. */
+__attribute__((format(printf, 1, 2))) static int ns_fail(const char *fmt, ...) {
+  int err = errno ? errno : EINVAL;
+  char what[2 * PATH_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  agent_log("ns setup: %s: %s", what, strerror(err));
+  return -err;
+}
+
+static int ns_mount(const char *src, const char *target, const char *type, unsigned long flags,
+                    const char *data) {
+  if (mount(src, target, type, flags, data) < 0)
+    return ns_fail("cannot mount %s on %s%s%s", type ? type : src, target, data ? " with " : "",
+                   data ? data : "");
+  return 0;
+}
+
+static int ns_bind(const char *src, const char *target) {
+  if (mount(src, target, NULL, MS_BIND, NULL) < 0)
+    return ns_fail("cannot bind %s on %s", src, target);
+  return 0;
+}
+
+static int ns_pivot_root(const char *new_root, const char *put_old) {
+  if (syscall(SYS_pivot_root, new_root, put_old) < 0)
+    return ns_fail("cannot pivot_root(%s, %s)", new_root, put_old);
+  return 0;
+}
+
+/* A mount point that must be a real directory (a symlink would be followed
+ * out of the overlay).  Created with MODE when the rootfs lacks it. */
+static int ns_ensure_dir(const char *path, mode_t mode) {
+  if (mkdir(path, mode) == 0) {
+    if (chmod(path, mode) < 0) /* mkdir's mode is umasked */
+      return ns_fail("cannot chmod %s", path);
+    return 0;
+  }
+  if (errno != EEXIST)
+    return ns_fail("cannot create %s", path);
+  struct stat st;
+  if (lstat(path, &st) < 0)
+    return ns_fail("cannot stat %s", path);
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return ns_fail("%s exists in the rootfs but is not a directory", path);
+  }
+  return 0;
+}
+
+static bool ns_exists(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0;
+}
+
+/* Steps 1-2: private mounts, a tmpfs root, the host at /oldroot. */
+static int ns_enter_tmpfs(unsigned overlay_mb) {
+  char opts[64];
+  int r;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    return ns_fail("cannot make the mounts private");
+  snprintf(opts, sizeof opts, "size=%um,mode=0755", overlay_mb);
+  if ((r = ns_mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) < 0)
+    return r;
+  if (chdir("/tmp") < 0)
+    return ns_fail("cannot enter the new tmpfs");
+  static const char *const dirs[] = {"newroot", "oldroot", "upper", "work"};
+  for (size_t i = 0; i < ARRAY_SIZE(dirs); i++)
+    if (mkdir(dirs[i], 0755) < 0)
+      return ns_fail("cannot create /tmp/%s", dirs[i]);
+  if ((r = ns_pivot_root(".", "oldroot")) < 0)
+    return r;
+  if (chdir("/") < 0)
+    return ns_fail("cannot enter the new root");
+  return 0;
+}
+
+/* Step 3: the rootfs tree under a writable overlay at /newroot. */
+static int ns_mount_overlay(const char *rootfs) {
+  char lower[PATH_MAX], opts[PATH_MAX + 64];
+  struct stat st;
+  if (rootfs[0] != '/' || strpbrk(rootfs, ",:\\")) {
+    /* overlayfs splits its options on these characters. */
+    errno = EINVAL;
+    return ns_fail("rootfs '%s' must be an absolute path without ',', ':' or '\\'", rootfs);
+  }
+  int n = snprintf(lower, sizeof lower, "/oldroot%s", rootfs);
+  if (n < 0 || (size_t)n >= sizeof lower) {
+    errno = ENAMETOOLONG;
+    return ns_fail("rootfs '%s'", rootfs);
+  }
+  if (stat(lower, &st) < 0)
+    return ns_fail("cannot use rootfs '%s'", rootfs);
+  if (!S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return ns_fail("rootfs '%s'", rootfs);
+  }
+  snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=/upper,workdir=/work", lower);
+  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV, opts);
+}
+
+/* Step 4a: a fresh proc for our pid namespace, with Docker's masks. */
+static int ns_mount_proc(void) {
+  char path[PATH_MAX];
+  int r;
+  if ((r = ns_ensure_dir("/newroot/proc", 0555)) < 0 ||
+      (r = ns_mount("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) < 0)
+    return r;
+  /* Kernel internals, key material, and a way to crash the host. */
+  for (size_t i = 0; i < ARRAY_SIZE(ns_proc_null_files); i++) {
+    snprintf(path, sizeof path, "/newroot/proc/%s", ns_proc_null_files[i]);
+    if (ns_exists(path) && (r = ns_bind("/oldroot/dev/null", path)) < 0)
+      return r;
+  }
+  for (size_t i = 0; i < ARRAY_SIZE(ns_proc_empty_dirs); i++) {
+    snprintf(path, sizeof path, "/newroot/proc/%s", ns_proc_empty_dirs[i]);
+    if (ns_exists(path) &&
+        (r = ns_mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      "mode=0555,size=4k")) < 0)
+      return r;
+  }
+  /* Host-wide knobs: readable, never writable. */
+  for (size_t i = 0; i < ARRAY_SIZE(ns_proc_readonly); i++) {
+    snprintf(path, sizeof path, "/newroot/proc/%s", ns_proc_readonly[i]);
+    if (!ns_exists(path))
+      continue;
+    if ((r = ns_bind(path, path)) < 0)
+      return r;
+    if (mount(NULL, path, NULL,
+              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+      return ns_fail("cannot make %s read-only", path);
+  }
+  return 0;
+}
+
+/* Step 4b: a minimal /dev. */
+static int ns_mount_dev(unsigned shm_mb) {
+  char src[PATH_MAX], path[PATH_MAX], opts[64];
+  int r;
+  if ((r = ns_ensure_dir("/newroot/dev", 0755)) < 0 ||
+      (r = ns_mount("tmpfs", "/newroot/dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
+                    "mode=0755,size=1m")) < 0)
+    return r;
+  for (size_t i = 0; i < ARRAY_SIZE(ns_dev_nodes); i++) {
+    snprintf(src, sizeof src, "/oldroot/dev/%s", ns_dev_nodes[i]);
+    snprintf(path, sizeof path, "/newroot/dev/%s", ns_dev_nodes[i]);
+    if (!ns_exists(src))
+      continue; /* a host without /dev/tty, say */
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+      return ns_fail("cannot create %s", path);
+    close(fd);
+    if ((r = ns_bind(src, path)) < 0)
+      return r;
+  }
+  for (size_t i = 0; i < ARRAY_SIZE(ns_dev_links); i++) {
+    snprintf(path, sizeof path, "/newroot/dev/%s", ns_dev_links[i].name);
+    if (symlink(ns_dev_links[i].target, path) < 0)
+      return ns_fail("cannot create %s", path);
+  }
+  /* Ptys are a convenience (script, python's pty): without devpts the
+   * sandbox still works, so a failure here is only logged. */
+  if ((r = ns_ensure_dir("/newroot/dev/pts", 0755)) < 0)
+    return r;
+  if (mount("devpts", "/newroot/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=620") < 0) {
+    agent_log("ns setup: no /dev/pts (mounting devpts failed: %m); continuing without ptys");
+  } else if (symlink("pts/ptmx", "/newroot/dev/ptmx") < 0) {
+    return ns_fail("cannot create /newroot/dev/ptmx");
+  }
+  snprintf(opts, sizeof opts, "mode=1777,size=%um", shm_mb);
+  if ((r = ns_ensure_dir("/newroot/dev/shm", 01777)) < 0 ||
+      (r = ns_mount("tmpfs", "/newroot/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts)) < 0)
+    return r;
+  return 0;
+}
+
+/* Step 5: leave only the overlay. */
+static int ns_enter_newroot(void) {
+  int r;
+  if (umount2("/oldroot", MNT_DETACH) < 0)
+    return ns_fail("cannot detach the host's root");
+  if (chdir("/newroot") < 0)
+    return ns_fail("cannot enter /newroot");
+  /* pivot_root(".", ".") stacks the old root (the tmpfs) on top of the new
+   * one; unmounting "." then removes exactly that layer. */
+  if ((r = ns_pivot_root(".", ".")) < 0)
+    return r;
+  if (umount2(".", MNT_DETACH) < 0)
+    return ns_fail("cannot detach the setup tmpfs");
+  if (chdir("/") < 0)
+    return ns_fail("cannot enter the sandbox's root");
+  return 0;
+}
+
+int ns_setup(const struct ns_options *o) {
+  int r;
+  /* A session of our own: no controlling terminal of the server's can be
+   * reached from the sandbox (/dev/tty, TIOCSTI). */
+  if (setsid() < 0)
+    return ns_fail("cannot start a new session");
+  if ((r = ns_enter_tmpfs(o->overlay_mb)) < 0 || (r = ns_mount_overlay(o->rootfs)) < 0)
+    return r;
+  /* A minimal rootfs may lack these. */
+  if ((r = ns_ensure_dir("/newroot/tmp", 01777)) < 0 ||
+      (r = ns_ensure_dir("/newroot/root", 0700)) < 0)
+    return r;
+  if ((r = ns_mount_proc()) < 0 || (r = ns_mount_dev(o->overlay_mb)) < 0 ||
+      (r = ns_enter_newroot()) < 0)
+    return r;
+  if ((r = machine_set_hostname(o->hostname, strlen(o->hostname))) < 0) {
+    errno = -r;
+    return ns_fail("cannot set the hostname to '%s'", o->hostname);
+  }
+  if ((r = machine_loopback_up()) < 0) {
+    errno = -r;
+    return ns_fail("cannot bring the loopback interface up");
+  }
+  return 0;
+}

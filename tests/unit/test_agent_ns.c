@@ -1,0 +1,394 @@
+/* test_agent_ns.c: ign-agent --ns, for real.  Like the server's ns backend,
+ * each test clones the agent into new mount, pid, net, ipc, uts and cgroup
+ * namespaces over a tiny busybox rootfs built in /tmp, then checks from
+ * inside what the sandbox shows and refuses: only the rootfs, only its own
+ * processes, no capabilities, no mounts or user namespaces, read-only
+ * /proc/sys, loopback only, a size-capped overlay, and an end to everything
+ * at EOF.
+ *
+ * Needs root and Debian's busybox-static; without them it prints one
+ * "ok - ... # skip" line and counts it as skipped (tests/run.sh adds up
+ * "N passed, N failed, N skipped"). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/unit/agent_client.h"
+#include "tests/unit/test.h"
+
+#define NS_OVERLAY_MB "4"
+#define NS_HOSTNAME "ign-test"
+
+static char ns_base[64];   /* temp dir holding the rootfs */
+static char ns_rootfs[96];
+
+struct sandbox {
+  pid_t pid; /* the agent, PID 1 inside */
+  int fd;
+  int err_fd; /* the agent's stderr */
+};
+
+static bool sandbox_start_with(struct sandbox *s, const char *rootfs) {
+  int sv[2], errp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || pipe2(errp, O_CLOEXEC) < 0)
+    return false;
+  char agent[PATH_MAX];
+  if (!realpath(ac_agent_path(), agent))
+    return false;
+  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+               CLONE_NEWCGROUP | SIGCHLD;
+  pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+  if (pid < 0) {
+    fprintf(stderr, "  clone: %s\n", strerror(errno));
+    return false;
+  }
+  if (pid == 0) {
+    /* Raw clone: only plain system calls until execve. */
+    if (dup2(errp[1], 2) < 0 || dup2(sv[1], 3) < 0)
+      _exit(126);
+    execl(agent, "ign-agent", "--ns", "--rootfs", rootfs, "--overlay-mb", NS_OVERLAY_MB,
+          "--hostname", NS_HOSTNAME, (char *)NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  close(errp[1]);
+  s->pid = pid;
+  s->fd = sv[0];
+  s->err_fd = errp[0];
+  return true;
+}
+
+static bool sandbox_start(struct sandbox *s) { return sandbox_start_with(s, ns_rootfs); }
+
+static int sandbox_stop(struct sandbox *s) {
+  close(s->fd);
+  close(s->err_fd);
+  return ac_wait_exit(s->pid, 5000);
+}
+
+#define START(s)                                                                  \
+  struct sandbox s;                                                               \
+  if (!sandbox_start(&s)) {                                                       \
+    CHECK(!"cannot start the sandbox");                                           \
+    return;                                                                       \
+  }
+#define STOP(s) CHECK_EQ_INT(sandbox_stop(&s), 0)
+
+static bool out_is(const struct ac_result *r, const char *want) {
+  size_t n = strlen(want);
+  bool ok = r->out.len == n && (n == 0 || memcmp(r->out.data, want, n) == 0);
+  if (!ok)
+    fprintf(stderr, "  stdout is \"%.*s\", expected \"%s\" (stderr \"%.*s\")\n", (int)r->out.len,
+            (const char *)r->out.data, want, (int)r->err.len, (const char *)r->err.data);
+  return ok;
+}
+
+/* Run COMMAND inside; expect exit 0 and exactly WANT on stdout. */
+static void expect_sh(struct sandbox *s, const char *command, const char *want) {
+  static uint32_t id = 1000;
+  struct ac_result r = {0};
+  CHECK_EQ_INT(ac_sh(s->fd, id++, command, &r), 0);
+  if (r.terminal != PROTO_EXIT || r.exit_code != 0)
+    fprintf(stderr, "  '%s' ended with type %u exit %u: %s%.*s\n", command, r.terminal,
+            r.exit_code, r.message, (int)r.err.len, (const char *)r.err.data);
+  CHECK_EQ_INT(r.terminal, PROTO_EXIT);
+  CHECK_EQ_INT(r.exit_code, 0);
+  CHECK(out_is(&r, want));
+  ac_result_free(&r);
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+static void test_ns_hello(void) {
+  START(s);
+  struct ac_result r = {0};
+  char info[128];
+  CHECK_EQ_INT(ac_hello(s.fd, 1, PROTO_VERSION, &r, info, sizeof info), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_HELLO_OK);
+  CHECK(strstr(info, "mode=ns") != NULL);
+  ac_result_free(&r);
+  STOP(s);
+}
+
+static void test_ns_sees_only_the_rootfs(void) {
+  START(s);
+  /* The mount points were created in the overlay; nothing else is there. */
+  expect_sh(&s, "ls /", "bin\ndev\nproc\nroot\ntmp\n");
+  expect_sh(&s, "pwd", "/root\n");
+  expect_sh(&s, "for p in /etc/hostname /work /oldroot /newroot /upper /sys; do "
+                "test -e $p && echo visible: $p; done; echo done",
+            "done\n");
+  /* Mounts: the overlay root, /dev and /proc with their masks, nothing else
+   * (which /proc files exist to be masked depends on the kernel). */
+  expect_sh(&s, "cut -d' ' -f2 /proc/mounts |"
+                " grep -vE '^/(dev(/(full|null|pts|random|shm|tty|urandom|zero))?|proc(/.*)?)?$';"
+                " echo done",
+            "done\n");
+  expect_sh(&s, "grep -c ' /proc/sys proc ro,' /proc/mounts", "1\n");
+  expect_sh(&s, "grep -c '^overlay / overlay ' /proc/mounts", "1\n");
+  STOP(s);
+}
+
+/* Live processes in the sandbox, counted by the shell alone (no forks while
+ * counting): the agent and that shell when nothing else runs.  Processes
+ * just killed may take a moment to die and be reaped, hence the retries. */
+#define COUNT_PROCS                                                              \
+  "for i in 1 2 3 4 5 6 7 8 9 10; do n=0;"                                       \
+  " for p in /proc/[0-9]*; do read -r st <$p/stat 2>/dev/null || continue;"      \
+  " case \"$st\" in *') Z '*) ;; *) n=$((n+1)) ;; esac; done;"                   \
+  " [ $n = 2 ] && break; sleep 0.1; done; echo $n"
+
+static void test_ns_own_processes(void) {
+  START(s);
+  /* The agent is PID 1; the shell and its children are all there is. */
+  expect_sh(&s, COUNT_PROCS, "2\n");
+  expect_sh(&s, "tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f2", "--ns\n");
+  /* ... without the host's paths. */
+  expect_sh(&s, "tr '\\0' ' ' </proc/1/cmdline | grep -q rootfs || echo hidden", "hidden\n");
+  /* Not dumpable: the channel and the agent's memory are out of reach. */
+  expect_sh(&s, "echo x 2>/dev/null >/proc/1/fd/3 || echo denied", "denied\n");
+  expect_sh(&s, "cat /proc/1/environ >/dev/null 2>&1 || echo denied", "denied\n");
+  /* kill -9 -1 kills every process but PID 1. */
+  expect_sh(&s, "sleep 100 & sleep 100 & kill -9 -1; echo survived", "survived\n");
+  CHECK(ac_ping_ok(s.fd, 2));
+  expect_sh(&s, COUNT_PROCS, "2\n");
+  STOP(s);
+}
+
+static void test_ns_no_privileges(void) {
+  START(s);
+  expect_sh(&s, "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' "
+                "/proc/self/status | tr -s '\\t' ' '",
+            "CapInh: 0000000000000000\nCapPrm: 0000000000000000\nCapEff: 0000000000000000\n"
+            "CapBnd: 0000000000000000\nCapAmb: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2\n");
+  expect_sh(&s, "id -u", "0\n");
+  expect_sh(&s, "mkdir -p /mnt; mount -t tmpfs none /mnt 2>/dev/null || echo no-mount",
+            "no-mount\n");
+  expect_sh(&s, "unshare -U true 2>/dev/null || echo no-userns", "no-userns\n");
+  expect_sh(&s, "unshare -n true 2>/dev/null || echo no-netns", "no-netns\n");
+  expect_sh(&s, "echo x 2>/dev/null >/proc/sys/kernel/hostname || echo ro", "ro\n");
+  expect_sh(&s, "echo 1 2>/dev/null >/proc/sys/vm/drop_caches || echo ro", "ro\n");
+  expect_sh(&s, "hostname evil 2>/dev/null || echo no-hostname; hostname",
+            "no-hostname\n" NS_HOSTNAME "\n");
+  /* busybox date reports the failure but exits 0. */
+  expect_sh(&s, "date -s 2000-01-01 2>&1 >/dev/null | grep -o 'not permitted'", "not permitted\n");
+  expect_sh(&s, "chroot / true 2>/dev/null || echo no-chroot", "no-chroot\n");
+
+  /* SETUP needs what was dropped: EPERM naming the part that failed. */
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_SETUP, 3);
+  proto_put_str(&b, TAG_HOSTNAME, "other");
+  CHECK_EQ_INT(ac_send(s.fd, &b), 0);
+  struct ac_result r = {0};
+  CHECK_EQ_INT(ac_collect(s.fd, 3, &r), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_ERROR);
+  CHECK_EQ_INT(r.error, EPERM);
+  CHECK(strstr(r.message, "HOSTNAME") != NULL);
+  ac_result_free(&r);
+  STOP(s);
+}
+
+static void test_ns_network_is_loopback_only(void) {
+  START(s);
+  expect_sh(&s, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", "lo\n");
+  expect_sh(&s, "ip -o link show lo | grep -q 'UP' && echo up", "up\n");
+  expect_sh(&s, "nc -l -p 5555 -e echo hi & for i in $(seq 50); do"
+                " out=$(nc 127.0.0.1 5555 </dev/null 2>/dev/null) && [ -n \"$out\" ] && break;"
+                " sleep 0.1; done; echo $out",
+            "hi\n");
+  STOP(s);
+}
+
+static void test_ns_dev(void) {
+  START(s);
+  expect_sh(&s, "ls /dev | tr '\\n' ' '",
+            "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero ");
+  expect_sh(&s, "echo x >/dev/null && head -c 5 /dev/urandom | wc -c | tr -d ' '", "5\n");
+  expect_sh(&s, "head -c 3 /dev/zero | od -An -tx1 | tr -d ' '", "000000\n");
+  /* A session of its own: no controlling terminal of the host's. */
+  expect_sh(&s, "echo x 2>/dev/null >/dev/tty || echo no-tty", "no-tty\n");
+  expect_sh(&s, "echo shm >/dev/shm/x && cat /dev/shm/x", "shm\n");
+  STOP(s);
+}
+
+static void test_ns_files_persist(void) {
+  START(s);
+  struct ac_result r = {0};
+  CHECK_EQ_INT(ac_write_file(s.fd, 4, "/tmp/deep/new.txt", 0600, "hello\0world", 11, &r), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_OK);
+  ac_result_free(&r);
+  expect_sh(&s, "od -An -c /tmp/deep/new.txt | tr -s ' '", " h e l l o \\0 w o r l d\n");
+  expect_sh(&s, "echo made >/root/mine; echo bin >/bin/extra", "");
+  expect_sh(&s, "cat /root/mine /bin/extra", "made\nbin\n");
+  CHECK_EQ_INT(ac_read_file(s.fd, 5, "mine", 0, 100, &r), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_READ_END);
+  CHECK(r.data.len == 5 && memcmp(r.data.data, "made\n", 5) == 0);
+  ac_result_free(&r);
+  STOP(s);
+
+  /* The rootfs tree on the host was never touched. */
+  char path[256];
+  snprintf(path, sizeof path, "%s/bin/extra", ns_rootfs);
+  CHECK(access(path, F_OK) < 0);
+  snprintf(path, sizeof path, "%s/tmp", ns_rootfs);
+  CHECK(access(path, F_OK) < 0);
+}
+
+static void test_ns_overlay_is_capped(void) {
+  START(s);
+  size_t n = 6u << 20; /* over the 4 MiB overlay */
+  uint8_t *big = calloc(1, n);
+  struct ac_result r = {0};
+  CHECK_EQ_INT(ac_write_file(s.fd, 6, "/root/big", 0644, big, n, &r), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_ERROR);
+  CHECK_EQ_INT(r.error, ENOSPC);
+  CHECK_STREQ(r.message, "no space left writing '/root/big': the sandbox's disk is full");
+  ac_result_free(&r);
+  free(big);
+  /* The partial temp file is gone, so there is room again. */
+  CHECK(ac_ping_ok(s.fd, 7));
+  expect_sh(&s, "ls -A /root; echo ok >/root/small && cat /root/small", "ok\n");
+  CHECK_EQ_INT(ac_sh(s.fd, 8, "cat /dev/zero >/tmp/fill", &r), 0);
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.len > 0 && memmem(r.err.data, r.err.len, "No space left", 13) != NULL);
+  ac_result_free(&r);
+  STOP(s);
+}
+
+/* Host pids in the pid namespace of PID (its processes, the agent included). */
+static int pids_in_ns_of(pid_t pid, pid_t *ret, int max) {
+  char path[64], want[64], link[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/pid", (int)pid);
+  ssize_t n = readlink(path, want, sizeof want - 1);
+  if (n < 0)
+    return 0;
+  want[n] = '\0';
+  int count = 0;
+  DIR *d = opendir("/proc");
+  for (struct dirent *e; d && (e = readdir(d)) && count < max;) {
+    pid_t p = (pid_t)atoi(e->d_name);
+    if (p <= 0)
+      continue;
+    snprintf(path, sizeof path, "/proc/%d/ns/pid", (int)p);
+    n = readlink(path, link, sizeof link - 1);
+    if (n < 0)
+      continue;
+    link[n] = '\0';
+    if (strcmp(link, want) == 0)
+      ret[count++] = p;
+  }
+  if (d)
+    closedir(d);
+  return count;
+}
+
+static void test_ns_eof_ends_everything(void) {
+  START(s);
+  expect_sh(&s, "sleep 300 >/dev/null 2>&1 & sleep 300 & echo started", "started\n");
+  pid_t pids[16];
+  int n = pids_in_ns_of(s.pid, pids, 16);
+  CHECK(n >= 3); /* the agent and two sleeps */
+  STOP(s);
+  usleep(100000);
+  for (int i = 0; i < n; i++)
+    CHECK(ac_pid_dead(pids[i]));
+}
+
+static void test_ns_setup_failure_is_reported(void) {
+  struct sandbox s;
+  CHECK(sandbox_start_with(&s, "/nonexistent/rootfs"));
+  char buf[512] = "";
+  size_t got = 0;
+  for (;;) {
+    ssize_t r = read(s.err_fd, buf + got, sizeof buf - 1 - got);
+    if (r <= 0)
+      break;
+    got += (size_t)r;
+  }
+  buf[got] = '\0';
+  CHECK(strstr(buf, "ign-agent: ns setup: cannot use rootfs '/nonexistent/rootfs': No such file or "
+                    "directory\n") != NULL);
+  int status = sandbox_stop(&s);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static const char *build_rootfs(void) {
+  if (access("/bin/busybox", X_OK) < 0)
+    return "no /bin/busybox (apt-get install busybox-static)";
+  snprintf(ns_base, sizeof ns_base, "/tmp/ign-agent-ns-XXXXXX");
+  if (!mkdtemp(ns_base))
+    return "cannot create a temp dir";
+  snprintf(ns_rootfs, sizeof ns_rootfs, "%s/rootfs", ns_base);
+  /* Relative applet links: `busybox --install -s` would point them at the
+   * host path of busybox, which the sandbox cannot see. */
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "set -e; mkdir -p %s/bin; cp /bin/busybox %s/bin/; cd %s/bin;"
+           " for a in $(./busybox --list); do [ $a = busybox ] || ln -s busybox $a; done",
+           ns_rootfs, ns_rootfs, ns_rootfs);
+  if (system(cmd) != 0)
+    return "cannot build the busybox rootfs";
+  return NULL;
+}
+
+static void remove_rootfs(void) {
+  char cmd[128];
+  if (!ns_base[0])
+    return;
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", ns_base);
+  if (system(cmd) != 0)
+    fprintf(stderr, "cannot remove %s\n", ns_base);
+}
+
+static int count_host_mounts(void) {
+  FILE *f = fopen("/proc/self/mountinfo", "r");
+  int n = 0;
+  for (int c; f && (c = fgetc(f)) != EOF;)
+    n += c == '\n';
+  if (f)
+    fclose(f);
+  return n;
+}
+
+int main(void) {
+  static const struct test_case cases[] = {
+      TEST(test_ns_hello),
+      TEST(test_ns_sees_only_the_rootfs),
+      TEST(test_ns_own_processes),
+      TEST(test_ns_no_privileges),
+      TEST(test_ns_network_is_loopback_only),
+      TEST(test_ns_dev),
+      TEST(test_ns_files_persist),
+      TEST(test_ns_overlay_is_capped),
+      TEST(test_ns_eof_ends_everything),
+      TEST(test_ns_setup_failure_is_reported),
+  };
+  const char *skip = geteuid() != 0 ? "needs root" : build_rootfs();
+  if (skip) {
+    printf("ok - test_agent_ns # skip %s\n0 passed, 0 failed, 1 skipped\n", skip);
+    remove_rootfs();
+    return 0;
+  }
+  int mounts = count_host_mounts();
+  int r = test_run_all(cases, sizeof cases / sizeof cases[0]);
+  remove_rootfs();
+  /* The sandboxes' mounts never reached the host. */
+  if (count_host_mounts() != mounts) {
+    fprintf(stderr, "the host's mount table changed: %d mounts before, %d after\n", mounts,
+            count_host_mounts());
+    return 1;
+  }
+  return r;
+}
