@@ -31,9 +31,12 @@ $(BUILD)/ign-agent: $(AGENT_SRCS) $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -static -o $@ $(AGENT_SRCS) $(AGENT_LIBS)
 
 # Sanitizer builds used by the tests.
+# It finds the agent and the images next to itself, like the plain build.
 $(BUILD)/san/ignition-mcp: $(SERVER_SRCS) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $(SERVER_SRCS) $(SERVER_LIBS)
+	ln -sfn ../ign-agent $(BUILD)/san/ign-agent
+	ln -sfn ../rootfs $(BUILD)/san/rootfs
 
 $(BUILD)/test/%: tests/unit/%.c $(LIB_SRCS) $(HEADERS) $(BUILD)/ign-agent
 	@mkdir -p $(dir $@)

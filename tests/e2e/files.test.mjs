@@ -1,0 +1,170 @@
+// files.test.mjs: write_file and read_file: binary safety, modes, chunked
+// reads, caps and errors.
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
+import { startServer, call, callErr, openSession, run, sh, writeFile, readWhole, sha256 } from './lib.mjs';
+
+const T = { timeout: 60_000 };
+
+describe('write_file and read_file', () => {
+  let s, c, sid;
+  before(async () => {
+    s = await startServer();
+    c = s.client;
+    sid = await openSession(c);
+  });
+  after(() => s.close());
+
+  test('a text file written is seen by run and read back', T, async () => {
+    const w = await writeFile(c, sid, '/root/hello.txt', 'hello, world\n');
+    assert.deepEqual({ ok: w.ok, path: w.path, bytes: w.bytes }, { ok: true, path: '/root/hello.txt', bytes: 13 });
+    assert.equal(await sh(c, sid, 'cat /root/hello.txt'), 'hello, world\n');
+    const r = await call(c, 'read_file', { session_id: sid, path: '/root/hello.txt' });
+    assert.equal(Buffer.from(r.content_base64, 'base64').toString(), 'hello, world\n');
+    assert.equal(r.size, 13);
+    assert.equal(r.eof, true);
+  });
+
+  test('a file made by run is readable by read_file', T, async () => {
+    await sh(c, sid, "printf 'x\\000y\\377' > /tmp/made-by-run");
+    const r = await call(c, 'read_file', { session_id: sid, path: '/tmp/made-by-run' });
+    assert.deepEqual([...Buffer.from(r.content_base64, 'base64')], [0x78, 0, 0x79, 0xff]);
+    assert.equal(r.bytes, 4);
+  });
+
+  test('parent directories are created', T, async () => {
+    await writeFile(c, sid, '/root/a/b/c/deep.txt', 'deep');
+    assert.equal(await sh(c, sid, 'cat /root/a/b/c/deep.txt; test -d /root/a/b && echo', {}), 'deep\n');
+  });
+
+  test('writing over a file replaces it entirely', T, async () => {
+    await writeFile(c, sid, '/root/over.txt', 'a much longer first content\n');
+    const w = await writeFile(c, sid, '/root/over.txt', 'x');
+    assert.equal(w.bytes, 1);
+    assert.equal(await sh(c, sid, 'cat /root/over.txt'), 'x');
+  });
+
+  test('an empty file', T, async () => {
+    const w = await writeFile(c, sid, '/root/empty', Buffer.alloc(0));
+    assert.equal(w.bytes, 0);
+    assert.equal((await sh(c, sid, 'wc -c < /root/empty')).trim(), '0');
+    const r = await call(c, 'read_file', { session_id: sid, path: '/root/empty' });
+    assert.equal(r.content_base64, '');
+    assert.equal(r.bytes, 0);
+    assert.equal(r.size, 0);
+    assert.equal(r.eof, true);
+  });
+
+  test('mode accepts an integer and octal strings', T, async () => {
+    const script = '#!/bin/sh\necho ran\n';
+    for (const [i, mode] of [[1, 493], [2, '755'], [3, '0755']]) {
+      await writeFile(c, sid, `/root/bin/s${i}`, script, { mode });
+      assert.equal(await sh(c, sid, `ls -l /root/bin/s${i} | cut -c1-10`), '-rwxr-xr-x\n', `mode ${JSON.stringify(mode)}`);
+      assert.equal(await sh(c, sid, `/root/bin/s${i}`), 'ran\n');
+    }
+    await writeFile(c, sid, '/root/bin/ro', 'x', { mode: 0o600 });
+    assert.equal(await sh(c, sid, 'ls -l /root/bin/ro | cut -c1-10'), '-rw-------\n');
+  });
+
+  test('an invalid mode is an error', T, async () => {
+    for (const mode of ['rwx', '999', -1, 1.5]) {
+      const e = await callErr(c, 'write_file', { session_id: sid, path: '/root/badmode', content_base64: 'eA==', mode });
+      assert.match(e, /mode/, `${JSON.stringify(mode)}: ${e}`);
+    }
+  });
+
+  test('5 MiB of random bytes round-trip exactly', { timeout: 120_000 }, async () => {
+    const data = crypto.randomBytes(5 * 1024 * 1024 + 123);
+    const w = await writeFile(c, sid, '/root/blob.bin', data);
+    assert.equal(w.bytes, data.length);
+    const back = await readWhole(c, sid, '/root/blob.bin');
+    assert.equal(back.length, data.length);
+    assert.equal(sha256(back), sha256(data));
+    assert.equal((await sh(c, sid, 'sha256sum /root/blob.bin')).split(/\s+/)[0], sha256(data));
+  });
+
+  test('read_file in pieces with offset and max_bytes', T, async () => {
+    const data = Buffer.from('0123456789abcdefghij');
+    await writeFile(c, sid, '/root/pieces', data);
+    const r1 = await call(c, 'read_file', { session_id: sid, path: '/root/pieces', offset: 0, max_bytes: 7 });
+    assert.equal(Buffer.from(r1.content_base64, 'base64').toString(), '0123456');
+    assert.equal(r1.bytes, 7);
+    assert.equal(r1.size, 20);
+    assert.equal(r1.eof, false);
+    const r2 = await call(c, 'read_file', { session_id: sid, path: '/root/pieces', offset: 7, max_bytes: 7 });
+    assert.equal(Buffer.from(r2.content_base64, 'base64').toString(), '789abcd');
+    assert.equal(r2.eof, false);
+    const r3 = await call(c, 'read_file', { session_id: sid, path: '/root/pieces', offset: 14, max_bytes: 100 });
+    assert.equal(Buffer.from(r3.content_base64, 'base64').toString(), 'efghij');
+    assert.equal(r3.bytes, 6);
+    assert.equal(r3.eof, true);
+    const r4 = await call(c, 'read_file', { session_id: sid, path: '/root/pieces', offset: 13 });
+    assert.equal(Buffer.from(r4.content_base64, 'base64').toString(), 'defghij');
+  });
+
+  test('read_file default max_bytes is 1 MiB', T, async () => {
+    await sh(c, sid, 'head -c 3000000 /dev/zero > /root/three-mb');
+    const r = await call(c, 'read_file', { session_id: sid, path: '/root/three-mb' });
+    assert.equal(r.bytes, 1048576);
+    assert.equal(r.size, 3000000);
+    assert.equal(r.eof, false);
+  });
+
+  test('read_file max_bytes above 32 MiB or below 0 is an error', T, async () => {
+    for (const max_bytes of [33554433, -1, 'x']) {
+      const e = await callErr(c, 'read_file', { session_id: sid, path: '/root/hello.txt', max_bytes });
+      assert.match(e, /max_bytes/, e);
+    }
+    const e = await callErr(c, 'read_file', { session_id: sid, path: '/root/hello.txt', offset: -5 });
+    assert.match(e, /offset/, e);
+    const ok = await call(c, 'read_file', { session_id: sid, path: '/root/hello.txt', max_bytes: 33554432 });
+    assert.equal(ok.eof, true);
+  });
+
+  test('write_file errors: bad base64, empty path, NUL in path, directory target', T, async () => {
+    const e1 = await callErr(c, 'write_file', { session_id: sid, path: '/root/bad64', content_base64: '@@@' });
+    assert.match(e1, /base64/i);
+    assert.equal((await run(c, sid, 'test -e /root/bad64 && echo exists || echo absent')).stdout, 'absent\n');
+    const e2 = await callErr(c, 'write_file', { session_id: sid, path: '', content_base64: 'eA==' });
+    assert.match(e2, /path/);
+    const e3 = await callErr(c, 'write_file', { session_id: sid, path: '/root/a\u0000b', content_base64: 'eA==' });
+    assert.match(e3, /path|NUL|null/i);
+    const e4 = await callErr(c, 'write_file', { session_id: sid, path: '/tmp', content_base64: 'eA==' });
+    assert.match(e4, /\/tmp|director/i);
+    const e5 = await callErr(c, 'write_file', { session_id: sid, path: '/root/nob64' });
+    assert.match(e5, /content_base64/);
+    assert.equal(await sh(c, sid, 'test -d /tmp && echo dir'), 'dir\n');
+  });
+
+  test('read_file errors: missing file names the path, directory, empty path', T, async () => {
+    const e1 = await callErr(c, 'read_file', { session_id: sid, path: '/root/does-not-exist-e2e' });
+    assert.ok(e1.includes('/root/does-not-exist-e2e'), e1);
+    const e2 = await callErr(c, 'read_file', { session_id: sid, path: '/tmp' });
+    assert.match(e2, /\/tmp|director/i);
+    const e3 = await callErr(c, 'read_file', { session_id: sid, path: '' });
+    assert.match(e3, /path/);
+  });
+
+  test('the session keeps working after file errors', T, async () => {
+    assert.equal(await sh(c, sid, 'echo fine'), 'fine\n');
+  });
+});
+
+describe('file size cap', () => {
+  test('IGN_MCP_MAX_FILE=65536 refuses a 100 KiB write and accepts a 60 KiB one', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_MAX_FILE: 65536 } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const e = await callErr(s.client, 'write_file', {
+      session_id: sid,
+      path: '/root/too-big',
+      content_base64: crypto.randomBytes(100 * 1024).toString('base64'),
+    });
+    assert.match(e, /65536|64 ?KiB|large|limit|cap|max/i, e);
+    const ok = await writeFile(s.client, sid, '/root/fits', crypto.randomBytes(60 * 1024));
+    assert.equal(ok.bytes, 60 * 1024);
+    assert.equal((await sh(s.client, sid, 'wc -c < /root/fits')).trim(), `${60 * 1024}`);
+  });
+});

@@ -1,0 +1,270 @@
+// isolation.test.mjs: what a sandbox must not reach (namespace backend):
+// host files, network, kernel knobs, mounts, other sessions; and the limits
+// that keep abusive commands inside it. Destructive commands (kill -9 -1,
+// fork bombs) run only after checking that the sandbox has its own PID
+// namespace, so a broken sandbox cannot take the test host down.
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import {
+  startServer, call, openSession, run, sh, uniq, uniqueSleepSecs, findProcs, waitUntil,
+  IS_NS, TOOLS_SKIP, sleep, REPO,
+} from './lib.mjs';
+
+const T = { timeout: 90_000, skip: IS_NS ? false : 'isolation tests target the ns backend' };
+
+/* Fail unless the sandbox runs in its own PID namespace with the agent as
+ * PID 1 and no host process visible. */
+async function assertOwnPidNamespace(c, sid) {
+  const out = await sh(c, sid, 'echo $$; cat /proc/1/comm; readlink /proc/1/exe 2>/dev/null || echo unknown; ls /proc | grep -c "^[0-9][0-9]*$"');
+  const [shPid, comm1, exe1, count] = out.trim().split('\n');
+  assert.ok(Number(shPid) < 1000, `sandbox shell has pid ${shPid}; not in its own pid namespace?`);
+  assert.ok(/ign|agent/.test(comm1) || /ign|agent/.test(exe1), `PID 1 in the sandbox is ${comm1} (${exe1}), not the agent`);
+  assert.ok(Number(count) < 20, `${count} processes visible in the sandbox`);
+}
+
+describe('host is invisible', () => {
+  let s, c, sid;
+  const markers = [];
+  before(async () => {
+    s = await startServer();
+    c = s.client;
+    sid = await openSession(c);
+  });
+  after(async () => {
+    for (const m of markers) fs.rmSync(m, { force: true });
+    await s.close();
+  });
+
+  test('host files are not visible', T, async () => {
+    for (const dir of ['/root', '/tmp']) {
+      const m = path.join(dir, uniq('host-marker'));
+      fs.writeFileSync(m, 'host secret\n');
+      markers.push(m);
+      const r = await run(c, sid, `test -e '${m}' && echo VISIBLE || echo absent`);
+      assert.equal(r.stdout, 'absent\n', `host file ${m} visible in the sandbox`);
+    }
+    const hostHostname = fs.existsSync('/etc/hostname') ? fs.readFileSync('/etc/hostname', 'utf8') : null;
+    const inside = await run(c, sid, 'cat /etc/hostname 2>/dev/null');
+    if (hostHostname !== null) assert.notEqual(inside.stdout, hostHostname, 'sandbox /etc/hostname is the host one');
+    // The server's own tree and the host's home are not there either.
+    const r = await run(c, sid, `test -e '${REPO}/tests/e2e/lib.mjs' && echo VISIBLE || echo absent`);
+    assert.equal(r.stdout, 'absent\n');
+  });
+
+  test('the root filesystem is the rootfs, not the host', T, async () => {
+    const r = await run(c, sid, 'test -e /work && echo VISIBLE; test -e /proc/1/root/work && echo VISIBLE2; echo done');
+    assert.equal(r.stdout, 'done\n');
+  });
+
+  test('only lo exists in the network namespace', T, async () => {
+    const dev = await sh(c, sid, 'cat /proc/net/dev');
+    const ifaces = dev.split('\n').slice(2).map((l) => l.split(':')[0].trim()).filter(Boolean);
+    assert.deepEqual(ifaces, ['lo'], dev);
+  });
+
+  test('ps shows only sandbox processes and PID 1 is the agent', T, async () => {
+    await assertOwnPidNamespace(c, sid);
+    const ps = await sh(c, sid, 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done');
+    assert.ok(!ps.includes('node'), `host processes visible:\n${ps}`);
+    assert.ok(!ps.includes('ignition-mcp'), `server visible:\n${ps}`);
+  });
+
+  test('kernel knobs cannot be written', T, async () => {
+    const hn = os.hostname();
+    const printk = fs.readFileSync('/proc/sys/kernel/printk', 'utf8');
+    try {
+      const r1 = await run(c, sid, 'echo e2e-should-fail > /proc/sys/kernel/hostname');
+      assert.notEqual(r1.exit_code, 0, 'writing /proc/sys/kernel/hostname succeeded');
+      const r2 = await run(c, sid, 'echo 3 > /proc/sys/vm/drop_caches');
+      assert.notEqual(r2.exit_code, 0, 'writing /proc/sys/vm/drop_caches succeeded');
+      // '1' would set the host console log level; it must fail or go nowhere.
+      await run(c, sid, 'echo 1 > /proc/sysrq-trigger');
+      assert.equal(fs.readFileSync('/proc/sys/kernel/printk', 'utf8'), printk, 'sysrq-trigger reached the host kernel');
+      assert.equal(os.hostname(), hn, 'host hostname changed');
+    } finally {
+      if (os.hostname() !== hn) fs.writeFileSync('/proc/sys/kernel/hostname', hn);
+      const lvl = printk.split(/\s+/)[0];
+      if (fs.readFileSync('/proc/sys/kernel/printk', 'utf8') !== printk) fs.writeFileSync('/proc/sys/kernel/printk', lvl);
+    }
+    assert.equal(await sh(c, sid, 'echo ok'), 'ok\n');
+  });
+
+  test('mounting is refused', T, async () => {
+    const r = await run(c, sid, 'mkdir -p /root/mnt && mount -t tmpfs x /root/mnt');
+    assert.notEqual(r.exit_code, 0, 'mount -t tmpfs succeeded');
+    assert.equal(await sh(c, sid, 'grep -c " /root/mnt " /proc/mounts || true'), '0\n');
+    const r2 = await run(c, sid, 'mkdir -p /mnt 2>/dev/null; mount -t tmpfs x /mnt');
+    assert.notEqual(r2.exit_code, 0, 'mount on /mnt succeeded');
+  });
+
+  test('the sandbox cannot reach a TCP listener on the host', T, async (t) => {
+    let conns = 0;
+    const srv = net.createServer((sock) => {
+      conns++;
+      sock.destroy();
+    });
+    await new Promise((r) => srv.listen(0, '0.0.0.0', r));
+    t.after(() => srv.close());
+    const port = srv.address().port;
+    const addrs = ['127.0.0.1'];
+    for (const list of Object.values(os.networkInterfaces())) {
+      for (const a of list ?? []) if (a.family === 'IPv4' && !a.internal) addrs.push(a.address);
+    }
+    // Sanity: the listener really accepts from the host.
+    await new Promise((res, rej) => {
+      const sock = net.connect(port, '127.0.0.1');
+      sock.on('connect', () => {
+        sock.destroy();
+        res();
+      });
+      sock.on('error', rej);
+    });
+    await waitUntil(() => conns === 1);
+    assert.equal(conns, 1);
+    conns = 0;
+    assert.notEqual((await run(c, sid, 'command -v nc')).stdout.trim(), '', 'nc missing in the rootfs');
+    for (const a of addrs) {
+      const r = await run(c, sid, `echo hi | nc -w 2 ${a} ${port}; echo rc=$?`, { timeout_s: 10 });
+      assert.ok(!r.stdout.includes('rc=0'), `nc to ${a}:${port} succeeded: ${JSON.stringify(r)}`);
+    }
+    await sleep(200);
+    assert.equal(conns, 0, 'the host listener saw a connection from the sandbox');
+  });
+});
+
+describe('sessions are isolated from each other', () => {
+  test('two sessions see neither files nor processes of the other', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const a = await openSession(s.client);
+    const b = await openSession(s.client);
+    const n = uniqueSleepSecs();
+    const secret = uniq('secret');
+    await sh(s.client, a, `echo x > /root/${secret}; echo y > /tmp/${secret}; sleep ${n} > /dev/null 2>&1 &`);
+    // The name travels in env, so that b's own command line does not hold it.
+    const r = await run(s.client, b, 'ls -a /root /tmp; test -e "/root/$S" && echo VISIBLE || echo absent; for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done', { env: { S: secret } });
+    assert.ok(!r.stdout.includes(secret), r.stdout);
+    const lines = r.stdout.split('\n');
+    assert.ok(lines.includes('absent') && !lines.includes('VISIBLE'), r.stdout);
+    assert.ok(!r.stdout.includes(`sleep ${n}`), r.stdout);
+    assert.ok(r.stdout.includes('ls -a /root /tmp'), 'b does not see its own process either; the check is blind');
+    assert.equal(findProcs(['sleep', String(n)]).length, 1, 'the sleep in session a is not running');
+    const k = await run(s.client, b, `pkill -f 'sleep ${n}' 2>/dev/null; kill -9 -1 2>/dev/null; true`);
+    assert.equal(k.exit_code === 0 || k.exit_code === 137, true);
+    assert.equal(findProcs(['sleep', String(n)]).length, 1, 'session b could kill a process of session a');
+  });
+});
+
+describe('abuse stays inside', () => {
+  test('kill -9 -1 inside a session: the session and server answer afterwards', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    await assertOwnPidNamespace(c, sid);
+    await sh(c, sid, 'sleep 1000 > /dev/null 2>&1 &');
+    await run(c, sid, 'kill -9 -1', { timeout_s: 10 });
+    assert.equal(await sh(c, sid, 'echo after-kill'), 'after-kill\n');
+    assert.deepEqual(await s.client.ping(), {});
+    const other = await openSession(c);
+    assert.equal(await sh(c, other, 'echo fresh'), 'fresh\n');
+  });
+
+  test('unshare -U is refused', { ...T, skip: T.skip || TOOLS_SKIP }, async (t) => {
+    const s = await startServer({ tools: true });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const r = await run(s.client, sid, 'command -v unshare && unshare -U true; echo rc=$?');
+    assert.match(r.stdout, /unshare/, 'unshare not in the tools rootfs');
+    assert.ok(!r.stdout.includes('rc=0'), `unshare -U succeeded: ${JSON.stringify(r)}`);
+    const r2 = await run(s.client, sid, 'unshare -Ur true; echo rc=$?');
+    assert.ok(!r2.stdout.includes('rc=0'), `unshare -Ur succeeded: ${JSON.stringify(r2)}`);
+  });
+
+  test('overlay cap: IGN_MCP_OVERLAY_MB=16 stops a 64 MB write with ENOSPC', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_OVERLAY_MB: 16 } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const r = await run(s.client, sid, 'dd if=/dev/zero of=/root/big bs=1M count=64', { timeout_s: 60 });
+    assert.notEqual(r.exit_code, 0, `dd succeeded: ${r.stderr}`);
+    assert.match(r.stderr, /No space/i);
+    const size = Number((await sh(s.client, sid, 'wc -c < /root/big')).trim());
+    assert.ok(size <= 17 * 1024 * 1024, `wrote ${size} bytes past a 16 MiB cap`);
+    assert.equal(await sh(s.client, sid, 'rm /root/big; echo ok > /root/small; cat /root/small'), 'ok\n');
+  });
+
+  test('pids limit: 200 background sleeps cannot all start; the session recovers', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_PIDS: 64, IGN_MCP_MEMORY_MB: 128 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    await assertOwnPidNamespace(c, sid);
+    const n = uniqueSleepSecs();
+    const r = await c.callTool(
+      { name: 'run', arguments: { session_id: sid, command: `i=0; while [ $i -lt 200 ]; do sleep ${n} & i=$((i+1)); done; echo spawned-all`, timeout_s: 20 } },
+      undefined,
+      { timeout: 60000 },
+    );
+    const started = findProcs(['sleep', String(n)]).length;
+    t.diagnostic(`sleeps running: ${started}; result: ${JSON.stringify(r).slice(0, 300)}`);
+    assert.ok(started < 200 && started <= 64, `${started} sleeps running with IGN_MCP_PIDS=64`);
+    if (r.isError !== true) assert.ok(!(r.structuredContent.exit_code === 0 && r.structuredContent.stdout.includes('spawned-all')), 'the loop claims all 200 forks worked');
+    // The session answers (success or a clear error), the server pings.
+    const answer = await c.callTool({ name: 'run', arguments: { session_id: sid, command: 'echo answer', timeout_s: 10 } }, undefined, { timeout: 30000 });
+    assert.ok(answer.content.length > 0);
+    assert.deepEqual(await c.ping(), {});
+    await call(c, 'reset', { session_id: sid });
+    assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0, { timeoutMs: 5000 }), 'sleeps survived reset');
+    assert.equal(await sh(c, sid, 'echo recovered'), 'recovered\n');
+  });
+
+  test('memory limit: a 300 MB buffer in busybox is killed, not the host', { ...T, timeout: 200_000 }, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_PIDS: 64, IGN_MCP_MEMORY_MB: 128 } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    // The shell must hold a 300 MB variable: far above a 128 MiB limit.
+    const r = await run(s.client, sid, 'x=$(head -c 300000000 /dev/zero | tr "\\0" a); echo len=${#x}', { timeout_s: 120 }, { timeout: 180000 });
+    assert.ok(!r.stdout.includes('len=300000000'), `a 300 MB shell variable fit under a 128 MB limit: ${r.stdout.slice(0, 200)}`);
+    assert.deepEqual(await s.client.ping(), {});
+    assert.equal(await sh(s.client, sid, 'echo alive'), 'alive\n');
+  });
+
+  test('memory limit: python allocating 512 MiB is killed (tools rootfs)', { ...T, skip: T.skip || TOOLS_SKIP }, async (t) => {
+    const s = await startServer({ tools: true, env: { IGN_MCP_PIDS: 64, IGN_MCP_MEMORY_MB: 128 } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const r = await run(s.client, sid, `python3 -c "b=bytearray(512*1024*1024); print('survived', len(b))"`, { timeout_s: 60 });
+    assert.notEqual(r.exit_code, 0, `python kept 512 MiB under a 128 MiB limit: ${JSON.stringify(r)}`);
+    assert.ok(!r.stdout.includes('survived'));
+    // Killed by the OOM killer (SIGKILL) or refused the memory: not some other failure.
+    assert.ok(r.exit_code === 137 || /MemoryError/.test(r.stderr), `python failed for another reason: ${JSON.stringify(r)}`);
+    assert.deepEqual(await s.client.ping(), {});
+    assert.equal(await sh(s.client, sid, 'echo alive'), 'alive\n');
+  });
+});
+
+describe('network from the tools rootfs', () => {
+  test('/dev/tcp to the host listener fails', { ...T, skip: T.skip || TOOLS_SKIP }, async (t) => {
+    let conns = 0;
+    const srv = net.createServer((sock) => {
+      conns++;
+      sock.destroy();
+    });
+    await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+    t.after(() => srv.close());
+    const s = await startServer({ tools: true });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const port = srv.address().port;
+    const r = await run(s.client, sid, `timeout 5 bash -c 'echo hi > /dev/tcp/127.0.0.1/${port}'; echo rc=$?`, { timeout_s: 20 });
+    assert.ok(!r.stdout.includes('rc=0'), JSON.stringify(r));
+    const r2 = await run(s.client, sid, `curl -sS -m 5 http://127.0.0.1:${port}/ ; echo rc=$?; curl -sS -m 5 http://1.1.1.1/; echo rc=$?`, { timeout_s: 30 });
+    assert.ok(!r2.stdout.includes('rc=0'), JSON.stringify(r2));
+    assert.equal(conns, 0);
+  });
+});

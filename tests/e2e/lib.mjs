@@ -1,0 +1,642 @@
+// lib.mjs: helpers shared by the end-to-end tests.
+//
+// The tests drive the real ignition-mcp binary in two ways:
+//  - through the official TypeScript SDK (Client + StdioClientTransport),
+//    which is an independent implementation of the MCP client side; and
+//  - through a raw client that writes arbitrary bytes to the server's stdin
+//    and reads newline-delimited JSON from its stdout, for protocol-level
+//    tests that the SDK would refuse to produce.
+//
+// Every server started here is tracked; close() shuts it down, checks that no
+// descendant process survives it and that stderr holds no sanitizer report.
+
+import { spawn } from 'node:child_process';
+import assert from 'node:assert/strict';
+import { after } from 'node:test';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+
+export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+function firstExisting(...candidates) {
+  for (const c of candidates) if (c && fs.existsSync(c)) return c;
+  return candidates[candidates.length - 1];
+}
+
+export const SERVER = process.env.IGN_TEST_SERVER ||
+  firstExisting(path.join(REPO, 'build/san/ignition-mcp'), path.join(REPO, 'build/ignition-mcp'));
+export const AGENT = process.env.IGN_TEST_AGENT || path.join(REPO, 'build/ign-agent');
+export const ROOTFS_SMALL = process.env.IGN_TEST_ROOTFS_SMALL || path.join(REPO, 'build/rootfs/small');
+export const ROOTFS_TOOLS = process.env.IGN_TEST_ROOTFS_TOOLS || path.join(REPO, 'build/rootfs/tools');
+/* The tests are written for the namespace backend (rootfs trees, no KVM
+ * assumption); IGN_TEST_BACKEND lets a runner point them elsewhere. */
+export const BACKEND = process.env.IGN_TEST_BACKEND || 'ns';
+export const IS_NS = BACKEND === 'ns';
+
+export const HAVE_TOOLS_ROOTFS = fs.existsSync(path.join(ROOTFS_TOOLS, 'usr/bin/python3'));
+export const TOOLS_SKIP = HAVE_TOOLS_ROOTFS ? false : `tools rootfs not built at ${ROOTFS_TOOLS}`;
+
+export const TOOL_NAMES = ['open_session', 'run', 'write_file', 'read_file', 'reset', 'close', 'list_sessions'];
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/* Poll fn() until it returns a truthy value or the deadline passes; returns
+ * the last value (falsy on timeout) so the caller asserts with context. */
+export async function waitUntil(fn, { timeoutMs = 5000, intervalMs = 100 } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let v;
+  for (;;) {
+    v = await fn();
+    if (v || Date.now() >= deadline) return v;
+    await sleep(intervalMs);
+  }
+}
+
+export function uniq(prefix = 'e2e') {
+  return `${prefix}-${process.pid}-${crypto.randomBytes(6).toString('hex')}`;
+}
+
+/* A number that can serve as a recognisable `sleep` argument: the process
+ * `sleep <n>` is then findable from the host through /proc/<pid>/cmdline. */
+export function uniqueSleepSecs() {
+  return 100000 + crypto.randomInt(0, 800000);
+}
+
+export function serverEnv({ env = {}, tools = false } = {}) {
+  const e = { ...process.env };
+  // The runner may export the server knobs for its own reasons; start clean.
+  for (const k of Object.keys(e)) if (k.startsWith('IGN_MCP_')) delete e[k];
+  e.IGN_MCP_BACKEND = BACKEND;
+  e.IGN_MCP_ROOTFS = tools ? ROOTFS_TOOLS : ROOTFS_SMALL;
+  if (fs.existsSync(AGENT)) e.IGN_MCP_AGENT = AGENT;
+  if (!e.ASAN_OPTIONS) e.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
+  for (const [k, v] of Object.entries(env)) {
+    if (v === undefined || v === null) delete e[k];
+    else e[k] = String(v);
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------- safety net
+
+/* Every server started through this file, until it is closed. A test that
+ * fails or times out before its cleanup ran would otherwise leave a server
+ * whose pipes keep this test file's process (and the whole run) alive. */
+const live = new Map();
+
+function track(pid, destroy) {
+  if (pid) live.set(pid, destroy);
+}
+
+function untrack(pid) {
+  live.delete(pid);
+}
+
+function reapAll() {
+  for (const [pid, destroy] of live) {
+    hardKill(pid);
+    try {
+      destroy();
+    } catch {}
+  }
+  live.clear();
+}
+
+// Runs after every test of the importing file, even ones that timed out.
+after(reapAll);
+process.on('exit', reapAll);
+
+// ---------------------------------------------------------------- processes
+
+/* /proc/<pid>/stat field 22: start time, to tell a pid from a reused one. */
+export function procStart(pid) {
+  try {
+    const s = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const rest = s.slice(s.lastIndexOf(')') + 2).split(' ');
+    return { state: rest[0], start: rest[19] };
+  } catch {
+    return null;
+  }
+}
+
+export function procCmdline(pid) {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean).join(' ');
+  } catch {
+    return null;
+  }
+}
+
+/* All descendants of pid (children of every thread, recursively), each as
+ * {pid, start, cmd}; zombies are left out (they hold nothing but a pid). */
+export function descendants(pid) {
+  const out = new Map();
+  const stack = [pid];
+  while (stack.length) {
+    const p = stack.pop();
+    let tasks;
+    try {
+      tasks = fs.readdirSync(`/proc/${p}/task`);
+    } catch {
+      continue;
+    }
+    for (const t of tasks) {
+      let ch;
+      try {
+        ch = fs.readFileSync(`/proc/${p}/task/${t}/children`, 'utf8');
+      } catch {
+        continue;
+      }
+      for (const c of ch.trim().split(/\s+/).filter(Boolean)) {
+        const n = Number(c);
+        if (out.has(n)) continue;
+        const st = procStart(n);
+        if (!st) continue;
+        out.set(n, { pid: n, start: st.start, state: st.state, cmd: procCmdline(n) });
+        stack.push(n);
+      }
+    }
+  }
+  return [...out.values()].filter((d) => d.state !== 'Z');
+}
+
+/* Is the recorded process (same pid, same start time) still alive? */
+export function isAlive(rec) {
+  const st = procStart(rec.pid);
+  return !!st && st.start === rec.start && st.state !== 'Z';
+}
+
+export function survivors(recs) {
+  return recs.filter(isAlive);
+}
+
+export async function waitGone(recs, timeoutMs = 5000) {
+  await waitUntil(() => survivors(recs).length === 0, { timeoutMs });
+  return survivors(recs);
+}
+
+/* Every live process on the host whose argv equals the given words, e.g.
+ * findProcs(['sleep', '123456']). Matches by the argv tail so busybox
+ * ("sleep") and coreutils ("/usr/bin/sleep") both count. */
+export function findProcs(words) {
+  const hits = [];
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    let argv;
+    try {
+      argv = fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').filter(Boolean);
+    } catch {
+      continue;
+    }
+    if (argv.length !== words.length) continue;
+    const ok = words.every((w, i) => (i === 0 ? path.basename(argv[0]) === w : argv[i] === w));
+    const st = procStart(d);
+    if (ok && st && st.state !== 'Z') hits.push(Number(d));
+  }
+  return hits;
+}
+
+export function vmRssKiB(pid, field = 'VmRSS') {
+  const s = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  const m = s.match(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm'));
+  return m ? Number(m[1]) : NaN;
+}
+
+/* Entries the server might leave behind: names containing "ign" in /tmp,
+ * and cgroup directories named ign* anywhere under /sys/fs/cgroup. */
+export function tmpIgnEntries() {
+  try {
+    return fs.readdirSync('/tmp').filter((n) => n.toLowerCase().includes('ign')).sort();
+  } catch {
+    return [];
+  }
+}
+
+export function cgroupIgnDirs() {
+  const out = [];
+  const walk = (dir, depth) => {
+    if (depth > 12) return;
+    let ents;
+    try {
+      ents = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of ents) {
+      if (!e.isDirectory()) continue;
+      const p = path.join(dir, e.name);
+      if (e.name.startsWith('ign')) out.push(p);
+      walk(p, depth + 1);
+    }
+  };
+  walk('/sys/fs/cgroup', 0);
+  return out.sort();
+}
+
+export function leftovers() {
+  return { tmp: tmpIgnEntries(), cgroups: cgroupIgnDirs() };
+}
+
+/* Is `name` plausibly someone else's? The machine may be shared with other
+ * test runs: the runner's own log directory (ign-tests.*) and cgroups whose
+ * name carries the pid of another live server are not ours. */
+function foreign(name) {
+  const base = path.basename(name);
+  if (base.startsWith('ign-tests.')) return true;
+  for (const m of base.matchAll(/\d{2,}/g)) {
+    const pid = Number(m[0]);
+    if (pid === process.pid || live.has(pid)) continue;
+    const cmd = procCmdline(pid);
+    if (cmd && /ignition-mcp|ign-agent|test_/.test(cmd)) return true;
+  }
+  return false;
+}
+
+export function newLeftovers(before) {
+  const now = leftovers();
+  return {
+    tmp: now.tmp.filter((x) => !before.tmp.includes(x) && !foreign(x)),
+    cgroups: now.cgroups.filter((x) => !before.cgroups.includes(x) && !foreign(x)),
+  };
+}
+
+const SANITIZER_RE = /ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|SUMMARY: UndefinedBehaviorSanitizer/;
+
+export function assertNoSanitizerReport(stderr, what = 'server') {
+  const m = stderr.match(SANITIZER_RE);
+  if (m) {
+    const at = Math.max(0, m.index - 200);
+    assert.fail(`${what} stderr has a sanitizer report:\n${stderr.slice(at, at + 4000)}`);
+  }
+}
+
+function capAppend(buf, chunk, cap = 4 << 20) {
+  buf += chunk;
+  return buf.length > cap ? buf.slice(buf.length - cap) : buf;
+}
+
+// ---------------------------------------------------------------- SDK client
+
+/* Start the server through the SDK.  Returns {client, transport, pid,
+ * stderrText(), close()}. Options: env (extra/override variables; a value of
+ * undefined removes one), tools (use the tools rootfs), listTools (fetch the
+ * tool list so that the SDK validates every structuredContent against its
+ * outputSchema; default true). */
+export async function startServer({ env = {}, tools = false, listTools = true } = {}) {
+  const transport = new StdioClientTransport({
+    command: SERVER,
+    args: [],
+    env: serverEnv({ env, tools }),
+    stderr: 'pipe',
+    cwd: REPO,
+  });
+  let stderr = '';
+  transport.stderr.on('data', (d) => {
+    stderr = capAppend(stderr, d.toString('utf8'));
+  });
+  const client = new Client({ name: 'ign-e2e', version: '0.0.1' }, { capabilities: {} });
+  /* The SDK reports unparsable stdout lines and protocol violations here. */
+  const protocolErrors = [];
+  client.onerror = (e) => protocolErrors.push(String(e?.message ?? e));
+  try {
+    await client.connect(transport);
+  } catch (e) {
+    await transport.close().catch(() => {});
+    throw new Error(`could not start ${SERVER}: ${e.message}\nstderr:\n${stderr}`);
+  }
+  const pid = transport.pid;
+  track(pid, () => transport.close().catch(() => {}));
+  if (listTools) await client.listTools();
+  let closed = false;
+  return {
+    client,
+    transport,
+    pid,
+    stderrText: () => stderr,
+    /* Close stdin, let the SDK escalate to SIGTERM/SIGKILL if needed, then
+     * verify that no descendant of the server survives and that the
+     * sanitizers stayed quiet. Throws (failing the test) otherwise. */
+    async close({ checkOrphans = true } = {}) {
+      if (closed) return;
+      closed = true;
+      const kids = pid ? descendants(pid) : [];
+      await client.close().catch(() => {});
+      await waitUntil(() => !procStart(pid) || procStart(pid).state === 'Z', { timeoutMs: 6000 });
+      untrack(pid);
+      if (checkOrphans) {
+        const left = await waitGone(kids, 5000);
+        for (const l of left) {
+          try {
+            process.kill(l.pid, 'SIGKILL');
+          } catch {}
+        }
+        assert.deepEqual(
+          left.map((l) => `${l.pid} ${l.cmd}`),
+          [],
+          'processes started by the server outlived it',
+        );
+      }
+      assertNoSanitizerReport(stderr);
+      assert.deepEqual(protocolErrors, [], 'the SDK client saw protocol errors');
+    },
+  };
+}
+
+export function textOf(res) {
+  return (res?.content ?? [])
+    .filter((c) => c.type === 'text')
+    .map((c) => c.text)
+    .join('\n');
+}
+
+/* Call a tool, assert it succeeded and return its structuredContent. */
+export async function call(client, name, args = {}, opts = {}) {
+  const res = await client.callTool({ name, arguments: args }, undefined, { timeout: 120000, ...opts });
+  assert.equal(res.isError ?? false, false, `${name}(${JSON.stringify(args).slice(0, 300)}) failed: ${textOf(res)}`);
+  assert.ok(res.structuredContent && typeof res.structuredContent === 'object', `${name}: no structuredContent`);
+  return res.structuredContent;
+}
+
+/* Call a tool that must fail as a tool error; return the error text. */
+export async function callErr(client, name, args = {}, opts = {}) {
+  const res = await client.callTool({ name, arguments: args }, undefined, { timeout: 120000, ...opts });
+  assert.equal(
+    res.isError,
+    true,
+    `${name}(${JSON.stringify(args).slice(0, 300)}) should fail but returned ${JSON.stringify(res).slice(0, 500)}`,
+  );
+  const t = textOf(res);
+  assert.ok(t.length > 0, `${name}: error result without a text message`);
+  return t;
+}
+
+export async function openSession(client) {
+  const s = await call(client, 'open_session', {});
+  assert.equal(typeof s.session_id, 'string');
+  assert.ok(s.session_id.length > 0);
+  return s.session_id;
+}
+
+export function run(client, session_id, command, extra = {}, opts = {}) {
+  return call(client, 'run', { session_id, command, ...extra }, opts);
+}
+
+/* Run a command that must succeed (exit 0); return its stdout. */
+export async function sh(client, session_id, command, extra = {}) {
+  const r = await run(client, session_id, command, extra);
+  assert.equal(r.exit_code, 0, `\`${command}\` exited ${r.exit_code}: stdout=${r.stdout} stderr=${r.stderr}`);
+  return r.stdout;
+}
+
+export async function writeFile(client, session_id, p, data, extra = {}) {
+  const buf = Buffer.isBuffer(data) ? data : Buffer.from(data);
+  return call(client, 'write_file', { session_id, path: p, content_base64: buf.toString('base64'), ...extra });
+}
+
+/* Read a whole file through read_file, chunk by chunk. */
+export async function readWhole(client, session_id, p, chunk = 1 << 20) {
+  const parts = [];
+  let offset = 0;
+  for (let i = 0; i < 10000; i++) {
+    const r = await call(client, 'read_file', { session_id, path: p, offset, max_bytes: chunk });
+    const b = Buffer.from(r.content_base64, 'base64');
+    assert.equal(b.length, r.bytes, 'read_file: bytes does not match the decoded content');
+    parts.push(b);
+    offset += b.length;
+    if (r.eof) return Buffer.concat(parts);
+    assert.ok(b.length > 0, 'read_file: no progress and no eof');
+  }
+  throw new Error('read_file: too many chunks');
+}
+
+export const sha256 = (b) => crypto.createHash('sha256').update(b).digest('hex');
+
+// ---------------------------------------------------------------- raw client
+
+/* Spawn the server with plain pipes. send()/sendLine()/sendBytes() write
+ * anything; responses are parsed per line from stdout. Every stdout line must
+ * be valid UTF-8 JSON-RPC 2.0 (recorded in badLines otherwise). */
+export function startRaw({ env = {}, tools = false } = {}) {
+  const child = spawn(SERVER, [], {
+    env: serverEnv({ env, tools }),
+    stdio: ['pipe', 'pipe', 'pipe'],
+    cwd: REPO,
+  });
+  track(child.pid, () => {
+    child.stdin.destroy();
+    child.stdout.destroy();
+    child.stderr.destroy();
+  });
+  const messages = [];
+  const badLines = [];
+  const waiters = new Set();
+  let stderr = '';
+  let pending = Buffer.alloc(0);
+  let exited = null;
+  const exitPromise = new Promise((resolve) => {
+    child.on('exit', (code, signal) => {
+      exited = { code, signal };
+      untrack(child.pid);
+      resolve(exited);
+      for (const w of [...waiters]) w();
+    });
+  });
+  child.on('error', (e) => {
+    stderr += `\n[spawn error] ${e.message}`;
+  });
+  child.stdin.on('error', () => {});
+  child.stderr.on('data', (d) => {
+    stderr = capAppend(stderr, d.toString('utf8'));
+  });
+  const utf8 = new TextDecoder('utf-8', { fatal: true });
+  child.stdout.on('data', (d) => {
+    pending = Buffer.concat([pending, d]);
+    let nl;
+    while ((nl = pending.indexOf(10)) >= 0) {
+      const lineBuf = pending.subarray(0, nl);
+      pending = pending.subarray(nl + 1);
+      let line;
+      try {
+        line = utf8.decode(lineBuf);
+      } catch {
+        badLines.push({ why: 'invalid UTF-8', line: lineBuf.toString('latin1').slice(0, 300) });
+        continue;
+      }
+      if (line.trim() === '') continue;
+      let msg;
+      try {
+        msg = JSON.parse(line);
+      } catch {
+        badLines.push({ why: 'not JSON', line: line.slice(0, 300) });
+        continue;
+      }
+      if (!msg || typeof msg !== 'object' || Array.isArray(msg) || msg.jsonrpc !== '2.0') {
+        badLines.push({ why: 'not a JSON-RPC 2.0 message', line: line.slice(0, 300) });
+      }
+      messages.push({ msg, raw: line, at: Date.now() });
+      for (const w of [...waiters]) w();
+    }
+  });
+
+  let nextId = 1000;
+  let seen = 0;
+
+  const raw = {
+    child,
+    pid: child.pid,
+    messages,
+    badLines,
+    stderrText: () => stderr,
+    exited: () => exited,
+    exitPromise,
+    sendBytes(buf) {
+      return new Promise((resolve, reject) => {
+        if (exited || !child.stdin.writable) return reject(new Error(`server stdin closed (exit ${JSON.stringify(exited)})`));
+        if (child.stdin.write(buf)) return resolve();
+        const done = (err) => {
+          child.stdin.off('drain', onDrain);
+          child.off('exit', onExit);
+          if (err) reject(err);
+          else resolve();
+        };
+        const onDrain = () => done();
+        const onExit = () => done(new Error('server exited while we were writing'));
+        child.stdin.on('drain', onDrain);
+        child.on('exit', onExit);
+      });
+    },
+    sendLine(str) {
+      return raw.sendBytes(Buffer.from(str + '\n'));
+    },
+    send(obj) {
+      return raw.sendLine(JSON.stringify(obj));
+    },
+    /* Wait for the first message (from index `from` on) matching pred. */
+    waitFor(pred, { timeoutMs = 10000, from = 0, what = 'message' } = {}) {
+      return new Promise((resolve, reject) => {
+        let timer;
+        const check = () => {
+          for (let i = from; i < messages.length; i++) {
+            if (pred(messages[i].msg)) {
+              waiters.delete(check);
+              clearTimeout(timer);
+              resolve(messages[i].msg);
+              return true;
+            }
+          }
+          if (exited) {
+            waiters.delete(check);
+            clearTimeout(timer);
+            reject(new Error(`server exited (${JSON.stringify(exited)}) while waiting for ${what}; stderr:\n${stderr.slice(-3000)}`));
+            return true;
+          }
+          return false;
+        };
+        if (check()) return;
+        waiters.add(check);
+        timer = setTimeout(() => {
+          waiters.delete(check);
+          reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; got ${JSON.stringify(messages.slice(from).map((m) => m.msg)).slice(0, 1500)}`));
+        }, timeoutMs);
+      });
+    },
+    response(id, opts = {}) {
+      return raw.waitFor((m) => 'id' in m && m.id === id && ('result' in m || 'error' in m), { what: `response to id ${JSON.stringify(id)}`, ...opts });
+    },
+    /* Send a request and wait for its response. */
+    async request(method, params, { id, timeoutMs = 10000 } = {}) {
+      if (id === undefined) id = nextId++;
+      const from = messages.length;
+      const msg = { jsonrpc: '2.0', id, method };
+      if (params !== undefined) msg.params = params;
+      await raw.send(msg);
+      return raw.response(id, { timeoutMs, from });
+    },
+    notify(method, params) {
+      const msg = { jsonrpc: '2.0', method };
+      if (params !== undefined) msg.params = params;
+      return raw.send(msg);
+    },
+    async initialize(protocolVersion = '2025-11-25') {
+      const r = await raw.request('initialize', {
+        protocolVersion,
+        capabilities: {},
+        clientInfo: { name: 'ign-e2e-raw', version: '0.0.1' },
+      });
+      assert.ok(r.result, `initialize failed: ${JSON.stringify(r)}`);
+      await raw.notify('notifications/initialized');
+      return r.result;
+    },
+    /* tools/call through the raw channel; returns the JSON-RPC response. */
+    callTool(name, args, opts = {}) {
+      return raw.request('tools/call', { name, arguments: args, ...(opts.params ?? {}) }, opts);
+    },
+    async tool(name, args, opts = {}) {
+      const r = await raw.callTool(name, args, opts);
+      assert.ok(r.result, `${name}: ${JSON.stringify(r.error)}`);
+      assert.notEqual(r.result.isError, true, `${name} failed: ${textOf(r.result)}`);
+      return r.result.structuredContent;
+    },
+    /* Messages received since index `from`. */
+    since(from) {
+      return messages.slice(from).map((m) => m.msg);
+    },
+    mark() {
+      seen = messages.length;
+      return seen;
+    },
+    endStdin() {
+      child.stdin.end();
+    },
+    async waitExit(timeoutMs = 10000) {
+      let t;
+      const r = await Promise.race([exitPromise, new Promise((res) => (t = setTimeout(() => res(null), timeoutMs)))]);
+      clearTimeout(t);
+      return r;
+    },
+    /* Shut down (EOF, then SIGTERM, then SIGKILL), check orphans, stdout
+     * hygiene and sanitizer output. */
+    async close({ checkOrphans = true, checkStdout = true } = {}) {
+      const kids = exited ? [] : descendants(child.pid);
+      if (!exited) {
+        child.stdin.end();
+        if (!(await raw.waitExit(5000))) {
+          child.kill('SIGTERM');
+          if (!(await raw.waitExit(3000))) {
+            child.kill('SIGKILL');
+            await raw.waitExit(3000);
+          }
+        }
+      }
+      if (checkOrphans) {
+        const left = await waitGone(kids, 5000);
+        for (const l of left) {
+          try {
+            process.kill(l.pid, 'SIGKILL');
+          } catch {}
+        }
+        assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], 'processes started by the server outlived it');
+      }
+      if (checkStdout) assert.deepEqual(badLines, [], 'server wrote something other than JSON-RPC to stdout');
+      assertNoSanitizerReport(stderr);
+    },
+  };
+  return raw;
+}
+
+/* Kill a raw or SDK server without checks: last-resort cleanup. */
+export function hardKill(pid) {
+  if (!pid) return;
+  for (const d of descendants(pid)) {
+    try {
+      process.kill(d.pid, 'SIGKILL');
+    } catch {}
+  }
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {}
+}

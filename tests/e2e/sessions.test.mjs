@@ -1,0 +1,217 @@
+// sessions.test.mjs: the session table: cap, ids, reset, close, idle reaper,
+// parallelism and backend selection.
+
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
+  findProcs, uniqueSleepSecs, IS_NS, writeFile,
+} from './lib.mjs';
+
+const T = { timeout: 60_000 };
+
+describe('session cap and ids', () => {
+  test('IGN_MCP_MAX_SESSIONS=2: a third open fails naming the limit; closing frees a slot', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_MAX_SESSIONS: 2 } });
+    t.after(() => s.close());
+    const a = await openSession(s.client);
+    const b = await openSession(s.client);
+    assert.notEqual(a, b);
+    const e = await callErr(s.client, 'open_session', {});
+    assert.match(e, /limit|max|2/i, e);
+    assert.match(e, /close/i, e);
+    const l = await call(s.client, 'list_sessions', {});
+    assert.equal(l.max_sessions, 2);
+    assert.equal(l.sessions.length, 2);
+    await call(s.client, 'close', { session_id: a });
+    const c2 = await openSession(s.client);
+    assert.ok(![a, b].includes(c2));
+    assert.equal(await sh(s.client, c2, 'echo ok'), 'ok\n');
+    assert.equal(await sh(s.client, b, 'echo ok'), 'ok\n');
+  });
+
+  test('ids are never reused within one server', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const seen = new Set();
+    for (let i = 0; i < 5; i++) {
+      const id = await openSession(s.client);
+      assert.ok(!seen.has(id), `id ${id} reused`);
+      seen.add(id);
+      await call(s.client, 'close', { session_id: id });
+      const e = await callErr(s.client, 'run', { session_id: id, command: 'true' });
+      assert.ok(e.includes(id), e);
+    }
+  });
+
+  test('list_sessions follows opens and closes', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const l0 = await call(s.client, 'list_sessions', {});
+    assert.deepEqual(l0.sessions, []);
+    const a = await openSession(s.client);
+    const b = await openSession(s.client);
+    const l1 = await call(s.client, 'list_sessions', {});
+    assert.deepEqual(l1.sessions.map((x) => x.session_id).sort(), [a, b].sort());
+    for (const x of l1.sessions) assert.equal(typeof x.isolation, 'string');
+    await call(s.client, 'close', { session_id: a });
+    const l2 = await call(s.client, 'list_sessions', {});
+    assert.deepEqual(l2.sessions.map((x) => x.session_id), [b]);
+  });
+});
+
+describe('reset and close', () => {
+  test('reset keeps the id, drops files and kills background processes', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const n = uniqueSleepSecs();
+    await writeFile(c, sid, '/root/before-reset.txt', 'x');
+    await sh(c, sid, `echo y > /tmp/before-reset; sleep ${n} > /dev/null 2>&1 &`);
+    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 1), 'background sleep not running');
+    const r = await call(c, 'reset', { session_id: sid });
+    assert.equal(r.session_id, sid);
+    assert.equal(await sh(c, sid, 'ls /root/before-reset.txt /tmp/before-reset 2>/dev/null; echo end'), 'end\n');
+    const ps = await sh(c, sid, 'ps -o args 2>/dev/null || ps');
+    assert.ok(!ps.includes(`sleep ${n}`), ps);
+    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0), 'background sleep survived reset');
+    const l = await call(c, 'list_sessions', {});
+    assert.ok(l.sessions.some((x) => x.session_id === sid));
+  });
+
+  test('close kills the sandbox processes', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const n = uniqueSleepSecs();
+    await sh(c, sid, `sleep ${n} > /dev/null 2>&1 &`);
+    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 1));
+    await call(c, 'close', { session_id: sid });
+    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0), 'sleep survived close');
+    const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+    assert.ok(e.includes(sid));
+  });
+
+  test('close while a run is in flight ends that run and frees the session', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const t0 = Date.now();
+    const p = c.callTool({ name: 'run', arguments: { session_id: sid, command: 'sleep 30' } }, undefined, { timeout: 60000 });
+    await sleep(1000);
+    await call(c, 'close', { session_id: sid });
+    const res = await p;
+    assert.ok(Date.now() - t0 < 15000, 'the in-flight run was not ended by close');
+    // Either an error result or a killed run is fine, but not a clean exit 0.
+    assert.ok(res.isError === true || res.structuredContent?.exit_code !== 0, JSON.stringify(res));
+    const l = await call(c, 'list_sessions', {});
+    assert.ok(!l.sessions.some((x) => x.session_id === sid));
+  });
+});
+
+describe('idle reaper', () => {
+  test('IGN_MCP_IDLE_SECS=2 reaps an idle session but not a busy one', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_IDLE_SECS: 2 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const idle = await openSession(c);
+    const busy = await openSession(c);
+    const t0 = Date.now();
+    let reapedAt = null;
+    while (Date.now() - t0 < 12000) {
+      assert.equal(await sh(c, busy, 'echo hi'), 'hi\n');
+      const l = await call(c, 'list_sessions', {});
+      if (!reapedAt && !l.sessions.some((x) => x.session_id === idle)) reapedAt = Date.now() - t0;
+      if (reapedAt && Date.now() - t0 > 6000) break;
+      await sleep(1000);
+    }
+    assert.ok(reapedAt !== null, 'idle session was not reaped within 12 s');
+    assert.ok(reapedAt >= 1500, `idle session reaped too early (${reapedAt} ms)`);
+    const e = await callErr(c, 'run', { session_id: idle, command: 'true' });
+    assert.ok(e.includes(idle), e);
+    const l = await call(c, 'list_sessions', {});
+    assert.ok(l.sessions.some((x) => x.session_id === busy), 'busy session was reaped');
+    assert.equal(await sh(c, busy, 'echo still'), 'still\n');
+  });
+
+  test('a run longer than the idle timeout is not reaped under it', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_IDLE_SECS: 2 } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const r = await run(s.client, sid, 'sleep 5; echo survived', { timeout_s: 30 });
+    assert.equal(r.stdout, 'survived\n');
+    assert.equal(r.timed_out, false);
+  });
+});
+
+describe('parallel sessions', () => {
+  test('two sleep 2 runs in two sessions overlap (< 3.5 s together)', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const a = await openSession(s.client);
+    const b = await openSession(s.client);
+    const t0 = Date.now();
+    const [ra, rb] = await Promise.all([run(s.client, a, 'sleep 2; echo a'), run(s.client, b, 'sleep 2; echo b')]);
+    const el = Date.now() - t0;
+    assert.equal(ra.stdout, 'a\n');
+    assert.equal(rb.stdout, 'b\n');
+    assert.ok(el < 3500, `took ${el} ms`);
+  });
+
+  test('sessions opened concurrently all work', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const ids = await Promise.all([1, 2, 3, 4].map(() => openSession(s.client)));
+    assert.equal(new Set(ids).size, 4);
+    const outs = await Promise.all(ids.map((id, i) => sh(s.client, id, `echo ${i}`)));
+    assert.deepEqual(outs, ['0\n', '1\n', '2\n', '3\n']);
+  });
+});
+
+describe('backend selection', () => {
+  test('IGN_MCP_BACKEND=bogus is refused clearly', T, async (t) => {
+    const raw = startRaw({ env: { IGN_MCP_BACKEND: 'bogus' } });
+    t.after(() => raw.close({ checkStdout: true }));
+    let init;
+    try {
+      init = await raw.initialize();
+    } catch {
+      init = null;
+    }
+    if (!init) {
+      const ex = await raw.waitExit(5000);
+      assert.ok(ex, 'server neither answered nor exited');
+      assert.notEqual(ex.code, 0);
+      assert.match(raw.stderrText(), /bogus|backend/i);
+      return;
+    }
+    const r = await raw.callTool('open_session', {});
+    assert.equal(r.result?.isError, true, JSON.stringify(r));
+    const text = r.result.content.map((x) => x.text).join('\n');
+    assert.match(text, /bogus|backend/i);
+  });
+
+  test('IGN_MCP_BACKEND=ns opens namespace sessions', { ...T, skip: IS_NS ? false : 'not testing the ns backend' }, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_BACKEND: 'ns' } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(o.backend, 'ns');
+    assert.equal(o.isolation, 'namespace');
+    assert.equal(await sh(s.client, o.session_id, 'echo ns'), 'ns\n');
+  });
+
+  test('the server works when started from another directory', T, async (t) => {
+    const { StdioClientTransport } = await import('@modelcontextprotocol/sdk/client/stdio.js');
+    const { Client } = await import('@modelcontextprotocol/sdk/client/index.js');
+    const { serverEnv, SERVER } = await import('./lib.mjs');
+    const tr = new StdioClientTransport({ command: SERVER, env: serverEnv(), cwd: '/', stderr: 'pipe' });
+    const cl = new Client({ name: 'cwd-test', version: '1' });
+    await cl.connect(tr);
+    t.after(() => cl.close());
+    const sid = await openSession(cl);
+    assert.equal(await sh(cl, sid, 'echo from-root'), 'from-root\n');
+  });
+});
