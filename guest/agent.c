@@ -6,12 +6,13 @@
  *                  PID 1 of a namespace sandbox the server has cloned: build
  *                  the sandbox (ns_setup.c), drop privileges (confine.c), serve
  *                  on fd 3
- * A third mode, PID 1 of a microVM, will plug in next to mode_ns(): its own
- * setup file mounts the rootfs disk, overlays it, switch_roots and opens
- * /dev/vport0p1 as the channel.  Everything after the setup (the loop, every
- * request, SETUP frames for entropy and the clock) is shared.  Note for that
- * mode: a virtio-serial port reads EOF while no host is connected, so its
- * EOF handling will differ from the socketpair modes here, which exit.
+ *   (as PID 1, without --ns)
+ *                  PID 1 of a microVM (vm_init.c): mount the rootfs disk under
+ *                  an overlay, serve on the virtio-serial port "agent".  A
+ *                  port reads EOF while no host is connected; there the agent
+ *                  waits for the host instead of exiting.
+ * Everything after the setup (the loop, every request, SETUP frames for
+ * entropy and the clock) is shared by all modes.
  *
  * The loop is single-threaded: poll() over the channel, a signalfd for
  * SIGCHLD and the output pipes of commands, with a timeout computed from the
@@ -97,6 +98,11 @@ void agent_send(struct agent *a) {
     return;
   }
   r = proto_write_all(a->chan, a->out.data, a->out.len);
+  if (r < 0 && a->mode == AGENT_MODE_VM) {
+    /* No host on the port right now: the frame is lost, the agent is not. */
+    agent_log("writing to the channel failed: %s", strerror(-r));
+    return;
+  }
   if (r < 0) {
     /* The host hanging up is the end of the session, like EOF. */
     bool hangup = r == -EPIPE || r == -ECONNRESET;
@@ -213,7 +219,7 @@ int agent_resolve_path(struct agent *a, uint32_t id, const char *what, const uin
 /* ---- connection-level requests ------------------------------------------ */
 
 static const char *agent_mode_name(enum agent_mode m) {
-  return m == AGENT_MODE_NS ? "ns" : "fd";
+  return m == AGENT_MODE_NS ? "ns" : m == AGENT_MODE_VM ? "vm" : "fd";
 }
 
 static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, size_t n) {
@@ -282,6 +288,10 @@ static void agent_read_request(struct agent *a) {
   int r = proto_read_frame(a->chan, &h, payload);
   if (r == 0) {
     agent_dispatch(a, &h, payload);
+    return;
+  }
+  if (a->mode == AGENT_MODE_VM && (r == -ENODATA || r == -ECONNRESET)) {
+    vm_wait_host(a->chan);
     return;
   }
   /* EOF, or a stream we can no longer follow: stop serving. */
@@ -552,7 +562,15 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
 int main(int argc, char **argv) {
   static struct agent a;
   struct agent_options o;
-  if (parse_args(argc, argv, &o) < 0) {
+  /* PID 1 without --ns is a VM's init; the kernel passes the command line
+   * words it does not know (nokaslr, ...) as arguments, which we ignore. */
+  bool ns_flag = false;
+  for (int i = 1; i < argc; i++)
+    ns_flag |= strcmp(argv[i], "--ns") == 0;
+  if (getpid() == 1 && !ns_flag) {
+    vm_early_init();
+    o = (struct agent_options){.mode = AGENT_MODE_VM, .fd = -1};
+  } else if (parse_args(argc, argv, &o) < 0) {
     usage(stderr);
     return 2;
   }
@@ -575,6 +593,11 @@ int main(int argc, char **argv) {
     break;
   case AGENT_MODE_NS:
     r = mode_ns(&o, argc, argv, &a.chan);
+    break;
+  case AGENT_MODE_VM:
+    r = vm_setup(&a.chan);
+    if (r < 0)
+      vm_fatal();
     break;
   default:
     r = -EINVAL;

@@ -7,6 +7,7 @@
  *   files.c     WRITE / DATA / DATA_END / READ
  *   machine.c   SETUP, hostname, loopback
  *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
+ *   vm_init.c   PID 1 of a microVM: modules, root disk, overlay, channel
  *   confine.c   the privilege drop: capabilities, no_new_privs, seccomp
  * Every request ends with exactly one terminal frame (EXIT, OK, READ_END or
  * ERROR); handlers send it themselves through the agent_send_* helpers. */
@@ -37,7 +38,7 @@
 enum agent_mode {
   AGENT_MODE_FD, /* --serve-fd N: no setup, for tests and benchmarks */
   AGENT_MODE_NS, /* --ns: PID 1 of a namespace sandbox */
-  /* AGENT_MODE_VM (PID 1 of a microVM) will come with its own setup file. */
+  AGENT_MODE_VM, /* PID 1 of a microVM, started by the kernel (vm_init.c) */
 };
 
 enum exec_state_kind {
@@ -167,6 +168,16 @@ struct ns_options {
 /* Build the sandbox's filesystem and identity.  On failure a one-line
  * message has been written to stderr. */
 int ns_setup(const struct ns_options *o);
+
+/* vm_init.c */
+/* Before anything else as PID 1 of a VM: /dev and the console as fds 0-2. */
+void vm_early_init(void);
+/* Mount the root, load modules, open the channel.  Logs on failure. */
+int vm_setup(int *ret_chan);
+/* After EOF on the port: wait until a host is connected again. */
+void vm_wait_host(int chan);
+/* Power off after a fatal error (PID 1 must not exit). */
+__attribute__((noreturn)) void vm_fatal(void);
 
 /* confine.c */
 /* Drop every capability for good, set no_new_privs, install the seccomp

@@ -71,6 +71,70 @@ static char *resolve_agent(void) {
   return NULL;
 }
 
+static bool is_file(const char *p) {
+  struct stat st;
+  return p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A data file of the vm backend: the variable, else <exe>/vm/NAME, else the
+ * installed layout. */
+static char *resolve_vm_file(const char *var, const char *name) {
+  const char *v = getenv(var);
+  if (v && *v)
+    return is_file(v) ? realpath(v, NULL) : strdup(v);
+  const char *const layouts[] = {"%s/vm/%s", "%s/../lib/ignition-mcp/vm/%s"};
+  for (size_t i = 0; i < ARRAY_SIZE(layouts); i++) {
+    _cleanup_free_ char *p = xasprintf(layouts[i], exe_dir, name);
+    if (is_file(p))
+      return realpath(p, NULL);
+  }
+  return xasprintf("%s/vm/%s", exe_dir, name); /* named in messages, checked later */
+}
+
+static char *find_in_path(const char *prog) {
+  const char *path = getenv("PATH");
+  _cleanup_free_ char *copy = strdup(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (char *save = NULL, *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+    _cleanup_free_ char *p = xasprintf("%s/%s", d, prog);
+    if (access(p, X_OK) == 0)
+      return realpath(p, NULL);
+  }
+  return NULL;
+}
+
+static void load_vm(void) {
+  const char *q = getenv("IGN_MCP_QEMU");
+  cfg.qemu = q && *q ? (access(q, X_OK) == 0 ? strdup(q) : NULL)
+                     : find_in_path("qemu-system-x86_64");
+  cfg.kernel = resolve_vm_file("IGN_MCP_KERNEL", "vmlinux");
+  cfg.initramfs = resolve_vm_file("IGN_MCP_INITRAMFS", "initramfs.cpio");
+  if (is_file(cfg.rootfs_spec)) {
+    cfg.vm_image = realpath(cfg.rootfs_spec, NULL);
+  } else if (!strchr(cfg.rootfs_spec, '/')) {
+    _cleanup_free_ char *name = xasprintf("rootfs-%s.erofs", cfg.rootfs_spec);
+    cfg.vm_image = resolve_vm_file("IGN_MCP_VM_IMAGE", name);
+  }
+  const char *store = getenv("IGN_MCP_STORE");
+  if (store && *store) {
+    cfg.store = strdup(store);
+  } else if (getuid() == 0) {
+    cfg.store = strdup("/var/lib/ignition-mcp");
+  } else {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    cfg.store = xdg && *xdg ? xasprintf("%s/ignition-mcp", xdg)
+                            : xasprintf("%s/.cache/ignition-mcp", home ? home : "/tmp");
+  }
+  const char *base = getenv("IGN_MCP_BASE");
+  if (base && *base) {
+    cfg.base = strdup(base);
+  } else {
+    const char *slash = strrchr(cfg.rootfs_spec, '/');
+    cfg.base = xasprintf("%s-base", slash ? slash + 1 : cfg.rootfs_spec);
+  }
+  const char *accel = getenv("IGN_MCP_ACCEL");
+  cfg.accel = strdup(accel && *accel ? accel : "auto");
+}
+
 int config_load(void) {
   ssize_t n = readlink("/proc/self/exe", exe_dir, sizeof exe_dir - 1);
   if (n > 0) {
@@ -112,6 +176,9 @@ int config_load(void) {
   U("IGN_MCP_MEMORY_MB", 1024, 16, 1 << 20, memory_mb);
   U("IGN_MCP_PIDS", 1024, 8, 1 << 22, pids);
   U("IGN_MCP_OVERLAY_MB", 1024, 1, 1 << 20, overlay_mb);
+  U("IGN_MCP_POOL", 2, 0, 64, pool);
+  U("IGN_MCP_SPARES", 1, 0, 64, spares);
+  U("IGN_MCP_VM_MEMORY_MB", 256, 64, 1 << 16, vm_memory_mb);
 #undef U
   if (r < 0)
     return r;
@@ -121,5 +188,11 @@ int config_load(void) {
   cfg.rootfs_spec = strdup(rs && *rs ? rs : "tools");
   cfg.rootfs = resolve_rootfs(cfg.rootfs_spec);
   cfg.agent = resolve_agent();
+  load_vm();
+  if (strcmp(cfg.accel, "auto") != 0 && strcmp(cfg.accel, "kvm") != 0 &&
+      strcmp(cfg.accel, "tcg") != 0) {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_ACCEL=%s is invalid: use auto, kvm or tcg\n", cfg.accel);
+    return -EINVAL;
+  }
   return 0;
 }

@@ -21,6 +21,17 @@ struct config {
   unsigned pids;
   unsigned overlay_mb;
   bool net;
+  /* vm backend */
+  char *qemu;            /* resolved qemu-system-x86_64, or NULL */
+  char *kernel;          /* vmlinux (IGN_MCP_KERNEL) */
+  char *initramfs;       /* initramfs.cpio (IGN_MCP_INITRAMFS) */
+  char *vm_image;        /* the rootfs disk image, or NULL */
+  char *store;           /* IGN_MCP_STORE: warm bases live here */
+  char *base;            /* IGN_MCP_BASE; "none": cold boot every session */
+  unsigned pool;         /* restored, stopped clones kept ready */
+  unsigned spares;       /* QEMUs kept waiting for a restore */
+  unsigned vm_memory_mb;
+  char *accel;           /* auto, kvm, tcg */
 };
 
 extern struct config cfg;

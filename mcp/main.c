@@ -1,6 +1,7 @@
 /* main.c: ignition-mcp's entry point: settings, signals, backend, serve. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,12 +10,16 @@
 #include "mcp/config.h"
 #include "mcp/log.h"
 #include "mcp/server.h"
+#include "sandbox/vm.h"
 #include "session/session.h"
 
 static void usage(void) {
   printf("ignition-mcp %s: a stdio MCP server that gives each session its own sandbox.\n"
          "\n"
          "Usage: ignition-mcp            serve MCP on stdin/stdout\n"
+         "       ignition-mcp make-base [--force]\n"
+         "                               make the warm microVM base for the configured\n"
+         "                               rootfs now (the server also does it on demand)\n"
          "       ignition-mcp --version  print the version\n"
          "       ignition-mcp --help     this text\n"
          "\n"
@@ -31,7 +36,17 @@ static void usage(void) {
          "  IGN_MCP_MEMORY_MB     memory limit per session [1024]\n"
          "  IGN_MCP_PIDS          process limit per session [1024]\n"
          "  IGN_MCP_OVERLAY_MB    writable disk per session [1024]\n"
-         "  IGN_MCP_NET           set to give sandboxes a network (vm backend) [unset]\n"
+         "  IGN_MCP_NET           set to give microVMs user-mode networking [unset]\n"
+         "  IGN_MCP_STORE         where warm bases live [/var/lib/ignition-mcp as root,\n"
+         "                        else ~/.cache/ignition-mcp]\n"
+         "  IGN_MCP_BASE          warm base name; none = cold boot [<rootfs>-base]\n"
+         "  IGN_MCP_KERNEL        guest kernel [vm/vmlinux next to the server]\n"
+         "  IGN_MCP_INITRAMFS     guest initramfs [vm/initramfs.cpio next to the server]\n"
+         "  IGN_MCP_POOL          restored clones kept ready [2]\n"
+         "  IGN_MCP_SPARES        QEMUs kept waiting for a restore [1]\n"
+         "  IGN_MCP_VM_MEMORY_MB  guest RAM of each microVM [256]\n"
+         "  IGN_MCP_ACCEL         auto | kvm | tcg [auto]\n"
+         "  IGN_MCP_QEMU          QEMU binary [qemu-system-x86_64 from PATH]\n"
          "  IGN_MCP_LOG           stderr log level: debug, info, warning, error [info]\n",
          IGN_VERSION);
 }
@@ -46,8 +61,10 @@ int main(int argc, char **argv) {
       usage();
       return 0;
     }
-    fprintf(stderr, "ignition-mcp: unknown argument '%s'; see ignition-mcp --help\n", argv[1]);
-    return 2;
+    if (strcmp(argv[1], "make-base") != 0) {
+      fprintf(stderr, "ignition-mcp: unknown argument '%s'; see ignition-mcp --help\n", argv[1]);
+      return 2;
+    }
   }
   const char *lv = getenv("IGN_MCP_LOG");
   if (lv && *lv) {
@@ -61,6 +78,15 @@ int main(int argc, char **argv) {
   }
   if (config_load() < 0)
     return 2;
+  if (argc > 1) {
+    bool force = argc > 2 && strcmp(argv[2], "--force") == 0;
+    _cleanup_free_ char *err = NULL;
+    if (vm_make_base(force, &err) < 0) {
+      fprintf(stderr, "ignition-mcp: cannot make the warm base: %s\n", err);
+      return 1;
+    }
+    return 0;
+  }
 
   /* Termination signals are read through a signalfd by the main loop; every
    * thread inherits this mask.  A client that goes away must not kill us

@@ -190,6 +190,7 @@ static void ns_destroy(struct sandbox *base) {
   cgroup_destroy(sb->cg);
   if (sb->err_fd >= 0)
     close(sb->err_fd);
+  json_decref(sb->base.info);
   free(sb);
 }
 

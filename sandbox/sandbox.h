@@ -7,6 +7,7 @@
  * protocol over the stream and report the backend's isolation string. */
 #pragma once
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -46,6 +47,7 @@ struct sandbox {
   pid_t pid;                /* the process that holds the sandbox */
   const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
   char limits[128];         /* human summary of the limits in force */
+  json_t *info;             /* extra open_session fields (path, phases), or NULL */
 };
 
 extern const struct sandbox_ops sandbox_ns_ops;

@@ -24,6 +24,7 @@
 #include "mcp/config.h"
 #include "mcp/log.h"
 #include "sandbox/sandbox.h"
+#include "sandbox/vm.h"
 
 #define HELLO_TIMEOUT_MS 30000u
 
@@ -153,6 +154,8 @@ static json_t *describe(const struct session *s, uint64_t open_ms) {
                         "limits", s->h->sb->limits);
   if (open_ms != UINT64_MAX)
     json_object_set_new(o, "open_ms", json_integer((json_int_t)open_ms));
+  if (s->h->sb->info)
+    json_object_update(o, s->h->sb->info);
   return o;
 }
 
@@ -419,11 +422,21 @@ int sessions_init(char **ret_err) {
       .pids = cfg.pids, .overlay_mb = cfg.overlay_mb, .net = cfg.net,
   };
   int r = 0;
-  if (cfg.backend == BACKEND_VM) {
-    backend_error = strdup("the vm backend is not available in this build; use IGN_MCP_BACKEND=ns "
-                           "or auto");
-    r = -ENOTSUP;
-  } else if (!cfg.agent) {
+  if (cfg.backend != BACKEND_NS) {
+    _cleanup_free_ char *err = NULL;
+    r = vm_backend_init(&err);
+    if (r == 0) {
+      backend = &sandbox_vm_ops;
+      goto started;
+    }
+    if (cfg.backend == BACKEND_VM) {
+      backend_error = xasprintf("the microVM backend cannot run: %s", err);
+      goto started;
+    }
+    log_info("the microVM backend is not available (%s); using the namespace backend", err);
+    r = 0;
+  }
+  if (!cfg.agent) {
     backend_error = xasprintf("ign-agent was not found next to the server (%s) nor in "
                               "../lib/ignition-mcp; build it with `make` or set IGN_MCP_AGENT",
                               config_exe_dir());
@@ -438,6 +451,7 @@ int sessions_init(char **ret_err) {
     backend = &sandbox_ns_ops;
     cgroup_cleanup_stale();
   }
+started:
   if (r < 0 && ret_err)
     *ret_err = strdup(backend_error);
 
@@ -464,4 +478,6 @@ void sessions_shutdown(void) {
   pthread_mutex_unlock(&lock);
   for (size_t i = 0; i < n_dead; i++)
     handle_free(dead[i]);
+  if (backend == &sandbox_vm_ops)
+    vm_backend_shutdown();
 }

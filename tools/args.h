@@ -40,4 +40,4 @@ char *base64_encode(const void *data, size_t len);
 char *utf8_sanitize(const char *data, size_t len, size_t *ret_len);
 
 /* The tools/list array. */
-json_t *tool_definitions(bool net, size_t output_cap, size_t max_file);
+json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t max_read);

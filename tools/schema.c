@@ -88,7 +88,7 @@ static json_t *tool(const char *name, const char *title, const char *desc, json_
                    destructive, "idempotentHint", idempotent, "openWorldHint", open_world);
 }
 
-json_t *tool_definitions(bool net, size_t output_cap, size_t max_file) {
+json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t max_read) {
   json_t *tools = json_array();
   _cleanup_free_ char *run_desc = xasprintf(
       "Run a shell command in a session's sandbox as `/bin/sh -c COMMAND` and return its stdout, "
@@ -107,7 +107,7 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file) {
       "Read a file from a session's sandbox as base64: up to max_bytes (default 1 MiB, at most "
       "%zu) from offset. `eof` tells whether the end was reached; read large files in pieces by "
       "advancing offset.",
-      max_file);
+      max_read);
 
   json_array_append_new(
       tools,
@@ -153,7 +153,7 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file) {
                            "session_id", parse(session_id_schema), "path", "type", "string",
                            "description", "File to read in the sandbox.", "offset", "type",
                            "integer", "minimum", 0, "default", 0, "max_bytes", "type", "integer",
-                           "minimum", 1, "maximum", (json_int_t)max_file),
+                           "minimum", 1, "maximum", (json_int_t)max_read),
                  (const char *[]){"session_id", "path", NULL}),
            read_out, true, false, true, false));
   json_array_append_new(

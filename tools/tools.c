@@ -18,6 +18,9 @@
 #define DEFAULT_TIMEOUT_S 30
 #define MAX_TIMEOUT_S 3600
 #define DEFAULT_READ 1048576
+/* A result carries the content twice (structuredContent and its JSON text):
+ * 2 MiB of file stays under the 10 MiB message limit of common clients. */
+#define MAX_READ_PIECE (2u << 20)
 #define MAX_ENV 256
 
 /* ---- results ---- */
@@ -186,16 +189,20 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
   return out;
 }
 
+static long long read_cap(void) {
+  return cfg.max_file < MAX_READ_PIECE ? (long long)cfg.max_file : MAX_READ_PIECE;
+}
+
 static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   if (args_check(args, "read_file",
                  (const char *[]){"session_id", "path", "offset", "max_bytes", NULL}, &err) < 0)
     return err_result_free(err);
   const char *id, *path;
-  long long offset = 0, max = DEFAULT_READ < cfg.max_file ? DEFAULT_READ : (long long)cfg.max_file;
+  long long offset = 0, max = DEFAULT_READ < read_cap() ? DEFAULT_READ : read_cap();
   if (arg_session_id(args, &id, &err) < 0 || arg_path(args, "read_file", &path, &err) < 0 ||
       arg_int(args, "read_file", "offset", 0, INT64_MAX / 2, &offset, &err) < 0 ||
-      arg_int(args, "read_file", "max_bytes", 1, (long long)cfg.max_file, &max, &err) < 0)
+      arg_int(args, "read_file", "max_bytes", 1, read_cap(), &max, &err) < 0)
     return err_result_free(err);
   struct lease l;
   if (session_acquire(id, &l, &err) < 0)
@@ -286,4 +293,6 @@ json_t *tools_call(const char *name, json_t *args, struct call_ctx *ctx) {
   return err_result("unknown tool");
 }
 
-json_t *tools_list(void) { return tool_definitions(cfg.net, cfg.output_cap, cfg.max_file); }
+json_t *tools_list(void) {
+  return tool_definitions(cfg.net, cfg.output_cap, cfg.max_file, (size_t)read_cap());
+}

@@ -106,7 +106,7 @@ static void env_checks(void) {
 }
 
 static void definitions_are_complete(void) {
-  json_t *tools = tool_definitions(false, 65536, 1 << 20);
+  json_t *tools = tool_definitions(false, 65536, 1 << 20, 1 << 20);
   CHECK_EQ_INT(json_array_size(tools), 7);
   size_t i;
   json_t *t;

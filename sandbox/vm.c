@@ -1,0 +1,1055 @@
+/* vm.c: the microVM backend: one QEMU (-M microvm) per session, cloned
+ * copy-on-write from a warm snapshot (docs/vm-recipe.md has the measured
+ * recipe this follows).
+ *
+ * The warm base: a golden VM cold-boots with its RAM in a file (share=on),
+ * the agent answers, python3 and gcc are run once to warm the page cache,
+ * then QMP stop + migrate to an fd with x-ignore-shared writes a small device
+ * state file.  The base lives in IGN_MCP_STORE under a name that carries a
+ * fingerprint of everything it was made from (QEMU, kernel, initramfs with
+ * the agent, rootfs image, memory size, accelerator, overlay size, network):
+ * when any of them changes the fingerprint changes, and a new base is built
+ * before the next clone.  A base's RAM file never changes once made.
+ *
+ * A clone: QEMU with the same devices, its RAM mapped from the base's file
+ * with share=off (MAP_PRIVATE: writes stay private), -incoming defer, then
+ * migrate-incoming from the state file.  The pool keeps IGN_MCP_POOL clones
+ * restored, run once (so TCG has translated the agent's path) and stopped
+ * (no CPU), plus IGN_MCP_SPARES QEMUs waiting for a restore.  Handing out a
+ * pool clone is a QMP cont; the session layer then says HELLO and ready()
+ * sends SETUP: fresh entropy, the host's clock, a hostname and a machine id,
+ * before the session is returned.  A clone is taken off the pool list under
+ * its lock, so it is handed out once.
+ *
+ * KVM is used when /dev/kvm works; "works" is decided by booting the golden
+ * VM under it (a host can open /dev/kvm and still fail to run guests), with
+ * TCG as the fallback. */
+#include "sandbox/vm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <linux/kvm.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "mcp/config.h"
+#include "mcp/log.h"
+#include "proto/proto.h"
+#include "sandbox/qmp.h"
+
+#define QMP_TIMEOUT_MS 10000
+#define COLD_BOOT_TIMEOUT_MS 90000
+#define KVM_BOOT_TIMEOUT_MS 20000
+#define RESTORE_TIMEOUT_MS 20000
+#define BASE_WAIT_MS 180000
+/* QEMUs run as uid VM_UID_BASE + n (n < VM_UID_SPAN) and gid VM_GID. */
+#define VM_UID_BASE 0x49474e00u
+#define VM_UID_SPAN 4096u
+#define VM_GID VM_UID_BASE
+#define TB_SIZE_MB 128
+#define FINGERPRINT_VERSION 1
+
+struct vm {
+  struct sandbox base;      /* first: the session layer sees this */
+  struct vm *next;
+  struct qmp *qmp;
+  int agent_fd;
+  char *dir;
+  bool reaped;
+  int status;
+  char path[8];             /* "pool", "restore", "cold" */
+  uint64_t t_spawn_us, t_restore_us, t_cont_us;
+};
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool init_done, stopping;
+  char *init_error;         /* why sessions cannot open, when they cannot */
+  const char *accel;        /* "kvm", "tcg" */
+  char isolation[16];
+  unsigned tsc_khz;
+  char *run_dir;            /* per-VM state directories */
+  char *fingerprint;
+  char *base_dir;           /* the current base, or NULL */
+  struct vm *ready, *spares;
+  unsigned n_ready, n_spares;
+  unsigned seq;
+  gid_t kvm_gid;
+} vmb = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "microvm"; }
+
+/* ---- helpers ---- */
+
+static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
+
+static void remove_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)))
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+        _cleanup_free_ char *p = xasprintf("%s/%s", dir, e->d_name);
+        unlink(p);
+      }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+static int mkdir_p(const char *path, mode_t mode) {
+  _cleanup_free_ char *p = strdup(path);
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = '\0';
+      if (mkdir(p, 0755) < 0 && errno != EEXIST)
+        return -errno;
+      *s = '/';
+    }
+  if (mkdir(p, mode) < 0 && errno != EEXIST)
+    return -errno;
+  return 0;
+}
+
+static unsigned host_tsc_khz(void) {
+  _cleanup_fclose_ FILE *f = fopen("/proc/cpuinfo", "re");
+  char line[4096];
+  double mhz = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "cpu MHz", 7) == 0 && mhz == 0)
+      sscanf(strchr(line, ':') + 1, "%lf", &mhz);
+  if (mhz > 0)
+    return (unsigned)(mhz * 1000 + 0.5);
+  /* Calibrate rdtsc against the monotonic clock. */
+  uint64_t t0 = now_ns(CLOCK_MONOTONIC_RAW), c0 = __builtin_ia32_rdtsc();
+  usleep(50000);
+  uint64_t t1 = now_ns(CLOCK_MONOTONIC_RAW), c1 = __builtin_ia32_rdtsc();
+  return (unsigned)((c1 - c0) * 1000000ull / (t1 - t0));
+}
+
+static bool kvm_openable(void) {
+  _cleanup_close_ int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+  if (fd < 0 || ioctl(fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION)
+    return false;
+  int vm = ioctl(fd, KVM_CREATE_VM, 0);
+  if (vm < 0)
+    return false;
+  close(vm);
+  return true;
+}
+
+static void stat_part(char *buf, size_t size, const char *name, const char *path) {
+  struct stat st;
+  size_t n = strlen(buf);
+  if (path && stat(path, &st) == 0)
+    snprintf(buf + n, size - n, "%s=%s:%lld:%lld.%09ld:%llu ", name, path, (long long)st.st_size,
+             (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, (unsigned long long)st.st_ino);
+  else
+    snprintf(buf + n, size - n, "%s=%s:missing ", name, path ? path : "");
+}
+
+/* What a base is made from, as text; its hash names the base directory. */
+static char *make_fingerprint(const char *accel) {
+  char buf[8192] = "";
+  stat_part(buf, sizeof buf, "qemu", cfg.qemu);
+  stat_part(buf, sizeof buf, "kernel", cfg.kernel);
+  stat_part(buf, sizeof buf, "initramfs", cfg.initramfs);
+  stat_part(buf, sizeof buf, "image", cfg.vm_image);
+  size_t n = strlen(buf);
+  snprintf(buf + n, sizeof buf - n, "mem=%u accel=%s tb=%d overlay=%u net=%d v=%d",
+           cfg.vm_memory_mb, accel, TB_SIZE_MB, cfg.overlay_mb, cfg.net, FINGERPRINT_VERSION);
+  return strdup(buf);
+}
+
+static char *base_dir_for(const char *fingerprint) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = fingerprint; *p; p++)
+    h = (h ^ (uint8_t)*p) * 1099511628211ull;
+  return xasprintf("%s/%s-%016" PRIx64, cfg.store, cfg.base, h);
+}
+
+/* ---- one QEMU ---- */
+
+static char *vm_log_tail(const struct vm *v);
+
+enum vm_kind { VM_GOLDEN, VM_CLONE, VM_COLD };
+
+static char *cmdline(void) {
+  return xasprintf("console=ttyS0 quiet tsc_early_khz=%u nokaslr no_timer_check mitigations=off "
+                   "i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 "
+                   "ign.fstype=erofs ign.overlay_mb=%u",
+                   vmb.tsc_khz, cfg.overlay_mb);
+}
+
+/* Starts a QEMU of KIND.  RAM_FILE is the base's RAM (golden: created). */
+static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const char *dir,
+                    struct vm **ret, char **ret_err) {
+  struct vm *v = calloc(1, sizeof *v);
+  if (!v)
+    return -ENOMEM;
+  v->agent_fd = -1;
+  v->base.ops = &sandbox_vm_ops;
+  v->base.fd = -1;
+  uint64_t t0 = mono_us();
+  unsigned seq;
+  pthread_mutex_lock(&vmb.lock);
+  seq = ++vmb.seq;
+  pthread_mutex_unlock(&vmb.lock);
+  if (dir) {
+    v->dir = strdup(dir);
+  } else {
+    v->dir = xasprintf("%s/%d-%u", vmb.run_dir, getpid(), seq);
+    if (mkdir(v->dir, 0700) < 0) {
+      *ret_err = xasprintf("cannot create the VM's state directory %s: %s", v->dir,
+                           strerror(errno));
+      free(v->dir);
+      free(v);
+      return -EIO;
+    }
+  }
+
+  bool kvm = strcmp(accel, "kvm") == 0;
+  _cleanup_free_ char *machine =
+      xasprintf("microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off%s",
+                kind == VM_COLD ? "" : ",memory-backend=mem");
+  _cleanup_free_ char *accel_arg = kvm ? strdup("kvm") : xasprintf("tcg,tb-size=%d", TB_SIZE_MB);
+  _cleanup_free_ char *mem = xasprintf("%uM", cfg.vm_memory_mb);
+  _cleanup_free_ char *backend =
+      ram_file ? xasprintf("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
+                           cfg.vm_memory_mb, ram_file, kind == VM_GOLDEN ? "on" : "off")
+               : NULL;
+  _cleanup_free_ char *drive =
+      xasprintf("file=%s,format=raw,if=none,readonly=on,id=root", cfg.vm_image);
+  _cleanup_free_ char *append = cmdline();
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = "qemu-system-x86_64";
+  argv[n++] = "-M";
+  argv[n++] = machine;
+  argv[n++] = "-accel";
+  argv[n++] = accel_arg;
+  argv[n++] = "-cpu";
+  argv[n++] = kvm ? "host" : "qemu64";
+  argv[n++] = "-smp";
+  argv[n++] = "1";
+  argv[n++] = "-m";
+  argv[n++] = mem;
+  if (backend) {
+    argv[n++] = "-object";
+    argv[n++] = backend;
+  }
+  argv[n++] = "-nodefaults";
+  argv[n++] = "-no-user-config";
+  argv[n++] = "-display";
+  argv[n++] = "none";
+  argv[n++] = "-no-reboot";
+  argv[n++] = "-sandbox";
+  argv[n++] = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+  argv[n++] = "-serial";
+  argv[n++] = "stdio";
+  argv[n++] = "-chardev";
+  argv[n++] = "socket,id=qmp,fd=3,server=off";
+  argv[n++] = "-mon";
+  argv[n++] = "chardev=qmp,mode=control";
+  argv[n++] = "-drive";
+  argv[n++] = drive;
+  argv[n++] = "-device";
+  argv[n++] = "virtio-blk-device,drive=root";
+  argv[n++] = "-chardev";
+  argv[n++] = "socket,id=agent,fd=4,server=off";
+  argv[n++] = "-device";
+  argv[n++] = "virtio-serial-device,id=vser0";
+  argv[n++] = "-device";
+  argv[n++] = "virtserialport,chardev=agent,name=agent,bus=vser0.0";
+  argv[n++] = "-object";
+  argv[n++] = "rng-random,id=rng0,filename=/dev/urandom";
+  argv[n++] = "-device";
+  argv[n++] = "virtio-rng-device,rng=rng0";
+  if (cfg.net) {
+    argv[n++] = "-netdev";
+    argv[n++] = "user,id=net0";
+    argv[n++] = "-device";
+    argv[n++] = "virtio-net-device,netdev=net0";
+  }
+  if (kind == VM_CLONE) {
+    argv[n++] = "-incoming";
+    argv[n++] = "defer";
+  } else {
+    argv[n++] = "-kernel";
+    argv[n++] = cfg.kernel;
+    argv[n++] = "-initrd";
+    argv[n++] = cfg.initramfs;
+    argv[n++] = "-append";
+    argv[n++] = append;
+  }
+  argv[n] = NULL;
+
+  int qsv[2] = {-1, -1}, asv[2] = {-1, -1};
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qsv) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, asv) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("socketpair: %s", strerror(errno));
+    closep(&qsv[0]);
+    closep(&qsv[1]);
+    remove_tree(v->dir);
+    free(v->dir);
+    free(v);
+    return r;
+  }
+  struct vm_spawn_req req = {
+      .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
+      .ram_file_writable = kind == VM_CLONE ? ram_file : NULL,
+      .needed = {cfg.qemu, cfg.kernel, cfg.initramfs, cfg.vm_image, ram_file, v->dir},
+      .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
+      .uid = VM_UID_BASE + seq % VM_UID_SPAN, .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
+  };
+  int r = vm_spawn(&req, &v->base.pid, ret_err);
+  close(qsv[1]);
+  close(asv[1]);
+  if (r < 0) {
+    close(qsv[0]);
+    close(asv[0]);
+    remove_tree(v->dir);
+    free(v->dir);
+    free(v);
+    return r;
+  }
+  v->agent_fd = asv[0];
+  r = qmp_open_fd(qsv[0], QMP_TIMEOUT_MS, &v->qmp, ret_err);
+  if (r == 0 && kind != VM_COLD) {
+    json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared",
+                             "state", 1);
+    r = qmp_command(v->qmp, "migrate-set-capabilities", caps, QMP_TIMEOUT_MS, NULL, ret_err);
+  }
+  v->t_spawn_us = mono_us() - t0;
+  if (r < 0) {
+    usleep(20000); /* let a dying QEMU finish its message */
+    _cleanup_free_ char *tail = vm_log_tail(v);
+    if (tail) {
+      char *m = xasprintf("%s; QEMU said: %s", *ret_err, tail);
+      free(*ret_err);
+      *ret_err = m;
+    }
+    sandbox_vm_ops.destroy(&v->base);
+    return r;
+  }
+  *ret = v;
+  return 0;
+}
+
+/* Loads the base's state into a clone waiting in -incoming defer. */
+static int vm_restore(struct vm *v, const char *base_dir, char **ret_err) {
+  uint64_t t0 = mono_us();
+  _cleanup_free_ char *state = xasprintf("%s/state", base_dir);
+  _cleanup_close_ int fd = open(state, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *ret_err = xasprintf("the warm base's state file %s cannot be read: %s", state,
+                         strerror(errno));
+    return -errno;
+  }
+  int r = qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, ret_err);
+  if (r < 0)
+    return r;
+  r = qmp_command(v->qmp, "migrate-incoming", json_pack("{s:s}", "uri", "fd:snap"),
+                  QMP_TIMEOUT_MS, NULL, ret_err);
+  if (r < 0)
+    return r;
+  uint64_t deadline = mono_ms() + RESTORE_TIMEOUT_MS;
+  for (;;) {
+    json_t *st = NULL;
+    r = qmp_command(v->qmp, "query-status", NULL, QMP_TIMEOUT_MS, &st, ret_err);
+    if (r < 0) {
+      char *m = xasprintf("restoring from the warm base failed (QEMU: %s)", *ret_err);
+      free(*ret_err);
+      *ret_err = m;
+      return r;
+    }
+    const char *s = json_string_value(json_object_get(st, "status"));
+    bool waiting = s && strcmp(s, "inmigrate") == 0;
+    bool ok = s && (strcmp(s, "paused") == 0 || strcmp(s, "prelaunch") == 0);
+    _cleanup_free_ char *copy = s ? strdup(s) : NULL;
+    json_decref(st);
+    if (ok)
+      break;
+    if (!waiting) {
+      *ret_err = xasprintf("after restoring, the clone is '%s' instead of paused",
+                           copy ? copy : "?");
+      return -EIO;
+    }
+    if (mono_ms() >= deadline) {
+      *ret_err = strdup("restoring from the warm base did not finish in time");
+      return -ETIMEDOUT;
+    }
+    usleep(200);
+  }
+  v->t_restore_us = mono_us() - t0;
+  return 0;
+}
+
+/* Runs a clone once before it is stopped in the pool: HELLO, a SETUP and a
+ * `true`, spoken raw on the channel (no agent_conn owns it yet).  TCG then
+ * has translated the paths every session takes, so the clone's first real
+ * calls are fast.  The SETUP here is not the clone's reseed: that one is
+ * sent with fresh bytes when the clone is handed out. */
+static int warm_clone(int fd, uint32_t timeout_ms, char **ret_err) {
+  uint8_t entropy[32];
+  if (getrandom(entropy, sizeof entropy, 0) != sizeof entropy)
+    memset(entropy, 0, sizeof entropy);
+  struct proto_buf b = {0};
+  int r = 0;
+  for (uint32_t id = 1; id <= 3 && r == 0; id++) {
+    if (id == 1) {
+      proto_frame_begin(&b, PROTO_HELLO, id);
+      proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+    } else if (id == 2) {
+      proto_frame_begin(&b, PROTO_SETUP, id);
+      proto_put_bytes(&b, TAG_ENTROPY, entropy, sizeof entropy);
+      proto_put_u64(&b, TAG_TIME_NS, now_ns(CLOCK_REALTIME));
+      proto_put_str(&b, TAG_HOSTNAME, "ignition");
+      proto_put_str(&b, TAG_MACHINE_ID, "00000000000000000000000000000000");
+    } else {
+      proto_frame_begin(&b, PROTO_EXEC, id);
+      proto_put_str(&b, TAG_COMMAND, "true");
+      proto_put_u32(&b, TAG_TIMEOUT_MS, timeout_ms);
+      proto_put_u32(&b, TAG_HAS_STDIN, 0);
+    }
+    r = proto_frame_finish(&b);
+    if (r == 0)
+      r = proto_write_all(fd, b.data, b.len);
+  }
+  proto_buf_free(&b);
+  static _Thread_local uint8_t payload[PROTO_MAX_PAYLOAD];
+  uint64_t deadline = mono_ms() + timeout_ms;
+  while (r == 0) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    uint64_t now = mono_ms();
+    if (now >= deadline) {
+      r = -ETIMEDOUT;
+      break;
+    }
+    if (poll(&p, 1, (int)(deadline - now)) <= 0)
+      continue;
+    struct proto_header h;
+    r = proto_read_frame(fd, &h, payload);
+    if (r == 0 && h.id == 3 && (h.type == PROTO_EXIT || h.type == PROTO_ERROR))
+      return 0;
+    if (r == 0 && h.id == 1 && h.type == PROTO_ERROR)
+      r = -EPROTO;
+  }
+  *ret_err = xasprintf("the clone's agent did not answer: %s", strerror(-r));
+  return r;
+}
+
+static char *vm_log_tail(const struct vm *v) {
+  _cleanup_free_ char *path = xasprintf("%s/qemu.log", v->dir);
+  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  char buf[600];
+  off_t end = lseek(fd, 0, SEEK_END);
+  off_t start = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
+  ssize_t n = pread(fd, buf, sizeof buf - 1, start);
+  if (n <= 0)
+    return NULL;
+  buf[n] = '\0';
+  for (char *p = buf; *p; p++)
+    if (*p == '\n' || *p == '\r' || (unsigned char)*p < 0x20)
+      *p = ' ';
+  return strdup(buf + strspn(buf, " "));
+}
+
+/* ---- the warm base ---- */
+
+static int build_base(const char *accel, const char *fingerprint, char **ret_dir, char **ret_err) {
+  _cleanup_free_ char *final = base_dir_for(fingerprint);
+  _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
+  remove_tree(tmp);
+  int r = mkdir_p(tmp, 0750);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot create %s: %s (set IGN_MCP_STORE to a writable directory)", tmp,
+                         strerror(-r));
+    return r;
+  }
+  uint64_t t0 = mono_ms();
+  _cleanup_free_ char *ram = xasprintf("%s/ram", tmp);
+  struct vm *v = NULL;
+  r = vm_start(VM_GOLDEN, accel, ram, tmp, &v, ret_err);
+  if (r < 0) {
+    remove_tree(tmp);
+    return r;
+  }
+  struct agent_conn *conn = NULL;
+  _cleanup_free_ char *err = NULL;
+  uint32_t boot_timeout = strcmp(accel, "kvm") == 0 ? KVM_BOOT_TIMEOUT_MS : COLD_BOOT_TIMEOUT_MS;
+  r = agent_conn_open(v->agent_fd, boot_timeout, &conn, &err);
+  v->agent_fd = -1; /* the connection owns it now */
+  if (r == 0) {
+    /* Warm the page cache of what sessions use most: every clone shares it. */
+    struct agent_exec_req req = {
+        .command = "command -v python3 >/dev/null && python3 -c pass; command -v gcc >/dev/null "
+                   "&& echo 'int main(void){return 0;}' | gcc -x c -c -o /dev/null -; true",
+        .timeout_ms = 120000, .out_cap = 4096};
+    struct agent_exec_res res;
+    if (agent_exec(conn, &req, NULL, &res, &err) == 0)
+      agent_exec_res_free(&res);
+    free(steal_ptr(err));
+  }
+  if (r == 0) {
+    json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared",
+                             "state", 1);
+    r = qmp_command(v->qmp, "migrate-set-capabilities", caps, QMP_TIMEOUT_MS, NULL, &err);
+  }
+  if (r == 0)
+    r = qmp_command(v->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, &err);
+  _cleanup_free_ char *state = xasprintf("%s/state", tmp);
+  if (r == 0) {
+    _cleanup_close_ int fd = open(state, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    r = fd < 0 ? -errno : qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, &err);
+  }
+  if (r == 0)
+    r = qmp_command(v->qmp, "migrate", json_pack("{s:s}", "uri", "fd:snap"), QMP_TIMEOUT_MS, NULL,
+                    &err);
+  if (r == 0)
+    r = qmp_wait_migration(v->qmp, 60000, &err);
+  if (r < 0) {
+    _cleanup_free_ char *tail = vm_log_tail(v);
+    *ret_err = xasprintf("making the warm base under %s failed: %s%s%s", accel,
+                         err ? err : strerror(-r), tail ? "; QEMU/guest said: " : "",
+                         tail ? tail : "");
+  }
+  qmp_command(v->qmp, "quit", NULL, 2000, NULL, &err);
+  agent_conn_free(conn);
+  _cleanup_free_ char *log_src = xasprintf("%s/qemu.log", tmp);
+  _cleanup_free_ char *log_dst = xasprintf("%s/golden-boot.log", tmp);
+  v->dir[0] = '\0'; /* keep the directory: it becomes the base */
+  sandbox_vm_ops.destroy(&v->base);
+  if (r < 0) {
+    remove_tree(tmp);
+    return r;
+  }
+  rename(log_src, log_dst);
+  /* Clones (other uids, group VM_GID) read the state and open the RAM file
+   * read-write (QEMU 7.2 does, even for a private mapping); nobody else. */
+  if (chown(tmp, 0, VM_GID) < 0 || chown(ram, 0, VM_GID) < 0 || chown(state, 0, VM_GID) < 0 ||
+      chmod(ram, 0660) < 0 || chmod(state, 0640) < 0 || chmod(tmp, 0750) < 0) {
+    if (getuid() == 0) {
+      *ret_err = xasprintf("cannot set the owner of the warm base in %s: %s", tmp, strerror(errno));
+      remove_tree(tmp);
+      return -EIO;
+    }
+  }
+  _cleanup_free_ char *meta = xasprintf("%s/meta", tmp);
+  _cleanup_fclose_ FILE *f = fopen(meta, "we");
+  if (f) {
+    fprintf(f, "%s\n", fingerprint);
+    fclose(steal_ptr(f));
+  }
+  if (rename(tmp, final) < 0) {
+    /* Another server made the same base meanwhile: use theirs. */
+    remove_tree(tmp);
+    if (!file_exists(final)) {
+      *ret_err = xasprintf("cannot move the warm base into place at %s: %s", final,
+                           strerror(errno));
+      return -EIO;
+    }
+  }
+  log_info("warm base %s made under %s in %" PRIu64 " ms", final, accel, mono_ms() - t0);
+  *ret_dir = steal_ptr(final);
+  return 0;
+}
+
+/* Removes other bases of the same name (made from older inputs). */
+static void remove_stale_bases(const char *keep) {
+  DIR *d = opendir(cfg.store);
+  if (!d)
+    return;
+  size_t n = strlen(cfg.base);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, cfg.base, n) != 0 || e->d_name[n] != '-')
+      continue;
+    _cleanup_free_ char *p = xasprintf("%s/%s", cfg.store, e->d_name);
+    if (strcmp(p, keep) == 0)
+      continue;
+    /* A .tmp of a live server is still being built. */
+    char *tmp = strstr(e->d_name, ".tmp-");
+    if (tmp && kill((pid_t)atoi(tmp + 5), 0) == 0)
+      continue;
+    log_info("removing the outdated warm base %s", p);
+    remove_tree(p);
+  }
+  closedir(d);
+}
+
+static bool base_complete(const char *dir) {
+  _cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+  _cleanup_free_ char *state = xasprintf("%s/state", dir);
+  _cleanup_free_ char *meta = xasprintf("%s/meta", dir);
+  return file_exists(ram) && file_exists(state) && file_exists(meta);
+}
+
+/* Makes sure the base for the current inputs exists; sets vmb.base_dir. */
+static int ensure_base(bool force, char **ret_err) {
+  _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
+  _cleanup_free_ char *dir = base_dir_for(fp);
+  if (!force && base_complete(dir)) {
+    pthread_mutex_lock(&vmb.lock);
+    free(vmb.fingerprint);
+    vmb.fingerprint = steal_ptr(fp);
+    free(vmb.base_dir);
+    vmb.base_dir = steal_ptr(dir);
+    pthread_mutex_unlock(&vmb.lock);
+    return 0;
+  }
+  if (force)
+    remove_tree(dir);
+  char *made = NULL;
+  int r = build_base(vmb.accel, fp, &made, ret_err);
+  if (r < 0)
+    return r;
+  remove_stale_bases(made);
+  pthread_mutex_lock(&vmb.lock);
+  free(vmb.fingerprint);
+  vmb.fingerprint = steal_ptr(fp);
+  free(vmb.base_dir);
+  vmb.base_dir = made;
+  pthread_mutex_unlock(&vmb.lock);
+  return 0;
+}
+
+/* ---- the pool ---- */
+
+static void push(struct vm **list, unsigned *n, struct vm *v) {
+  v->next = *list;
+  *list = v;
+  (*n)++;
+}
+
+static struct vm *pop(struct vm **list, unsigned *n) {
+  struct vm *v = *list;
+  if (v) {
+    *list = v->next;
+    v->next = NULL;
+    (*n)--;
+  }
+  return v;
+}
+
+static int new_clone(const char *base_dir, bool warm, struct vm **ret, char **ret_err) {
+  struct vm *v = NULL;
+  pthread_mutex_lock(&vmb.lock);
+  struct vm *spare = pop(&vmb.spares, &vmb.n_spares);
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_cond_broadcast(&vmb.cond);
+  _cleanup_free_ char *ram = xasprintf("%s/ram", base_dir);
+  int r = 0;
+  if (spare) {
+    v = spare;
+  } else {
+    if (!file_exists(ram)) {
+      /* QEMU would create an empty file and the clone would hang. */
+      *ret_err = xasprintf("the warm base's RAM file %s is missing", ram);
+      return -ENOENT;
+    }
+    r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, ret_err);
+    if (r < 0)
+      return r;
+  }
+  r = vm_restore(v, base_dir, ret_err);
+  if (r == 0 && warm) {
+    /* Run it once so TCG has translated the agent's path, then stop it. */
+    r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    if (r == 0)
+      r = warm_clone(v->agent_fd, RESTORE_TIMEOUT_MS, ret_err);
+    if (r == 0)
+      r = qmp_command(v->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+  }
+  if (r < 0) {
+    _cleanup_free_ char *tail = vm_log_tail(v);
+    if (tail) {
+      char *m = xasprintf("%s; QEMU said: %s", *ret_err, tail);
+      free(*ret_err);
+      *ret_err = m;
+    }
+    sandbox_vm_ops.destroy(&v->base);
+    return r;
+  }
+  strcpy(v->path, "restore");
+  *ret = v;
+  return 0;
+}
+
+static void *pool_main(void *unused) {
+  (void)unused;
+  unsigned failures = 0;
+  for (;;) {
+    pthread_mutex_lock(&vmb.lock);
+    while (!vmb.stopping && vmb.base_dir && vmb.n_ready >= cfg.pool &&
+           vmb.n_spares >= cfg.spares)
+      pthread_cond_wait(&vmb.cond, &vmb.lock);
+    bool stopping = vmb.stopping;
+    _cleanup_free_ char *base_dir = vmb.base_dir ? strdup(vmb.base_dir) : NULL;
+    bool want_ready = vmb.n_ready < cfg.pool, want_spare = vmb.n_spares < cfg.spares;
+    pthread_mutex_unlock(&vmb.lock);
+    if (stopping || !base_dir)
+      return NULL;
+
+    /* Inputs changed under a running server (a rebuild): new base first. */
+    _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
+    if (strcmp(fp, vmb.fingerprint) != 0) {
+      log_info("the VM images changed; making a new warm base");
+      _cleanup_free_ char *err = NULL;
+      struct vm *old_ready, *old_spares;
+      pthread_mutex_lock(&vmb.lock);
+      old_ready = vmb.ready;
+      old_spares = vmb.spares;
+      vmb.ready = vmb.spares = NULL;
+      vmb.n_ready = vmb.n_spares = 0;
+      pthread_mutex_unlock(&vmb.lock);
+      for (struct vm *v = old_ready, *nx; v; v = nx) {
+        nx = v->next;
+        sandbox_vm_ops.destroy(&v->base);
+      }
+      for (struct vm *v = old_spares, *nx; v; v = nx) {
+        nx = v->next;
+        sandbox_vm_ops.destroy(&v->base);
+      }
+      if (ensure_base(false, &err) < 0) {
+        log_error("cannot make the new warm base: %s", err);
+        sleep(5);
+      }
+      continue;
+    }
+
+    _cleanup_free_ char *err = NULL;
+    struct vm *v = NULL;
+    int r;
+    if (want_ready) {
+      r = new_clone(base_dir, true, &v, &err);
+    } else if (want_spare) {
+      _cleanup_free_ char *ram = xasprintf("%s/ram", base_dir);
+      r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, &err);
+    } else {
+      continue;
+    }
+    if (r < 0) {
+      log_warn("refilling the VM pool failed: %s", err);
+      /* Do not spin on a persistent failure. */
+      usleep(failures < 10 ? 200000u << (failures / 3) : 5000000u);
+      failures++;
+      continue;
+    }
+    failures = 0;
+    pthread_mutex_lock(&vmb.lock);
+    if (vmb.stopping) {
+      pthread_mutex_unlock(&vmb.lock);
+      sandbox_vm_ops.destroy(&v->base);
+      return NULL;
+    }
+    if (want_ready)
+      push(&vmb.ready, &vmb.n_ready, v);
+    else
+      push(&vmb.spares, &vmb.n_spares, v);
+    pthread_mutex_unlock(&vmb.lock);
+    pthread_cond_broadcast(&vmb.cond);
+  }
+}
+
+/* ---- initialisation ---- */
+
+static int check_inputs(char **ret_err) {
+  if (!cfg.qemu) {
+    *ret_err = strdup("qemu-system-x86_64 was not found in PATH (apt-get install "
+                      "qemu-system-x86, or set IGN_MCP_QEMU)");
+    return -ENOENT;
+  }
+  const char *files[][2] = {{cfg.kernel, "the guest kernel (IGN_MCP_KERNEL)"},
+                            {cfg.initramfs, "the initramfs (IGN_MCP_INITRAMFS)"},
+                            {cfg.vm_image, "the rootfs image"}};
+  for (size_t i = 0; i < ARRAY_SIZE(files); i++)
+    if (!files[i][0] || !file_exists(files[i][0])) {
+      *ret_err = xasprintf("%s %s is missing: build the VM images with `make vm-images` (or "
+                           "scripts/setup.sh)",
+                           files[i][1], files[i][0] ? files[i][0] : "(none for this rootfs)");
+      return -ENOENT;
+    }
+  return 0;
+}
+
+static void *init_main(void *unused) {
+  (void)unused;
+  _cleanup_free_ char *err = NULL;
+  int r = 0;
+  bool cold_only = strcmp(cfg.base, "none") == 0;
+  if (!cold_only) {
+    r = ensure_base(false, &err);
+    if (r < 0 && strcmp(vmb.accel, "kvm") == 0 && strcmp(cfg.accel, "auto") == 0) {
+      log_warn("KVM is present but the guest does not run under it (%s); using TCG", err);
+      free(steal_ptr(err));
+      _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
+      _cleanup_fclose_ FILE *f = fopen(marker, "we");
+      if (f)
+        fputs("the guest did not boot under KVM on this host; delete this file to retry\n", f);
+      pthread_mutex_lock(&vmb.lock);
+      vmb.accel = "tcg";
+      snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/tcg");
+      pthread_mutex_unlock(&vmb.lock);
+      r = ensure_base(false, &err);
+    }
+  }
+  pthread_mutex_lock(&vmb.lock);
+  vmb.init_done = true;
+  if (r < 0)
+    vmb.init_error = steal_ptr(err);
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_cond_broadcast(&vmb.cond);
+  if (r == 0 && !cold_only)
+    pool_main(NULL);
+  return NULL;
+}
+
+static int pick_accel(void) {
+  bool kvm_ok = kvm_openable();
+  _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
+  if (strcmp(cfg.accel, "kvm") == 0 && !kvm_ok)
+    return -ENODEV;
+  if (strcmp(cfg.accel, "tcg") == 0 || !kvm_ok ||
+      (strcmp(cfg.accel, "auto") == 0 && file_exists(marker)))
+    vmb.accel = "tcg";
+  else
+    vmb.accel = "kvm";
+  snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/%s", vmb.accel);
+  struct group *g = getgrnam("kvm");
+  vmb.kvm_gid = g ? g->gr_gid : 0;
+  return 0;
+}
+
+static int prepare(char **ret_err) {
+  int r = check_inputs(ret_err);
+  if (r < 0)
+    return r;
+  if ((r = mkdir_p(cfg.store, 0755)) < 0) {
+    *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
+                         strerror(-r));
+    return r;
+  }
+  if (pick_accel() < 0) {
+    *ret_err = strdup("IGN_MCP_ACCEL=kvm but /dev/kvm cannot be used here");
+    return -ENODEV;
+  }
+  vmb.tsc_khz = host_tsc_khz();
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
+                : xdg && *xdg ? xasprintf("%s/ignition-mcp", xdg)
+                              : xasprintf("/tmp/ignition-mcp-%u", getuid());
+  if ((r = mkdir_p(vmb.run_dir, 0711)) < 0) {
+    *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
+    return r;
+  }
+  /* State directories of servers that died without cleaning up. */
+  DIR *d = opendir(vmb.run_dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    int pid = atoi(e->d_name);
+    if (pid > 0 && pid != getpid() && kill(pid, 0) < 0 && errno == ESRCH) {
+      _cleanup_free_ char *p = xasprintf("%s/%s", vmb.run_dir, e->d_name);
+      remove_tree(p);
+    }
+  }
+  if (d)
+    closedir(d);
+  return 0;
+}
+
+int vm_backend_init(char **ret_err) {
+  int r = prepare(ret_err);
+  if (r < 0)
+    return r;
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  r = pthread_create(&t, &attr, init_main, NULL);
+  pthread_attr_destroy(&attr);
+  if (r != 0) {
+    *ret_err = strdup("cannot start the VM pool thread");
+    return -r;
+  }
+  log_info("vm backend: %s, QEMU %s, store %s, base %s, pool %u", vm_isolation(), cfg.qemu,
+           cfg.store, cfg.base, cfg.pool);
+  return 0;
+}
+
+int vm_make_base(bool force, char **ret_err) {
+  int r = prepare(ret_err);
+  if (r < 0)
+    return r;
+  r = ensure_base(force, ret_err);
+  if (r < 0 && strcmp(vmb.accel, "kvm") == 0 && strcmp(cfg.accel, "auto") == 0) {
+    log_warn("the guest does not run under KVM here (%s); making a TCG base", *ret_err);
+    free(steal_ptr(*ret_err));
+    vmb.accel = "tcg";
+    r = ensure_base(force, ret_err);
+  }
+  if (r == 0)
+    printf("warm base ready: %s (%s)\n", vmb.base_dir, vmb.accel);
+  return r;
+}
+
+void vm_backend_shutdown(void) {
+  pthread_mutex_lock(&vmb.lock);
+  vmb.stopping = true;
+  struct vm *ready = vmb.ready, *spares = vmb.spares;
+  vmb.ready = vmb.spares = NULL;
+  vmb.n_ready = vmb.n_spares = 0;
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_cond_broadcast(&vmb.cond);
+  for (struct vm *v = ready, *nx; v; v = nx) {
+    nx = v->next;
+    sandbox_vm_ops.destroy(&v->base);
+  }
+  for (struct vm *v = spares, *nx; v; v = nx) {
+    nx = v->next;
+    sandbox_vm_ops.destroy(&v->base);
+  }
+}
+
+/* ---- sandbox ops ---- */
+
+static int vm_create(const struct sandbox_config *sc, const char *session_id,
+                     struct sandbox **ret, char **ret_err) {
+  (void)sc;
+  (void)session_id;
+  pthread_mutex_lock(&vmb.lock);
+  uint64_t deadline = mono_ms() + BASE_WAIT_MS;
+  while (!vmb.init_done && mono_ms() < deadline) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
+  }
+  if (!vmb.init_done || vmb.init_error) {
+    *ret_err = vmb.init_error ? xasprintf("the microVM backend cannot start sessions: %s",
+                                          vmb.init_error)
+                              : strdup("the warm base is still being made; try again shortly");
+    pthread_mutex_unlock(&vmb.lock);
+    return -EAGAIN;
+  }
+  struct vm *v = pop(&vmb.ready, &vmb.n_ready);
+  _cleanup_free_ char *base_dir = vmb.base_dir ? strdup(vmb.base_dir) : NULL;
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_cond_broadcast(&vmb.cond);
+
+  int r;
+  if (v) {
+    strcpy(v->path, "pool");
+  } else if (base_dir) {
+    r = new_clone(base_dir, false, &v, ret_err);
+    if (r < 0)
+      return r;
+  } else {
+    /* IGN_MCP_BASE=none: boot from scratch every time. */
+    r = vm_start(VM_COLD, vmb.accel, NULL, NULL, &v, ret_err);
+    if (r < 0)
+      return r;
+    strcpy(v->path, "cold");
+  }
+  if (strcmp(v->path, "cold") != 0) {
+    uint64_t tc = mono_us();
+    r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    v->t_cont_us = mono_us() - tc;
+    if (r < 0) {
+      sandbox_vm_ops.destroy(&v->base);
+      return r;
+    }
+  }
+  v->base.isolation = vm_isolation();
+  v->base.fd = steal_fd(v->agent_fd);
+  snprintf(v->base.limits, sizeof v->base.limits, "memory %u MiB (guest RAM), overlay %u MiB",
+           cfg.vm_memory_mb, cfg.overlay_mb);
+  if (strcmp(v->path, "pool") == 0)
+    v->t_spawn_us = v->t_restore_us = 0; /* done before the call, not during it */
+  *ret = &v->base;
+  return 0;
+}
+
+static int vm_ready(struct sandbox *sb, struct agent_conn *conn, char **ret_err) {
+  struct vm *v = (struct vm *)sb;
+  uint8_t entropy[32];
+  uint8_t idb[16];
+  if (getrandom(entropy, sizeof entropy, 0) != sizeof entropy ||
+      getrandom(idb, sizeof idb, 0) != sizeof idb) {
+    *ret_err = strdup("getrandom failed");
+    return -EIO;
+  }
+  char machine_id[33];
+  for (int i = 0; i < 16; i++)
+    snprintf(machine_id + 2 * i, 3, "%02x", idb[i]);
+  _cleanup_free_ char *hostname = xasprintf("ign-%s", v->dir ? strrchr(v->dir, '/') + 1 : "vm");
+  uint64_t t0 = mono_us();
+  int r = agent_setup(conn, entropy, sizeof entropy, now_ns(CLOCK_REALTIME), hostname, machine_id,
+                      ret_err);
+  explicit_bzero(entropy, sizeof entropy);
+  if (r < 0)
+    return r;
+  json_t *info = json_pack("{s:s, s:s, s:{s:f, s:f, s:f, s:f}}", "path", v->path, "accel",
+                           vmb.accel, "phases_ms", "spawn", v->t_spawn_us / 1000.0, "restore",
+                           v->t_restore_us / 1000.0, "cont", v->t_cont_us / 1000.0, "setup",
+                           (mono_us() - t0) / 1000.0);
+  sb->info = info;
+  return 0;
+}
+
+static void vm_destroy(struct sandbox *sb) {
+  struct vm *v = (struct vm *)sb;
+  if (v->base.pid > 0 && !v->reaped) {
+    kill(v->base.pid, SIGKILL);
+    while (waitpid(v->base.pid, &v->status, 0) < 0 && errno == EINTR)
+      ;
+  }
+  qmp_free(v->qmp);
+  if (v->agent_fd >= 0)
+    close(v->agent_fd);
+  if (v->dir && v->dir[0])
+    remove_tree(v->dir);
+  free(v->dir);
+  json_decref(sb->info);
+  free(v);
+}
+
+static char *vm_death_reason(struct sandbox *sb) {
+  struct vm *v = (struct vm *)sb;
+  if (!v->reaped && waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
+    v->reaped = true;
+  _cleanup_free_ char *tail = vm_log_tail(v);
+  const char *how = !v->reaped ? "its QEMU stopped answering"
+                    : WIFSIGNALED(v->status) ? "its QEMU was killed"
+                                             : "its QEMU exited";
+  if (v->reaped && WIFSIGNALED(v->status))
+    return xasprintf("%s by signal %d%s%s", how, WTERMSIG(v->status), tail ? "; log: " : "",
+                     tail ? tail : "");
+  return xasprintf("%s%s%s", how, tail ? "; log: " : "", tail ? tail : "");
+}
+
+const struct sandbox_ops sandbox_vm_ops = {
+    .name = "vm",
+    .create = vm_create,
+    .ready = vm_ready,
+    .destroy = vm_destroy,
+    .death_reason = vm_death_reason,
+};
