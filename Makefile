@@ -37,6 +37,7 @@ $(BUILD)/san/ignition-mcp: $(SERVER_SRCS) $(HEADERS)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $(SERVER_SRCS) $(SERVER_LIBS)
 	ln -sfn ../ign-agent $(BUILD)/san/ign-agent
 	ln -sfn ../rootfs $(BUILD)/san/rootfs
+	ln -sfn ../vm $(BUILD)/san/vm
 
 $(BUILD)/test/%: tests/unit/%.c $(LIB_SRCS) $(HEADERS) $(BUILD)/ign-agent
 	@mkdir -p $(dir $@)

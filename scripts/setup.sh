@@ -32,7 +32,7 @@ packages=(
 	clang lld llvm libclang-rt-14-dev valgrind hyperfine
 	# sandboxes and images
 	busybox-static mmdebstrap debian-archive-keyring gpg bubblewrap
-	qemu-system-x86 qemu-utils lz4 erofs-utils e2fsprogs squashfs-tools cpio
+	qemu-system-x86 qemu-utils lz4 erofs-utils e2fsprogs squashfs-tools cpio kmod
 	# tools the scripts and tests call
 	curl ca-certificates procps iproute2 util-linux shellcheck
 )
@@ -105,8 +105,12 @@ say "building the server and the agent: make"
 make --no-print-directory
 
 step="building the images (make images)"
-say "building the rootfs images: make images"
+say "building the rootfs trees, the guest kernel, initramfs and disk images: make images"
 make --no-print-directory images
+
+step="making the warm microVM base (ignition-mcp make-base)"
+say "making the warm microVM base the sessions are cloned from: build/ignition-mcp make-base"
+build/ignition-mcp make-base
 
 step="done"
 say "setup complete in $(($(date +%s) - start))s; run the tests with: make check"
