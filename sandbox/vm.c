@@ -73,6 +73,7 @@ struct vm {
   bool reaped;
   int status;
   char path[8];             /* "pool", "restore", "cold" */
+  char *ram;                /* the RAM file it maps (a spare fits only its base) */
   uint64_t t_spawn_us, t_restore_us, t_cont_us;
 };
 
@@ -210,6 +211,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   if (!v)
     return -ENOMEM;
   v->agent_fd = -1;
+  v->ram = ram_file ? strdup(ram_file) : NULL;
   v->base.ops = &sandbox_vm_ops;
   v->base.fd = -1;
   uint64_t t0 = mono_us();
@@ -615,6 +617,8 @@ static bool base_complete(const char *dir) {
   return file_exists(ram) && file_exists(state) && file_exists(meta);
 }
 
+static int ensure_base_locked(bool force, char **ret_err);
+
 /* Marks DIR as in use by this server (see remove_stale_bases). */
 static void hold_base(const char *dir) {
   _cleanup_free_ char *meta = xasprintf("%s/meta", dir);
@@ -628,8 +632,17 @@ static void hold_base(const char *dir) {
   vmb.base_lock_fd = fd;
 }
 
-/* Makes sure the base for the current inputs exists; sets vmb.base_dir. */
+/* Makes sure the base for the current inputs exists; sets vmb.base_dir.
+ * One build at a time (the pool thread and a call may both find it stale). */
 static int ensure_base(bool force, char **ret_err) {
+  static pthread_mutex_t build_lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&build_lock);
+  int r = ensure_base_locked(force, ret_err);
+  pthread_mutex_unlock(&build_lock);
+  return r;
+}
+
+static int ensure_base_locked(bool force, char **ret_err) {
   _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
   _cleanup_free_ char *dir = base_dir_for(fp);
   if (!force && base_complete(dir)) {
@@ -685,6 +698,10 @@ static int new_clone(const char *base_dir, bool warm, struct vm **ret, char **re
   pthread_cond_broadcast(&vmb.cond);
   _cleanup_free_ char *ram = xasprintf("%s/ram", base_dir);
   int r = 0;
+  if (spare && strcmp(spare->ram, ram) != 0) {
+    sandbox_vm_ops.destroy(&spare->base); /* started for an older base */
+    spare = NULL;
+  }
   if (spare) {
     v = spare;
   } else {
@@ -986,6 +1003,21 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   if (v) {
     strcpy(v->path, "pool");
   } else if (base_dir) {
+    /* A clone must never start from a base whose inputs changed: the guest's
+     * page cache in the RAM file describes the old disk image. */
+    _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
+    pthread_mutex_lock(&vmb.lock);
+    bool stale = strcmp(fp, vmb.fingerprint) != 0;
+    pthread_mutex_unlock(&vmb.lock);
+    if (stale) {
+      log_info("the VM images changed; making a new warm base before this clone");
+      if ((r = ensure_base(false, ret_err)) < 0)
+        return r;
+      pthread_mutex_lock(&vmb.lock);
+      free(base_dir);
+      base_dir = strdup(vmb.base_dir);
+      pthread_mutex_unlock(&vmb.lock);
+    }
     r = new_clone(base_dir, false, &v, ret_err);
     if (r < 0)
       return r;
@@ -1050,6 +1082,7 @@ static void vm_destroy(struct sandbox *sb) {
       ;
   }
   qmp_free(v->qmp);
+  free(v->ram);
   if (v->agent_fd >= 0)
     close(v->agent_fd);
   if (v->dir && v->dir[0])

@@ -30,15 +30,40 @@ function firstExisting(...candidates) {
 export const SERVER = process.env.IGN_TEST_SERVER ||
   firstExisting(path.join(REPO, 'build/san/ignition-mcp'), path.join(REPO, 'build/ignition-mcp'));
 export const AGENT = process.env.IGN_TEST_AGENT || path.join(REPO, 'build/ign-agent');
-export const ROOTFS_SMALL = process.env.IGN_TEST_ROOTFS_SMALL || path.join(REPO, 'build/rootfs/small');
-export const ROOTFS_TOOLS = process.env.IGN_TEST_ROOTFS_TOOLS || path.join(REPO, 'build/rootfs/tools');
-/* The tests are written for the namespace backend (rootfs trees, no KVM
- * assumption); IGN_TEST_BACKEND lets a runner point them elsewhere. */
+/* The rootfs trees the ns backend uses for the names below (the server looks
+ * for <its dir>/rootfs/NAME; build/san/rootfs links to build/rootfs). */
+export const ROOTFS_SMALL = process.env.IGN_TEST_ROOTFS_SMALL || path.join(path.dirname(SERVER), 'rootfs/small');
+export const ROOTFS_TOOLS = process.env.IGN_TEST_ROOTFS_TOOLS || path.join(path.dirname(SERVER), 'rootfs/tools');
+/* IGN_TEST_BACKEND picks the backend every server of the suite runs on:
+ * "ns" (namespaces, the default) or "vm" (QEMU microVMs). The runner runs
+ * the suite once per backend. */
 export const BACKEND = process.env.IGN_TEST_BACKEND || 'ns';
 export const IS_NS = BACKEND === 'ns';
+export const IS_VM = BACKEND === 'vm';
 
-export const HAVE_TOOLS_ROOTFS = fs.existsSync(path.join(ROOTFS_TOOLS, 'usr/bin/python3'));
-export const TOOLS_SKIP = HAVE_TOOLS_ROOTFS ? false : `tools rootfs not built at ${ROOTFS_TOOLS}`;
+/* Where the vm backend's images are: next to the server (build/san/vm is a
+ * link to build/vm). */
+export const VM_DIR = process.env.IGN_TEST_VM_DIR || path.join(path.dirname(SERVER), 'vm');
+
+/* The rootfs is passed by name: a name works for both backends (ns: the tree
+ * <server dir>/rootfs/NAME; vm: <server dir>/vm/rootfs-NAME.erofs), a
+ * directory only for ns. */
+export const ROOTFS_SMALL_NAME = 'small';
+export const ROOTFS_TOOLS_NAME = 'tools';
+
+export const HAVE_TOOLS_ROOTFS = IS_VM
+  ? fs.existsSync(path.join(VM_DIR, 'rootfs-tools.erofs'))
+  : fs.existsSync(path.join(ROOTFS_TOOLS, 'usr/bin/python3'));
+export const TOOLS_SKIP = HAVE_TOOLS_ROOTFS
+  ? false
+  : IS_VM
+    ? `tools rootfs image not built at ${path.join(VM_DIR, 'rootfs-tools.erofs')}`
+    : `tools rootfs not built at ${ROOTFS_TOOLS}`;
+
+/* Skip markers for tests whose expectation holds on one backend only; the
+ * reason shows in the test output. */
+export const NS_ONLY = (why) => (IS_NS ? false : `ns only: ${why}`);
+export const VM_ONLY = (why) => (IS_VM ? false : `vm only: ${why}`);
 
 export const TOOL_NAMES = ['open_session', 'run', 'write_file', 'read_file', 'reset', 'close', 'list_sessions'];
 
@@ -71,7 +96,7 @@ export function serverEnv({ env = {}, tools = false } = {}) {
   // The runner may export the server knobs for its own reasons; start clean.
   for (const k of Object.keys(e)) if (k.startsWith('IGN_MCP_')) delete e[k];
   e.IGN_MCP_BACKEND = BACKEND;
-  e.IGN_MCP_ROOTFS = tools ? ROOTFS_TOOLS : ROOTFS_SMALL;
+  e.IGN_MCP_ROOTFS = tools ? ROOTFS_TOOLS_NAME : ROOTFS_SMALL_NAME;
   if (fs.existsSync(AGENT)) e.IGN_MCP_AGENT = AGENT;
   if (!e.ASAN_OPTIONS) e.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
   for (const [k, v] of Object.entries(env)) {
