@@ -35,6 +35,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,15 @@ static char *vm_log_tail(const struct vm *v);
 
 enum vm_kind { VM_GOLDEN, VM_CLONE, VM_COLD };
 
+/* Appends the NULL-terminated list of arguments to ARGV. */
+static void args_add(const char **argv, int *n, ...) {
+  va_list ap;
+  va_start(ap, n);
+  for (const char *a; (a = va_arg(ap, const char *));)
+    argv[(*n)++] = a;
+  va_end(ap);
+}
+
 /* Under TCG the guest runs without address-space randomisation
  * (norandmaps): TCG reuses translated code only at the same virtual
  * addresses, so with randomisation every exec of a dynamically linked program
@@ -247,65 +257,28 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   _cleanup_free_ char *append = cmdline(accel);
   const char *argv[64];
   int n = 0;
-  argv[n++] = "qemu-system-x86_64";
-  argv[n++] = "-M";
-  argv[n++] = machine;
-  argv[n++] = "-accel";
-  argv[n++] = accel_arg;
-  argv[n++] = "-cpu";
-  argv[n++] = kvm ? "host" : "qemu64";
-  argv[n++] = "-smp";
-  argv[n++] = "1";
-  argv[n++] = "-m";
-  argv[n++] = mem;
-  if (backend) {
-    argv[n++] = "-object";
-    argv[n++] = backend;
-  }
-  argv[n++] = "-nodefaults";
-  argv[n++] = "-no-user-config";
-  argv[n++] = "-display";
-  argv[n++] = "none";
-  argv[n++] = "-no-reboot";
-  argv[n++] = "-sandbox";
-  argv[n++] = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
-  argv[n++] = "-serial";
-  argv[n++] = "stdio";
-  argv[n++] = "-chardev";
-  argv[n++] = "socket,id=qmp,fd=3,server=off";
-  argv[n++] = "-mon";
-  argv[n++] = "chardev=qmp,mode=control";
-  argv[n++] = "-drive";
-  argv[n++] = drive;
-  argv[n++] = "-device";
-  argv[n++] = "virtio-blk-device,drive=root";
-  argv[n++] = "-chardev";
-  argv[n++] = "socket,id=agent,fd=4,server=off";
-  argv[n++] = "-device";
-  argv[n++] = "virtio-serial-device,id=vser0";
-  argv[n++] = "-device";
-  argv[n++] = "virtserialport,chardev=agent,name=agent,bus=vser0.0";
-  argv[n++] = "-object";
-  argv[n++] = "rng-random,id=rng0,filename=/dev/urandom";
-  argv[n++] = "-device";
-  argv[n++] = "virtio-rng-device,rng=rng0";
-  if (cfg.net) {
-    argv[n++] = "-netdev";
-    argv[n++] = "user,id=net0";
-    argv[n++] = "-device";
-    argv[n++] = "virtio-net-device,netdev=net0";
-  }
-  if (kind == VM_CLONE) {
-    argv[n++] = "-incoming";
-    argv[n++] = "defer";
-  } else {
-    argv[n++] = "-kernel";
-    argv[n++] = cfg.kernel;
-    argv[n++] = "-initrd";
-    argv[n++] = cfg.initramfs;
-    argv[n++] = "-append";
-    argv[n++] = append;
-  }
+  args_add(argv, &n, "qemu-system-x86_64", "-M", machine, "-accel", accel_arg, "-cpu",
+           kvm ? "host" : "qemu64", "-smp", "1", "-m", mem, NULL);
+  if (backend)
+    args_add(argv, &n, "-object", backend, NULL);
+  args_add(argv, &n, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+           "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+           /* QEMU's stdout and stderr are the VM's log file: the serial console goes there */
+           "-serial", "stdio",
+           "-chardev", "socket,id=qmp,fd=3,server=off", "-mon", "chardev=qmp,mode=control",
+           "-drive", drive, "-device", "virtio-blk-device,drive=root",
+           "-chardev", "socket,id=agent,fd=4,server=off",
+           "-device", "virtio-serial-device,id=vser0",
+           "-device", "virtserialport,chardev=agent,name=agent,bus=vser0.0",
+           "-object", "rng-random,id=rng0,filename=/dev/urandom",
+           "-device", "virtio-rng-device,rng=rng0", NULL);
+  if (cfg.net)
+    args_add(argv, &n, "-netdev", "user,id=net0", "-device", "virtio-net-device,netdev=net0",
+             NULL);
+  if (kind == VM_CLONE)
+    args_add(argv, &n, "-incoming", "defer", NULL);
+  else
+    args_add(argv, &n, "-kernel", cfg.kernel, "-initrd", cfg.initramfs, "-append", append, NULL);
   argv[n] = NULL;
 
   int qsv[2] = {-1, -1}, asv[2] = {-1, -1};
