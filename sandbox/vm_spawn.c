@@ -57,11 +57,13 @@ struct spawn_job {
   bool drop_uid;
   int ll_ruleset;           /* landlock ruleset fd, or -1 */
   bool limit_fsize;
+  pid_t parent;
   pid_t ret_pid;
 };
 
 static int spawn_on_thread(void *p) {
   struct spawn_job *j = p;
+  j->parent = getpid();
   pid_t pid = fork();
   if (pid < 0)
     return -errno;
@@ -70,7 +72,6 @@ static int spawn_on_thread(void *p) {
     return 0;
   }
   /* Child: raw system calls only from here to execve. */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (dup2(j->null_fd, 0) < 0 || dup2(j->log_fd, 1) < 0 || dup2(j->log_fd, 2) < 0 ||
       dup2(j->qmp_fd, 3) < 0 || dup2(j->agent_fd, 4) < 0)
     _exit(126);
@@ -87,6 +88,10 @@ static int spawn_on_thread(void *p) {
         setresuid(j->uid, j->uid, j->uid) < 0)
       _exit(123);
   }
+  /* The death signal is cleared by a uid change, so it is set after it; a
+   * server that died in between is seen through getppid(). */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != j->parent)
+    _exit(120);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     _exit(122);
   if (j->ll_ruleset >= 0 && syscall(SYS_landlock_restrict_self, j->ll_ruleset, 0) < 0)
