@@ -70,7 +70,7 @@ rootfs-small: $(BUILD)/ign-agent
 rootfs-tools:
 	image/build-rootfs-tools.sh $(BUILD)/rootfs/tools
 
-check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS)
+check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS) $(VM)/initramfs.cpio
 	BUILD=$(BUILD) tests/run.sh
 
 check-unit: all $(UNIT_BINS)

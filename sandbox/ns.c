@@ -65,6 +65,9 @@ static int clone_agent(void *p) {
     if (dup2(a->null_fd, 0) < 0 || dup2(a->null_fd, 1) < 0 || dup2(a->err_fd, 2) < 0 ||
         dup2(a->chan_fd, 3) < 0)
       _exit(126);
+    /* Only fds 0-3 reach the sandbox, whatever the server inherited. */
+    if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+      _exit(126);
     execve(a->agent, a->argv, a->envp);
     static const char msg[] = "ign-agent: execve failed\n";
     if (write(2, msg, sizeof msg - 1) < 0)

@@ -81,7 +81,7 @@ struct vm {
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  bool init_done, stopping;
+  bool init_done, stopping, pool_running;
   char *init_error;         /* why sessions cannot open, when they cannot */
   const char *accel;        /* "kvm", "tcg" */
   char isolation[16];
@@ -711,8 +711,9 @@ static int new_clone(const char *base_dir, bool warm, struct vm **ret, char **re
   return 0;
 }
 
-static void *pool_main(void *unused) {
-  (void)unused;
+/* Keeps the pool filled until shutdown; a VM it is making when shutdown
+ * comes is destroyed before it returns. */
+static void *pool_loop(void) {
   unsigned failures = 0;
   for (;;) {
     pthread_mutex_lock(&vmb.lock);
@@ -836,12 +837,38 @@ static void *init_main(void *unused) {
   pthread_mutex_unlock(&vmb.lock);
   pthread_cond_broadcast(&vmb.cond);
   if (r == 0 && !cold_only)
-    pool_main(NULL);
+    pool_loop();
+  pthread_mutex_lock(&vmb.lock);
+  vmb.pool_running = false;
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_cond_broadcast(&vmb.cond);
   return NULL;
+}
+
+/* QEMUs of a root server run as unprivileged uids with the kvm group: they
+ * can use /dev/kvm only if that group may read and write it. */
+static bool kvm_reachable(char **ret_why) {
+  if (getuid() != 0)
+    return true;
+  struct stat st;
+  struct group *g = getgrnam("kvm");
+  if (stat("/dev/kvm", &st) < 0)
+    return false;
+  if ((st.st_mode & 0006) == 0006 || (g && st.st_gid == g->gr_gid && (st.st_mode & 0060) == 0060))
+    return true;
+  *ret_why = xasprintf("/dev/kvm (mode %03o, gid %u) cannot be opened by the unprivileged QEMU "
+                       "user: give it to group kvm with mode 0660 (Debian's udev rules do)",
+                       st.st_mode & 0777, (unsigned)st.st_gid);
+  return false;
 }
 
 static int pick_accel(void) {
   bool kvm_ok = kvm_openable();
+  _cleanup_free_ char *why = NULL;
+  if (kvm_ok && !kvm_reachable(&why)) {
+    log_info("not using KVM: %s", why);
+    kvm_ok = false;
+  }
   _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
   if (strcmp(cfg.accel, "kvm") == 0 && !kvm_ok)
     return -ENODEV;
@@ -856,9 +883,33 @@ static int pick_accel(void) {
   return 0;
 }
 
+/* The QEMUs of a root server run as other uids: every directory above the
+ * files they open must let others search it. */
+static int check_reachable(const char *path, const char *what, char **ret_err) {
+  if (getuid() != 0 || !path)
+    return 0;
+  _cleanup_free_ char *p = strdup(path);
+  for (char *slash = strrchr(p, '/'); slash && slash != p; slash = strrchr(p, '/')) {
+    *slash = '\0';
+    struct stat st;
+    if (stat(p, &st) == 0 && !(st.st_mode & S_IXOTH) && !(st.st_gid == VM_GID && (st.st_mode & S_IXGRP))) {
+      *ret_err = xasprintf("%s %s is not reachable by the QEMU processes, which run as "
+                           "unprivileged uids: %s is not searchable by others (chmod o+x %s, or "
+                           "move it)",
+                           what, path, p, p);
+      return -EACCES;
+    }
+  }
+  return 0;
+}
+
 static int prepare(char **ret_err) {
   int r = check_inputs(ret_err);
   if (r < 0)
+    return r;
+  if ((r = check_reachable(cfg.kernel, "the guest kernel", ret_err)) < 0 ||
+      (r = check_reachable(cfg.vm_image, "the rootfs image", ret_err)) < 0 ||
+      (r = check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
   if ((r = mkdir_p(cfg.store, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
@@ -901,9 +952,11 @@ int vm_backend_init(char **ret_err) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  vmb.pool_running = true; /* cleared by the thread when it ends */
   r = pthread_create(&t, &attr, init_main, NULL);
   pthread_attr_destroy(&attr);
   if (r != 0) {
+    vmb.pool_running = false;
     *ret_err = strdup("cannot start the VM pool thread");
     return -r;
   }
@@ -931,11 +984,23 @@ int vm_make_base(bool force, char **ret_err) {
 void vm_backend_shutdown(void) {
   pthread_mutex_lock(&vmb.lock);
   vmb.stopping = true;
+  pthread_cond_broadcast(&vmb.cond);
+  /* Let the pool thread finish (and destroy) the VM it may be making. */
+  uint64_t deadline = mono_ms() + 5000;
+  while (vmb.pool_running && mono_ms() < deadline) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 20000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
+  }
   struct vm *ready = vmb.ready, *spares = vmb.spares;
   vmb.ready = vmb.spares = NULL;
   vmb.n_ready = vmb.n_spares = 0;
   pthread_mutex_unlock(&vmb.lock);
-  pthread_cond_broadcast(&vmb.cond);
   for (struct vm *v = ready, *nx; v; v = nx) {
     nx = v->next;
     sandbox_vm_ops.destroy(&v->base);

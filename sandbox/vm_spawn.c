@@ -96,6 +96,10 @@ static int spawn_on_thread(void *p) {
     _exit(122);
   if (j->ll_ruleset >= 0 && syscall(SYS_landlock_restrict_self, j->ll_ruleset, 0) < 0)
     _exit(121);
+  /* Nothing the server holds (client files, other sandboxes' fds) may
+   * reach QEMU; fds below 5 are its stdio, QMP and agent channel. */
+  if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
+    _exit(119);
   struct rlimit rl = {SERIAL_LOG_MAX, SERIAL_LOG_MAX};
   if (j->limit_fsize)
     setrlimit(RLIMIT_FSIZE, &rl);

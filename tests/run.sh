@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# tests/run.sh [unit|e2e|conformance|all]: the test runner behind `make check`.
+# tests/run.sh [unit|e2e|e2e-ns|e2e-vm|conformance|all] [test files...]: the
+# test runner behind `make check`.
 #
 #   unit         every executable in $BUILD/test/ (C unit tests; each prints
 #                "ok - name" / "not ok - name" and ends with "N passed, N failed")
-#   e2e          node --test over tests/e2e/*.test.mjs, against the real server
+#   e2e          node --test over tests/e2e/*.test.mjs, against the real server,
+#                twice: on the ns backend (e2e-ns) and on the vm backend
+#                (e2e-vm: QEMU microVMs; skipped, and counted as skipped, when
+#                QEMU or the VM images are missing)
+#   e2e-ns       only the ns pass;  e2e-vm  only the vm pass
 #   conformance  tests/conformance.sh: the official MCP conformance suite through
 #                the stdio<->HTTP bridge, plus the Inspector CLI's strict check
-#   all          all three (the default)
+#   all          all of them (the default)
+#
+# After e2e, e2e-ns or e2e-vm, test files may be named to run only those, e.g.
+# tests/run.sh e2e-vm tests/e2e/vm.test.mjs
 #
 # Each suite's own output is shown as it runs. The counts of all suites are
 # added up and the very last line is "N passed, N failed, N skipped". Exits
@@ -14,23 +22,28 @@
 #
 # Environment: BUILD (default build); IGN_TEST_NODE (the node to run tests
 # with; default tests/node_modules/.bin/node, the Node 22 that npm ci brings);
-# IGN_TEST_E2E_TIMEOUT (seconds for the whole e2e suite, default 1800);
+# IGN_TEST_E2E_TIMEOUT (seconds for one e2e pass, default 1800);
 # IGN_TEST_TIMEOUT_MS (milliseconds for one e2e test, default 600000);
-# IGN_TEST_UNIT_TIMEOUT (seconds for one unit test binary, default 300).
+# IGN_TEST_UNIT_TIMEOUT (seconds for one unit test binary, default 300);
+# IGN_TEST_VM_STORE (the warm-base store of the vm pass; default a fresh
+# directory per run, removed afterwards, so the pass neither uses nor
+# disturbs the bases in /var/lib/ignition-mcp; "default": the server's own).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 what=${1:-all}
+[[ $# -gt 0 ]] && shift
+e2e_args=("$@")
 case $what in
-unit | e2e | conformance | all) ;;
+unit | e2e | e2e-ns | e2e-vm | conformance | all) ;;
 -h | --help)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 	exit 0
 	;;
 *)
-	printf 'usage: tests/run.sh [unit|e2e|conformance|all]\n' >&2
+	printf 'usage: tests/run.sh [unit|e2e|e2e-ns|e2e-vm|conformance|all] [test files...]\n' >&2
 	exit 2
 	;;
 esac
@@ -55,6 +68,9 @@ export IGN_TEST_ROOTFS_TOOLS=${IGN_TEST_ROOTFS_TOOLS:-$build/rootfs/tools}
 export BUILD
 
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/ign-tests.XXXXXX")
+# The vm pass keeps its store in here, which the QEMUs (unprivileged uids
+# when we run as root) must be able to reach.
+chmod 0711 "$logdir"
 e2e_group=
 cleanup() {
 	[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null || true
@@ -72,7 +88,7 @@ add() {
 	total_pass=$((total_pass + $2))
 	total_fail=$((total_fail + $3))
 	total_skip=$((total_skip + $4))
-	summary+=("$(printf '%-12s %4d passed, %4d failed, %4d skipped' "$1" "$2" "$3" "$4")")
+	summary+=("$(printf '%-12s %4d passed, %4d failed, %4d skipped%s' "$1" "$2" "$3" "$4" "${5:+  ($5)}")")
 }
 
 banner() { printf '\n======== %s ========\n' "$*"; }
@@ -135,38 +151,71 @@ run_unit() {
 	add unit "$p" "$f" "$s"
 }
 
-run_e2e() {
-	banner "end-to-end tests (tests/e2e)"
-	local files=() f tap rc p fl sk cancelled group left
-	for f in tests/e2e/*.test.mjs; do
-		[[ -f $f ]] && files+=("$f")
+# vm_missing: why the vm backend cannot run here (nothing when it can).
+# The server finds its images next to itself (build/san/vm -> build/vm) and
+# QEMU in PATH.
+vm_missing() {
+	local vmdir f
+	vmdir=$(dirname "$IGN_TEST_SERVER")/vm
+	command -v qemu-system-x86_64 >/dev/null 2>&1 ||
+		{ printf 'qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)\n'; return; }
+	for f in vmlinux initramfs.cpio rootfs-small.erofs; do
+		[[ -f $vmdir/$f ]] || { printf 'no %s in %s (build the VM images with: make vm-images)\n' "$f" "$vmdir"; return; }
 	done
+}
+
+# run_e2e BACKEND: one pass of the e2e suite with IGN_TEST_BACKEND=BACKEND;
+# its summary row is e2e-BACKEND.
+run_e2e() {
+	local backend=$1 row=e2e-$1
+	banner "end-to-end tests (tests/e2e), backend $backend"
+	local files=() f tap rc p fl sk cancelled group left why t0 secs
+	if ((${#e2e_args[@]} > 0)); then
+		files=("${e2e_args[@]}")
+	else
+		for f in tests/e2e/*.test.mjs; do
+			[[ -f $f ]] && files+=("$f")
+		done
+	fi
 	if ((${#files[@]} == 0)); then
 		printf 'no tests/e2e/*.test.mjs yet\n'
-		add e2e 0 0 0
+		add "$row" 0 0 0
 		return
 	fi
 	if [[ -z $node ]]; then
 		printf 'cannot run the e2e tests: no node. Run scripts/setup.sh\n'
-		add e2e 0 1 0
+		add "$row" 0 1 0
 		return
 	fi
 	if [[ ! -d tests/node_modules/@modelcontextprotocol/sdk ]]; then
 		printf 'cannot run the e2e tests: tests/node_modules is missing. Run scripts/setup.sh (or: cd tests && npm ci)\n'
-		add e2e 0 1 0
+		add "$row" 0 1 0
 		return
 	fi
 	if [[ ! -x $IGN_TEST_SERVER ]]; then
 		printf 'cannot run the e2e tests: no server at %s. Build it with: make %s\n' "$IGN_TEST_SERVER" "${IGN_TEST_SERVER#"$root"/}"
-		add e2e 0 1 0
+		add "$row" 0 1 0
 		return
 	fi
-	printf 'node %s; IGN_TEST_SERVER=%s\n' "$("$node" --version)" "$IGN_TEST_SERVER"
-	tap=$logdir/e2e.tap
+	local store=
+	if [[ $backend == vm ]]; then
+		why=$(vm_missing)
+		if [[ -n $why ]]; then
+			printf 'skipping the vm pass: %s\n' "$why"
+			add "$row" 0 0 1 "not run: $why"
+			return
+		fi
+		store=${IGN_TEST_VM_STORE:-$logdir/vm-store}
+		[[ $store != default ]] || store=
+	fi
+	printf 'node %s; IGN_TEST_SERVER=%s; IGN_TEST_BACKEND=%s%s\n' "$("$node" --version)" "$IGN_TEST_SERVER" "$backend" "${store:+; IGN_TEST_VM_STORE=$store}"
+	tap=$logdir/$row.tap
 	rc=0
+	t0=$SECONDS
 	# timeout puts the suite in a process group of its own (its pid), so that
 	# whatever a test leaves running can be found and ended afterwards.
-	timeout --kill-after=30 "${IGN_TEST_E2E_TIMEOUT:-1800}" \
+	IGN_TEST_BACKEND=$backend IGN_TEST_VM_STORE=$store \
+		timeout --kill-after=30 "${IGN_TEST_E2E_TIMEOUT:-1800}" \
 		"$node" --test --test-concurrency=1 --test-timeout="${IGN_TEST_TIMEOUT_MS:-600000}" \
 		--test-reporter=spec --test-reporter-destination=stdout \
 		--test-reporter=tap --test-reporter-destination="$tap" \
@@ -175,12 +224,17 @@ run_e2e() {
 	e2e_group=$group
 	wait "$group" || rc=$?
 	e2e_group=
-	((rc == 124 || rc == 137)) && printf 'the e2e suite timed out after %ss (IGN_TEST_E2E_TIMEOUT)\n' "${IGN_TEST_E2E_TIMEOUT:-1800}"
+	secs=$((SECONDS - t0))
+	printf '%s took %d s\n' "$row" "$secs"
+	((rc == 124 || rc == 137)) && printf 'the %s pass timed out after %ss (IGN_TEST_E2E_TIMEOUT)\n' "$row" "${IGN_TEST_E2E_TIMEOUT:-1800}"
 	left=$(pgrep -g "$group" -d ' ' || true)
 	if [[ -n $left ]]; then
-		printf 'the e2e suite left processes running; killing them:\n'
-		ps -o pid=,args= -p "${left// /,}" | sed 's/^/    /' || true
+		printf 'the %s pass left processes running; killing them:\n' "$row"
+		ps -o pid=,args= -p "${left// /,}" | cut -c1-200 | sed 's/^/    /' || true
 		kill -KILL -- "-$group" 2>/dev/null || true
+	fi
+	if [[ -n $store && -z ${IGN_TEST_VM_STORE:-} ]]; then
+		rm -rf "$store"
 	fi
 	# node's TAP reporter ends with "# pass N", "# fail N", "# cancelled N",
 	# "# skipped N" and "# todo N".
@@ -192,16 +246,16 @@ run_e2e() {
 		# No summary (the suite was killed): count the results it did report,
 		# leaving out describe() blocks, and one failure for the incomplete run.
 		read -r p fl sk < <(tap_counts "$tap")
-		printf 'not ok - e2e: node --test ended (exit %d) without a summary; counted the %d results it reported\n' "$rc" $((p + fl + sk))
-		add e2e "$p" $((fl + 1)) "$sk"
+		printf 'not ok - %s: node --test ended (exit %d) without a summary; counted the %d results it reported\n' "$row" "$rc" $((p + fl + sk))
+		add "$row" "$p" $((fl + 1)) "$sk" "${secs} s"
 		return
 	fi
 	fl=$((fl + ${cancelled:-0}))
 	if ((rc != 0 && fl == 0)); then
-		printf 'not ok - e2e: node --test exited %d although it counted no failure\n' "$rc"
+		printf 'not ok - %s: node --test exited %d although it counted no failure\n' "$row" "$rc"
 		fl=1
 	fi
-	add e2e "$p" "$fl" "$sk"
+	add "$row" "$p" "$fl" "$sk" "${secs} s"
 }
 
 run_conformance() {
@@ -224,11 +278,17 @@ run_conformance() {
 
 case $what in
 unit) run_unit ;;
-e2e) run_e2e ;;
+e2e)
+	run_e2e ns
+	run_e2e vm
+	;;
+e2e-ns) run_e2e ns ;;
+e2e-vm) run_e2e vm ;;
 conformance) run_conformance ;;
 all)
 	run_unit
-	run_e2e
+	run_e2e ns
+	run_e2e vm
 	run_conformance
 	;;
 esac

@@ -286,8 +286,14 @@ describe('progress, cancellation, concurrency', () => {
     if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0, { timeoutMs: 5000 }), 'cancelled sleep still alive');
     const pid = (await sh(c, sid, 'cat /root/cancel.pid')).trim();
     assert.match(pid, /^\d+$/);
-    const ps = await run(c, sid, 'ps -o args 2>/dev/null || ps');
-    assert.ok(!ps.stdout.includes(`sleep ${n}`), ps.stdout);
+    // The kill travels to the agent on its own; on the vm backend there is no
+    // host-side view to wait on, so wait for it inside the sandbox.
+    let ps;
+    const gone = await waitUntil(async () => {
+      ps = await run(c, sid, 'ps -o args 2>/dev/null || ps');
+      return !ps.stdout.includes(`sleep ${n}`);
+    }, { timeoutMs: 5000, intervalMs: 200 });
+    assert.ok(gone, `cancelled sleep still running in the sandbox:\n${ps.stdout}`);
     assert.equal(await sh(c, sid, `kill -0 ${pid} 2>/dev/null && echo alive || echo gone`), 'gone\n');
     assert.equal(await sh(c, sid, 'echo still-serving'), 'still-serving\n');
   });
@@ -306,8 +312,14 @@ describe('progress, cancellation, concurrency', () => {
     const p = await raw.request('ping', undefined, { id: 'after-cancel' });
     assert.deepEqual(p.result, {});
     if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0, { timeoutMs: 5000 }), 'cancelled sleep still alive');
-    const ps = await raw.tool('run', { session_id: o.session_id, command: `ps -o args 2>/dev/null || ps` });
-    assert.ok(!ps.stdout.includes(`sleep ${n}`), ps.stdout);
+    // Inside the sandbox too (the only view on the vm backend); the kill may
+    // land a moment after the ping's answer.
+    let ps;
+    const gone = await waitUntil(async () => {
+      ps = await raw.tool('run', { session_id: o.session_id, command: `ps -o args 2>/dev/null || ps` });
+      return !ps.stdout.includes(`sleep ${n}`);
+    }, { timeoutMs: 5000, intervalMs: 200 });
+    assert.ok(gone, `cancelled sleep still running in the sandbox:\n${ps.stdout}`);
     await sleep(500);
     assert.deepEqual(raw.since(from).filter((m) => m.id === 'to-cancel'), [], 'the cancelled request got a response');
   });

@@ -112,15 +112,25 @@ describe('write_file and read_file', () => {
     assert.equal(r.eof, false);
   });
 
-  test('read_file max_bytes above 32 MiB or below 0 is an error', T, async () => {
-    for (const max_bytes of [33554433, -1, 'x']) {
+  test('read_file max_bytes above the advertised piece cap or below 1 is an error', T, async () => {
+    // The cap is what tools/list advertises (2 MiB by default, so that a
+    // result stays under common clients' message limits).
+    const { tools } = await c.listTools();
+    const cap = tools.find((x) => x.name === 'read_file').inputSchema.properties.max_bytes.maximum;
+    assert.ok(Number.isInteger(cap) && cap >= 1 << 20, `read_file.max_bytes.maximum is ${cap}`);
+    for (const max_bytes of [cap + 1, 33554433, 0, -1, 'x']) {
       const e = await callErr(c, 'read_file', { session_id: sid, path: '/root/hello.txt', max_bytes });
       assert.match(e, /max_bytes/, e);
     }
     const e = await callErr(c, 'read_file', { session_id: sid, path: '/root/hello.txt', offset: -5 });
     assert.match(e, /offset/, e);
-    const ok = await call(c, 'read_file', { session_id: sid, path: '/root/hello.txt', max_bytes: 33554432 });
+    const ok = await call(c, 'read_file', { session_id: sid, path: '/root/hello.txt', max_bytes: cap });
     assert.equal(ok.eof, true);
+    // A piece of exactly the cap comes back whole.
+    await sh(c, sid, `head -c ${cap + 10} /dev/zero > /root/cap-plus-10`);
+    const big = await call(c, 'read_file', { session_id: sid, path: '/root/cap-plus-10', max_bytes: cap });
+    assert.equal(big.bytes, cap);
+    assert.equal(big.eof, false);
   });
 
   test('write_file errors: bad base64, empty path, NUL in path, directory target', T, async () => {

@@ -8,13 +8,19 @@
 //    tests that the SDK would refuse to produce.
 //
 // Every server started here is tracked; close() shuts it down, checks that no
-// descendant process survives it and that stderr holds no sanitizer report.
+// descendant process survives it and that stderr holds no sanitizer report;
+// on the vm backend also that none of its QEMUs survives and that it removed
+// its QEMUs' state directories.
+//
+// IGN_TEST_BACKEND (ns or vm) picks the backend of every server; the rootfs
+// is passed by name (small, tools), which both backends understand.
 
 import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
 import { after } from 'node:test';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -65,6 +71,17 @@ export const TOOLS_SKIP = HAVE_TOOLS_ROOTFS
 export const NS_ONLY = (why) => (IS_NS ? false : `ns only: ${why}`);
 export const VM_ONLY = (why) => (IS_VM ? false : `vm only: ${why}`);
 
+/* The store of warm bases the vm servers use unless a test gives its own
+ * (tests/run.sh makes a fresh one per run); empty: the server's default. */
+export const VM_STORE = process.env.IGN_TEST_VM_STORE || '';
+/* Where the vm backend keeps one state directory per QEMU,
+ * <VM_RUN_DIR>/<server pid>-<n> (the servers run as this process's uid). */
+export const VM_RUN_DIR = process.getuid() === 0
+  ? '/run/ignition-mcp'
+  : process.env.XDG_RUNTIME_DIR
+    ? path.join(process.env.XDG_RUNTIME_DIR, 'ignition-mcp')
+    : `/tmp/ignition-mcp-${process.getuid()}`;
+
 export const TOOL_NAMES = ['open_session', 'run', 'write_file', 'read_file', 'reset', 'close', 'list_sessions'];
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -97,6 +114,8 @@ export function serverEnv({ env = {}, tools = false } = {}) {
   for (const k of Object.keys(e)) if (k.startsWith('IGN_MCP_')) delete e[k];
   e.IGN_MCP_BACKEND = BACKEND;
   e.IGN_MCP_ROOTFS = tools ? ROOTFS_TOOLS_NAME : ROOTFS_SMALL_NAME;
+  // The runner gives the vm pass a store of its own (warm bases).
+  if (IS_VM && VM_STORE) e.IGN_MCP_STORE = VM_STORE;
   if (fs.existsSync(AGENT)) e.IGN_MCP_AGENT = AGENT;
   if (!e.ASAN_OPTIONS) e.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
   for (const [k, v] of Object.entries(env)) {
@@ -104,6 +123,92 @@ export function serverEnv({ env = {}, tools = false } = {}) {
     else e[k] = String(v);
   }
   return e;
+}
+
+/* A warm-base store of a test's own (for settings that are part of a
+ * base's fingerprint, so that they do not replace the suite's bases):
+ * {dir, remove()}. The QEMUs run as other uids and must reach it. */
+export function tempStore(prefix = 'e2e-store') {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `${prefix}-`));
+  fs.chmodSync(dir, 0o755);
+  return { dir, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
+}
+
+// ---------------------------------------------------------------- QEMUs
+
+/* Every live QEMU on the host (comm qemu-system-x86), each as {pid, start,
+ * log, serverPid}: log is what its stdout is (the vm backend points it at
+ * <state dir>/qemu.log), serverPid the pid of the server that started it, read
+ * from that path (<pid>-<n> for clones, <base>.tmp-<pid> for a golden VM), or
+ * null when it is not one of ours. Other people's QEMUs are left alone. */
+export function qemuProcs() {
+  const out = [];
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    let comm;
+    try {
+      comm = fs.readFileSync(`/proc/${d}/comm`, 'utf8').trim();
+    } catch {
+      continue;
+    }
+    if (!comm.startsWith('qemu-system')) continue;
+    const st = procStart(d);
+    if (!st || st.state === 'Z') continue;
+    let log = null;
+    try {
+      log = fs.readlinkSync(`/proc/${d}/fd/1`);
+    } catch {}
+    const m = log && (log.match(/\/(\d+)-\d+\/qemu\.log/) || log.match(/\.tmp-(\d+)\/qemu\.log/));
+    out.push({ pid: Number(d), start: st.start, log, serverPid: m ? Number(m[1]) : null });
+  }
+  return out;
+}
+
+/* The QEMUs started by the server with this pid (alive, whoever their parent
+ * is now). */
+export function qemusOf(serverPid) {
+  return qemuProcs().filter((q) => q.serverPid === serverPid);
+}
+
+/* The QEMUs among the server's descendants (what its sessions, pool and
+ * spares run on). */
+export function qemuChildren(serverPid) {
+  return descendants(serverPid).filter((d) => {
+    try {
+      return fs.readFileSync(`/proc/${d.pid}/comm`, 'utf8').trim().startsWith('qemu-system');
+    } catch {
+      return false;
+    }
+  });
+}
+
+/* The state directories <VM_RUN_DIR>/<serverPid>-<n> that exist. */
+export function vmStateDirs(serverPid) {
+  try {
+    return fs.readdirSync(VM_RUN_DIR).filter((n) => n.startsWith(`${serverPid}-`)).map((n) => path.join(VM_RUN_DIR, n)).sort();
+  } catch {
+    return [];
+  }
+}
+
+/* After a vm server has gone: wait up to timeoutMs for every QEMU it started
+ * to be gone; kill what is left and fail naming it. With dirs, also fail
+ * when its state directories are still there (a server that shut down
+ * cleanly removes them; one that was SIGKILLed cannot). */
+export async function assertNoVmLeftovers(serverPid, { dirs = true, timeoutMs = 5000, what = `server ${serverPid}` } = {}) {
+  if (!IS_VM || !serverPid) return;
+  await waitUntil(() => qemusOf(serverPid).length === 0, { timeoutMs });
+  const left = qemusOf(serverPid);
+  for (const q of left) {
+    try {
+      process.kill(q.pid, 'SIGKILL');
+    } catch {}
+  }
+  assert.deepEqual(left.map((q) => `${q.pid} ${q.log}`), [], `${what}: QEMUs outlived it`);
+  if (dirs) {
+    const d = await waitUntil(() => vmStateDirs(serverPid).length === 0, { timeoutMs: 500 });
+    assert.ok(d, `${what}: state directories left behind: ${vmStateDirs(serverPid).join(' ')}`);
+  }
 }
 
 // ---------------------------------------------------------------- safety net
@@ -364,6 +469,8 @@ export async function startServer({ env = {}, tools = false, listTools = true } 
           [],
           'processes started by the server outlived it',
         );
+        // Also QEMUs that were still being started when it shut down.
+        await assertNoVmLeftovers(pid);
       }
       assertNoSanitizerReport(stderr);
       assert.deepEqual(protocolErrors, [], 'the SDK client saw protocol errors');
@@ -445,10 +552,11 @@ export const sha256 = (b) => crypto.createHash('sha256').update(b).digest('hex')
 /* Spawn the server with plain pipes. send()/sendLine()/sendBytes() write
  * anything; responses are parsed per line from stdout. Every stdout line must
  * be valid UTF-8 JSON-RPC 2.0 (recorded in badLines otherwise). */
-export function startRaw({ env = {}, tools = false } = {}) {
+export function startRaw({ env = {}, tools = false, extraStdio = [] } = {}) {
   const child = spawn(SERVER, [], {
     env: serverEnv({ env, tools }),
-    stdio: ['pipe', 'pipe', 'pipe'],
+    // extraStdio: more fds for the server to inherit (3, 4, ...).
+    stdio: ['pipe', 'pipe', 'pipe', ...extraStdio],
     cwd: REPO,
   });
   track(child.pid, () => {
@@ -645,6 +753,9 @@ export function startRaw({ env = {}, tools = false } = {}) {
           } catch {}
         }
         assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], 'processes started by the server outlived it');
+        // Also QEMUs that were still being started when it shut down; its
+        // state directories only when it could clean up (not SIGKILLed).
+        await assertNoVmLeftovers(child.pid, { dirs: exited?.signal !== 'SIGKILL' });
       }
       if (checkStdout) assert.deepEqual(badLines, [], 'server wrote something other than JSON-RPC to stdout');
       assertNoSanitizerReport(stderr);
@@ -664,4 +775,11 @@ export function hardKill(pid) {
   try {
     process.kill(pid, 'SIGKILL');
   } catch {}
+  // QEMUs of a server that is already gone are no longer its descendants.
+  for (const q of qemuProcs()) {
+    if (q.serverPid !== pid) continue;
+    try {
+      process.kill(q.pid, 'SIGKILL');
+    } catch {}
+  }
 }

@@ -1,11 +1,13 @@
 // lifecycle.test.mjs: how the server ends: stdin EOF, SIGTERM, SIGINT,
-// SIGKILL; nothing may outlive it (processes, /tmp entries, cgroups).
+// SIGKILL; nothing may outlive it (processes, /tmp entries, cgroups; on the
+// vm backend its QEMUs and their state directories; vm.test.mjs has more).
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
-  leftovers, newLeftovers, hardKill, IS_NS, sleep,
+  leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
+  vmStateDirs,
 } from './lib.mjs';
 
 const T = { timeout: 90_000 };
@@ -64,6 +66,8 @@ async function assertAllGone({ raw, marks, kids }, what) {
   assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], `${what}: descendants survived`);
   assert.deepEqual(marked, [], `${what}: sandbox processes survived`);
   assert.deepEqual(raw.badLines, []);
+  // vm: its QEMUs too, and the state directories unless it was SIGKILLed.
+  await assertNoVmLeftovers(raw.pid, { dirs: what !== 'SIGKILL', what });
 }
 
 describe('shutdown', () => {
@@ -123,7 +127,7 @@ describe('shutdown', () => {
     }
   });
 
-  test('cgroups a SIGKILLed server left behind are removed by the next server', T, async () => {
+  test('cgroups a SIGKILLed server left behind are removed by the next server', { ...T, skip: NS_ONLY('cgroups are the ns backend\'s; vm.test.mjs checks that the next server removes a killed one\'s state directories') }, async () => {
     const before = leftovers();
     const b = await busyServer();
     let next;
@@ -152,6 +156,8 @@ describe('shutdown', () => {
     assert.ok(ex, 'no exit within 5 s');
     assert.equal(ex.code, 0);
     assert.deepEqual(newLeftovers(before), { tmp: [], cgroups: [] });
+    // vm: the pool was being filled; none of it may stay.
+    await assertNoVmLeftovers(raw.pid, { what: 'idle server' });
   });
 
   test('EOF before initialize also exits 0', T, async () => {
@@ -173,9 +179,10 @@ describe('shutdown', () => {
     assert.deepEqual(raw.badLines, []);
   });
 
-  test('closed sessions leave no cgroup or /tmp entries while the server runs', T, async () => {
+  test(IS_VM ? 'closed sessions leave no QEMU or state directory while the server runs' : 'closed sessions leave no cgroup or /tmp entries while the server runs', T, async () => {
     const before = leftovers();
-    const raw = startRaw();
+    // vm: no pool and no spares, so that every QEMU is a session's.
+    const raw = startRaw({ env: IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {} });
     try {
       await raw.initialize();
       for (let i = 0; i < 3; i++) {
@@ -188,7 +195,13 @@ describe('shutdown', () => {
         return n.cgroups.length === 0 ? n : null;
       }, { timeoutMs: 3000 });
       assert.ok(extra, `cgroups left by closed sessions: ${JSON.stringify(newLeftovers(before).cgroups)}`);
-      assert.deepEqual(descendants(raw.pid).filter((d) => !/ignition-mcp/.test(d.cmd ?? '')), [], 'closed sessions left processes');
+      if (IS_VM) {
+        assert.deepEqual(qemuChildren(raw.pid).map((q) => `${q.pid} ${q.cmd}`), [], 'closed sessions left QEMUs');
+        assert.deepEqual(vmStateDirs(raw.pid), [], 'closed sessions left state directories');
+      }
+      // (A QEMU's command line names /var/lib/ignition-mcp: ignore only the
+      // server's own forks before their exec.)
+      assert.deepEqual(descendants(raw.pid).filter((d) => !/^\S*ignition-mcp$/.test(d.cmd ?? '')), [], 'closed sessions left processes');
     } finally {
       await raw.close();
     }

@@ -3,9 +3,10 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, writeFile,
+  findProcs, uniqueSleepSecs, IS_NS, VM_ONLY, writeFile,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
@@ -203,15 +204,32 @@ describe('backend selection', () => {
     assert.equal(await sh(s.client, o.session_id, 'echo ns'), 'ns\n');
   });
 
+  for (const b of ['vm', 'auto']) {
+    test(`IGN_MCP_BACKEND=${b} opens microVM sessions (QEMU and the images are here)`, { ...T, skip: VM_ONLY('not testing the vm backend') }, async (t) => {
+      const s = await startServer({ env: { IGN_MCP_BACKEND: b } });
+      t.after(() => s.close());
+      const o = await call(s.client, 'open_session', {});
+      assert.equal(o.backend, 'vm');
+      assert.match(o.isolation, /^microvm\/(kvm|tcg)$/);
+      assert.equal(await sh(s.client, o.session_id, 'echo vm'), 'vm\n');
+      const l = await call(s.client, 'list_sessions', {});
+      assert.equal(l.sessions[0].isolation, o.isolation);
+    });
+  }
+
   test('the server works when started from another directory', T, async (t) => {
     const { StdioClientTransport } = await import('@modelcontextprotocol/sdk/client/stdio.js');
     const { Client } = await import('@modelcontextprotocol/sdk/client/index.js');
-    const { serverEnv, SERVER } = await import('./lib.mjs');
+    const { serverEnv, SERVER, assertNoVmLeftovers, hardKill } = await import('./lib.mjs');
     const tr = new StdioClientTransport({ command: SERVER, env: serverEnv(), cwd: '/', stderr: 'pipe' });
     const cl = new Client({ name: 'cwd-test', version: '1' });
     await cl.connect(tr);
-    t.after(() => cl.close());
+    const pid = tr.pid;
+    t.after(() => hardKill(pid));
     const sid = await openSession(cl);
     assert.equal(await sh(cl, sid, 'echo from-root'), 'from-root\n');
+    await cl.close();
+    await waitUntil(() => !fs.existsSync(`/proc/${pid}/status`) || /State:\s+Z/.test(fs.readFileSync(`/proc/${pid}/status`, 'utf8')), { timeoutMs: 6000 });
+    await assertNoVmLeftovers(pid);
   });
 });

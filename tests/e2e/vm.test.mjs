@@ -1,0 +1,496 @@
+// vm.test.mjs: what only the microVM backend promises, checked from the
+// outside: clones of one snapshot get fresh identities and the host's clock,
+// open_session says how a clone was made, every QEMU is confined, the guest
+// has no network unless asked, QEMUs and their state directories live exactly
+// as long as their session and server, and the store of warm bases follows
+// its inputs. Runs only with IGN_TEST_BACKEND=vm (tests/run.sh e2e-vm).
+//
+// QEMUs are found among the server's descendants (comm qemu-system-x86), or,
+// once their server is gone, by their stdout: <run dir>/<server pid>-<n>/
+// qemu.log. A clone's hostname is ign-<server pid>-<n>, the same <n>.
+
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import {
+  startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil, uniq, uniqueSleepSecs,
+  VM_ONLY, VM_DIR, VM_RUN_DIR, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore,
+  hardKill,
+} from './lib.mjs';
+
+const SKIP = VM_ONLY('IGN_TEST_BACKEND=vm');
+const T = { timeout: 180_000, skip: SKIP };
+const VM_UID_BASE = 0x49474e00;
+const VM_UID_SPAN = 4096;
+/* No pool and no waiting QEMU: the only QEMUs are the sessions' own. */
+const NO_POOL = { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
+
+/* Exactly one QEMU child of the server (with NO_POOL and one session). */
+async function soleQemu(serverPid) {
+  const qs = await waitUntil(() => {
+    const q = qemuChildren(serverPid);
+    return q.length === 1 ? q : null;
+  }, { timeoutMs: 5000 });
+  assert.ok(qs, `expected exactly one QEMU under server ${serverPid}: ${JSON.stringify(qemuChildren(serverPid))}`);
+  return qs[0];
+}
+
+function status(pid) {
+  const s = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  const get = (k) => (s.match(new RegExp(`^${k}:\\s*(.*)$`, 'm')) || [])[1];
+  return { get, text: s };
+}
+
+/* The state directory of the session whose guest has this hostname. */
+function stateDirOf(hostname) {
+  const m = hostname.trim().match(/^ign-(\d+-\d+)$/);
+  assert.ok(m, `hostname ${JSON.stringify(hostname)} is not ign-<server pid>-<n>`);
+  return path.join(VM_RUN_DIR, m[1]);
+}
+
+/* Wait until the pool has filled: QEMUs = sessions + pool + spares, plus a
+ * moment for the last clone to be restored, run once and stopped. */
+async function poolFilled(serverPid, sessions, pool = 2, spares = 1) {
+  const ok = await waitUntil(() => qemuChildren(serverPid).length >= sessions + pool + spares, { timeoutMs: 30000, intervalMs: 100 });
+  assert.ok(ok, `the pool did not fill: ${qemuChildren(serverPid).length} QEMUs for ${sessions} sessions`);
+  await sleep(2000);
+}
+
+/* The guest's clock against the host's, in seconds, with the host's before
+ * and after the call around it. */
+async function assertClockClose(c, sid, what) {
+  const t0 = Date.now() / 1000;
+  const g = Number((await sh(c, sid, 'date +%s')).trim());
+  const t1 = Date.now() / 1000;
+  assert.ok(g >= Math.floor(t0) - 2 && g <= Math.ceil(t1) + 2, `${what}: guest clock ${g}, host ${t0.toFixed(1)}..${t1.toFixed(1)}`);
+}
+
+function bases(store) {
+  try {
+    return fs.readdirSync(store).filter((n) => /^small-base-[0-9a-f]{16}$/.test(n)).sort();
+  } catch {
+    return [];
+  }
+}
+
+describe('clones of one snapshot', () => {
+  for (const [how, env] of [['restored on demand', NO_POOL], ['handed out from the pool', {}]]) {
+    test(`two clones ${how} differ in random bytes, machine-id and hostname`, T, async (t) => {
+      const s = await startServer({ env });
+      t.after(() => s.close());
+      const c = s.client;
+      if (how.includes('pool')) await poolFilled(s.pid, 0);
+      const a = await call(c, 'open_session', {});
+      const b = await call(c, 'open_session', {});
+      assert.equal(a.path, how.includes('pool') ? 'pool' : 'restore');
+      assert.equal(b.path, a.path);
+      // The random bytes first: nothing has stirred the pool since the SETUP.
+      const cmd = 'head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n"; echo; cat /etc/machine-id; hostname';
+      const [oa, ob] = await Promise.all([sh(c, a.session_id, cmd), sh(c, b.session_id, cmd)]);
+      const [ra, ma, ha] = oa.trim().split('\n');
+      const [rb, mb, hb] = ob.trim().split('\n');
+      assert.match(ra, /^[0-9a-f]{64}$/);
+      assert.notEqual(ra, rb, 'two clones read the same bytes from /dev/urandom');
+      for (const m of [ma, mb]) {
+        assert.match(m, /^[0-9a-f]{32}$/);
+        assert.notEqual(m, '0'.repeat(32), 'the machine-id is the placeholder of the pool warm-up');
+      }
+      assert.notEqual(ma, mb, 'two clones share a machine-id');
+      assert.notEqual(ha, hb, 'two clones share a hostname');
+      for (const h of [ha, hb]) {
+        assert.match(h, new RegExp(`^ign-${s.pid}-\\d+$`));
+        assert.ok(fs.existsSync(path.join(stateDirOf(h), 'qemu.log')), `no state directory for ${h}`);
+      }
+      // And again after a reset: a new identity, not the old one back.
+      await call(c, 'reset', { session_id: a.session_id });
+      const [ra2, ma2, ha2] = (await sh(c, a.session_id, cmd)).trim().split('\n');
+      assert.ok(![ra, rb].includes(ra2) && ![ma, mb].includes(ma2) && ![ha, hb].includes(ha2), `reset kept an identity: ${ra2} ${ma2} ${ha2}`);
+    });
+  }
+});
+
+describe('clock', () => {
+  test('a clone of an older snapshot has the host clock (restored on demand, and from the pool)', T, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
+    // A fresh store: the first open makes the base.
+    const s1 = await startServer({ env });
+    const first = await call(s1.client, 'open_session', {});
+    await s1.close();
+    const [base] = bases(store.dir);
+    assert.ok(base, `no base in ${store.dir}: ${fs.readdirSync(store.dir)}`);
+    const made = fs.statSync(path.join(store.dir, base, 'state')).mtimeMs;
+    // Let the snapshot age: a clone that kept its snapshot's clock would be
+    // this far behind.
+    await sleep(Math.max(0, made + 6000 - Date.now()));
+    assert.ok(Date.now() - made >= 5000);
+
+    const s2 = await startServer({ env });
+    t.after(() => s2.close());
+    const o = await call(s2.client, 'open_session', {});
+    assert.equal(o.path, 'restore');
+    assert.deepEqual(bases(store.dir), [base], 'the base was made again');
+    await assertClockClose(s2.client, o.session_id, `restored from a ${((Date.now() - made) / 1000).toFixed(0)} s old snapshot`);
+    assert.ok(first.session_id);
+
+    // A pool clone is stopped from when it is made until it is handed out.
+    const s3 = await startServer({ env: { IGN_MCP_STORE: store.dir } });
+    t.after(() => s3.close());
+    await poolFilled(s3.pid, 0);
+    await sleep(5000);
+    const p = await call(s3.client, 'open_session', {});
+    assert.equal(p.path, 'pool');
+    await assertClockClose(s3.client, p.session_id, 'a clone stopped in the pool for 5 s and more');
+  });
+});
+
+describe('how a clone was made', () => {
+  test('default pool: a hit once the pool has filled says "pool", with no spawn or restore time', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const first = await call(s.client, 'open_session', {});
+    assert.ok(['pool', 'restore'].includes(first.path), first.path);
+    await poolFilled(s.pid, 1);
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(o.backend, 'vm');
+    assert.match(o.isolation, /^microvm\/(kvm|tcg)$/);
+    assert.equal(o.isolation, `microvm/${o.accel}`);
+    assert.equal(o.path, 'pool');
+    assert.equal(o.phases_ms.spawn, 0);
+    assert.equal(o.phases_ms.restore, 0);
+    for (const k of ['cont', 'setup']) assert.equal(typeof o.phases_ms[k], 'number', k);
+    assert.equal(typeof o.open_ms, 'number');
+    assert.equal(o.rootfs, 'small');
+    assert.equal(await sh(s.client, o.session_id, 'echo pooled'), 'pooled\n');
+  });
+
+  test('IGN_MCP_POOL=0 gives "restore"; with no spares either, no QEMU runs before a session', T, async (t) => {
+    const s = await startServer({ env: NO_POOL });
+    t.after(() => s.close());
+    await sleep(2000);
+    assert.deepEqual(qemuChildren(s.pid), [], 'QEMUs wait although IGN_MCP_POOL=0 and IGN_MCP_SPARES=0');
+    for (let i = 0; i < 2; i++) {
+      const o = await call(s.client, 'open_session', {});
+      assert.equal(o.path, 'restore');
+      assert.ok(o.phases_ms.restore > 0, JSON.stringify(o.phases_ms));
+      assert.equal(await sh(s.client, o.session_id, 'echo restored'), 'restored\n');
+    }
+    assert.equal(qemuChildren(s.pid).length, 2);
+  });
+
+  test('IGN_MCP_BASE=none gives "cold": a boot per session, no base and no pool', T, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { IGN_MCP_BASE: 'none', IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    await sleep(2000);
+    assert.deepEqual(qemuChildren(s.pid), [], 'QEMUs wait although there is no base to restore');
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(o.path, 'cold');
+    assert.match(await sh(s.client, o.session_id, 'echo booted; hostname'), new RegExp(`^booted\nign-${s.pid}-\\d+\n$`));
+    const r = await call(s.client, 'reset', { session_id: o.session_id });
+    assert.equal(r.path, 'cold');
+    assert.deepEqual(fs.readdirSync(store.dir).filter((n) => !n.startsWith('kvm-')), [], 'something was put in the store');
+  });
+});
+
+describe('QEMU confinement, from the outside', () => {
+  test('seccomp, no_new_privs, its own uid, network and mount namespaces; no host home; its own state directory', T, async (t) => {
+    const marker = uniq('host-marker');
+    fs.writeFileSync(path.join('/root', marker), 'host secret\n');
+    t.after(() => fs.rmSync(path.join('/root', marker), { force: true }));
+    const s = await startServer({ env: NO_POOL });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    const q = await soleQemu(s.pid);
+    const st = status(q.pid);
+    assert.equal(st.get('Seccomp'), '2', 'QEMU runs without a seccomp filter');
+    assert.equal(st.get('NoNewPrivs'), '1');
+    assert.equal(st.get('CapEff'), '0000000000000000');
+    const uids = st.get('Uid').split(/\s+/).map(Number);
+    const gids = st.get('Gid').split(/\s+/).map(Number);
+    if (process.getuid() === 0) {
+      assert.equal(new Set(uids).size, 1, `real, effective, saved and fs uids differ: ${uids}`);
+      assert.ok(uids[0] >= VM_UID_BASE && uids[0] < VM_UID_BASE + VM_UID_SPAN, `QEMU runs as uid ${uids[0]}`);
+      assert.deepEqual(new Set(gids), new Set([VM_UID_BASE]), `QEMU runs as gid ${gids}`);
+      assert.ok(!st.get('Groups').split(/\s+/).includes('0'), `QEMU is in group 0: ${st.get('Groups')}`);
+    }
+    const ns = (pid, n) => fs.readlinkSync(`/proc/${pid}/ns/${n}`);
+    assert.notEqual(ns(q.pid, 'net'), ns(s.pid, 'net'), 'QEMU shares the server network namespace');
+    assert.notEqual(ns(q.pid, 'mnt'), ns(s.pid, 'mnt'), 'QEMU shares the server mount namespace');
+    // What QEMU sees of the host: /home, /root and /run/user are empty.
+    assert.ok(fs.existsSync(path.join('/root', marker)));
+    assert.equal(fs.existsSync(`/proc/${q.pid}/root/root/${marker}`), false, 'the host /root is visible to QEMU');
+    for (const d of ['/root', '/home', '/run/user']) {
+      if (!fs.existsSync(d)) continue;
+      assert.deepEqual(fs.readdirSync(`/proc/${q.pid}/root${d}`), [], `${d} is not empty for QEMU`);
+    }
+    assert.match(fs.readFileSync(`/proc/${q.pid}/cmdline`, 'utf8').split('\0').join(' '), / -sandbox on,[^ ]*spawn=deny/);
+    // Its stdin is /dev/null and its stdout/stderr the qemu.log of the
+    // state directory named by the guest's hostname, which it owns.
+    const dir = stateDirOf(await sh(s.client, o.session_id, 'hostname'));
+    assert.equal(fs.readlinkSync(`/proc/${q.pid}/fd/0`), '/dev/null');
+    for (const fd of [1, 2]) assert.equal(fs.readlinkSync(`/proc/${q.pid}/fd/${fd}`), path.join(dir, 'qemu.log'));
+    if (process.getuid() === 0) assert.equal(fs.statSync(dir).uid, uids[0], 'the state directory is not the QEMU uid\'s');
+    // Its qemu.log is the guest's serial console.
+    const line = uniq('console-line');
+    await sh(s.client, o.session_id, `echo ${line} > /dev/console`);
+    assert.ok(await waitUntil(() => fs.readFileSync(path.join(dir, 'qemu.log'), 'utf8').includes(line), { timeoutMs: 3000 }), `${line} written to the guest console is not in ${dir}/qemu.log`);
+    assert.equal(fs.statSync(dir).mode & 0o077, 0, `the state directory is open to others: ${(fs.statSync(dir).mode & 0o777).toString(8)}`);
+    // A second session's QEMU runs as another uid.
+    await call(s.client, 'open_session', {});
+    const both = qemuChildren(s.pid);
+    assert.equal(both.length, 2);
+    if (process.getuid() === 0) {
+      const u = both.map((x) => status(x.pid).get('Uid').split(/\s+/)[0]);
+      assert.notEqual(u[0], u[1], 'two QEMUs share a uid');
+    }
+  });
+
+  test('QEMU holds no file descriptor the server inherited from its client', T, async (t) => {
+    // The server gets an open file (fd 7) and an open directory (fd 8) from
+    // its parent, as a client may leak them; neither may reach a QEMU, where
+    // they would outflank its mount namespace and Landlock.
+    const leak = path.join(os.tmpdir(), uniq('e2e-leaked-fd'));
+    fs.writeFileSync(leak, 'secret\n');
+    const fd = fs.openSync(leak, 'r');
+    const dfd = fs.openSync('/root', 'r');
+    t.after(() => {
+      fs.closeSync(fd);
+      fs.closeSync(dfd);
+      fs.rmSync(leak, { force: true });
+    });
+    const raw = startRaw({ env: NO_POOL, extraStdio: ['ignore', 'ignore', 'ignore', 'ignore', fd, dfd] });
+    t.after(() => raw.close());
+    await raw.initialize();
+    assert.equal(fs.readlinkSync(`/proc/${raw.pid}/fd/7`), leak, 'the server did not get the extra fds; the check is blind');
+    assert.equal(fs.readlinkSync(`/proc/${raw.pid}/fd/8`), '/root');
+    await raw.tool('open_session', {});
+    const q = await soleQemu(raw.pid);
+    const fds = Object.fromEntries(fs.readdirSync(`/proc/${q.pid}/fd`).map((f) => {
+      try {
+        return [f, fs.readlinkSync(`/proc/${q.pid}/fd/${f}`)];
+      } catch {
+        return [f, '?'];
+      }
+    }));
+    const leaked = Object.entries(fds).filter(([, v]) => v === leak || v === '/root');
+    assert.deepEqual(leaked, [], `QEMU holds fds it inherited: ${JSON.stringify(fds)}`);
+  });
+});
+
+describe('network', () => {
+  test('off by default: the guest has only lo', T, async (t) => {
+    const s = await startServer({ env: NO_POOL });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    assert.equal(await sh(s.client, sid, 'ls /sys/class/net'), 'lo\n');
+    assert.doesNotMatch(fs.readFileSync(`/proc/${(await soleQemu(s.pid)).pid}/cmdline`, 'utf8'), /netdev/);
+  });
+
+  test('IGN_MCP_NET=1: the guest gets an interface besides lo', T, async (t) => {
+    // The network setting is part of a base's fingerprint: a store of its own.
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_NET: 1, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const ifs = (await sh(s.client, sid, 'ls /sys/class/net')).trim().split(/\s+/);
+    assert.ok(ifs.includes('lo'), ifs.join(' '));
+    const others = ifs.filter((i) => i !== 'lo');
+    assert.ok(others.length >= 1, `no interface besides lo with IGN_MCP_NET=1: ${ifs.join(' ')}`);
+    assert.match(await sh(s.client, sid, `ls -l /sys/class/net/${others[0]}/device/driver`), /virtio_net/);
+  });
+});
+
+describe('QEMU lifecycle', () => {
+  test('close removes the session\'s QEMU and its state directory', T, async (t) => {
+    const s = await startServer({ env: NO_POOL });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const q = await soleQemu(s.pid);
+    const dir = stateDirOf(await sh(s.client, sid, 'hostname'));
+    assert.ok(fs.existsSync(dir));
+    await call(s.client, 'close', { session_id: sid });
+    assert.ok(await waitUntil(() => !isAlive(q), { timeoutMs: 5000 }), `QEMU ${q.pid} outlived close`);
+    assert.ok(await waitUntil(() => !fs.existsSync(dir), { timeoutMs: 2000 }), `${dir} outlived close`);
+    assert.deepEqual(qemuChildren(s.pid), []);
+  });
+
+  test('reset replaces the QEMU: the old one and its directory go, a new one answers', T, async (t) => {
+    const s = await startServer({ env: NO_POOL });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    await sh(s.client, sid, 'echo x > /root/before-reset');
+    const q = await soleQemu(s.pid);
+    const dir = stateDirOf(await sh(s.client, sid, 'hostname'));
+    const r = await call(s.client, 'reset', { session_id: sid });
+    assert.equal(r.ok, true);
+    assert.equal(r.path, 'restore');
+    assert.ok(await waitUntil(() => !isAlive(q), { timeoutMs: 5000 }), `the old QEMU ${q.pid} outlived reset`);
+    const q2 = await soleQemu(s.pid);
+    assert.notEqual(q2.pid, q.pid);
+    const dir2 = stateDirOf(await sh(s.client, sid, 'hostname'));
+    assert.notEqual(dir2, dir);
+    assert.equal(fs.existsSync(dir), false, `${dir} outlived reset`);
+    assert.equal(await sh(s.client, sid, 'test -e /root/before-reset && echo kept || echo gone'), 'gone\n');
+  });
+
+  test('kill -9 of the QEMU mid-run: the call fails naming the session as dead; reset brings it back', T, async (t) => {
+    const s = await startServer({ env: NO_POOL });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const q = await soleQemu(s.pid);
+    const inflight = c.callTool({ name: 'run', arguments: { session_id: sid, command: 'sleep 30; echo finished' } }, undefined, { timeout: 60000 });
+    await sleep(1000);
+    const t0 = Date.now();
+    process.kill(q.pid, 'SIGKILL');
+    const r = await inflight;
+    assert.ok(Date.now() - t0 < 10000, 'the in-flight run did not end soon after its QEMU died');
+    assert.equal(r.isError, true, `the run of a killed VM did not fail: ${JSON.stringify(r).slice(0, 300)}`);
+    const text = r.content.map((x) => x.text).join('\n');
+    assert.ok(text.includes(sid), text);
+    assert.match(text, /dead/, text);
+    const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+    assert.ok(e.includes(sid), e);
+    assert.match(e, /dead/, e);
+    assert.match(e, /reset/, e);
+    assert.deepEqual(await c.ping(), {});
+    const rr = await call(c, 'reset', { session_id: sid });
+    assert.equal(rr.session_id, sid);
+    assert.equal(await sh(c, sid, 'echo back'), 'back\n');
+    const q2 = await soleQemu(s.pid);
+    assert.notEqual(q2.pid, q.pid);
+  });
+
+  /* A server with two sessions, a background process in each and a run in
+   * flight, plus its pool; returns its QEMUs. */
+  async function busyVmServer() {
+    const raw = startRaw();
+    try {
+      await raw.initialize();
+      for (let i = 0; i < 2; i++) {
+        const o = await raw.tool('open_session', {});
+        await raw.tool('run', { session_id: o.session_id, command: `sleep ${uniqueSleepSecs()} > /dev/null 2>&1 & echo ok` });
+      }
+      const sid = (await raw.tool('list_sessions', {})).sessions[0].session_id;
+      await raw.send({ jsonrpc: '2.0', id: 'inflight', method: 'tools/call', params: { name: 'run', arguments: { session_id: sid, command: 'sleep 60' } } });
+      await poolFilled(raw.pid, 2);
+      const qemus = qemuChildren(raw.pid);
+      assert.ok(qemus.length >= 5, `expected 2 sessions + pool + spare QEMUs, got ${qemus.length}`);
+      assert.ok(vmStateDirs(raw.pid).length >= 5, `state directories: ${vmStateDirs(raw.pid)}`);
+      return { raw, qemus };
+    } catch (e) {
+      hardKill(raw.pid);
+      throw e;
+    }
+  }
+
+  for (const how of ['stdin EOF', 'SIGTERM', 'SIGKILL']) {
+    test(`${how} of the server leaves no QEMU${how === 'SIGKILL' ? '; the next server removes its state directories' : ' and no state directory'}`, T, async (t) => {
+      const { raw, qemus } = await busyVmServer();
+      t.after(() => hardKill(raw.pid));
+      if (how === 'stdin EOF') raw.endStdin();
+      else process.kill(raw.pid, how);
+      const ex = await raw.waitExit(10000);
+      assert.ok(ex, `the server did not exit within 10 s of ${how}`);
+      if (how !== 'SIGKILL') assert.equal(ex.code, 0, JSON.stringify(ex));
+      const gone = await waitUntil(() => qemus.every((q) => !isAlive(q)) && qemusOf(raw.pid).length === 0, { timeoutMs: 5000 });
+      assert.ok(gone, `QEMUs outlived the server (${how}): ${qemus.filter(isAlive).map((q) => q.pid)} ${qemusOf(raw.pid).map((q) => q.pid)}`);
+      if (how !== 'SIGKILL') {
+        assert.deepEqual(vmStateDirs(raw.pid), [], `state directories outlived the server (${how})`);
+        await raw.close();
+        return;
+      }
+      // A SIGKILLed server cannot clean up; the next one does.
+      const leftDirs = vmStateDirs(raw.pid);
+      assert.ok(leftDirs.length > 0, 'no state directory left by a SIGKILLed server: the check below is blind');
+      const next = startRaw({ env: NO_POOL });
+      t.after(() => next.close());
+      await next.initialize();
+      const o = await next.tool('open_session', {});
+      const r = await next.tool('run', { session_id: o.session_id, command: 'echo ok' });
+      assert.equal(r.stdout, 'ok\n');
+      assert.deepEqual(leftDirs.filter((d) => fs.existsSync(d)), [], 'the next server left the dead one\'s state directories');
+      await raw.close({ checkOrphans: true });
+    });
+  }
+
+  test('a shutdown while the pool is being refilled leaves no QEMU and no state directory', T, async () => {
+    // Right after an open_session the pool thread is making a clone; the
+    // server must not leave that one behind either.
+    const bad = [];
+    for (const delay of [0, 30, 60, 100, 150]) {
+      const raw = startRaw();
+      try {
+        await raw.initialize();
+        await raw.tool('open_session', {});
+        await sleep(delay);
+        raw.endStdin();
+        const ex = await raw.waitExit(10000);
+        assert.equal(ex?.code, 0, JSON.stringify(ex));
+        await waitUntil(() => qemusOf(raw.pid).length === 0, { timeoutMs: 5000 });
+        await sleep(200);
+        const q = qemusOf(raw.pid).map((x) => x.pid);
+        const d = vmStateDirs(raw.pid);
+        if (q.length || d.length) bad.push(`EOF ${delay} ms after open_session: QEMUs ${JSON.stringify(q)}, directories ${JSON.stringify(d)}`);
+      } finally {
+        hardKill(raw.pid);
+        for (const d of vmStateDirs(raw.pid)) fs.rmSync(d, { recursive: true, force: true });
+      }
+    }
+    assert.deepEqual(bad, []);
+  });
+});
+
+describe('the store of warm bases', () => {
+  test('a fresh store gets a base on first use; a touched kernel makes a new base and the old one goes', T, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    // A copy of the kernel whose mtime the test may change.
+    const kdir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
+    fs.chmodSync(kdir, 0o755);
+    t.after(() => fs.rmSync(kdir, { recursive: true, force: true }));
+    const kernel = path.join(kdir, 'vmlinux');
+    fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
+    fs.chmodSync(kernel, 0o644);
+    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir, IGN_MCP_KERNEL: kernel };
+    assert.deepEqual(bases(store.dir), []);
+
+    const s1 = await startServer({ env });
+    const o1 = await call(s1.client, 'open_session', {});
+    assert.equal(o1.path, 'restore');
+    assert.equal(await sh(s1.client, o1.session_id, 'echo one'), 'one\n');
+    await s1.close();
+    const first = bases(store.dir);
+    assert.equal(first.length, 1, `bases after the first use: ${fs.readdirSync(store.dir)}`);
+    const dir1 = path.join(store.dir, first[0]);
+    for (const f of ['ram', 'state', 'meta']) assert.ok(fs.existsSync(path.join(dir1, f)), `${f} missing in ${dir1}`);
+    assert.ok(fs.readFileSync(path.join(dir1, 'meta'), 'utf8').includes(kernel), 'the base\'s meta does not name the kernel it was made from');
+
+    // Same inputs: the base is reused.
+    const s2 = await startServer({ env });
+    await call(s2.client, 'open_session', {});
+    await s2.close();
+    assert.deepEqual(bases(store.dir), first, 'the base was made again from the same inputs');
+
+    // Only the kernel's mtime changes.
+    const st = fs.statSync(kernel);
+    fs.utimesSync(kernel, st.atime, new Date(st.mtimeMs + 60_000));
+    const s3 = await startServer({ env });
+    t.after(() => s3.close());
+    const o3 = await call(s3.client, 'open_session', {});
+    assert.equal(await sh(s3.client, o3.session_id, 'echo three'), 'three\n');
+    const now = await waitUntil(() => {
+      const b = bases(store.dir);
+      return b.length === 1 && b[0] !== first[0] ? b : null;
+    }, { timeoutMs: 10000 });
+    assert.ok(now, `expected one new base in place of ${first[0]}: ${fs.readdirSync(store.dir)}`);
+    assert.equal(fs.existsSync(dir1), false, `the outdated base ${dir1} was not removed`);
+    assert.deepEqual(fs.readdirSync(store.dir).filter((n) => n.includes('.tmp-')), [], 'a half-made base is left');
+  });
+});
