@@ -1,0 +1,915 @@
+// bench.mjs: the benchmark harness of ignition-mcp.
+//
+//   node bench/bench.mjs [--quick] [--only 1,2,...]
+//
+// Drives the real server (build/ignition-mcp) through the official MCP SDK
+// client over stdio, for both backends, and writes bench/BENCHMARKS.md
+// (tables of median, p90, p99, samples and the ratio to each section's
+// baseline) and bench/results.json (every raw sample). The machine is shared
+// and noisy: every figure stands next to a baseline measured in the same
+// run, and the ratio is the number to read, not the absolute time.
+//
+// The layers of the exec path are measured one by one: the host alone
+// (fork+exec of sh), the agent over its protocol with no sandbox
+// (ign-agent --serve-fd), the server's session layer without MCP
+// (build/ign-bench, see ign-bench.c), the server through raw JSON-RPC, and
+// the server through the SDK.
+//
+// The vm backend: every vm row is tried; while IGN_MCP_BACKEND=vm cannot
+// open a session, the row says "not measured" with the error open_session
+// returned, so the harness picks the vm up by itself once it works.
+//   vm, pool hit   IGN_MCP_POOL=2, with a pause between opens for the refill
+//   vm, restore    IGN_MCP_POOL=0
+//   vm, cold boot  IGN_MCP_BASE=none (no snapshot: every session boots from scratch)
+//                  (no snapshot), one fresh server per sample
+// The `path` each vm open_session reports (pool, restore, cold) is recorded
+// and shown, so a row that did not take the path it names is visible.
+
+import { spawn, spawnSync } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import {
+  AGENT, CBENCH, REPO, SERVER, VM_DIR, cbench, cgroupChargeKiB, descendants, killTree, log, machineInfo,
+  msSince, nowNs, nsToMs, pssKiB, reapRecords, runChild, serverEnv, setSection, sleep, startRawServer,
+  startServer, track, tscKhz, untrack,
+} from './lib.mjs';
+import { writeReport } from './report.mjs';
+
+const QUICK = process.argv.includes('--quick');
+const onlyArg = process.argv.indexOf('--only');
+const ONLY = onlyArg > 0 ? new Set(process.argv[onlyArg + 1].split(',').map(Number)) : null;
+
+/* Sample counts: quick finishes in a few minutes on 2 cores. */
+const N = QUICK
+  ? { open: 15, openVm: 8, cold: 3, bwrap: 20, qemu: 3, exec: 60, f4k: 15, f1m: 8, f32m: 3, tputReps: 3, py: 8, gcc: 4, srt: 10, srtCli: 5, peerOurs: 30 }
+  : { open: 100, openVm: 30, cold: 6, bwrap: 100, qemu: 6, exec: 600, f4k: 100, f1m: 40, f32m: 8, tputReps: 5, py: 40, gcc: 20, srt: 60, srtCli: 20, peerOurs: 200 };
+const RUNS_PER_SESSION = 50;
+const POOL_SIZE = 2;
+const POOL_REFILL_MS = Number(process.env.BENCH_POOL_REFILL_MS || 1500);
+
+const BWRAP = ['bwrap', '--unshare-all', '--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--die-with-parent'];
+const KiB = 1024;
+const MiB = 1024 * 1024;
+const FILE_SIZES = [
+  { size: 4 * KiB, label: '4 KiB', n: N.f4k },
+  { size: 1 * MiB, label: '1 MiB', n: N.f1m },
+  { size: 32 * MiB, label: '32 MiB', n: N.f32m },
+];
+
+const BACKENDS = {
+  ns: { IGN_MCP_BACKEND: 'ns' },
+  vm: { IGN_MCP_BACKEND: 'vm', IGN_MCP_POOL: POOL_SIZE },
+};
+
+/* What the vm backend said when it could not open a session (null: works). */
+let vmError = null;
+let vmInfo = null;
+
+// ---------------------------------------------------------------- helpers
+
+const row = (label, samples, extra = {}) => ({ label, samples, ...extra });
+const notMeasured = (label, why, extra = {}) => ({ label, samples: [], notMeasured: why, ...extra });
+
+function countPaths(paths) {
+  const c = {};
+  for (const p of paths) if (p) c[p] = (c[p] || 0) + 1;
+  const s = Object.entries(c).map(([k, v]) => `${k}×${v}`).join(', ');
+  return s ? `path: ${s}` : '';
+}
+
+function firstLine(s) {
+  return String(s).split('\n')[0].slice(0, 400);
+}
+
+/* Times fn() n times after `warmup` untimed calls; returns ms samples. */
+async function timeN(n, fn, { warmup = 3, label = '' } = {}) {
+  const out = [];
+  let lastLog = Date.now();
+  for (let i = 0; i < n + warmup; i++) {
+    const t = nowNs();
+    await fn(i);
+    const ms = msSince(t);
+    if (i >= warmup) out.push(ms);
+    if (label && Date.now() - lastLog > 5000) {
+      log(`  ${label}: ${out.length}/${n}`);
+      lastLog = Date.now();
+    }
+  }
+  return out;
+}
+
+const median = (a) => [...a].sort((x, y) => x - y)[Math.floor((a.length - 1) / 2)];
+
+function doneLine(label, samples, unit = 'ms') {
+  if (samples.length) log(`  ${label}: median ${median(samples).toFixed(unit === 'ms' ? 2 : 1)} ${unit} (n=${samples.length})`);
+}
+
+/* Runs fn with a fresh server (SDK client); closes it after. */
+async function withServer(env, fn) {
+  const srv = await startServer(env);
+  try {
+    return await fn(srv);
+  } finally {
+    await srv.close();
+  }
+}
+
+/* Runs fn with an open session; closes it after. */
+async function withSession(srv, fn) {
+  const s = await srv.open();
+  try {
+    return await fn(s.session_id, s);
+  } finally {
+    await srv.tool('close', { session_id: s.session_id }).catch(() => {});
+  }
+}
+
+async function probeVm() {
+  try {
+    await withServer(BACKENDS.vm, async (srv) => {
+      const s = await srv.open();
+      vmInfo = s;
+      await srv.tool('close', { session_id: s.session_id });
+    });
+    log(`vm backend works: isolation ${vmInfo.isolation}, path ${vmInfo.path ?? '(none reported)'}`);
+  } catch (e) {
+    vmError = firstLine(e.message);
+    log(`vm backend cannot open a session: ${vmError}; every vm row will say so`);
+  }
+}
+
+// ---------------------------------------------------------------- 1. session start
+
+/* open_session n times (each closed before the next); per sample the
+ * client-side wall time, plus the open_ms and path the server reported.
+ * With `fresh`, every sample gets a server of its own, started with the
+ * environment fresh() returns ({env, cleanup}). */
+async function measureOpens(env, n, { fresh = null, pauseMs = 0, label }) {
+  const samples = [];
+  const paths = [];
+  const serverMs = [];
+  let isolation;
+  let lastLog = Date.now();
+  const one = async (srv, keep) => {
+    const t = nowNs();
+    const s = await srv.open();
+    const ms = msSince(t);
+    await srv.tool('close', { session_id: s.session_id });
+    isolation = s.isolation;
+    if (keep) {
+      samples.push(ms);
+      paths.push(s.path ?? null);
+      serverMs.push(s.open_ms ?? null);
+    }
+  };
+  if (fresh) {
+    for (let i = 0; i < n; i++) {
+      const f = fresh();
+      try {
+        await withServer(f.env, (srv) => one(srv, true));
+      } finally {
+        f.cleanup();
+      }
+      log(`  ${label}: ${i + 1}/${n}`);
+    }
+  } else {
+    await withServer(env, async (srv) => {
+      if (pauseMs) await sleep(pauseMs * 2); // the pool fills after start
+      for (let i = 0; i < n + 3; i++) {
+        await one(srv, i >= 3);
+        if (pauseMs) await sleep(pauseMs);
+        if (Date.now() - lastLog > 5000) {
+          log(`  ${label}: ${samples.length}/${n}`);
+          lastLog = Date.now();
+        }
+      }
+    });
+  }
+  doneLine(label, samples);
+  return { samples, paths, serverMs, isolation };
+}
+
+function openRow(label, r, extra = {}) {
+  const srvMed = r.serverMs.filter((x) => x != null);
+  const notes = [countPaths(r.paths), srvMed.length ? `server open_ms median ${median(srvMed)}` : '', r.isolation ? `isolation ${r.isolation}` : '']
+    .filter(Boolean)
+    .join('; ');
+  return row(label, r.samples, { extra: notes, paths: r.paths, open_ms: r.serverMs, ...extra });
+}
+
+/* A bare QEMU cold boot of the guest to its agent answering HELLO, without
+ * the server: the floor under the vm cold path. */
+function findVmImages() {
+  const kernel = path.join(VM_DIR, 'vmlinux');
+  const rootfs = path.join(VM_DIR, 'rootfs-tools.erofs');
+  let initrd = process.env.BENCH_VM_INITRD;
+  if (!initrd && fs.existsSync(VM_DIR)) {
+    const c = fs.readdirSync(VM_DIR).filter((f) => /^(initramfs|initrd)/.test(f) && !/\.(stamp|tmp)$/.test(f)).sort();
+    if (c.length) initrd = path.join(VM_DIR, c[0]);
+  }
+  const missing = [['kernel', kernel], ['initramfs', initrd], ['rootfs image', rootfs]].filter(([, p]) => !p || !fs.existsSync(p));
+  return missing.length
+    ? { missing: missing.map(([what, p]) => `${what} (${p ? path.relative(REPO, p) : `${path.relative(REPO, VM_DIR)}/initramfs*`})`).join(', ') }
+    : { kernel, initrd, rootfs };
+}
+
+function helloFrame() {
+  const b = Buffer.alloc(12 + 10);
+  b.writeUInt32LE(10, 0); // payload length
+  b.writeUInt8(1, 4); // HELLO
+  b.writeUInt32LE(1, 8); // request id
+  b.writeUInt16LE(1, 12); // TAG_VERSION
+  b.writeUInt32LE(4, 14);
+  b.writeUInt32LE(1, 18); // PROTO_VERSION
+  return b;
+}
+
+async function bareQemuBoot(img, accel, dir) {
+  const sock = path.join(dir, `agent-${crypto.randomBytes(4).toString('hex')}.sock`);
+  const serial = path.join(dir, 'serial.log');
+  const khz = tscKhz();
+  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 ign.fstype=erofs`;
+  const argv = [
+    '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off',
+    '-accel', accel, '-cpu', accel === 'kvm' ? 'host,-arch-capabilities' : 'qemu64', '-smp', '1', '-m', '256M',
+    '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot', '-serial', `file:${serial}`,
+    '-kernel', img.kernel, '-initrd', img.initrd, '-append', append,
+    '-drive', `file=${img.rootfs},format=raw,if=none,readonly=on,id=root`, '-device', 'virtio-blk-device,drive=root',
+    '-chardev', `socket,id=agent,path=${sock},server=on,wait=off`,
+    '-device', 'virtio-serial-device,id=vser0', '-device', 'virtserialport,chardev=agent,name=agent,bus=vser0.0',
+    '-object', 'rng-random,id=rng0,filename=/dev/urandom', '-device', 'virtio-rng-device,rng=rng0',
+  ];
+  const t = nowNs();
+  const q = spawn('qemu-system-x86_64', argv, { stdio: ['ignore', 'ignore', 'pipe'] });
+  track(q.pid, 'qemu (bare boot)');
+  let qerr = '';
+  q.stderr.on('data', (d) => (qerr += d));
+  let exited = false;
+  q.on('exit', () => (exited = true));
+  try {
+    const deadline = Date.now() + 120000;
+    let s;
+    while (!s) {
+      if (exited) throw new Error(`qemu exited: ${qerr.trim().slice(-300)}`);
+      if (Date.now() > deadline) throw new Error('no agent socket after 120 s');
+      s = await new Promise((resolve) => {
+        const c = net.connect(sock, () => resolve(c));
+        c.on('error', () => resolve(null));
+      });
+      if (!s) await sleep(2);
+    }
+    const ms = await new Promise((resolve, reject) => {
+      let buf = Buffer.alloc(0);
+      const timer = setTimeout(() => reject(new Error('the agent did not answer HELLO within 120 s')), 120000);
+      s.on('data', (d) => {
+        buf = Buffer.concat([buf, d]);
+        if (buf.length >= 12) {
+          clearTimeout(timer);
+          const type = buf.readUInt8(4);
+          if (type === 2) resolve(msSince(t));
+          else reject(new Error(`the agent answered HELLO with frame type ${type}`));
+        }
+      });
+      s.on('close', () => reject(new Error('the agent channel closed before HELLO_OK')));
+      s.write(helloFrame());
+    });
+    s.destroy();
+    return { ms, argv };
+  } catch (e) {
+    let tail = '';
+    try {
+      tail = fs.readFileSync(serial, 'utf8').trim().split('\n').slice(-3).join(' | ');
+    } catch {}
+    throw new Error(`${e.message}${tail ? `; serial: ${tail}` : ''}`);
+  } finally {
+    q.kill('SIGKILL');
+    await new Promise((r) => (exited ? r() : q.on('exit', r)));
+    untrack(q.pid);
+    fs.rmSync(sock, { force: true });
+  }
+}
+
+async function sectionStart() {
+  const rows = [];
+  const notes = [];
+  log('bwrap --unshare-all ... true (baseline)');
+  const bw = await cbench(['spawn', N.bwrap, ...BWRAP, 'true']);
+  rows.push(bw.error ? notMeasured('bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --die-with-parent true', bw.error)
+    : row('bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --die-with-parent true', nsToMs(bw.ns), { baselineRow: true }));
+  doneLine('bwrap', rows[0].samples);
+
+  // Bare QEMU cold boot.
+  const img = findVmImages();
+  const accel = vmInfo?.isolation === 'microvm/kvm' ? 'kvm' : 'tcg';
+  const bareLabel = `bare QEMU cold boot to agent HELLO_OK (${accel}, no server)`;
+  if (img.missing) {
+    rows.push(notMeasured(bareLabel, `skipped: the vm images are not built yet: missing ${img.missing}`));
+  } else {
+    log(`bare QEMU cold boot (${accel})`);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-bench-qemu.'));
+    try {
+      let argv;
+      const samples = [];
+      for (let i = 0; i < N.qemu; i++) {
+        const r = await bareQemuBoot(img, accel, dir);
+        samples.push(r.ms);
+        argv = r.argv;
+        log(`  bare QEMU: ${i + 1}/${N.qemu}: ${r.ms.toFixed(0)} ms`);
+      }
+      rows.push(row(bareLabel, samples, { argv }));
+    } catch (e) {
+      rows.push(notMeasured(bareLabel, `failed: ${firstLine(e.message)}`));
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
+  // vm: pool hit, restore, cold.
+  const vmRows = [
+    ['vm open_session, pool hit', { ...BACKENDS.vm, IGN_MCP_POOL: POOL_SIZE }, { pauseMs: POOL_REFILL_MS }],
+    ['vm open_session, restore (IGN_MCP_POOL=0)', { ...BACKENDS.vm, IGN_MCP_POOL: 0 }, {}],
+  ];
+  for (const [label, env, opts] of vmRows) {
+    if (vmError) {
+      rows.push(notMeasured(label, vmError));
+      continue;
+    }
+    log(label);
+    try {
+      rows.push(openRow(label, await measureOpens(env, N.openVm, { ...opts, label })));
+    } catch (e) {
+      rows.push(notMeasured(label, firstLine(e.message)));
+    }
+  }
+  const coldLabel = 'vm open_session, cold boot (no snapshot: IGN_MCP_BASE=none)';
+  if (vmError) rows.push(notMeasured(coldLabel, vmError));
+  else {
+    log(coldLabel);
+    try {
+      rows.push(openRow(coldLabel, await measureOpens({ ...BACKENDS.vm, IGN_MCP_POOL: 0, IGN_MCP_BASE: 'none' }, N.cold, { label: 'vm cold' })));
+    } catch (e) {
+      rows.push(notMeasured(coldLabel, firstLine(e.message)));
+    }
+  }
+
+  // ns, through MCP and below it.
+  log('ns open_session (MCP, SDK)');
+  rows.push(openRow('ns open_session (MCP, SDK client)', await measureOpens(BACKENDS.ns, N.open, { label: 'ns open' })));
+  log('ns open without MCP (session layer in ign-bench)');
+  const sl = await cbench(['agent', 'session', '--open', N.open], { env: serverEnv(BACKENDS.ns) });
+  rows.push(sl.error ? notMeasured('ns session_open, no MCP (session layer)', sl.error)
+    : row('ns session_open, no MCP (session layer)', nsToMs(sl.open.ns)));
+  log('agent --serve-fd start + HELLO (no sandbox)');
+  const fd = await cbench(['agent', 'fd', '--open', N.open], { env: serverEnv(BACKENDS.ns) });
+  rows.push(fd.error ? notMeasured('ign-agent --serve-fd: spawn + HELLO, no sandbox', fd.error)
+    : row('ign-agent --serve-fd: spawn + HELLO, no sandbox', nsToMs(fd.open.ns)));
+
+  notes.push('Wall time of the open_session call as the client sees it; each session is closed (untimed) before the next open. 3 untimed warm-up opens per server.');
+  notes.push(`Pool hit: IGN_MCP_POOL=${POOL_SIZE}, ${POOL_REFILL_MS} ms pause after each close for the pool to refill. Cold boot: IGN_MCP_BASE=none, so every session boots the guest from scratch.`);
+  if (!img.missing) notes.push('The bare QEMU boot uses the microvm flags of QEMU-FACTS.md with build/vm/vmlinux, the initramfs and rootfs-tools.erofs; timed from spawn to the HELLO_OK frame on the virtio-serial socket.');
+  return { id: 'start', title: '1. Session start', unit: 'ms', baseline: rows[0].label, rows, notes };
+}
+
+// ---------------------------------------------------------------- 2. exec
+
+/* The exec rows are measured in rounds, each row taking its share of the
+ * samples in every round, so that a noisy spell of the machine (see the
+ * notes) lands on all rows alike rather than on whichever ran then. */
+async function sectionExec() {
+  const rounds = QUICK ? 3 : 5;
+  const per = Math.ceil(N.exec / rounds);
+  const CMDS = ['true', 'echo hello'];
+  const samples = new Map(); // row label -> ms samples
+  const failed = new Map(); // row label -> why
+  const push = (label, arr) => samples.set(label, (samples.get(label) || []).concat(arr));
+  const order = [];
+  const layer = (label) => {
+    for (const c of CMDS) order.push(`${label}: ${c}`);
+  };
+  const fail = (label, why) => {
+    for (const c of CMDS) failed.set(`${label}: ${c}`, why);
+  };
+
+  // Host and agent rows run through build/ign-bench, once per round.
+  const cRows = [
+    ['agent protocol, no sandbox', ['agent', 'fd'], BACKENDS.ns],
+    ['ns: session layer, no MCP', ['agent', 'session'], BACKENDS.ns],
+    ['vm: session layer, no MCP', ['agent', 'session'], BACKENDS.vm],
+  ];
+  for (const c of CMDS) order.push(`host: sh -c '${c}'`);
+  for (const [label] of cRows) layer(label);
+  if (vmError) fail('vm: session layer, no MCP', vmError);
+
+  // MCP rows: servers and sessions that stay up for all rounds.
+  const mcp = [];
+  try {
+    for (const backend of ['ns', 'vm']) {
+      for (const [client, starter] of [['SDK client', startServer], ['raw JSON-RPC client', startRawServer]]) {
+        const label = `${backend}: MCP run, ${client}`;
+        layer(label);
+        if (backend === 'vm' && vmError) {
+          fail(label, vmError);
+          continue;
+        }
+        try {
+          const srv = await starter(BACKENDS[backend]);
+          mcp.push({ label, srv });
+          const { session_id } = await srv.tool('open_session', {});
+          mcp[mcp.length - 1].sid = session_id;
+          for (const c of CMDS) for (let i = 0; i < 20; i++) await srv.tool('run', { session_id, command: c });
+        } catch (e) {
+          fail(label, firstLine(e.message));
+        }
+      }
+    }
+    for (let r = 0; r < rounds; r++) {
+      log(`round ${r + 1}/${rounds}: ${per} of each row`);
+      for (const c of CMDS) {
+        const j = await cbench(['spawn', per, 'sh', '-c', c]);
+        if (j.error) failed.set(`host: sh -c '${c}'`, j.error);
+        else push(`host: sh -c '${c}'`, nsToMs(j.ns));
+      }
+      for (const [label, args, env] of cRows) {
+        if (failed.has(`${label}: true`)) continue;
+        const j = await cbench([...args, '--exec', per], { env: serverEnv(env) });
+        if (j.error) fail(label, j.error);
+        else for (const c of CMDS) push(`${label}: ${c}`, nsToMs(j.exec[c]));
+      }
+      for (const m of mcp) {
+        if (failed.has(`${m.label}: true`)) continue;
+        try {
+          for (const c of CMDS) {
+            push(`${m.label}: ${c}`, await timeN(per, async () => {
+              const x = await m.srv.tool('run', { session_id: m.sid, command: c });
+              if (x.exit_code !== 0) throw new Error(`${c} exited ${x.exit_code}`);
+            }, { warmup: 0 }));
+          }
+        } catch (e) {
+          fail(m.label, firstLine(e.message));
+        }
+      }
+    }
+  } finally {
+    for (const m of mcp) await m.srv.close();
+  }
+  const rows = order.map((l) => (failed.has(l) ? notMeasured(l, failed.get(l)) : row(l, samples.get(l) || [])));
+  for (const r of rows) if (!r.notMeasured && r.label.endsWith(': true')) doneLine(r.label, r.samples);
+  const notes = [
+    `One live session per row; \`run\` returns only when the command has exited and its output is in. The rows are measured in ${rounds} interleaved rounds of ${per} samples each; untimed warm-up calls first (3 per ign-bench process, 20 per MCP server, where the Node client warms up too).`,
+    '"host" is fork+execvp+waitpid of `sh -c CMD` from a C loop (build/ign-bench). "agent protocol, no sandbox" is `ign-agent --serve-fd 3` on a socketpair driven by the server\'s own protocol client (proto/client.c), no namespaces. "session layer, no MCP" is the server\'s session and backend code in-process (session_open, then a lease and agent_exec per call, as the run tool does), without JSON-RPC. "MCP" is the real server over stdio, through the official SDK client or a hand-written JSON-RPC client.',
+    'On a virtual machine whose host is shared, waking a thread on the other vCPU can wait for the host\'s scheduler tick: samples then come in steps of about 4 ms above the usual value. Medians are robust to it; p90 and p99 are not.',
+  ];
+  return { id: 'exec', title: '2. Exec round trip', unit: 'ms', baseline: "host: sh -c 'true'", rows, notes, layers: execLayers(rows) };
+}
+
+/* Median cost added by each layer of the ns exec path for `true`. */
+function execLayers(rows) {
+  const m = (l) => {
+    const r = rows.find((x) => x.label === l);
+    return r && r.samples.length ? median(r.samples) : null;
+  };
+  const steps = [
+    ['host fork+exec of sh', null, "host: sh -c 'true'"],
+    ['agent + protocol (socketpair)', "host: sh -c 'true'", 'agent protocol, no sandbox: true'],
+    ['ns sandbox + session layer', 'agent protocol, no sandbox: true', 'ns: session layer, no MCP: true'],
+    ['MCP server (JSON-RPC, tool, stdio) + raw client', 'ns: session layer, no MCP: true', 'ns: MCP run, raw JSON-RPC client: true'],
+    ['official SDK client (Node)', 'ns: MCP run, raw JSON-RPC client: true', 'ns: MCP run, SDK client: true'],
+  ];
+  const out = [];
+  for (const [what, from, to] of steps) {
+    const b = from ? m(from) : 0;
+    const t = m(to);
+    if (b != null && t != null) out.push({ layer: what, ms: t - b });
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- 3. files
+
+const hostLabel = (f, op) => `${f.label} ${op}: host tmpfs (C write/read)`;
+
+/* The official SDK's stdio transport refuses a message over 10 MiB
+ * (STDIO_DEFAULT_MAX_BUFFER_SIZE), so through it read_file is called in
+ * pieces of at most this many bytes. A read_file result carries the content
+ * twice (as structuredContent and as its JSON text), so 2 MiB is about
+ * 5.6 MB on the wire. */
+const SDK_READ_PIECE = 2 * MiB;
+
+/* write_file then read_file (in pieces of at most `piece` bytes) of each
+ * size through MCP; returns {size: {write: [ns], read: [ns]}}. */
+async function mcpFiles(starter, backend, piece) {
+  const res = {};
+  const srv = await starter(BACKENDS[backend]);
+  try {
+    const { session_id } = await srv.tool('open_session', {});
+    for (const f of FILE_SIZES) {
+      const data = crypto.randomBytes(f.size);
+      const b64 = data.toString('base64');
+      const p = `/tmp/bench-${f.size}`;
+      const w = [];
+      const r = [];
+      for (let i = 0; i < f.n + 1; i++) {
+        let t = nowNs();
+        await srv.tool('write_file', { session_id, path: p, content_base64: b64 });
+        const wms = msSince(t);
+        t = nowNs();
+        const got = [];
+        for (let off = 0; off < f.size; ) {
+          const x = await srv.tool('read_file', { session_id, path: p, offset: off, max_bytes: Math.min(piece, f.size - off) });
+          if (!x.bytes) throw new Error(`read_file at offset ${off} of ${f.size} returned nothing`);
+          got.push(x.content_base64);
+          off += x.bytes;
+        }
+        const rms = msSince(t);
+        if (i === 0 && Buffer.concat(got.map((g) => Buffer.from(g, 'base64'))).compare(data) !== 0) throw new Error('read_file returned other bytes than written');
+        if (i > 0) {
+          w.push(wms * 1e6);
+          r.push(rms * 1e6);
+        }
+      }
+      res[f.size] = { write: w, read: r };
+      log(`  ${f.label}: write ${(f.size / 1e6 / (median(w) / 1e9)).toFixed(1)} MB/s, read ${(f.size / 1e6 / (median(r) / 1e9)).toFixed(1)} MB/s`);
+    }
+    await srv.tool('close', { session_id });
+  } finally {
+    await srv.close();
+  }
+  return res;
+}
+
+async function sectionFiles() {
+  const rows = [];
+  const spec = FILE_SIZES.map((f) => `${f.size}:${f.n}`).join(',');
+  const add = (j, label, higher = true) => {
+    for (const f of FILE_SIZES) {
+      for (const op of ['write', 'read']) {
+        const l = `${f.label} ${op}: ${label}`;
+        if (j.error) rows.push(notMeasured(l, j.error, { group: f.label }));
+        else rows.push(row(l, j.files[f.size][op].map((ns) => f.size / 1e6 / (ns / 1e9)), { higherIsBetter: higher, group: f.label, baseline: hostLabel(f, op) }));
+      }
+    }
+  };
+  log('host tmpfs write/read (baseline)');
+  add(await cbench(['host-files', spec]), 'host tmpfs (C write/read)');
+  log('agent protocol, no sandbox');
+  add(await cbench(['agent', 'fd', '--files', spec], { env: serverEnv(BACKENDS.ns) }), 'agent protocol, no sandbox');
+  for (const backend of ['ns', 'vm']) {
+    if (backend === 'vm' && vmError) {
+      add({ error: vmError }, 'vm: session layer, no MCP');
+      add({ error: vmError }, 'vm: MCP, SDK client');
+      add({ error: vmError }, 'vm: MCP, raw JSON-RPC client');
+      continue;
+    }
+    log(`${backend}: session layer, no MCP`);
+    add(await cbench(['agent', 'session', '--files', spec], { env: serverEnv(BACKENDS[backend]) }), `${backend}: session layer, no MCP`);
+    for (const [client, starter, piece] of [['SDK client', startServer, SDK_READ_PIECE], ['raw JSON-RPC client', startRawServer, Infinity]]) {
+      const label = `${backend}: MCP, ${client}`;
+      log(label);
+      await mcpFiles(starter, backend, piece).then((res) => add({ files: res }, label), (e) => add({ error: firstLine(e.message) }, label));
+    }
+  }
+  const notes = [
+    'MB/s = 10^6 bytes per second of one whole write_file call, or of reading the whole file back with read_file. p90 and p99 are the slow tail: the MB/s of the p90 and p99 durations.',
+    `read_file: the raw JSON-RPC client reads each file in one call (max_bytes = its size); the SDK client reads in pieces of at most ${SDK_READ_PIECE / MiB} MiB (${(32 * MiB) / SDK_READ_PIECE} calls for 32 MiB), because the SDK's stdio transport drops the connection on any message over 10 MiB (its default maxBufferSize), and a read_file result carries the content twice (structuredContent and the same JSON as text): one of 4 MiB is already about 11 MB, one of 32 MiB about 90 MB.`,
+    'Through MCP the content travels as base64 inside JSON (4/3 of the bytes), which the SDK client encodes, the server decodes, and back. The sandbox side writes to /tmp, on the overlay\'s tmpfs (ns) or the guest\'s (vm); the host baseline writes to /dev/shm.',
+    'Each row\'s ratio is to the host tmpfs row of the same size and operation.',
+  ];
+  return { id: 'files', title: '3. Files', unit: 'MB/s', higherIsBetter: true, rows, notes, grouped: true };
+}
+
+// ---------------------------------------------------------------- 4. throughput
+
+async function sectionThroughput() {
+  const rows = [];
+  const levels = [1, 2, 4, 8];
+  for (const p of levels) {
+    log(`host: ${p} × ${RUNS_PER_SESSION} sh -c true at once (baseline)`);
+    const rps = [];
+    let lat = [];
+    for (let rep = 0; rep < N.tputReps; rep++) {
+      const j = await cbench(['spawn-par', p, RUNS_PER_SESSION, 'sh', '-c', 'true']);
+      if (j.error) throw new Error(j.error);
+      rps.push(j.runs / (j.wall_ns / 1e9));
+      lat = lat.concat(nsToMs(j.ns));
+    }
+    rows.push(row(`${p} at once: host sh -c true`, rps, { higherIsBetter: true, group: `${p}`, latency: lat, baseline: `${p} at once: host sh -c true` }));
+  }
+  for (const backend of ['ns', 'vm']) {
+    const label = (p) => `${p} at once: ${backend} sessions, MCP run('true')`;
+    if (backend === 'vm' && vmError) {
+      for (const p of levels) rows.push(notMeasured(label(p), vmError, { group: `${p}` }));
+      continue;
+    }
+    log(`${backend}: 1, 2, 4, 8 sessions × ${RUNS_PER_SESSION} run('true')`);
+    await withServer(BACKENDS[backend], async (srv) => {
+      const ids = [];
+      try {
+        for (const p of levels) {
+          while (ids.length < p) ids.push((await srv.open()).session_id);
+          for (const id of ids) for (let i = 0; i < 3; i++) await srv.run(id, 'true');
+          const rps = [];
+          let lat = [];
+          for (let rep = 0; rep < N.tputReps; rep++) {
+            const t = nowNs();
+            const per = await Promise.all(
+              ids.slice(0, p).map(async (id) => {
+                const l = [];
+                for (let i = 0; i < RUNS_PER_SESSION; i++) {
+                  const t1 = nowNs();
+                  await srv.run(id, 'true');
+                  l.push(msSince(t1));
+                }
+                return l;
+              }),
+            );
+            const wall = msSince(t);
+            rps.push((p * RUNS_PER_SESSION) / (wall / 1000));
+            lat = lat.concat(per.flat());
+          }
+          rows.push(row(label(p), rps, { higherIsBetter: true, group: `${p}`, latency: lat, baseline: `${p} at once: host sh -c true` }));
+          log(`  ${p} sessions: ${median(rps).toFixed(0)} runs/s`);
+        }
+      } finally {
+        for (const id of ids) await srv.tool('close', { session_id: id }).catch(() => {});
+      }
+    }).catch((e) => {
+      for (const p of levels) if (!rows.some((r) => r.label === label(p))) rows.push(notMeasured(label(p), firstLine(e.message), { group: `${p}` }));
+    });
+  }
+  const notes = [
+    `P sessions (one MCP client, one server), each doing ${RUNS_PER_SESSION} run('true') in a row, all P at once; runs/s = P×${RUNS_PER_SESSION} / wall time. One sample per repetition (${N.tputReps} repetitions); p90/p99 are the slow tail of those. The latency column is over every single run.`,
+    `Baseline: P host processes at once, each running \`sh -c true\` ${RUNS_PER_SESSION} times (fork+exec+wait from C). The machine has ${os.cpus().length} cores.`,
+  ];
+  return { id: 'throughput', title: '4. Throughput under concurrency', unit: 'runs/s', higherIsBetter: true, rows, notes, grouped: true };
+}
+
+// ---------------------------------------------------------------- 5. memory
+
+async function settle() {
+  await sleep(1500);
+}
+
+/* PSS (MiB) per sandbox for 1, 4 and 8 idle bwrap sandboxes running sleep. */
+async function bwrapMemory(levels) {
+  const kids = [];
+  const out = {};
+  try {
+    for (const n of levels) {
+      while (kids.length < n) {
+        const c = spawn(BWRAP[0], [...BWRAP.slice(1), 'sleep', '100000'], { stdio: 'ignore' });
+        track(c.pid, 'bwrap sleep');
+        kids.push(c);
+      }
+      await settle();
+      out[n] = kids.slice(0, n).map((c) => [c.pid, ...descendants(c.pid).map((d) => d.pid)].reduce((a, p) => a + pssKiB(p), 0) / 1024);
+    }
+  } finally {
+    for (const c of kids) {
+      killTree(c.pid);
+      untrack(c.pid);
+    }
+  }
+  return out;
+}
+
+async function sectionMemory() {
+  const rows = [];
+  const levels = [1, 4, 8];
+  log('baseline: idle bwrap sandboxes (bwrap --unshare-all ... sleep)');
+  const bw = await bwrapMemory(levels);
+  for (const n of levels) rows.push(row(`${n} idle: bwrap sandbox running sleep`, bw[n], { group: `${n}`, unit: 'MiB', baseline: `${n} idle: bwrap sandbox running sleep` }));
+  for (const backend of ['ns', 'vm']) {
+    const label = (n) => `${n} idle: ${backend} sessions`;
+    if (backend === 'vm' && vmError) {
+      for (const n of levels) rows.push(notMeasured(label(n), vmError, { group: `${n}` }));
+      continue;
+    }
+    log(`${backend}: PSS of 1, 4, 8 idle sessions`);
+    // vm without a pool, so the processes that appear with an open are that session's.
+    const env = backend === 'vm' ? { ...BACKENDS.vm, IGN_MCP_POOL: 0 } : BACKENDS[backend];
+    await withServer(env, async (srv) => {
+      await settle();
+      const base = new Set(descendants(srv.pid).map((d) => d.pid));
+      const server0 = pssKiB(srv.pid);
+      const sessions = []; // {id, pids}
+      try {
+        for (const n of levels) {
+          while (sessions.length < n) {
+            const before = new Set(descendants(srv.pid).map((d) => d.pid));
+            const s = await srv.open();
+            await srv.run(s.session_id, 'true');
+            const pids = descendants(srv.pid).map((d) => d.pid).filter((p) => !before.has(p) && !base.has(p));
+            sessions.push({ id: s.session_id, pids });
+          }
+          await settle();
+          const per = sessions.map((s) => {
+            const live = [...new Set([...s.pids, ...s.pids.flatMap((p) => descendants(p).map((d) => d.pid))])];
+            return { pss: live.reduce((a, p) => a + pssKiB(p), 0) / 1024, cg: cgroupChargeKiB(s.pids[0]), procs: live.length };
+          });
+          const serverDelta = (pssKiB(srv.pid) - server0) / 1024 / n;
+          const cgs = per.map((x) => x.cg).filter((x) => x != null);
+          const extra = [
+            `processes per session: ${median(per.map((x) => x.procs))}`,
+            `server process +${serverDelta.toFixed(1)} MiB/session`,
+            cgs.length ? `cgroup charge median ${(median(cgs) / 1024).toFixed(1)} MiB` : '',
+          ].filter(Boolean).join('; ');
+          rows.push(row(label(n), per.map((x) => x.pss), { group: `${n}`, unit: 'MiB', extra, baseline: `${n} idle: bwrap sandbox running sleep`, server_delta_mib: serverDelta, cgroup_kib: cgs }));
+          log(`  ${n} sessions: median ${median(per.map((x) => x.pss)).toFixed(1)} MiB PSS per session`);
+        }
+      } finally {
+        for (const s of sessions) await srv.tool('close', { session_id: s.id }).catch(() => {});
+      }
+    }).catch((e) => {
+      for (const n of levels) if (!rows.some((r) => r.label === label(n))) rows.push(notMeasured(label(n), firstLine(e.message), { group: `${n}` }));
+    });
+  }
+  const notes = [
+    'PSS (from /proc/PID/smaps_rollup) summed over the processes a session owns, 1.5 s after the last open, each session having run one `true`: for ns the sandbox\'s processes (its ign-agent, PID 1 of the sandbox, and anything under it), for vm its QEMU (opened with IGN_MCP_POOL=0, so that the processes that appear with an open are that session\'s). One sample per session. PSS divides shared pages among their users, so it falls as sessions share more.',
+    'The server process\'s own growth and, where the sandbox has a memory cgroup of its own, the cgroup\'s charge (which also counts the tmpfs of its overlay and kernel memory) are in the notes.',
+  ];
+  return { id: 'memory', title: '5. Memory per idle session', unit: 'MiB', rows, notes, grouped: true };
+}
+
+// ---------------------------------------------------------------- 6. workload
+
+const HELLO_C = '#include <stdio.h>\nint main(void) { puts("hello"); return 0; }\n';
+const WORKLOADS = [
+  { key: 'python', label: "python3 -c 'print(1)'", cmd: "python3 -c 'print(1)'", host: ['/usr/bin/python3', '-c', 'print(1)'], n: () => N.py },
+  { key: 'gcc', label: 'gcc -o hello hello.c', cmd: 'gcc -o /tmp/hello /tmp/hello.c', host: null, n: () => N.gcc },
+];
+
+async function sectionWorkload() {
+  const rows = [];
+  const dir = fs.mkdtempSync('/dev/shm/ign-bench-work.');
+  fs.writeFileSync(path.join(dir, 'hello.c'), HELLO_C);
+  try {
+    for (const w of WORKLOADS) {
+      const argv = w.host ?? ['gcc', '-o', path.join(dir, 'hello'), path.join(dir, 'hello.c')];
+      log(`host: ${w.label} (baseline)`);
+      const j = await cbench(['spawn', w.n(), ...argv]);
+      rows.push(j.error ? notMeasured(`${w.label}: host`, j.error, { group: w.label }) : row(`${w.label}: host`, nsToMs(j.ns), { group: w.label, baseline: `${w.label}: host` }));
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  for (const backend of ['ns', 'vm']) {
+    if (backend === 'vm' && vmError) {
+      for (const w of WORKLOADS) rows.push(notMeasured(`${w.label}: vm session (MCP run)`, vmError, { group: w.label }));
+      continue;
+    }
+    log(`${backend}: python3 and gcc in the tools rootfs`);
+    await withServer({ ...BACKENDS[backend], IGN_MCP_ROOTFS: 'tools' }, (srv) =>
+      withSession(srv, async (sid) => {
+        await srv.tool('write_file', { session_id: sid, path: '/tmp/hello.c', content_base64: Buffer.from(HELLO_C).toString('base64') });
+        for (const w of WORKLOADS) {
+          const samples = await timeN(w.n(), async () => {
+            const r = await srv.run(sid, w.cmd);
+            if (w.key === 'python' && r.stdout !== '1\n') throw new Error(`python3 printed ${JSON.stringify(r.stdout)}`);
+          }, { warmup: 2, label: `${backend} ${w.label}` });
+          rows.push(row(`${w.label}: ${backend} session (MCP run)`, samples, { group: w.label, baseline: `${w.label}: host` }));
+          doneLine(w.label, samples);
+        }
+        const r = await srv.run(sid, '/tmp/hello');
+        if (r.stdout !== 'hello\n') throw new Error(`the compiled hello printed ${JSON.stringify(r.stdout)}`);
+      }),
+    ).catch((e) => {
+      for (const w of WORKLOADS) {
+        const l = `${w.label}: ${backend} session (MCP run)`;
+        if (!rows.some((x) => x.label === l)) rows.push(notMeasured(l, firstLine(e.message), { group: w.label }));
+      }
+    });
+  }
+  const notes = [
+    'In the tools rootfs (IGN_MCP_ROOTFS=tools, Debian bookworm: python3.11, gcc 12), through MCP with the SDK client; hello.c is written once with write_file. 2 untimed warm-up runs.',
+    'Host baseline: the same commands run from a C loop (fork+exec+wait) with the host\'s /usr/bin/python3 and gcc, in a /dev/shm directory.',
+  ];
+  return { id: 'workload', title: '6. A real workload', unit: 'ms', rows, notes, grouped: true };
+}
+
+// ---------------------------------------------------------------- 7. peer
+
+const SRT_DIR = path.join(REPO, 'bench/node_modules/@anthropic-ai/sandbox-runtime');
+
+async function sectionPeer() {
+  const rows = [];
+  const notes = [];
+  const shLabel = 'host: sh -c true via Node child_process.spawn';
+  const bwLabel = 'bare bwrap --unshare-all ... true via Node child_process.spawn';
+  const srtLib = "srt (sandbox-runtime library): wrapWithSandbox('true') + spawn";
+  const srtCli = 'srt CLI: `srt true` (a Node process per command)';
+  const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-bench-srt.'));
+  try {
+    log('baselines and srt library (peer-srt.mjs)');
+    const r = await runChild(process.execPath, [path.join(REPO, 'bench/peer-srt.mjs'), N.srt], { cwd: scratch });
+    let j;
+    try {
+      j = JSON.parse(r.stdout.trim().split('\n').pop());
+    } catch {
+      throw new Error(`peer-srt.mjs failed (exit ${r.code}): ${firstLine(r.stderr)}`);
+    }
+    rows.push(row(shLabel, j.sh_ms), row(bwLabel, j.bwrap_ms));
+    if (j.srt_error) {
+      rows.push(notMeasured(srtLib, j.srt_error), notMeasured(srtCli, j.srt_error));
+    } else {
+      rows.push(row(srtLib, j.srt_ms, { extra: `v${j.version}; wrapWithSandbox alone ${j.wrap_only_ms.toFixed(1)} ms`, wrapped_example: j.wrapped_example }));
+      doneLine('srt library', j.srt_ms);
+      log('srt CLI: `srt true`');
+      const c = await timeN(N.srtCli, async () => {
+        const x = await runChild(process.execPath, [path.join(SRT_DIR, 'dist/cli.js'), 'true'], { cwd: scratch });
+        if (x.code !== 0) throw new Error(`srt true exited ${x.code}: ${firstLine(x.stderr)}`);
+      }, { warmup: 1 });
+      rows.push(row(srtCli, c, { extra: `v${j.version}` }));
+      doneLine('srt CLI', c);
+    }
+  } catch (e) {
+    for (const l of [shLabel, bwLabel, srtLib, srtCli]) if (!rows.some((x) => x.label === l)) rows.push(notMeasured(l, firstLine(e.message)));
+  } finally {
+    fs.rmSync(scratch, { recursive: true, force: true });
+  }
+
+  log("ours: run('true') in a live ns session (MCP, SDK)");
+  await withServer(BACKENDS.ns, (srv) =>
+    withSession(srv, async (sid) => {
+      const s = await timeN(N.peerOurs, () => srv.run(sid, 'true'));
+      rows.push(row("ignition-mcp ns: run('true') through MCP (SDK client), live session", s));
+      doneLine('ours', s);
+    }),
+  );
+  if (vmError) rows.push(notMeasured("ignition-mcp vm: run('true') through MCP (SDK client), live session", vmError));
+  else {
+    await withServer(BACKENDS.vm, (srv) =>
+      withSession(srv, async (sid) => {
+        const s = await timeN(N.peerOurs, () => srv.run(sid, 'true'));
+        rows.push(row("ignition-mcp vm: run('true') through MCP (SDK client), live session", s));
+      }),
+    ).catch((e) => rows.push(notMeasured("ignition-mcp vm: run('true') through MCP (SDK client), live session", firstLine(e.message))));
+  }
+  notes.push('srt is Anthropic\'s sandbox runtime (npm @anthropic-ai/sandbox-runtime, installed in bench/node_modules from bench/package-lock.json), built on bubblewrap. Per command it wraps the command (a bwrap command line with its network proxy bridges: socat inside the sandbox, its HTTP/SOCKS proxies on the host) and spawns it through a shell; its library is initialised once (the proxies start then), with the configuration its CLI uses when there is no settings file (no network, no writes). It runs each command in a fresh sandbox; ignition-mcp runs it in a long-lived one, so this compares the cost per command an agent pays, not equal isolation.');
+  notes.push('Baseline: `sh -c true` spawned the same way as srt spawns (Node child_process.spawn), from the same small Node process (bench/peer-srt.mjs) as the srt library rows; the srt CLI rows start `node cli.js true` per command from the harness.');
+  return { id: 'peer', title: '7. Peer: Anthropic sandbox runtime', unit: 'ms', baseline: rows[0].label, rows, notes };
+}
+
+// ---------------------------------------------------------------- main
+
+async function main() {
+  for (const [what, p] of [['server', SERVER], ['agent', AGENT], ['C helper', CBENCH]]) {
+    if (!fs.existsSync(p)) throw new Error(`the ${what} ${p} is missing: run \`make bench\` (it builds everything first)`);
+  }
+  const started = new Date();
+  const machine = machineInfo();
+  log(`${QUICK ? 'quick' : 'full'} run on ${machine.nproc} cores (${machine.cpu}), kernel ${machine.kernel}, load ${machine.loadavg_at_start}`);
+  setSection('probe');
+  await probeVm();
+  machine.kvm_used = vmError ? 'no (the vm backend did not run)' : vmInfo.isolation === 'microvm/kvm' ? 'yes' : `no (${vmInfo.isolation})`;
+
+  const plan = [
+    [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
+    [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer],
+  ];
+  const sections = [];
+  for (const [i, fn] of plan) {
+    if (ONLY && !ONLY.has(i)) continue;
+    setSection(`${i}/7 ${fn.name.replace('section', '').toLowerCase()}`);
+    const t = Date.now();
+    try {
+      const s = await fn();
+      s.seconds = Math.round((Date.now() - t) / 1000);
+      sections.push(s);
+    } catch (e) {
+      log(`FAILED: ${e.stack || e.message}`);
+      sections.push({ id: fn.name, title: `${i}. ${fn.name.replace('section', '')}`, rows: [], notes: [], failed: firstLine(e.message) });
+    }
+  }
+  setSection('');
+  const results = {
+    tool: 'ignition-mcp bench',
+    mode: QUICK ? 'quick' : 'full',
+    started: started.toISOString(),
+    seconds: Math.round((Date.now() - started.getTime()) / 1000),
+    machine,
+    vm: vmError ? { error: vmError } : vmInfo,
+    server: path.relative(REPO, SERVER),
+    git: spawnSync('git', ['-C', REPO, 'describe', '--always', '--dirty'], { encoding: 'utf8' }).stdout.trim(),
+    sections,
+  };
+  const { md, json } = writeReport(results, path.join(REPO, 'bench'));
+  log(`wrote ${path.relative(REPO, md)} and ${path.relative(REPO, json)} in ${results.seconds} s`);
+  // Every server and sandbox was closed on the way; anything still under
+  // this process is a bug to report (and to kill).
+  const left = descendants(process.pid);
+  if (left.length) {
+    log(`warning: killing leftovers: ${left.map((l) => `${l.pid} ${l.cmd.join(" ")}`).join("; ")}`);
+    await reapRecords(left, 100);
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (e) => {
+    log(`bench failed: ${e.stack || e.message}`);
+    process.exit(1);
+  },
+);
