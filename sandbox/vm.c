@@ -243,17 +243,24 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   }
 
   bool kvm = strcmp(accel, "kvm") == 0;
+  /* QEMU opens its inputs through bind mounts in its state directory (see
+   * vm_spawn.c); only the golden VM creates its RAM file in place. */
+  _cleanup_free_ char *k_path = xasprintf("%s/kernel", v->dir);
+  _cleanup_free_ char *i_path = xasprintf("%s/initramfs", v->dir);
+  _cleanup_free_ char *img_path = xasprintf("%s/image", v->dir);
+  _cleanup_free_ char *ram_path = kind == VM_CLONE ? xasprintf("%s/ram", v->dir)
+                                                   : ram_file ? strdup(ram_file) : NULL;
   _cleanup_free_ char *machine =
       xasprintf("microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off%s",
                 kind == VM_COLD ? "" : ",memory-backend=mem");
   _cleanup_free_ char *accel_arg = kvm ? strdup("kvm") : xasprintf("tcg,tb-size=%d", TB_SIZE_MB);
   _cleanup_free_ char *mem = xasprintf("%uM", cfg.vm_memory_mb);
   _cleanup_free_ char *backend =
-      ram_file ? xasprintf("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
-                           cfg.vm_memory_mb, ram_file, kind == VM_GOLDEN ? "on" : "off")
+      ram_path ? xasprintf("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
+                           cfg.vm_memory_mb, ram_path, kind == VM_GOLDEN ? "on" : "off")
                : NULL;
   _cleanup_free_ char *drive =
-      xasprintf("file=%s,format=raw,if=none,readonly=on,id=root", cfg.vm_image);
+      xasprintf("file=%s,format=raw,if=none,readonly=on,id=root", img_path);
   _cleanup_free_ char *append = cmdline(accel);
   const char *argv[64];
   int n = 0;
@@ -278,7 +285,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   if (kind == VM_CLONE)
     args_add(argv, &n, "-incoming", "defer", NULL);
   else
-    args_add(argv, &n, "-kernel", cfg.kernel, "-initrd", cfg.initramfs, "-append", append, NULL);
+    args_add(argv, &n, "-kernel", k_path, "-initrd", i_path, "-append", append, NULL);
   argv[n] = NULL;
 
   int qsv[2] = {-1, -1}, asv[2] = {-1, -1};
@@ -295,8 +302,12 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   }
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
-      .ram_file_writable = kind == VM_CLONE ? ram_file : NULL,
-      .needed = {cfg.qemu, cfg.kernel, cfg.initramfs, cfg.vm_image, ram_file, v->dir},
+      .ram_file_writable = kind == VM_CLONE ? ram_path : NULL,
+      .needed = {cfg.qemu, v->dir},
+      .binds = {{cfg.vm_image, "image", false},
+                {kind == VM_CLONE ? ram_file : cfg.kernel, kind == VM_CLONE ? "ram" : "kernel",
+                 kind == VM_CLONE},
+                {kind == VM_CLONE ? NULL : cfg.initramfs, "initramfs", false}},
       .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
       .uid = VM_UID_BASE + seq % VM_UID_SPAN, .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
   };
@@ -525,6 +536,11 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
     return r;
   }
   rename(log_src, log_dst);
+  static const char *const mount_points[] = {"image", "kernel", "initramfs"};
+  for (size_t i = 0; i < ARRAY_SIZE(mount_points); i++) {
+    _cleanup_free_ char *mp = xasprintf("%s/%s", tmp, mount_points[i]);
+    unlink(mp);
+  }
   /* Clones (other uids, group VM_GID) read the state and open the RAM file
    * read-write (QEMU 7.2 does, even for a private mapping); nobody else. */
   if (chown(tmp, 0, VM_GID) < 0 || chown(ram, 0, VM_GID) < 0 || chown(state, 0, VM_GID) < 0 ||
@@ -907,9 +923,8 @@ static int prepare(char **ret_err) {
   int r = check_inputs(ret_err);
   if (r < 0)
     return r;
-  if ((r = check_reachable(cfg.kernel, "the guest kernel", ret_err)) < 0 ||
-      (r = check_reachable(cfg.vm_image, "the rootfs image", ret_err)) < 0 ||
-      (r = check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
+  /* The golden VM writes its RAM file in the store by path. */
+  if ((r = check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
   if ((r = mkdir_p(cfg.store, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,

@@ -13,7 +13,14 @@ struct vm_spawn_req {
   char *const *argv;
   const char *dir;               /* state directory: logs; the only writable place */
   const char *ram_file_writable; /* the golden RAM file (QEMU 7.2 opens it O_RDWR) */
-  const char *needed[6];         /* paths QEMU reads: never hidden */
+  const char *needed[4];         /* paths QEMU reads by their own name: never hidden */
+  /* Files QEMU reads through its state directory: each SRC is bind-mounted
+   * (read-only unless WRITABLE) onto DIR/NAME in QEMU's mount namespace, so
+   * the unprivileged QEMU needs no access to the directories above them. */
+  struct vm_bind {
+    const char *src, *name;
+    bool writable;
+  } binds[4];
   int qmp_fd, agent_fd;          /* become fds 3 and 4 */
   bool net;
   uid_t uid;                     /* 0: keep the server's uid */

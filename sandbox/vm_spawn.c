@@ -57,6 +57,10 @@ struct spawn_job {
   bool drop_uid;
   int ll_ruleset;           /* landlock ruleset fd, or -1 */
   bool limit_fsize;
+  const char *bind_src[4];
+  char bind_dst[4][4096];
+  bool bind_ro[4];
+  int n_binds;
   pid_t parent;
   pid_t ret_pid;
 };
@@ -79,6 +83,14 @@ static int spawn_on_thread(void *p) {
     _exit(125);
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     _exit(124);
+  for (int i = 0; i < j->n_binds; i++) {
+    if (mount(j->bind_src[i], j->bind_dst[i], NULL, MS_BIND, NULL) < 0)
+      _exit(118);
+    if (j->bind_ro[i] &&
+        mount(NULL, j->bind_dst[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+              NULL) < 0)
+      _exit(118);
+  }
   for (size_t i = 0; i < ARRAY_SIZE(hidden_dirs); i++)
     if (j->hide[i])
       mount("tmpfs", hidden_dirs[i], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
@@ -175,6 +187,18 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
       /* The golden VM creates its RAM file; clones only write their log. */
       .limit_fsize = req->ram_file_writable != NULL,
   };
+  for (size_t i = 0; i < ARRAY_SIZE(req->binds) && req->binds[i].src; i++) {
+    struct vm_bind b = req->binds[i];
+    snprintf(j.bind_dst[i], sizeof j.bind_dst[i], "%s/%s", req->dir, b.name);
+    _cleanup_close_ int fd = open(j.bind_dst[i], O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      *ret_err = xasprintf("cannot create %s: %s", j.bind_dst[i], strerror(errno));
+      return -errno;
+    }
+    j.bind_src[i] = b.src;
+    j.bind_ro[i] = !b.writable;
+    j.n_binds++;
+  }
   for (size_t i = 0; i < ARRAY_SIZE(hidden_dirs); i++) {
     struct stat st;
     /* Never hide what QEMU itself must read. */
