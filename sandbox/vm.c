@@ -679,6 +679,20 @@ static struct vm *pop(struct vm **list, unsigned *n) {
   return v;
 }
 
+/* Empties the pool (called with the lock, returns without it) and destroys
+ * its VMs. */
+static void drain_pool_locked(void) {
+  struct vm *lists[2] = {vmb.ready, vmb.spares};
+  vmb.ready = vmb.spares = NULL;
+  vmb.n_ready = vmb.n_spares = 0;
+  pthread_mutex_unlock(&vmb.lock);
+  for (size_t i = 0; i < ARRAY_SIZE(lists); i++)
+    for (struct vm *v = lists[i], *nx; v; v = nx) {
+      nx = v->next;
+      sandbox_vm_ops.destroy(&v->base);
+    }
+}
+
 static int new_clone(const char *base_dir, bool warm, struct vm **ret, char **ret_err) {
   struct vm *v = NULL;
   pthread_mutex_lock(&vmb.lock);
@@ -748,21 +762,8 @@ static void *pool_loop(void) {
     if (strcmp(fp, vmb.fingerprint) != 0) {
       log_info("the VM images changed; making a new warm base");
       _cleanup_free_ char *err = NULL;
-      struct vm *old_ready, *old_spares;
       pthread_mutex_lock(&vmb.lock);
-      old_ready = vmb.ready;
-      old_spares = vmb.spares;
-      vmb.ready = vmb.spares = NULL;
-      vmb.n_ready = vmb.n_spares = 0;
-      pthread_mutex_unlock(&vmb.lock);
-      for (struct vm *v = old_ready, *nx; v; v = nx) {
-        nx = v->next;
-        sandbox_vm_ops.destroy(&v->base);
-      }
-      for (struct vm *v = old_spares, *nx; v; v = nx) {
-        nx = v->next;
-        sandbox_vm_ops.destroy(&v->base);
-      }
+      drain_pool_locked();
       if (ensure_base(false, &err) < 0) {
         log_error("cannot make the new warm base: %s", err);
         sleep(5);
@@ -1012,18 +1013,7 @@ void vm_backend_shutdown(void) {
     }
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
-  struct vm *ready = vmb.ready, *spares = vmb.spares;
-  vmb.ready = vmb.spares = NULL;
-  vmb.n_ready = vmb.n_spares = 0;
-  pthread_mutex_unlock(&vmb.lock);
-  for (struct vm *v = ready, *nx; v; v = nx) {
-    nx = v->next;
-    sandbox_vm_ops.destroy(&v->base);
-  }
-  for (struct vm *v = spares, *nx; v; v = nx) {
-    nx = v->next;
-    sandbox_vm_ops.destroy(&v->base);
-  }
+  drain_pool_locked();
 }
 
 /* ---- sandbox ops ---- */
