@@ -565,7 +565,7 @@ async function sectionFiles() {
     }
     log(`${backend}: session layer, no MCP`);
     add(await cbench(['agent', 'session', '--files', spec], { env: serverEnv(BACKENDS[backend]) }), `${backend}: session layer, no MCP`);
-    for (const [client, starter, piece] of [['SDK client', startServer, SDK_READ_PIECE], ['raw JSON-RPC client', startRawServer, Infinity]]) {
+    for (const [client, starter, piece] of [['SDK client', startServer, SDK_READ_PIECE], ['raw JSON-RPC client', startRawServer, SDK_READ_PIECE]]) {
       const label = `${backend}: MCP, ${client}`;
       log(label);
       await mcpFiles(starter, backend, piece).then((res) => add({ files: res }, label), (e) => add({ error: firstLine(e.message) }, label));
@@ -573,7 +573,7 @@ async function sectionFiles() {
   }
   const notes = [
     'MB/s = 10^6 bytes per second of one whole write_file call, or of reading the whole file back with read_file. p90 and p99 are the slow tail: the MB/s of the p90 and p99 durations.',
-    `read_file: the raw JSON-RPC client reads each file in one call (max_bytes = its size); the SDK client reads in pieces of at most ${SDK_READ_PIECE / MiB} MiB (${(32 * MiB) / SDK_READ_PIECE} calls for 32 MiB), because the SDK's stdio transport drops the connection on any message over 10 MiB (its default maxBufferSize), and a read_file result carries the content twice (structuredContent and the same JSON as text): one of 4 MiB is already about 11 MB, one of 32 MiB about 90 MB.`,
+    `read_file: both clients read in pieces of at most ${SDK_READ_PIECE / MiB} MiB (${(32 * MiB) / SDK_READ_PIECE} calls for 32 MiB), the server's cap per call: a read_file result carries the content twice (structuredContent and the same JSON as text), and the SDK's stdio transport drops the connection on any message over 10 MiB (its default maxBufferSize).`,
     'Through MCP the content travels as base64 inside JSON (4/3 of the bytes), which the SDK client encodes, the server decodes, and back. The sandbox side writes to /tmp, on the overlay\'s tmpfs (ns) or the guest\'s (vm); the host baseline writes to /dev/shm.',
     'Each row\'s ratio is to the host tmpfs row of the same size and operation.',
   ];
