@@ -51,6 +51,19 @@ static inline uint64_t now_ns(clockid_t clk) {
   clock_gettime(clk, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+/* The time MS milliseconds from now on clock CLK, for timed waits. */
+static inline struct timespec timespec_in(clockid_t clk, uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(clk, &ts);
+  ts.tv_sec += (time_t)(ms / 1000);
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
 static inline uint64_t mono_ms(void) { return now_ns(CLOCK_MONOTONIC) / 1000000ull; }
 static inline uint64_t mono_us(void) { return now_ns(CLOCK_MONOTONIC) / 1000ull; }
 

@@ -341,13 +341,7 @@ static void wait_calls(void) {
    * an error that says so. */
   pthread_mutex_lock(&calls_lock);
   while (n_calls > 0 && mono_ms() < deadline) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 50 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 50);
     pthread_cond_timedwait(&calls_cond, &calls_lock, &ts);
   }
   pthread_mutex_unlock(&calls_lock);

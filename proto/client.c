@@ -326,16 +326,6 @@ static void unregister_pending(struct agent_conn *c, struct pending *p) {
   pthread_mutex_unlock(&c->lock);
 }
 
-static void deadline_after(struct timespec *ts, uint32_t ms) {
-  clock_gettime(CLOCK_MONOTONIC, ts);
-  ts->tv_sec += ms / 1000;
-  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts->tv_nsec >= 1000000000L) {
-    ts->tv_sec++;
-    ts->tv_nsec -= 1000000000L;
-  }
-}
-
 /* The newest non-empty line of the output tail, for a progress message. */
 static void last_line(const struct pending *p, char *out, size_t out_size) {
   size_t end = p->tail_len;
@@ -375,8 +365,7 @@ static int wait_pending(struct agent_conn *c, struct pending *p, const struct ag
       pthread_mutex_lock(&c->lock);
       continue;
     }
-    struct timespec ts;
-    deadline_after(&ts, TICK_MS);
+    struct timespec ts = timespec_in(CLOCK_MONOTONIC, TICK_MS);
     pthread_cond_timedwait(&c->cond, &c->lock, &ts);
   }
 }

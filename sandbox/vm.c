@@ -1004,13 +1004,7 @@ void vm_backend_shutdown(void) {
   /* Let the pool thread finish (and destroy) the VM it may be making. */
   uint64_t deadline = mono_ms() + 5000;
   while (vmb.pool_running && mono_ms() < deadline) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 20000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 20);
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
   drain_pool_locked();
@@ -1025,9 +1019,7 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   pthread_mutex_lock(&vmb.lock);
   uint64_t deadline = mono_ms() + BASE_WAIT_MS;
   while (!vmb.init_done && mono_ms() < deadline) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 1;
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
   if (!vmb.init_done || vmb.init_error) {

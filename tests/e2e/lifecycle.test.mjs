@@ -70,6 +70,19 @@ async function assertAllGone({ raw, marks, kids }, what) {
   await assertNoVmLeftovers(raw.pid, { dirs: what !== 'SIGKILL', what });
 }
 
+/* After a clean shutdown (EX from waitExit): exit status 0, no process of
+ * the server's left, no temp files or cgroups beyond those in BEFORE. */
+async function assertCleanExit(b, ex, what, before) {
+  assert.ok(ex, `server did not exit within 10 s of ${what}`);
+  assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${b.raw.stderrText().slice(-2000)}`);
+  await assertAllGone(b, what === 'stdin EOF' ? 'EOF' : what);
+  const extra = await waitUntil(() => {
+    const n = newLeftovers(before);
+    return n.tmp.length + n.cgroups.length === 0 ? n : null;
+  }, { timeoutMs: 3000 });
+  assert.ok(extra, `left behind: ${JSON.stringify(newLeftovers(before))}\nserver stderr:\n${b.raw.stderrText().slice(-3000)}`);
+}
+
 describe('shutdown', () => {
   test('stdin EOF: exit 0 within a few seconds, nothing left behind', T, async () => {
     const before = leftovers();
@@ -79,15 +92,8 @@ describe('shutdown', () => {
       const t0 = Date.now();
       b.raw.endStdin();
       const ex = await b.raw.waitExit(10000);
-      assert.ok(ex, 'server did not exit within 10 s of stdin EOF');
-      assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${b.raw.stderrText().slice(-2000)}`);
       assert.ok(Date.now() - t0 < 10000);
-      await assertAllGone(b, 'EOF');
-      const extra = await waitUntil(() => {
-        const n = newLeftovers(before);
-        return n.tmp.length + n.cgroups.length === 0 ? n : null;
-      }, { timeoutMs: 3000 });
-      assert.ok(extra, `left behind: ${JSON.stringify(newLeftovers(before))}\nserver stderr:\n${b.raw.stderrText().slice(-3000)}`);
+      await assertCleanExit(b, ex, 'stdin EOF', before);
     } finally {
       hardKill(b.raw.pid);
     }
@@ -101,14 +107,7 @@ describe('shutdown', () => {
         assertCgroupsVisible(before);
         process.kill(b.raw.pid, sig);
         const ex = await b.raw.waitExit(10000);
-        assert.ok(ex, `server did not exit within 10 s of ${sig}`);
-        assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${b.raw.stderrText().slice(-2000)}`);
-        await assertAllGone(b, sig);
-        const extra = await waitUntil(() => {
-          const n = newLeftovers(before);
-          return n.tmp.length + n.cgroups.length === 0 ? n : null;
-        }, { timeoutMs: 3000 });
-        assert.ok(extra, `left behind: ${JSON.stringify(newLeftovers(before))}\nserver stderr:\n${b.raw.stderrText().slice(-3000)}`);
+        await assertCleanExit(b, ex, sig, before);
       } finally {
         hardKill(b.raw.pid);
       }
