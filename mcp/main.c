@@ -8,6 +8,7 @@
 
 #include "common/util.h"
 #include "mcp/config.h"
+#include "mcp/doctor.h"
 #include "mcp/log.h"
 #include "mcp/server.h"
 #include "sandbox/vm.h"
@@ -16,7 +17,11 @@
 static void usage(void) {
   printf("ignition-mcp %s: a stdio MCP server that gives each session its own sandbox.\n"
          "\n"
-         "Usage: ignition-mcp            serve MCP on stdin/stdout\n"
+         "Usage: ignition-mcp            serve MCP on stdin/stdout (what a client runs)\n"
+         "       ignition-mcp doctor [--json]\n"
+         "                               check everything a session needs, one line per\n"
+         "                               check, with the command that fixes what is\n"
+         "                               missing; exit 0 when sessions can open\n"
          "       ignition-mcp make-base [--force]\n"
          "                               make the warm microVM base for the configured\n"
          "                               rootfs now (the server also does it on demand)\n"
@@ -42,12 +47,17 @@ static void usage(void) {
          "  IGN_MCP_BASE          warm base name; none = cold boot [<rootfs>-base]\n"
          "  IGN_MCP_KERNEL        guest kernel [vm/vmlinux next to the server]\n"
          "  IGN_MCP_INITRAMFS     guest initramfs [vm/initramfs.cpio next to the server]\n"
+         "  IGN_MCP_VM_IMAGE      guest rootfs disk image [vm/rootfs-<rootfs>.erofs next\n"
+         "                        to the server]\n"
          "  IGN_MCP_POOL          restored clones kept ready [2]\n"
          "  IGN_MCP_SPARES        QEMUs kept waiting for a restore [1]\n"
          "  IGN_MCP_VM_MEMORY_MB  guest RAM of each microVM [256]\n"
          "  IGN_MCP_ACCEL         auto | kvm | tcg [auto]\n"
          "  IGN_MCP_QEMU          QEMU binary [qemu-system-x86_64 from PATH]\n"
-         "  IGN_MCP_LOG           stderr log level: debug, info, warning, error [info]\n",
+         "  IGN_MCP_LOG           stderr log level: debug, info, warning, error [info]\n"
+         "\n"
+         "\"Next to the server\" is the server's directory, or ../lib/ignition-mcp from it\n"
+         "once installed.  man ignition-mcp has the details.\n",
          IGN_VERSION);
 }
 
@@ -61,8 +71,16 @@ int main(int argc, char **argv) {
       usage();
       return 0;
     }
-    if (strcmp(argv[1], "make-base") != 0) {
+    const char *opt = strcmp(argv[1], "make-base") == 0 ? "--force"
+                      : strcmp(argv[1], "doctor") == 0  ? "--json"
+                                                        : NULL;
+    if (!opt) {
       fprintf(stderr, "ignition-mcp: unknown argument '%s'; see ignition-mcp --help\n", argv[1]);
+      return 2;
+    }
+    if (argc > 3 || (argc == 3 && strcmp(argv[2], opt) != 0)) {
+      fprintf(stderr, "ignition-mcp: %s takes only %s, not '%s'; see ignition-mcp --help\n",
+              argv[1], opt, argv[argc == 3 ? 2 : 3]);
       return 2;
     }
   }
@@ -78,6 +96,8 @@ int main(int argc, char **argv) {
   }
   if (config_load() < 0)
     return 2;
+  if (argc > 1 && strcmp(argv[1], "doctor") == 0)
+    return doctor_main(argc > 2);
   if (argc > 1) {
     bool force = argc > 2 && strcmp(argv[2], "--force") == 0;
     _cleanup_free_ char *err = NULL;
@@ -100,9 +120,14 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   _cleanup_free_ char *err = NULL;
-  if (sessions_init(&err) < 0)
-    log_warn("sessions cannot open until this is fixed: %s", err);
-  else
+  if (sessions_init(&err) < 0) {
+    /* Still serve: the client connects, lists the tools, and every
+     * open_session says what is missing and how to fix it. */
+    log_warn("no sandbox backend can run (IGN_MCP_BACKEND=%s): %s; open_session will fail "
+             "until this is fixed (`ignition-mcp doctor` lists the checks and their fixes)",
+             cfg.backend == BACKEND_VM ? "vm" : cfg.backend == BACKEND_NS ? "ns" : "auto", err);
+    sessions_set_unavailable_help(doctor_explain());
+  } else
     log_info("ignition-mcp %s ready: backend %s, rootfs %s", IGN_VERSION, sessions_backend(),
              cfg.rootfs);
   return mcp_serve();

@@ -146,15 +146,24 @@ static unsigned host_tsc_khz(void) {
   return (unsigned)((c1 - c0) * 1000000ull / (t1 - t0));
 }
 
-static bool kvm_openable(void) {
+/* Why /dev/kvm cannot make a VM for this process, or NULL when it can. */
+static char *kvm_open_why(char **ret_fix) {
   _cleanup_close_ int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0 || ioctl(fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION)
-    return false;
+  if (fd < 0 && errno == ENOENT)
+    return strdup("/dev/kvm does not exist (the host offers no hardware virtualisation to this "
+                  "machine, or the kvm module is not loaded)");
+  if (fd < 0) {
+    if (errno == EACCES)
+      *ret_fix = strdup("usermod -aG kvm \"$USER\" (then log in again)");
+    return xasprintf("/dev/kvm cannot be opened: %s", strerror(errno));
+  }
+  if (ioctl(fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION)
+    return strdup("/dev/kvm speaks another KVM API version");
   int vm = ioctl(fd, KVM_CREATE_VM, 0);
   if (vm < 0)
-    return false;
+    return xasprintf("/dev/kvm opens but cannot create a VM: %s", strerror(errno));
   close(vm);
-  return true;
+  return NULL;
 }
 
 static void stat_part(char *buf, size_t size, const char *name, const char *path) {
@@ -606,6 +615,13 @@ static bool base_complete(const char *dir) {
   return file_exists(ram) && file_exists(state) && file_exists(meta);
 }
 
+char *vm_base_path(const char *accel, bool *ret_complete) {
+  _cleanup_free_ char *fp = make_fingerprint(accel);
+  char *dir = base_dir_for(fp);
+  *ret_complete = base_complete(dir);
+  return dir;
+}
+
 static int ensure_base_locked(bool force, char **ret_err);
 
 /* Marks DIR as in use by this server (see remove_stale_bases). */
@@ -809,8 +825,12 @@ static void *pool_loop(void) {
 
 static int check_inputs(char **ret_err) {
   if (!cfg.qemu) {
-    *ret_err = strdup("qemu-system-x86_64 was not found in PATH (apt-get install "
-                      "qemu-system-x86, or set IGN_MCP_QEMU)");
+    const char *q = getenv("IGN_MCP_QEMU");
+    *ret_err = q && *q ? xasprintf("IGN_MCP_QEMU=%s is not an executable file (unset it to use "
+                                   "qemu-system-x86_64 from PATH)",
+                                   q)
+                       : strdup("qemu-system-x86_64 was not found in PATH (apt-get install "
+                                "qemu-system-x86, or set IGN_MCP_QEMU)");
     return -ENOENT;
   }
   const char *files[][2] = {{cfg.kernel, "the guest kernel (IGN_MCP_KERNEL)"},
@@ -864,7 +884,7 @@ static void *init_main(void *unused) {
 
 /* QEMUs of a root server run as unprivileged uids with the kvm group: they
  * can use /dev/kvm only if that group may read and write it. */
-static bool kvm_reachable(char **ret_why) {
+static bool kvm_reachable(char **ret_why, char **ret_fix) {
   if (getuid() != 0)
     return true;
   struct stat st;
@@ -876,24 +896,45 @@ static bool kvm_reachable(char **ret_why) {
   *ret_why = xasprintf("/dev/kvm (mode %03o, gid %u) cannot be opened by the unprivileged QEMU "
                        "user: give it to group kvm with mode 0660 (Debian's udev rules do)",
                        st.st_mode & 0777, (unsigned)st.st_gid);
+  *ret_fix = strdup(g ? "chgrp kvm /dev/kvm && chmod 0660 /dev/kvm"
+                      : "groupadd --system kvm && chgrp kvm /dev/kvm && chmod 0660 /dev/kvm");
   return false;
 }
 
-static int pick_accel(void) {
-  bool kvm_ok = kvm_openable();
-  _cleanup_free_ char *why = NULL;
-  if (kvm_ok && !kvm_reachable(&why)) {
-    log_info("not using KVM: %s", why);
-    kvm_ok = false;
+const char *vm_probe_accel(char **ret_why, char **ret_fix) {
+  *ret_why = *ret_fix = NULL;
+  if (strcmp(cfg.accel, "tcg") == 0) {
+    *ret_why = strdup("IGN_MCP_ACCEL=tcg");
+    return "tcg";
   }
+  char *why = kvm_open_why(ret_fix);
+  if (!why)
+    kvm_reachable(&why, ret_fix);
+  /* A guest that failed under KVM once is not retried (IGN_MCP_ACCEL=kvm
+   * insists). */
   _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
-  if (strcmp(cfg.accel, "kvm") == 0 && !kvm_ok)
+  if (!why && strcmp(cfg.accel, "auto") == 0 && file_exists(marker)) {
+    why = xasprintf("a guest did not boot under KVM on this host before (the marker %s says so)",
+                    marker);
+    *ret_fix = xasprintf("rm %s (to try KVM again)", marker);
+  }
+  if (!why)
+    return "kvm";
+  *ret_why = why;
+  return strcmp(cfg.accel, "kvm") == 0 ? NULL : "tcg";
+}
+
+static int pick_accel(char **ret_err) {
+  _cleanup_free_ char *why = NULL, *fix = NULL;
+  const char *accel = vm_probe_accel(&why, &fix);
+  if (!accel) {
+    *ret_err = xasprintf("IGN_MCP_ACCEL=kvm but KVM cannot be used here: %s%s%s", why,
+                         fix ? "; fix: " : "", fix ? fix : "");
     return -ENODEV;
-  if (strcmp(cfg.accel, "tcg") == 0 || !kvm_ok ||
-      (strcmp(cfg.accel, "auto") == 0 && file_exists(marker)))
-    vmb.accel = "tcg";
-  else
-    vmb.accel = "kvm";
+  }
+  if (why && strcmp(cfg.accel, "auto") == 0)
+    log_info("not using KVM: %s", why);
+  vmb.accel = accel;
   snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/%s", vmb.accel);
   struct group *g = getgrnam("kvm");
   vmb.kvm_gid = g ? g->gr_gid : 0;
@@ -902,7 +943,7 @@ static int pick_accel(void) {
 
 /* The QEMUs of a root server run as other uids: every directory above the
  * files they open must let others search it. */
-static int check_reachable(const char *path, const char *what, char **ret_err) {
+int vm_check_reachable(const char *path, const char *what, char **ret_err) {
   if (getuid() != 0 || !path)
     return 0;
   _cleanup_free_ char *p = strdup(path);
@@ -925,17 +966,15 @@ static int prepare(char **ret_err) {
   if (r < 0)
     return r;
   /* The golden VM writes its RAM file in the store by path. */
-  if ((r = check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
+  if ((r = vm_check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
   if ((r = mkdir_p(cfg.store, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
                          strerror(-r));
     return r;
   }
-  if (pick_accel() < 0) {
-    *ret_err = strdup("IGN_MCP_ACCEL=kvm but /dev/kvm cannot be used here");
-    return -ENODEV;
-  }
+  if ((r = pick_accel(ret_err)) < 0)
+    return r;
   vmb.tsc_khz = host_tsc_khz();
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")

@@ -42,3 +42,16 @@ int vm_make_base(bool force, char **ret_err);
 void vm_backend_shutdown(void);
 /* "microvm/kvm" or "microvm/tcg" once initialised. */
 const char *vm_isolation(void);
+
+/* What `ignition-mcp doctor` asks; nothing here changes anything. */
+/* The accelerator the backend would pick now: "kvm", or "tcg" with *ret_why
+ * saying why not KVM (no /dev/kvm, no permission, QEMU's uid cannot reach it,
+ * a guest failed under it before), or NULL when IGN_MCP_ACCEL=kvm cannot be
+ * honoured.  *ret_fix, when set, is a command that may make KVM usable. */
+const char *vm_probe_accel(char **ret_why, char **ret_fix);
+/* The directory of the warm base that the current QEMU, images and settings
+ * need under ACCEL; *ret_complete tells whether it is there and whole. */
+char *vm_base_path(const char *accel, bool *ret_complete);
+/* For a root server: every directory above PATH must let the QEMUs (other
+ * uids) search it; -EACCES and *ret_err naming WHAT and the fix if not. */
+int vm_check_reachable(const char *path, const char *what, char **ret_err);

@@ -159,6 +159,13 @@ static json_t *describe(const struct session *s, uint64_t open_ms) {
   return o;
 }
 
+void sessions_set_unavailable_help(char *help) {
+  char *e = xasprintf("%s\n%s", backend_error ? backend_error : "", help);
+  free(help);
+  free(backend_error);
+  backend_error = e;
+}
+
 int session_open(json_t **ret, char **ret_err) {
   if (!backend) {
     *ret_err = xasprintf("no sandbox backend can run here: %s", backend_error);
@@ -303,7 +310,8 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
   if (r == 0 && (s->removed || shutting_down)) {
     handle_retire(h, "closed");
     handle_unref_locked(h, &dead);
-    *ret_err = xasprintf("session '%s' was closed during the reset", id);
+    *ret_err = xasprintf("session '%s' was closed during the reset. Call open_session for a new "
+                         "session.", id);
     r = -ENOENT;
   } else if (r == 0) {
     s->h = h;
@@ -436,7 +444,13 @@ int sessions_init(char **ret_err) {
     log_info("the microVM backend is not available (%s); using the namespace backend", err);
     r = 0;
   }
-  if (!cfg.agent) {
+  const char *agent_env = getenv("IGN_MCP_AGENT");
+  if (!cfg.agent && agent_env && *agent_env) {
+    backend_error = xasprintf("IGN_MCP_AGENT=%s is not an executable file; unset it to use the "
+                              "ign-agent next to the server",
+                              agent_env);
+    r = -ENOENT;
+  } else if (!cfg.agent) {
     backend_error = xasprintf("ign-agent was not found next to the server (%s) nor in "
                               "../lib/ignition-mcp; build it with `make` or set IGN_MCP_AGENT",
                               config_exe_dir());

@@ -21,6 +21,9 @@ struct lease {
 /* Picks the backend and starts the reaper.  *ret_err explains when no
  * backend can work (sessions then cannot open, the server still runs). */
 int sessions_init(char **ret_err);
+/* When no backend can work: HELP (taken) is added to the error every
+ * open_session returns; call it before serving. */
+void sessions_set_unavailable_help(char *help);
 /* "ns" or "vm" (or "none"). */
 const char *sessions_backend(void);
 

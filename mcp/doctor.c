@@ -1,0 +1,650 @@
+/* doctor.c: `ignition-mcp doctor`: everything a session needs, checked on
+ * this host, one line per check: a status word (ok, warn, missing, fail),
+ * what was found, and for anything not ok the command that fixes it.
+ *
+ * The checks ask the same code the server runs: the KVM decision and the
+ * warm base's fingerprint come from the vm backend (sandbox/vm.c), the
+ * cgroup check makes and removes a real group through sandbox/cgroup.c, and
+ * the namespace check really clones a process into the namespaces the ns
+ * backend uses.  Nothing else is changed: no base is built, nothing is
+ * installed.
+ *
+ * "warn" never stops sessions (KVM missing means TCG, a missing warm base is
+ * made on first use, no cgroup limits means sessions without them);
+ * "missing" and "fail" stop the backend they belong to.  The same checks
+ * explain a server that started without a working backend: open_session
+ * returns doctor_explain()'s text. */
+#include "mcp/doctor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <linux/landlock.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "mcp/config.h"
+#include "sandbox/sandbox.h"
+#include "sandbox/vm.h"
+
+extern char **environ;
+
+enum status { ST_OK, ST_WARN, ST_MISSING, ST_FAIL };
+static const char *const status_words[] = {"ok", "warn", "missing", "fail"};
+
+/* Which backend a check matters to. */
+enum { FOR_VM = 1, FOR_NS = 2 };
+
+struct check {
+  unsigned for_backends;
+  const char *name;
+  enum status status;
+  char *found;
+  char *fix;                /* NULL when there is nothing to do */
+};
+
+#define MAX_CHECKS 24
+
+struct report {
+  struct check c[MAX_CHECKS];
+  size_t n;
+  bool vm_ready, ns_ready;
+  const char *accel;        /* what microVMs would run under, or NULL */
+};
+
+/* Takes FOUND and FIX (either may be NULL). */
+static void add(struct report *r, unsigned for_backends, const char *name, enum status st,
+                char *found, char *fix) {
+  if (r->n == MAX_CHECKS) {
+    free(found);
+    free(fix);
+    return;
+  }
+  r->c[r->n++] = (struct check){.for_backends = for_backends, .name = name, .status = st,
+                                .found = found, .fix = fix};
+}
+
+static void report_free(struct report *r) {
+  for (size_t i = 0; i < r->n; i++) {
+    free(r->c[i].found);
+    free(r->c[i].fix);
+  }
+}
+
+/* ---- fixes ---- */
+
+static char *as_root(const char *cmd) {
+  return getuid() == 0 ? strdup(cmd) : xasprintf("sudo %s", cmd);
+}
+
+/* The source tree the server was built in (<tree>/build/ignition-mcp or
+ * <tree>/build/san/ignition-mcp), or NULL for an installed server. */
+static char *source_tree(void) {
+  const char *const ups[] = {"%s/..", "%s/../.."};
+  for (size_t i = 0; i < ARRAY_SIZE(ups); i++) {
+    _cleanup_free_ char *d = xasprintf(ups[i], config_exe_dir());
+    _cleanup_free_ char *mk = xasprintf("%s/Makefile", d);
+    _cleanup_free_ char *src = xasprintf("%s/mcp/doctor.c", d);
+    if (access(mk, F_OK) == 0 && access(src, F_OK) == 0)
+      return realpath(d, NULL);
+  }
+  return NULL;
+}
+
+/* The command that builds TARGET ("" for the server and the agent). */
+static char *make_cmd(const char *target) {
+  _cleanup_free_ char *tree = source_tree();
+  if (tree)
+    return xasprintf("make -C %s%s%s", tree, *target ? " " : "", target);
+  return xasprintf("make%s%s && %s (in the ignition-mcp source tree; this server is installed)",
+                   *target ? " " : "", target, getuid() == 0 ? "make install" : "sudo make install");
+}
+
+static const char *env_set(const char *name) {
+  const char *v = getenv(name);
+  return v && *v ? v : NULL;
+}
+
+static char *size_text(const char *path) {
+  struct stat st;
+  if (stat(path, &st) < 0)
+    return strdup("?");
+  double mib = (double)st.st_size / (1 << 20);
+  return mib >= 1 ? xasprintf("%.1f MiB", mib) : xasprintf("%lld bytes", (long long)st.st_size);
+}
+
+static bool is_regular(const char *p) {
+  struct stat st;
+  return p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* ---- running a program ---- */
+
+/* Runs ARGV with stdout and stderr into OUT (NUL-terminated, truncated to
+ * SIZE); returns its wait status, or a negative errno.  Killed after 10 s. */
+static int run_capture(char *const argv[], char *out, size_t size) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0)
+    return -errno;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  pid_t pid;
+  int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  if (r != 0) {
+    close(p[0]);
+    return -r;
+  }
+  size_t n = 0;
+  uint64_t deadline = mono_ms() + 10000;
+  for (;;) {
+    uint64_t now = mono_ms();
+    struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+    if (now >= deadline || poll(&pfd, 1, (int)(deadline - now)) == 0) {
+      kill(pid, SIGKILL);
+      break;
+    }
+    char buf[4096];
+    ssize_t k = read(p[0], buf, sizeof buf);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      break;
+    size_t take = (size_t)k < size - 1 - n ? (size_t)k : size - 1 - n;
+    memcpy(out + n, buf, take);
+    n += take;
+  }
+  out[n] = '\0';
+  close(p[0]);
+  int status;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR)
+      return -errno;
+  return status;
+}
+
+/* ---- the vm backend ---- */
+
+static void check_qemu(struct report *r) {
+  const char *env = env_set("IGN_MCP_QEMU");
+  if (!cfg.qemu) {
+    if (env)
+      add(r, FOR_VM, "qemu", ST_MISSING,
+          xasprintf("IGN_MCP_QEMU=%s is not an executable file", env),
+          strdup("unset IGN_MCP_QEMU (to use qemu-system-x86_64 from PATH)"));
+    else
+      add(r, FOR_VM, "qemu", ST_MISSING, strdup("qemu-system-x86_64 is not in PATH"),
+          as_root("apt-get install qemu-system-x86"));
+    return;
+  }
+  char out[8192];
+  char *argv[] = {cfg.qemu, "--version", NULL};
+  int st = run_capture(argv, out, sizeof out);
+  if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    out[strcspn(out, "\n")] = '\0';
+    add(r, FOR_VM, "qemu", ST_FAIL,
+        xasprintf("%s --version does not run: %s", cfg.qemu,
+                  st < 0 ? strerror(-st) : *out ? out : "it failed without a message"),
+        as_root("apt-get install --reinstall qemu-system-x86"));
+    return;
+  }
+  out[strcspn(out, "\n")] = '\0';
+  _cleanup_free_ char *version = strdup(out);
+  char *machines[] = {cfg.qemu, "-machine", "help", NULL};
+  st = run_capture(machines, out, sizeof out);
+  if (st < 0 || !strstr(out, "microvm")) {
+    add(r, FOR_VM, "qemu", ST_FAIL,
+        xasprintf("%s (%s) has no microvm machine type: QEMU 4.2 or later is needed", cfg.qemu,
+                  version),
+        as_root("apt-get install qemu-system-x86"));
+    return;
+  }
+  add(r, FOR_VM, "qemu", ST_OK, xasprintf("%s: %s", cfg.qemu, version), NULL);
+}
+
+static void check_kvm(struct report *r) {
+  _cleanup_free_ char *why = NULL, *fix = NULL;
+  r->accel = vm_probe_accel(&why, &fix);
+  if (!r->accel)
+    add(r, FOR_VM, "kvm", ST_FAIL, xasprintf("IGN_MCP_ACCEL=kvm but KVM cannot be used: %s", why),
+        fix ? steal_ptr(fix) : strdup("unset IGN_MCP_ACCEL (to fall back to TCG)"));
+  else if (strcmp(r->accel, "kvm") == 0)
+    add(r, FOR_VM, "kvm", ST_OK, strdup("/dev/kvm opens and creates VMs: microVMs run under KVM"),
+        NULL);
+  else if (strcmp(cfg.accel, "tcg") == 0)
+    add(r, FOR_VM, "kvm", ST_OK, strdup("not used (IGN_MCP_ACCEL=tcg): microVMs run under TCG"),
+        NULL);
+  else
+    add(r, FOR_VM, "kvm", ST_WARN,
+        xasprintf("not usable: %s; microVMs run under TCG (slower, still a VM)", why),
+        steal_ptr(fix));
+}
+
+/* One data file of the vm backend: VAR overrides the default NAME. */
+static bool check_vm_file(struct report *r, const char *label, const char *path, const char *var) {
+  if (is_regular(path)) {
+    _cleanup_free_ char *size = size_text(path);
+    add(r, FOR_VM, label, ST_OK, xasprintf("%s (%s)", path, size), NULL);
+    return true;
+  }
+  const char *env = env_set(var);
+  if (env)
+    add(r, FOR_VM, label, ST_MISSING, xasprintf("%s=%s: no such file", var, env),
+        xasprintf("unset %s (to use the one next to the server)", var));
+  else
+    add(r, FOR_VM, label, ST_MISSING, xasprintf("%s is missing", path), make_cmd("vm-images"));
+  return false;
+}
+
+static bool check_vm_image(struct report *r) {
+  const char *spec = cfg.rootfs_spec;
+  if (cfg.vm_image && !is_regular(cfg.vm_image) && !env_set("IGN_MCP_VM_IMAGE") &&
+      !strchr(spec, '/') && strcmp(spec, "tools") != 0 && strcmp(spec, "small") != 0) {
+    add(r, FOR_VM, "image", ST_MISSING,
+        xasprintf("there is no image for a rootfs named '%s' (IGN_MCP_ROOTFS; %s is missing): "
+                  "the names are tools and small",
+                  spec, cfg.vm_image),
+        strdup("unset IGN_MCP_ROOTFS (the default is tools)"));
+    return false;
+  }
+  if (cfg.vm_image)
+    return check_vm_file(r, "image", cfg.vm_image, "IGN_MCP_VM_IMAGE");
+  add(r, FOR_VM, "image", ST_MISSING,
+      xasprintf("IGN_MCP_ROOTFS=%s is neither a rootfs name nor an image file: microVMs boot a "
+                "disk image (tools, small or a path to one)",
+                cfg.rootfs_spec),
+      strdup("unset IGN_MCP_ROOTFS (the default, tools, has an image)"));
+  return false;
+}
+
+static void check_store(struct report *r) {
+  _cleanup_free_ char *err = NULL;
+  struct stat st;
+  if (stat(cfg.store, &st) == 0) {
+    if (!S_ISDIR(st.st_mode) || access(cfg.store, W_OK | X_OK) < 0) {
+      add(r, FOR_VM, "store", ST_FAIL,
+          xasprintf("%s (IGN_MCP_STORE) is not a writable directory", cfg.store),
+          strdup("export IGN_MCP_STORE=\"$HOME/.cache/ignition-mcp\""));
+      return;
+    }
+  } else {
+    /* Created on first use: the nearest existing parent must be writable. */
+    _cleanup_free_ char *p = strdup(cfg.store);
+    for (char *slash; (slash = strrchr(p, '/')) && slash != p;) {
+      *slash = '\0';
+      if (access(p, F_OK) == 0)
+        break;
+    }
+    if (access(p[0] ? p : "/", W_OK | X_OK) < 0) {
+      add(r, FOR_VM, "store", ST_FAIL,
+          xasprintf("%s (IGN_MCP_STORE) does not exist and %s is not writable", cfg.store, p),
+          xasprintf("mkdir -p %s, or export IGN_MCP_STORE=\"$HOME/.cache/ignition-mcp\"",
+                    cfg.store));
+      return;
+    }
+  }
+  if (vm_check_reachable(cfg.store, "the store (IGN_MCP_STORE)", &err) < 0) {
+    add(r, FOR_VM, "store", ST_FAIL, steal_ptr(err), NULL); /* the message names the chmod */
+    return;
+  }
+  add(r, FOR_VM, "store", ST_OK,
+      xasprintf("%s is writable%s", cfg.store, stat(cfg.store, &st) == 0 ? "" : " (made on first use)"),
+      NULL);
+}
+
+static void check_base(struct report *r, bool inputs_ok) {
+  if (strcmp(cfg.base, "none") == 0) {
+    add(r, FOR_VM, "warm base", ST_OK,
+        strdup("IGN_MCP_BASE=none: every session cold-boots (slow; unset it for warm clones)"),
+        NULL);
+    return;
+  }
+  _cleanup_free_ char *make_base = xasprintf("%s/ignition-mcp make-base", config_exe_dir());
+  if (!inputs_ok || !r->accel) {
+    add(r, FOR_VM, "warm base", ST_WARN,
+        strdup("not checked: it is made from QEMU and the images above, which are not all there"),
+        steal_ptr(make_base));
+    return;
+  }
+  bool complete;
+  _cleanup_free_ char *dir = vm_base_path(r->accel, &complete);
+  if (complete) {
+    add(r, FOR_VM, "warm base", ST_OK,
+        xasprintf("%s matches QEMU, the kernel, initramfs and image (%s)", dir, r->accel), NULL);
+    return;
+  }
+  add(r, FOR_VM, "warm base", ST_WARN,
+      xasprintf("%s is not made yet for these images: the first session makes it (30-60 s "
+                "under TCG, a few s with KVM) unless you make it now",
+                dir),
+      steal_ptr(make_base));
+}
+
+static void check_landlock(struct report *r) {
+  long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi >= 1)
+    add(r, FOR_VM, "landlock", ST_OK,
+        xasprintf("ABI %ld: each QEMU may write only to its own state directory", abi), NULL);
+  else
+    add(r, FOR_VM, "landlock", ST_WARN,
+        xasprintf("not available (%s): QEMU's writes are not confined by Landlock (its seccomp "
+                  "sandbox, namespaces and own uid still apply)",
+                  strerror(errno)),
+        strdup("boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in its lsm= list"));
+}
+
+/* ---- the ns backend ---- */
+
+static void check_agent(struct report *r) {
+  if (cfg.agent) {
+    add(r, FOR_NS, "agent", ST_OK, strdup(cfg.agent), NULL);
+    return;
+  }
+  const char *env = env_set("IGN_MCP_AGENT");
+  if (env)
+    add(r, FOR_NS, "agent", ST_MISSING,
+        xasprintf("IGN_MCP_AGENT=%s is not an executable file", env),
+        strdup("unset IGN_MCP_AGENT (to use the ign-agent next to the server)"));
+  else
+    add(r, FOR_NS, "agent", ST_MISSING,
+        xasprintf("ign-agent is neither next to the server (%s) nor in %s/../lib/ignition-mcp",
+                  config_exe_dir(), config_exe_dir()),
+        make_cmd(""));
+}
+
+static void check_rootfs(struct report *r) {
+  if (cfg.rootfs) {
+    _cleanup_free_ char *sh = xasprintf("%s/bin/sh", cfg.rootfs);
+    struct stat st;
+    if (lstat(sh, &st) < 0)
+      add(r, FOR_NS, "rootfs", ST_FAIL, xasprintf("%s has no /bin/sh", cfg.rootfs),
+          strchr(cfg.rootfs_spec, '/') ? strdup("unset IGN_MCP_ROOTFS")
+                                       : make_cmd(strcmp(cfg.rootfs_spec, "small") == 0
+                                                      ? "rootfs-small"
+                                                      : "rootfs-tools"));
+    else
+      add(r, FOR_NS, "rootfs", ST_OK, xasprintf("%s (rootfs %s)", cfg.rootfs, cfg.rootfs_spec),
+          NULL);
+    return;
+  }
+  const char *spec = cfg.rootfs_spec;
+  if (strchr(spec, '/')) {
+    add(r, FOR_NS, "rootfs", ST_MISSING,
+        xasprintf("IGN_MCP_ROOTFS=%s is not a directory", spec),
+        strdup("unset IGN_MCP_ROOTFS (the default is the tools rootfs)"));
+  } else if (strcmp(spec, "tools") == 0 || strcmp(spec, "small") == 0) {
+    _cleanup_free_ char *target = xasprintf("rootfs-%s", spec);
+    add(r, FOR_NS, "rootfs", ST_MISSING,
+        xasprintf("the rootfs '%s' is neither in %s/rootfs nor in %s/../lib/ignition-mcp/rootfs",
+                  spec, config_exe_dir(), config_exe_dir()),
+        make_cmd(target));
+  } else {
+    add(r, FOR_NS, "rootfs", ST_MISSING,
+        xasprintf("there is no rootfs named '%s' (IGN_MCP_ROOTFS): the names are tools and small",
+                  spec),
+        strdup("unset IGN_MCP_ROOTFS (the default is tools)"));
+  }
+}
+
+/* Clones a child into the namespaces the ns backend makes; it exits at once. */
+static void check_namespaces(struct report *r) {
+  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+               CLONE_NEWCGROUP | SIGCHLD;
+  pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+  if (pid == 0)
+    _exit(0);
+  if (pid < 0) {
+    int e = errno;
+    bool perm = e == EPERM || e == EACCES;
+    add(r, FOR_NS, "namespaces", ST_FAIL,
+        xasprintf("cannot create mount, pid, net, ipc, uts and cgroup namespaces: %s%s",
+                  strerror(e),
+                  perm ? " (the ns backend needs root: it uses no user namespace)" : ""),
+        perm ? strdup("run ignition-mcp as root (e.g. register `sudo ignition-mcp` with the client)")
+             : strdup("boot a kernel with CONFIG_NAMESPACES (pid, net, ipc, uts, cgroup)"));
+    return;
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  add(r, FOR_NS, "namespaces", ST_OK,
+      strdup("mount, pid, net, ipc, uts and cgroup namespaces can be made"), NULL);
+}
+
+/* Makes and removes a real group with the session limits. */
+static void check_cgroups(struct report *r) {
+  bool v2 = access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0;
+  const char *version = v2 ? "v2" : access("/sys/fs/cgroup/memory", F_OK) == 0 ? "v1" : NULL;
+  char name[64];
+  snprintf(name, sizeof name, "ign-mcp-%d-doctor", getpid());
+  struct cgroup *cg = NULL;
+  _cleanup_free_ char *err = NULL;
+  if (cgroup_create(name, cfg.memory_mb, cfg.pids, &cg, &err) == 0) {
+    cgroup_destroy(cg);
+    add(r, FOR_NS, "cgroups", ST_OK,
+        xasprintf("%s: memory and pids limits can be set for each session", version ? version : "?"),
+        NULL);
+    return;
+  }
+  add(r, FOR_NS, "cgroups", ST_WARN,
+      xasprintf("%s: %s; namespace sessions would run without memory and pids limits",
+                version ? version : "no cgroup file system at /sys/fs/cgroup", err),
+      getuid() != 0 ? strdup("run ignition-mcp as root")
+      : v2 ? strdup("start the server in a delegated cgroup: systemd-run --scope -p Delegate=yes "
+                    "ignition-mcp")
+           : strdup("mount the memory and pids cgroup controllers under /sys/fs/cgroup"));
+}
+
+/* ---- both ---- */
+
+static void check_seccomp(struct report *r) {
+  static const struct {
+    unsigned action;
+    const char *name;
+  } actions[] = {{SECCOMP_RET_KILL_PROCESS, "kill_process"}, {SECCOMP_RET_ERRNO, "errno"}};
+  if (prctl(PR_GET_SECCOMP) < 0) {
+    add(r, FOR_VM | FOR_NS, "seccomp", ST_FAIL,
+        xasprintf("the kernel has no seccomp (%s): the agent's filter (ns) and QEMU's -sandbox "
+                  "(vm) need it",
+                  strerror(errno)),
+        strdup("boot a kernel with CONFIG_SECCOMP_FILTER=y"));
+    return;
+  }
+  for (size_t i = 0; i < ARRAY_SIZE(actions); i++) {
+    unsigned a = actions[i].action;
+    if (syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &a) < 0) {
+      add(r, FOR_VM | FOR_NS, "seccomp", ST_FAIL,
+          xasprintf("seccomp filters cannot use the %s action (%s): the agent's filter and "
+                    "QEMU's -sandbox need it",
+                    actions[i].name, strerror(errno)),
+          strdup("boot a kernel with CONFIG_SECCOMP_FILTER=y (Linux 4.14 or later)"));
+      return;
+    }
+  }
+  add(r, FOR_VM | FOR_NS, "seccomp", ST_OK,
+      strdup("filters available (the agent's filter and QEMU's -sandbox)"), NULL);
+}
+
+/* ---- the report ---- */
+
+static bool blocks(const struct check *c, unsigned backend) {
+  return (c->for_backends & backend) && (c->status == ST_MISSING || c->status == ST_FAIL);
+}
+
+/* Does a check for BACKENDS matter to the configured backend? */
+static bool backend_wanted(unsigned backends) {
+  return cfg.backend == BACKEND_AUTO || (cfg.backend == BACKEND_VM && (backends & FOR_VM)) ||
+         (cfg.backend == BACKEND_NS && (backends & FOR_NS));
+}
+
+static void run_checks(struct report *r) {
+  memset(r, 0, sizeof *r);
+  check_qemu(r);
+  check_kvm(r);
+  bool inputs = check_vm_file(r, "kernel", cfg.kernel, "IGN_MCP_KERNEL");
+  inputs &= check_vm_file(r, "initramfs", cfg.initramfs, "IGN_MCP_INITRAMFS");
+  inputs &= check_vm_image(r);
+  check_store(r);
+  check_base(r, inputs && cfg.qemu);
+  check_landlock(r);
+  check_agent(r);
+  check_rootfs(r);
+  check_namespaces(r);
+  check_cgroups(r);
+  check_seccomp(r);
+  r->vm_ready = r->ns_ready = true;
+  for (size_t i = 0; i < r->n; i++) {
+    if (blocks(&r->c[i], FOR_VM))
+      r->vm_ready = false;
+    if (blocks(&r->c[i], FOR_NS))
+      r->ns_ready = false;
+  }
+}
+
+static const char *backend_setting(void) {
+  return cfg.backend == BACKEND_VM ? "vm" : cfg.backend == BACKEND_NS ? "ns" : "auto";
+}
+
+/* The backend sessions would open on, or NULL. */
+static const char *chosen_backend(const struct report *r) {
+  if (cfg.backend != BACKEND_NS && r->vm_ready)
+    return "vm";
+  if (cfg.backend != BACKEND_VM && r->ns_ready)
+    return "ns";
+  return NULL;
+}
+
+static char *not_ready_list(const struct report *r, unsigned backend) {
+  char buf[512] = "";
+  for (size_t i = 0; i < r->n; i++)
+    if (blocks(&r->c[i], backend)) {
+      size_t n = strlen(buf);
+      snprintf(buf + n, sizeof buf - n, "%s%s", n ? ", " : "", r->c[i].name);
+    }
+  return strdup(buf);
+}
+
+static void print_section(const struct report *r, unsigned backend, const char *title) {
+  printf("\n%s%s\n", title, backend_wanted(backend) ? "" : " (not used: IGN_MCP_BACKEND says otherwise)");
+  for (size_t i = 0; i < r->n; i++) {
+    const struct check *c = &r->c[i];
+    if (c->for_backends != backend)
+      continue;
+    printf("  %-7s %-10s %s%s%s\n", status_words[c->status], c->name, c->found,
+           c->fix ? "; fix: " : "", c->fix ? c->fix : "");
+  }
+}
+
+static void print_text(const struct report *r) {
+  printf("ignition-mcp %s doctor: IGN_MCP_BACKEND=%s, rootfs %s, running as %s\n", IGN_VERSION,
+         backend_setting(), cfg.rootfs_spec, getuid() == 0 ? "root" : "a user");
+  print_section(r, FOR_VM, "microVM backend (vm)");
+  print_section(r, FOR_NS, "namespace backend (ns)");
+  print_section(r, FOR_VM | FOR_NS, "both");
+  printf("\n");
+  _cleanup_free_ char *vm_missing = not_ready_list(r, FOR_VM);
+  _cleanup_free_ char *ns_missing = not_ready_list(r, FOR_NS);
+  if (r->vm_ready)
+    printf("vm: ready: sessions are QEMU microVMs under %s (isolation microvm/%s)\n",
+           strcmp(r->accel, "kvm") == 0 ? "KVM" : "TCG", r->accel);
+  else
+    printf("vm: cannot open sessions: fix %s above\n", vm_missing);
+  if (r->ns_ready)
+    printf("ns: ready: sessions are namespace sandboxes (isolation namespace)\n");
+  else
+    printf("ns: cannot open sessions: fix %s above\n", ns_missing);
+  const char *chosen = chosen_backend(r);
+  if (chosen)
+    printf("sessions can open: IGN_MCP_BACKEND=%s uses the %s backend\n", backend_setting(),
+           chosen);
+  else
+    printf("sessions cannot open with IGN_MCP_BACKEND=%s: fix what is marked missing or fail "
+           "above, then restart the server\n",
+           backend_setting());
+}
+
+static void print_json(const struct report *r) {
+  json_t *checks = json_array();
+  for (size_t i = 0; i < r->n; i++) {
+    const struct check *c = &r->c[i];
+    const char *b = c->for_backends == FOR_VM ? "vm" : c->for_backends == FOR_NS ? "ns" : "both";
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s}", "backend", b, "name", c->name, "status",
+                          status_words[c->status], "found", c->found);
+    json_object_set_new(o, "fix", c->fix ? json_string(c->fix) : json_null());
+    json_array_append_new(checks, o);
+  }
+  const char *chosen = chosen_backend(r);
+  json_t *out = json_pack("{s:s, s:s, s:s, s:o, s:{s:b, s:b}, s:o, s:b}", "version", IGN_VERSION,
+                          "backend_setting", backend_setting(), "rootfs", cfg.rootfs_spec,
+                          "checks", checks, "ready", "vm", r->vm_ready, "ns", r->ns_ready,
+                          "backend", chosen ? json_string(chosen) : json_null(),
+                          "sessions_can_open", chosen != NULL);
+  char *s = json_dumps(out, JSON_INDENT(2));
+  if (s)
+    printf("%s\n", s);
+  free(s);
+  json_decref(out);
+}
+
+int doctor_main(bool as_json) {
+  struct report r;
+  run_checks(&r);
+  if (as_json)
+    print_json(&r);
+  else
+    print_text(&r);
+  fflush(stdout);
+  int status = chosen_backend(&r) ? 0 : 1;
+  report_free(&r);
+  return status;
+}
+
+char *doctor_explain(void) {
+  struct report r;
+  run_checks(&r);
+  char *text = xasprintf("What `ignition-mcp doctor` finds for IGN_MCP_BACKEND=%s:",
+                         backend_setting());
+  size_t shown = 0;
+  for (size_t i = 0; i < r.n; i++) {
+    const struct check *c = &r.c[i];
+    bool relevant = (backend_wanted(FOR_VM) && blocks(c, FOR_VM)) ||
+                    (backend_wanted(FOR_NS) && blocks(c, FOR_NS));
+    if (!relevant)
+      continue;
+    shown++;
+    char *more = xasprintf("%s\n- %s %s: %s%s%s", text, status_words[c->status], c->name,
+                           c->found, c->fix ? "; fix: " : "", c->fix ? c->fix : "");
+    free(text);
+    text = more;
+  }
+  if (shown == 0) {
+    char *more = xasprintf("%s every check passes now; the error above is what failed when the "
+                           "server started: restart it.",
+                           text);
+    free(text);
+    report_free(&r);
+    return more;
+  }
+  char *more = xasprintf("%s\nFix these, then restart the MCP server (in Claude Code: /mcp, "
+                         "reconnect); `ignition-mcp doctor` checks again.",
+                         text);
+  free(text);
+  report_free(&r);
+  return more;
+}
