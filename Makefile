@@ -105,3 +105,59 @@ bench: bench-deps
 
 bench-quick: bench-deps
 	BUILD=$(BUILD) $(BENCH_NODE) bench/bench.mjs --quick
+
+# Install: `make install` (PREFIX=/usr/local, DESTDIR for staging) puts the
+# server in $(PREFIX)/bin and what it finds next to itself (the agent, the
+# rootfs trees of the ns backend, the kernel, initramfs and disk images of
+# the vm backend) in $(PREFIX)/lib/ignition-mcp, where an installed server
+# looks (mcp/config.c: <exe>/../lib/ignition-mcp); the docs and the man page
+# under $(PREFIX)/share.  Images not built yet are skipped with a note
+# (`ignition-mcp doctor` names what is missing).  The rootfs trees hold
+# device nodes and setuid files: install as root.  `make uninstall` removes
+# all of it but the warm bases in the store (/var/lib/ignition-mcp).
+PREFIX  ?= /usr/local
+DESTDIR ?=
+INSTALL_ROOTFS ?= small tools
+I_BIN   := $(DESTDIR)$(PREFIX)/bin
+I_LIB   := $(DESTDIR)$(PREFIX)/lib/ignition-mcp
+I_DOC   := $(DESTDIR)$(PREFIX)/share/doc/ignition-mcp
+I_MAN   := $(DESTDIR)$(PREFIX)/share/man/man1
+I_DOCS  := README.md $(wildcard SECURITY.md) $(wildcard docs/*.md)
+I_VM    := vmlinux initramfs.cpio $(patsubst %,rootfs-%.erofs,$(INSTALL_ROOTFS))
+
+.PHONY: install uninstall man-check
+
+install: all
+	install -d -m 0755 $(I_BIN) $(I_LIB) $(I_LIB)/rootfs $(I_LIB)/vm $(I_DOC) $(I_MAN)
+	install -m 0755 $(BUILD)/ignition-mcp $(I_BIN)/ignition-mcp
+	install -m 0755 $(BUILD)/ign-agent $(I_LIB)/ign-agent
+	@set -e; for f in $(I_VM); do \
+	  if [ -f $(VM)/$$f ]; then \
+	    echo "install -m 0644 $(VM)/$$f $(I_LIB)/vm/$$f"; \
+	    install -m 0644 $(VM)/$$f $(I_LIB)/vm/$$f; \
+	  else \
+	    echo "install: skipping $(VM)/$$f: not built (make vm-images); the vm backend needs it"; \
+	  fi; \
+	done
+	@set -e; for r in $(INSTALL_ROOTFS); do \
+	  if [ -x $(BUILD)/rootfs/$$r/bin/sh ] || [ -L $(BUILD)/rootfs/$$r/bin/sh ]; then \
+	    echo "cp -a $(BUILD)/rootfs/$$r $(I_LIB)/rootfs/$$r"; \
+	    rm -rf $(I_LIB)/rootfs/$$r.new; \
+	    cp -a $(BUILD)/rootfs/$$r $(I_LIB)/rootfs/$$r.new; \
+	    rm -rf $(I_LIB)/rootfs/$$r; \
+	    mv $(I_LIB)/rootfs/$$r.new $(I_LIB)/rootfs/$$r; \
+	  else \
+	    echo "install: skipping $(BUILD)/rootfs/$$r: not built (make rootfs-$$r); the ns backend needs it"; \
+	  fi; \
+	done
+	install -m 0644 $(I_DOCS) $(I_DOC)/
+	install -m 0644 docs/ignition-mcp.1 $(I_MAN)/ignition-mcp.1
+
+uninstall:
+	rm -f $(I_BIN)/ignition-mcp $(I_MAN)/ignition-mcp.1
+	rm -rf $(I_LIB) $(I_DOC)
+
+# The man page renders without a warning.
+man-check:
+	@out=$$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l docs/ignition-mcp.1 2>&1 >/dev/null); \
+	  if [ -n "$$out" ]; then echo "$$out"; exit 1; fi; echo "docs/ignition-mcp.1: no warnings"
