@@ -130,6 +130,18 @@ static bool is_regular(const char *p) {
   return p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* "NAME is neither in <exe dir>/SUB nor in <prefix>/lib/ignition-mcp/SUB":
+ * the two places a default data file is looked for (mcp/config.c). */
+static char *missing_data(const char *path, const char *sub) {
+  const char *slash = strrchr(path, '/');
+  _cleanup_free_ char *lib = xasprintf("%s/../lib/ignition-mcp", config_exe_dir());
+  _cleanup_free_ char *lib_real = realpath(lib, NULL);
+  bool top = strcmp(sub, ".") == 0;
+  return xasprintf("%s is neither in %s%s%s nor in %s%s%s", slash ? slash + 1 : path,
+                   config_exe_dir(), top ? "" : "/", top ? "" : sub, lib_real ? lib_real : lib,
+                   top ? "" : "/", top ? "" : sub);
+}
+
 /* ---- running a program ---- */
 
 /* Runs ARGV with stdout and stderr into OUT (NUL-terminated, truncated to
@@ -248,7 +260,7 @@ static bool check_vm_file(struct report *r, const char *label, const char *path,
     add(r, FOR_VM, label, ST_MISSING, xasprintf("%s=%s: no such file", var, env),
         xasprintf("unset %s (to use the one next to the server)", var));
   else
-    add(r, FOR_VM, label, ST_MISSING, xasprintf("%s is missing", path), make_cmd("vm-images"));
+    add(r, FOR_VM, label, ST_MISSING, missing_data(path, "vm"), make_cmd("vm-images"));
   return false;
 }
 
@@ -363,8 +375,7 @@ static void check_agent(struct report *r) {
         strdup("unset IGN_MCP_AGENT (to use the ign-agent next to the server)"));
   else
     add(r, FOR_NS, "agent", ST_MISSING,
-        xasprintf("ign-agent is neither next to the server (%s) nor in %s/../lib/ignition-mcp",
-                  config_exe_dir(), config_exe_dir()),
+        missing_data("ign-agent", "."),
         make_cmd(""));
 }
 
@@ -391,8 +402,7 @@ static void check_rootfs(struct report *r) {
   } else if (strcmp(spec, "tools") == 0 || strcmp(spec, "small") == 0) {
     _cleanup_free_ char *target = xasprintf("rootfs-%s", spec);
     add(r, FOR_NS, "rootfs", ST_MISSING,
-        xasprintf("the rootfs '%s' is neither in %s/rootfs nor in %s/../lib/ignition-mcp/rootfs",
-                  spec, config_exe_dir(), config_exe_dir()),
+        missing_data(spec, "rootfs"),
         make_cmd(target));
   } else {
     add(r, FOR_NS, "rootfs", ST_MISSING,

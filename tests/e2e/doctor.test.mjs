@@ -1,0 +1,344 @@
+// doctor.test.mjs: `ignition-mcp doctor`, --version, --help, a server that
+// starts without a working backend, and `make install` run from where it was
+// installed to.
+//
+// Everything here runs the real binary: doctor on this host (whatever it
+// has), doctor and the server with one piece taken away (a path set to
+// something that does not exist), the MCP SDK client against the degraded
+// server, and an installed tree (make install DESTDIR=<tmp>) started from /
+// with no IGN_MCP_* set.  The doctor checks name their backend themselves,
+// so they run in both passes; the installed server opens a session on the
+// pass's backend.
+
+import { describe, test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import {
+  REPO, SERVER, BACKEND, IS_VM, TOOL_NAMES, serverEnv, startServer, callErr, call, textOf,
+  tempStore, descendants, waitGone, waitUntil, procStart, assertNoVmLeftovers, assertNoSanitizerReport,
+} from './lib.mjs';
+
+const T = { timeout: 60_000 };
+
+/* Every check doctor makes, by the name it prints. */
+const CHECKS = ['qemu', 'kvm', 'kernel', 'initramfs', 'image', 'store', 'warm base', 'landlock',
+  'agent', 'rootfs', 'namespaces', 'cgroups', 'seccomp'];
+
+function doctor(env = {}, args = []) {
+  const r = spawnSync(SERVER, ['doctor', ...args], {
+    env: serverEnv({ env }), cwd: '/', encoding: 'utf8', timeout: 60_000,
+  });
+  assertNoSanitizerReport(r.stderr ?? '', 'doctor');
+  return r;
+}
+
+/* The line of check NAME: {status, rest}. */
+function checkLine(out, name) {
+  const re = new RegExp(`^  (ok|warn|missing|fail)\\s+${name.replace(' ', '\\s')}\\s+(.*)$`, 'm');
+  const m = out.match(re);
+  assert.ok(m, `no line for the check '${name}' in:\n${out}`);
+  return { status: m[1], rest: m[2] };
+}
+
+/* Every IGN_MCP_ variable the server reads (the settings and the log level). */
+function serverVars() {
+  const vars = new Set();
+  for (const f of ['mcp/config.c', 'mcp/main.c']) {
+    for (const m of fs.readFileSync(path.join(REPO, f), 'utf8').matchAll(/IGN_MCP_[A-Z_]*[A-Z]/g)) vars.add(m[0]);
+  }
+  return [...vars].sort();
+}
+
+describe('doctor on this host', () => {
+  test(`exits 0 and prints one line per check (IGN_MCP_BACKEND=${BACKEND})`, T, () => {
+    const r = doctor();
+    assert.equal(r.status, 0, `doctor failed:\n${r.stdout}\n${r.stderr}`);
+    for (const name of CHECKS) {
+      const { status, rest } = checkLine(r.stdout, name);
+      assert.ok(rest.length > 0, `${name}: says nothing`);
+      if (status !== 'ok') assert.match(rest, /fix: \S/, `${name} is ${status} but gives no fix`);
+    }
+    assert.match(r.stdout, new RegExp(`sessions can open: IGN_MCP_BACKEND=${BACKEND} uses the ${BACKEND} backend`));
+    // The pass's backend is the one whose parts are all there.
+    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'seccomp']) {
+      assert.equal(checkLine(r.stdout, name).status, 'ok', `${name} should be ok here:\n${r.stdout}`);
+    }
+  });
+
+  test('--json says the same as one object', T, () => {
+    const r = doctor({}, ['--json']);
+    assert.equal(r.status, 0, r.stderr);
+    const j = JSON.parse(r.stdout);
+    assert.deepEqual(j.checks.map((c) => c.name), CHECKS);
+    for (const c of j.checks) {
+      assert.ok(['ok', 'warn', 'missing', 'fail'].includes(c.status), JSON.stringify(c));
+      assert.ok(['vm', 'ns', 'both'].includes(c.backend), JSON.stringify(c));
+      if (c.status === 'ok') assert.equal(c.fix, null);
+    }
+    assert.equal(j.sessions_can_open, true);
+    assert.equal(j.backend, BACKEND);
+    assert.equal(j.backend_setting, BACKEND);
+    assert.equal(j.ready[BACKEND], true);
+  });
+
+  test('a stray argument is refused with exit 2', T, () => {
+    const r = doctor({}, ['--bogus']);
+    assert.equal(r.status, 2);
+    assert.match(r.stderr, /doctor takes only --json, not '--bogus'/);
+    const u = spawnSync(SERVER, ['frobnicate'], { encoding: 'utf8' });
+    assert.equal(u.status, 2);
+    assert.match(u.stderr, /unknown argument 'frobnicate'; see ignition-mcp --help/);
+  });
+});
+
+describe('doctor names what is missing and its fix', () => {
+  const cases = [
+    {
+      what: 'the guest kernel (IGN_MCP_KERNEL)',
+      env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_KERNEL: '/nonexistent/vmlinux' },
+      check: 'kernel', status: 'missing',
+      says: /IGN_MCP_KERNEL=\/nonexistent\/vmlinux: no such file; fix: unset IGN_MCP_KERNEL/,
+    },
+    {
+      what: 'QEMU (IGN_MCP_QEMU)',
+      env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_QEMU: '/nonexistent/qemu' },
+      check: 'qemu', status: 'missing',
+      says: /IGN_MCP_QEMU=\/nonexistent\/qemu is not an executable file; fix: unset IGN_MCP_QEMU/,
+    },
+    {
+      what: 'QEMU (not in PATH)',
+      env: { IGN_MCP_BACKEND: 'vm', PATH: '/nonexistent' },
+      check: 'qemu', status: 'missing',
+      says: /qemu-system-x86_64 is not in PATH; fix: (sudo )?apt-get install qemu-system-x86/,
+    },
+    {
+      what: 'the agent (IGN_MCP_AGENT)',
+      env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: '/nonexistent/ign-agent' },
+      check: 'agent', status: 'missing',
+      says: /IGN_MCP_AGENT=\/nonexistent\/ign-agent is not an executable file; fix: unset IGN_MCP_AGENT/,
+    },
+    {
+      what: 'the rootfs directory (IGN_MCP_ROOTFS)',
+      env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_ROOTFS: '/nonexistent/rootfs' },
+      check: 'rootfs', status: 'missing',
+      says: /IGN_MCP_ROOTFS=\/nonexistent\/rootfs is not a directory; fix: unset IGN_MCP_ROOTFS/,
+    },
+    {
+      what: 'KVM when IGN_MCP_ACCEL=kvm insists and it is not usable',
+      env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_ACCEL: 'kvm' },
+      check: 'kvm', status: 'fail',
+      says: /IGN_MCP_ACCEL=kvm but KVM cannot be used: .+; fix: \S/,
+      skip: () => {
+        const r = doctor({ IGN_MCP_BACKEND: 'vm' });
+        return checkLine(r.stdout, 'kvm').status === 'ok' && 'KVM is usable on this host';
+      },
+    },
+  ];
+  for (const c of cases) {
+    test(`${c.what}: exit 1, the ${c.check} check says ${c.status} and how to fix it`, T, (t) => {
+      const why = c.skip?.();
+      if (why) return t.skip(why);
+      const r = doctor(c.env);
+      assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+      const line = checkLine(r.stdout, c.check);
+      assert.equal(line.status, c.status, r.stdout);
+      assert.match(line.rest, c.says);
+      assert.match(r.stdout, new RegExp(`sessions cannot open with IGN_MCP_BACKEND=${c.env.IGN_MCP_BACKEND}`));
+      // Every other check still runs and prints its line.
+      for (const name of CHECKS) checkLine(r.stdout, name);
+    });
+  }
+
+  test('with auto, one backend missing a piece leaves the other: exit 0', T, () => {
+    const r = doctor({ IGN_MCP_BACKEND: 'auto', IGN_MCP_QEMU: '/nonexistent/qemu' });
+    assert.equal(r.status, 0, r.stdout);
+    assert.match(r.stdout, /^vm: cannot open sessions: fix qemu above$/m);
+    assert.match(r.stdout, /sessions can open: IGN_MCP_BACKEND=auto uses the ns backend/);
+  });
+});
+
+describe('--version and --help', () => {
+  test('--version prints the version the Makefile sets', T, () => {
+    const r = spawnSync(SERVER, ['--version'], { encoding: 'utf8' });
+    assert.equal(r.status, 0);
+    const v = fs.readFileSync(path.join(REPO, 'Makefile'), 'utf8').match(/^VERSION\s*:=\s*(\S+)/m)[1];
+    assert.equal(r.stdout, `ignition-mcp ${v}\n`);
+  });
+
+  test('--help lists every IGN_MCP_ variable the server reads, with its default, and the subcommands', T, () => {
+    const r = spawnSync(SERVER, ['--help'], { encoding: 'utf8' });
+    assert.equal(r.status, 0);
+    const vars = serverVars();
+    assert.ok(vars.length >= 20, `found only ${vars.length} variables in mcp/config.c and mcp/main.c`);
+    for (const v of vars) {
+      const m = r.stdout.match(new RegExp(`^  ${v}\\s+(.*)$`, 'm'));
+      assert.ok(m, `--help does not list ${v}`);
+      // The default: in brackets on its line or the next.
+      const at = r.stdout.indexOf(m[0]);
+      assert.match(r.stdout.slice(at, at + m[0].length + 80), /\[[^\]]+\]/, `--help gives no default for ${v}`);
+    }
+    assert.match(r.stdout, /ignition-mcp doctor \[--json\]/);
+    assert.match(r.stdout, /ignition-mcp make-base \[--force\]/);
+  });
+
+  test('the README table and the man page list every variable too', T, () => {
+    const readme = fs.readFileSync(path.join(REPO, 'README.md'), 'utf8');
+    const man = fs.readFileSync(path.join(REPO, 'docs/ignition-mcp.1'), 'utf8');
+    for (const v of serverVars()) {
+      assert.match(readme, new RegExp(`^\\| \`${v}\`|, \`${v}\``, 'm'), `README.md's table does not list ${v}`);
+      assert.match(man, new RegExp(`^\\.B ${v}$`, 'm'), `docs/ignition-mcp.1 does not list ${v}`);
+    }
+  });
+
+  test('the man page renders without a warning', T, (t) => {
+    if (spawnSync('man', ['--version']).status !== 0) return t.skip('man is not installed (scripts/setup.sh installs man-db)');
+    const r = spawnSync('man', ['--warnings', '-l', path.join(REPO, 'docs/ignition-mcp.1')], {
+      encoding: 'utf8', env: { ...process.env, MANWIDTH: '80', LC_ALL: 'C.UTF-8', MANPAGER: 'cat', PAGER: 'cat' },
+    });
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stderr, '', 'man --warnings complained');
+    for (const section of ['NAME', 'SYNOPSIS', 'DESCRIPTION', 'COMMANDS', 'TOOLS', 'ENVIRONMENT', 'FILES', 'EXIT STATUS', 'EXAMPLES', 'SEE ALSO']) {
+      assert.match(r.stdout, new RegExp(`^${section}$`, 'm'), `the man page has no ${section} section`);
+    }
+    for (const tool of TOOL_NAMES) assert.match(r.stdout, new RegExp(`${tool}\\(`), `the man page does not describe ${tool}`);
+  });
+});
+
+describe('a server whose backend cannot run still serves', () => {
+  const cases = [
+    {
+      backend: 'vm', env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_QEMU: '/nonexistent/qemu' },
+      says: [/IGN_MCP_QEMU=\/nonexistent\/qemu is not an executable file/, /missing qemu: .*fix: unset IGN_MCP_QEMU/],
+    },
+    {
+      backend: 'vm', env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_KERNEL: '/nonexistent/vmlinux' },
+      says: [/missing kernel: IGN_MCP_KERNEL=\/nonexistent\/vmlinux: no such file; fix: unset IGN_MCP_KERNEL/],
+    },
+    {
+      backend: 'ns', env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: '/nonexistent/ign-agent' },
+      says: [/missing agent: IGN_MCP_AGENT=\/nonexistent\/ign-agent is not an executable file; fix: unset IGN_MCP_AGENT/],
+    },
+  ];
+  for (const c of cases) {
+    const what = Object.entries(c.env).filter(([k]) => k !== 'IGN_MCP_BACKEND').map(([k, v]) => `${k}=${v}`).join(' ');
+    test(`${c.backend} with ${what}: initialize, tools/list, and open_session explains`, T, async (t) => {
+      const s = await startServer({ env: c.env, listTools: false });
+      t.after(() => s.close());
+      const tools = await s.client.listTools();
+      assert.deepEqual(tools.tools.map((x) => x.name).sort(), [...TOOL_NAMES].sort());
+      const text = await callErr(s.client, 'open_session', {});
+      assert.match(text, /^no sandbox backend can run here: /);
+      assert.match(text, new RegExp(`What \`ignition-mcp doctor\` finds for IGN_MCP_BACKEND=${c.backend}:`));
+      for (const re of c.says) assert.match(text, re);
+      assert.match(text, /restart the MCP server/);
+      // Asking again gives the same answer; the other tools still work.
+      assert.equal(await callErr(s.client, 'open_session', {}), text);
+      const list = await call(s.client, 'list_sessions', {});
+      assert.deepEqual(list.sessions, []);
+      const warn = await waitUntil(() => /warning: no sandbox backend can run/.test(s.stderrText()), { timeoutMs: 3000 });
+      assert.ok(warn, `no startup warning on stderr:\n${s.stderrText()}`);
+      assert.equal(s.stderrText().match(/warning: no sandbox backend can run/g).length, 1, 'the warning should be one line, once');
+    });
+  }
+});
+
+describe('make install', () => {
+  let root = null;
+  after(() => {
+    if (root) fs.rmSync(root, { recursive: true, force: true });
+  });
+
+  /* The environment a client gives the server: nothing of ours. */
+  function cleanEnv(extra = {}) {
+    const e = {};
+    for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('IGN_MCP_') && !k.startsWith('IGN_TEST_')) e[k] = v;
+    return { ...e, ...extra };
+  }
+
+  test('installs into DESTDIR+PREFIX; the installed server finds everything from / with no IGN_MCP_* set', { timeout: 600_000 }, async (t) => {
+    root = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-install-'));
+    // The QEMUs (other uids when we are root) read the images under it.
+    fs.chmodSync(root, 0o755);
+    const mk = spawnSync('make', ['--no-print-directory', 'install', `DESTDIR=${root}`, 'PREFIX=/usr/local'], {
+      cwd: REPO, encoding: 'utf8', timeout: 300_000, env: cleanEnv(),
+    });
+    assert.equal(mk.status, 0, `make install failed:\n${mk.stdout}\n${mk.stderr}`);
+    const P = path.join(root, 'usr/local');
+    const lib = path.join(P, 'lib/ignition-mcp');
+    for (const f of ['bin/ignition-mcp', 'lib/ignition-mcp/ign-agent', 'share/man/man1/ignition-mcp.1', 'share/doc/ignition-mcp/README.md']) {
+      assert.ok(fs.existsSync(path.join(P, f)), `make install did not install ${f}`);
+    }
+    fs.accessSync(path.join(P, 'bin/ignition-mcp'), fs.constants.X_OK);
+    for (const name of ['small', 'tools']) {
+      if (!fs.lstatSync(path.join(REPO, 'build/rootfs', name, 'bin/sh'), { throwIfNoEntry: false })) continue;
+      const sh = fs.lstatSync(path.join(lib, 'rootfs', name, 'bin/sh'), { throwIfNoEntry: false });
+      assert.ok(sh, `the rootfs ${name} was not installed under ${lib}/rootfs`);
+    }
+    // cp -a kept what a rootfs needs: symlinks, setuid bits, device nodes.
+    const su = path.join(lib, 'rootfs/tools/usr/bin/su');
+    if (fs.existsSync(su)) assert.ok(fs.statSync(su).mode & 0o4000, 'the setuid bit of su was lost');
+    const binLink = path.join(lib, 'rootfs/tools/bin');
+    if (fs.existsSync(binLink)) assert.ok(fs.lstatSync(binLink).isSymbolicLink(), 'rootfs/tools/bin should stay a symlink');
+    for (const f of ['vmlinux', 'initramfs.cpio', 'rootfs-small.erofs']) {
+      if (fs.existsSync(path.join(REPO, 'build/vm', f))) assert.ok(fs.existsSync(path.join(lib, 'vm', f)), `vm/${f} was not installed`);
+    }
+
+    const server = path.join(P, 'bin/ignition-mcp');
+    const dr = spawnSync(server, ['doctor'], { cwd: '/', env: cleanEnv(), encoding: 'utf8', timeout: 60_000 });
+    assert.equal(dr.status, 0, `the installed doctor failed:\n${dr.stdout}\n${dr.stderr}`);
+    assert.match(checkLine(dr.stdout, 'agent').rest, new RegExp(`^${lib}/ign-agent$`));
+    assert.match(checkLine(dr.stdout, 'rootfs').rest, new RegExp(`^${lib}/rootfs/tools `));
+    assert.match(checkLine(dr.stdout, 'kernel').rest, new RegExp(`^${lib}/vm/vmlinux `));
+    assert.match(checkLine(dr.stdout, 'image').rest, new RegExp(`^${lib}/vm/rootfs-tools.erofs `));
+
+    // A session on the pass's backend, through the SDK, from /. The vm pass
+    // gets a store of its own (the installed images make a base of their
+    // own, which must not replace the ones in the default store) and the
+    // small rootfs, whose base is made fastest; the ns pass needs nothing.
+    const store = IS_VM ? tempStore('ign-install-store') : null;
+    t.after(() => store?.remove());
+    const env = cleanEnv(IS_VM
+      ? { IGN_MCP_BACKEND: 'vm', IGN_MCP_STORE: store.dir, IGN_MCP_ROOTFS: 'small', IGN_MCP_POOL: '0', IGN_MCP_SPARES: '0' }
+      : { IGN_MCP_BACKEND: 'ns' });
+    const transport = new StdioClientTransport({ command: server, args: [], env, cwd: '/', stderr: 'pipe' });
+    let stderr = '';
+    transport.stderr.on('data', (d) => { stderr += d; });
+    const client = new Client({ name: 'ign-install-test', version: '0.0.1' }, { capabilities: {} });
+    await client.connect(transport);
+    const pid = transport.pid;
+    let kids = [];
+    try {
+      const tools = await client.listTools();
+      assert.equal(tools.tools.length, 7);
+      const opened = await call(client, 'open_session', {}, { timeout: 300_000 });
+      assert.equal(opened.backend, BACKEND, stderr);
+      const r = await call(client, 'run', { session_id: opened.session_id, command: 'echo hi' });
+      assert.equal(r.stdout, 'hi\n');
+      assert.equal(r.exit_code, 0);
+      kids = descendants(pid);
+      await call(client, 'close', { session_id: opened.session_id });
+    } finally {
+      await client.close().catch(() => {});
+    }
+    await waitUntil(() => !procStart(pid) || procStart(pid).state === 'Z', { timeoutMs: 6000 });
+    assert.deepEqual((await waitGone(kids, 5000)).map((k) => k.cmd), [], 'processes of the installed server outlived it');
+    await assertNoVmLeftovers(pid);
+
+    // A piece taken away: doctor names it, and says the server is installed.
+    fs.rmSync(path.join(lib, 'vm/vmlinux'), { force: true });
+    const dm = spawnSync(server, ['doctor'], { cwd: '/', env: cleanEnv({ IGN_MCP_BACKEND: 'vm' }), encoding: 'utf8', timeout: 60_000 });
+    assert.equal(dm.status, 1, dm.stdout);
+    assert.match(checkLine(dm.stdout, 'kernel').rest,
+      new RegExp(`^vmlinux is neither in ${P}/bin/vm nor in ${lib}/vm; fix: make vm-images && (sudo )?make install \\(in the ignition-mcp source tree`));
+
+    const un = spawnSync('make', ['--no-print-directory', 'uninstall', `DESTDIR=${root}`, 'PREFIX=/usr/local'], { cwd: REPO, encoding: 'utf8' });
+    assert.equal(un.status, 0, un.stderr);
+    const left = spawnSync('find', [root, '-not', '-type', 'd'], { encoding: 'utf8' }).stdout.trim();
+    assert.equal(left, '', 'make uninstall left files behind');
+  });
+});
