@@ -28,6 +28,10 @@
 
 #define LATEST_VERSION "2025-11-25"
 #define SHUTDOWN_WAIT_MS 5000
+/* Parsed JSON costs tens of bytes per value: a 64 MiB line of "1,1,1,..."
+ * would take over a GiB.  No MCP message needs this many values; lines long
+ * enough to hold more are counted before they are parsed. */
+#define MAX_JSON_VALUES 100000
 
 enum {
   RPC_PARSE_ERROR = -32700,
@@ -91,6 +95,10 @@ static void send_error(json_t *id, int code, const char *msg) {
   mcp_send(json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(),
                      "error", "code", code, "message", msg));
 }
+
+/* JSON strings may hold NUL (\u0000); a name compared with strcmp must not:
+ * "ping\u0000x" is not "ping". */
+static bool has_nul(json_t *s) { return strlen(json_string_value(s)) != json_string_length(s); }
 
 static void send_notification(const char *method, json_t *params) {
   mcp_send(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
@@ -156,8 +164,13 @@ static void start_call(json_t *id, json_t *params) {
     send_error(id, RPC_INVALID_PARAMS, "tools/call needs params.name, the tool's name (a string)");
     return;
   }
+  if (has_nul(name)) {
+    send_error(id, RPC_INVALID_PARAMS, "tools/call params.name contains a NUL character; "
+                                       "tools/list shows the tools");
+    return;
+  }
   if (!tools_exists(json_string_value(name))) {
-    _cleanup_free_ char *msg = xasprintf("unknown tool '%s'; tools/list shows the tools",
+    _cleanup_free_ char *msg = xasprintf("unknown tool '%.100s'; tools/list shows the tools",
                                          json_string_value(name));
     send_error(id, RPC_INVALID_PARAMS, msg);
     return;
@@ -219,7 +232,7 @@ static void cancel_call(json_t *params) {
 static void do_initialize(json_t *id, json_t *params) {
   json_t *v = json_object_get(params, "protocolVersion");
   const char *version = LATEST_VERSION;
-  if (json_is_string(v))
+  if (json_is_string(v) && !has_nul(v))
     for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
       if (strcmp(json_string_value(v), supported_versions[i]) == 0)
         version = supported_versions[i];
@@ -231,7 +244,7 @@ static void do_initialize(json_t *id, json_t *params) {
 
 static void do_set_level(json_t *id, json_t *params) {
   json_t *l = json_object_get(params, "level");
-  int level = json_is_string(l) ? log_level_parse(json_string_value(l)) : -1;
+  int level = json_is_string(l) && !has_nul(l) ? log_level_parse(json_string_value(l)) : -1;
   if (level < 0) {
     send_error(id, RPC_INVALID_PARAMS, "logging/setLevel needs params.level, one of debug, info, "
                                        "notice, warning, error, critical, alert, emergency");
@@ -263,7 +276,7 @@ static void handle_message(json_t *msg) {
     send_error(NULL, RPC_INVALID_REQUEST, "the request id must be a string or a number");
     return;
   }
-  if (!json_is_string(version) || strcmp(json_string_value(version), "2.0") != 0) {
+  if (!json_is_string(version) || has_nul(version) || strcmp(json_string_value(version), "2.0") != 0) {
     send_error(id, RPC_INVALID_REQUEST, "the message must have \"jsonrpc\": \"2.0\"");
     return;
   }
@@ -271,6 +284,11 @@ static void handle_message(json_t *msg) {
     return; /* a response to a request we never sent: nothing to do */
   if (!json_is_string(method)) {
     send_error(id, RPC_INVALID_REQUEST, "the message needs a \"method\" string");
+    return;
+  }
+  if (has_nul(method)) {
+    send_error(id, RPC_INVALID_REQUEST, "the \"method\" string contains a NUL character; no "
+                                        "method name has one");
     return;
   }
   if (params && !json_is_object(params)) {
@@ -298,13 +316,41 @@ static void handle_message(json_t *msg) {
   else if (strcmp(m, "logging/setLevel") == 0)
     do_set_level(id, params);
   else {
-    _cleanup_free_ char *msg2 = xasprintf("method '%s' not found; this server implements "
+    _cleanup_free_ char *msg2 = xasprintf("method '%.100s' not found; this server implements "
                                           "initialize, ping, tools/list, tools/call and "
                                           "logging/setLevel",
                                           m);
     send_error(id, RPC_METHOD_NOT_FOUND, msg2);
   }
   json_decref(empty);
+}
+
+/* Counts the characters that start a value or a key ([ { , :) outside
+ * strings: an upper bound of what jansson would allocate for, found in one
+ * pass before it allocates anything.  Nesting deeper than jansson's own limit
+ * (2048) ends its parse right there, with a clear error of its own. */
+static bool too_many_values(const char *s, size_t len) {
+  size_t n = 0, depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    if (in_string) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{' || c == ',' || c == ':') {
+      if (++n > MAX_JSON_VALUES)
+        return true;
+      if (c != ',' && c != ':' && ++depth > 2048)
+        return false;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      depth--;
+    }
+  }
+  return false;
 }
 
 static void on_line(void *ctx, char *line, size_t len) {
@@ -314,8 +360,18 @@ static void on_line(void *ctx, char *line, size_t len) {
     i++;
   if (i == len)
     return;
+  if (len > MAX_JSON_VALUES && too_many_values(line, len)) {
+    _cleanup_free_ char *m = xasprintf("message refused: it holds more than %d JSON values and "
+                                       "keys, which no MCP request needs; send large data as one "
+                                       "string (a file as content_base64)", MAX_JSON_VALUES);
+    send_error(NULL, RPC_INVALID_REQUEST, m);
+    return;
+  }
   json_error_t err;
-  json_t *msg = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+  /* Duplicate keys are refused: a key that means one thing to a proxy that
+   * reads the first and another to us must not get through. */
+  json_t *msg = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES,
+                           &err);
   if (!msg) {
     _cleanup_free_ char *m = xasprintf("parse error at byte %d: %s", err.position, err.text);
     send_error(NULL, RPC_PARSE_ERROR, m);

@@ -43,12 +43,26 @@ int args_check(json_t *args, const char *tool, const char *const *allowed, char 
   return 0;
 }
 
+/* What to send instead of a string argument that is too long or missing. */
+static const char *string_hint(const char *name) {
+  if (strcmp(name, "session_id") == 0)
+    return "the id open_session returned";
+  if (strcmp(name, "command") == 0)
+    return "put a long script in a file with write_file and run that file";
+  if (strcmp(name, "path") == 0 || strcmp(name, "cwd") == 0)
+    return "use a shorter path";
+  return "send a shorter string";
+}
+
 int arg_string(json_t *args, const char *tool, const char *name, bool required, size_t min,
                size_t max, const char **ret, size_t *ret_len, char **ret_err) {
   json_t *v = json_object_get(args, name);
   if (!v || (json_is_null(v) && !required)) {
     if (required) {
-      *ret_err = xasprintf("%s needs the argument '%s' (a string)", tool, name);
+      *ret_err = strcmp(name, "session_id") == 0
+                     ? xasprintf("%s needs the argument 'session_id' (a string: %s)", tool,
+                                 string_hint(name))
+                     : xasprintf("%s needs the argument '%s' (a string)", tool, name);
       return -EINVAL;
     }
     return 0;
@@ -69,7 +83,8 @@ int arg_string(json_t *args, const char *tool, const char *name, bool required, 
     return -EINVAL;
   }
   if (len > max) {
-    *ret_err = xasprintf("%s: '%s' is %zu bytes, over its cap of %zu bytes", tool, name, len, max);
+    *ret_err = xasprintf("%s: '%s' is %zu bytes, over its cap of %zu bytes; %s", tool, name, len,
+                         max, string_hint(name));
     return -EINVAL;
   }
   *ret = s;
@@ -90,6 +105,11 @@ int arg_int(json_t *args, const char *tool, const char *name, long long min, lon
   long long x;
   if (json_is_integer(v)) {
     x = json_integer_value(v);
+  } else if (json_is_real(v) && (json_real_value(v) <= -0x1p62 || json_real_value(v) >= 0x1p62)) {
+    /* Checked first: converting 1e308 to long long is undefined. */
+    *ret_err = xasprintf("%s: '%s' is %g, outside its range %lld..%lld; give a value in that "
+                         "range", tool, name, json_real_value(v), min, max);
+    return -EINVAL;
   } else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) {
     x = (long long)json_real_value(v);
   } else {
@@ -98,7 +118,8 @@ int arg_int(json_t *args, const char *tool, const char *name, long long min, lon
     return -EINVAL;
   }
   if (x < min || x > max) {
-    *ret_err = xasprintf("%s: '%s' is %lld, outside its range %lld..%lld", tool, name, x, min, max);
+    *ret_err = xasprintf("%s: '%s' is %lld, outside its range %lld..%lld; give a value in that "
+                         "range", tool, name, x, min, max);
     return -EINVAL;
   }
   *ret = x;
@@ -164,7 +185,8 @@ int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **re
     return -EINVAL;
   }
   if (json_object_size(env) > max) {
-    *ret_err = xasprintf("run: 'env' has %zu variables, over the cap of %zu",
+    *ret_err = xasprintf("run: 'env' has %zu variables, over the cap of %zu; pass fewer, or write "
+                         "them to a file with write_file and source it in the command",
                          json_object_size(env), max);
     return -EINVAL;
   }
@@ -183,10 +205,18 @@ int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **re
                            "without '=' or spaces, and values cannot contain NUL", k);
       return -EINVAL;
     }
-    total += kl + 1 + json_string_length(v) + 1;
+    size_t entry = kl + 1 + json_string_length(v);
+    if (entry > PROTO_MAX_ENV_ENTRY) {
+      *ret_err = xasprintf("run: env['%.100s'] is %zu bytes as NAME=value, over the cap of %u for "
+                           "one variable; write long values to a file with write_file and read "
+                           "it in the command", k, entry, PROTO_MAX_ENV_ENTRY);
+      return -EINVAL;
+    }
+    total += entry + 1;
   }
   if (total > PROTO_MAX_PAYLOAD / 2) {
-    *ret_err = xasprintf("run: 'env' is %zu bytes in all, over the cap of %u", total,
+    *ret_err = xasprintf("run: 'env' is %zu bytes in all, over the cap of %u; write long values "
+                         "to a file with write_file and read it in the command", total,
                          PROTO_MAX_PAYLOAD / 2);
     return -EINVAL;
   }
@@ -222,7 +252,8 @@ int base64_decode(const char *in, size_t len, uint8_t **ret, size_t *ret_len, ch
   }
   if (len % 4 == 1 || (pad && (len + pad) % 4 != 0)) {
     *ret_err = strdup("write_file: content_base64 is not valid base64: its length is wrong "
-                      "(standard base64 comes in groups of 4 characters)");
+                      "(standard base64 comes in groups of 4 characters, the last one padded "
+                      "with '='); encode the bytes again with a standard base64 encoder");
     return -EINVAL;
   }
   uint8_t *out = malloc(len / 4 * 3 + 3);

@@ -21,7 +21,14 @@
 /* A result carries the content twice (structuredContent and its JSON text):
  * 2 MiB of file stays under the 10 MiB message limit of common clients. */
 #define MAX_READ_PIECE (2u << 20)
-#define MAX_ENV 256
+#define MAX_ENV PROTO_MAX_ENV
+/* The command, cwd and env of a run travel in one EXEC frame; with each at
+ * its cap they still fit, so a run whose arguments pass their checks is never
+ * refused later for its size. */
+#define MAX_COMMAND (120u << 10)
+_Static_assert(MAX_COMMAND + PROTO_MAX_PATH + PROTO_MAX_PAYLOAD / 2 + 6 * (PROTO_MAX_ENV + 4) <=
+                   PROTO_MAX_PAYLOAD,
+               "a run at every cap must fit in one frame");
 
 /* ---- results ---- */
 
@@ -80,7 +87,7 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   size_t in_len = 0;
   long long timeout_s = DEFAULT_TIMEOUT_S;
   if (arg_session_id(args, &id, &err) < 0 ||
-      arg_string(args, "run", "command", true, 1, PROTO_MAX_COMMAND, &command, NULL, &err) < 0 ||
+      arg_string(args, "run", "command", true, 1, MAX_COMMAND, &command, NULL, &err) < 0 ||
       arg_int(args, "run", "timeout_s", 1, MAX_TIMEOUT_S, &timeout_s, &err) < 0 ||
       arg_string(args, "run", "cwd", false, 1, PROTO_MAX_PATH, &cwd, NULL, &err) < 0 ||
       arg_stdin(args, cfg.max_stdin, &in, &in_len, &err) < 0)
