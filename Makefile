@@ -46,6 +46,73 @@ $(BUILD)/test/%: tests/unit/%.c $(LIB_SRCS) $(HEADERS) $(BUILD)/ign-agent
 $(BUILD):
 	mkdir -p $@
 
+# Fuzz targets (fuzz/): one per parser of outside bytes.  Each builds twice:
+# with libFuzzer (clang) for `make fuzz`, and as a plain replay program (the
+# ordinary compiler, ASan+UBSan) that `make check` runs over the committed
+# corpus in fuzz/corpus/<target>/, crashes found so far included.
+FUZZ_TARGETS := fuzz_mcp fuzz_tool_args fuzz_proto_host fuzz_proto_guest
+FUZZ_REPLAYS := $(patsubst %,$(BUILD)/replay/%,$(FUZZ_TARGETS))
+FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/%,$(FUZZ_TARGETS))
+FUZZ_CC      ?= clang
+FUZZ_SAN     := -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+FUZZ_SECONDS ?= 300
+comma := ,
+# The sources each target links, besides fuzz/<target>.c.  The agent's
+# main() is renamed: the target (or libFuzzer) has its own.
+FUZZ_SRCS_fuzz_mcp         := $(LIB_SRCS)
+FUZZ_SRCS_fuzz_tool_args   := $(LIB_SRCS)
+FUZZ_SRCS_fuzz_proto_host  := proto/proto.c proto/client.c
+FUZZ_SRCS_fuzz_proto_guest := $(filter-out guest/agent.c,$(AGENT_SRCS))
+FUZZ_OBJS_fuzz_proto_guest  = $(dir $@)agent-nomain.o
+FUZZ_LIBS_fuzz_proto_guest := $(AGENT_LIBS) -lpthread
+
+$(BUILD)/replay/agent-nomain.o: guest/agent.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) -Dmain=ign_agent_main -c -o $@ $<
+
+$(BUILD)/fuzz/agent-nomain.o: guest/agent.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CFLAGS) $(subst =fuzzer$(comma),=fuzzer-no-link$(comma),$(FUZZ_SAN)) -Dmain=ign_agent_main -c -o $@ $<
+
+.SECONDEXPANSION:
+$(BUILD)/replay/%: fuzz/%.c fuzz/replay.c $$(FUZZ_SRCS_$$*) $$(FUZZ_OBJS_$$*) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) -o $@ fuzz/replay.c $< $(FUZZ_SRCS_$*) $(FUZZ_OBJS_$*) \
+	  $(or $(FUZZ_LIBS_$*),$(SERVER_LIBS))
+
+# `make fuzz` runs every target for FUZZ_SECONDS (make -j2 fuzz: two at a
+# time); new inputs go into the corpus (named by their SHA-1), and so do
+# crashes, leaks and timeouts (crash-*, leak-*, timeout-*), so that `make
+# check` replays them until they are fixed and for good after.  Give a fixed
+# one a name that says what it found.  `make fuzz-merge` shrinks the SHA-1
+# named inputs to those that add coverage; named ones are kept.
+FUZZ_MAX_LEN ?= 65536
+FUZZ_DICT_fuzz_mcp       := fuzz/mcp.dict
+FUZZ_DICT_fuzz_tool_args := fuzz/mcp.dict
+.PHONY: fuzz fuzz-merge $(patsubst %,fuzz-%,$(FUZZ_TARGETS))
+fuzz: $(patsubst %,fuzz-%,$(FUZZ_TARGETS))
+
+$(patsubst %,fuzz-%,$(FUZZ_TARGETS)): fuzz-%: $(BUILD)/fuzz/%
+	@mkdir -p fuzz/corpus/$*
+	nice $< -max_total_time=$(FUZZ_SECONDS) -max_len=$(FUZZ_MAX_LEN) -timeout=30 \
+	  -print_final_stats=1 -artifact_prefix=fuzz/corpus/$*/ \
+	  $(if $(FUZZ_DICT_$*),-dict=$(FUZZ_DICT_$*)) fuzz/corpus/$* 2>&1 | \
+	  grep -v -E '^(#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)|ign-agent: )'
+
+fuzz-merge: $(FUZZ_BINS)
+	@for t in $(FUZZ_TARGETS); do \
+	  rm -rf $(BUILD)/fuzz/merge-$$t && mkdir -p $(BUILD)/fuzz/merge-$$t && \
+	  $(BUILD)/fuzz/$$t -merge=1 -max_len=$(FUZZ_MAX_LEN) $(BUILD)/fuzz/merge-$$t fuzz/corpus/$$t 2>&1 | tail -n 1 && \
+	  find fuzz/corpus/$$t -type f -regextype posix-extended -regex '.*/[0-9a-f]{40}' -delete && \
+	  cp -n $(BUILD)/fuzz/merge-$$t/* fuzz/corpus/$$t/ && \
+	  echo "$$t: $$(ls fuzz/corpus/$$t | wc -l) inputs"; \
+	done
+
+$(BUILD)/fuzz/%: fuzz/%.c $$(FUZZ_SRCS_$$*) $$(FUZZ_OBJS_$$*) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CFLAGS) $(FUZZ_SAN) -o $@ $< $(FUZZ_SRCS_$*) $(FUZZ_OBJS_$*) \
+	  $(or $(FUZZ_LIBS_$*),$(SERVER_LIBS))
+
 images: rootfs-small rootfs-tools vm-images
 
 # The microVM's kernel, initramfs (the agent as /init) and rootfs disk images.
@@ -70,10 +137,10 @@ rootfs-small: $(BUILD)/ign-agent
 rootfs-tools:
 	image/build-rootfs-tools.sh $(BUILD)/rootfs/tools
 
-check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS) $(VM)/initramfs.cpio
+check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS) $(FUZZ_REPLAYS) $(VM)/initramfs.cpio
 	BUILD=$(BUILD) tests/run.sh
 
-check-unit: all $(UNIT_BINS)
+check-unit: all $(UNIT_BINS) $(FUZZ_REPLAYS)
 	BUILD=$(BUILD) tests/run.sh unit
 
 check-e2e: all $(BUILD)/san/ignition-mcp

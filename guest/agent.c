@@ -318,7 +318,7 @@ static void agent_read_request(struct agent *a) {
  * so that a stopped agent still kills its commands.  Not in ns mode: as PID 1
  * of the namespace, a signal left at SIG_DFL cannot be sent to us from inside
  * the sandbox, while a blocked one would be queued and obeyed. */
-static int agent_signals_init(struct agent *a) {
+int agent_signals_init(struct agent *a) {
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
@@ -354,7 +354,7 @@ static void agent_on_signal(struct agent *a) {
     exec_reap(a);
 }
 
-static int agent_serve(struct agent *a) {
+int agent_serve(struct agent *a) {
   while (a->chan_ok) {
     struct pollfd pfd[2 + EXEC_POLL_MAX];
     pfd[0] = (struct pollfd){.fd = a->chan, .events = POLLIN};

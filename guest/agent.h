@@ -130,6 +130,12 @@ int agent_tlv_u32(struct agent *a, uint32_t id, const char *req, const char *tag
                   const uint8_t *v, uint32_t n, uint32_t *ret);
 int agent_tlv_u64(struct agent *a, uint32_t id, const char *req, const char *tag,
                   const uint8_t *v, uint32_t n, uint64_t *ret);
+/* SIGCHLD (and in fd mode the stop signals) to a->sigfd. */
+int agent_signals_init(struct agent *a);
+/* The event loop: serves a->chan until EOF or a fatal error, then ends every
+ * command and closes the channel.  Returns the exit status.  main() and the
+ * fuzz target call it. */
+int agent_serve(struct agent *a);
 /* Check a path from the host (WHAT names it in messages) and make it absolute:
  * relative paths are taken from /root.  On failure sends the ERROR. */
 int agent_resolve_path(struct agent *a, uint32_t id, const char *what, const uint8_t *v,

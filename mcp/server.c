@@ -391,10 +391,8 @@ static void on_oversize(void *ctx, size_t len) {
 
 void mcp_handle_line(char *line, size_t len) { on_line(NULL, line, len); }
 
-static void wait_calls(void) {
-  uint64_t deadline = mono_ms() + SHUTDOWN_WAIT_MS;
-  /* The sandboxes are gone by now, so calls still running end at once with
-   * an error that says so. */
+void mcp_wait_calls(uint64_t timeout_ms) {
+  uint64_t deadline = mono_ms() + timeout_ms;
   pthread_mutex_lock(&calls_lock);
   while (n_calls > 0 && mono_ms() < deadline) {
     struct timespec ts = timespec_in(CLOCK_REALTIME, 50);
@@ -459,6 +457,8 @@ int mcp_serve(void) {
     log_info("%s, shutting down", why);
   line_reader_free(&lr);
   sessions_shutdown();
-  wait_calls();
+  /* The sandboxes are gone by now, so calls still running end at once with
+   * an error that says so. */
+  mcp_wait_calls(SHUTDOWN_WAIT_MS);
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 struct call_ctx {
   atomic_bool cancelled;
@@ -22,3 +23,5 @@ void mcp_send(json_t *msg);
 int mcp_serve(void);
 /* Handles one message line as if read from stdin (used by the fuzzer). */
 void mcp_handle_line(char *line, size_t len);
+/* Waits up to TIMEOUT_MS for the tools/call threads still running. */
+void mcp_wait_calls(uint64_t timeout_ms);

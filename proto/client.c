@@ -136,7 +136,9 @@ static char *error_message(const uint8_t *payload, size_t len, int *ret_errno) {
   uint32_t n, e = EIO;
   if (proto_find(payload, len, TAG_ERRNO, &v, &n) == 1)
     proto_val_u32(v, n, &e);
-  *ret_errno = e ? (int)e : EIO;
+  /* A positive errno as the protocol says; anything else from a guest that
+   * does not follow it would turn an error into a success (or overflow). */
+  *ret_errno = e > 0 && e < 4096 ? (int)e : EIO;
   if (proto_find(payload, len, TAG_MESSAGE, &v, &n) == 1)
     return strndup((const char *)v, n);
   return xasprintf("the agent reported an error (%s)", strerror(*ret_errno));

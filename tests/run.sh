@@ -3,7 +3,9 @@
 # test runner behind `make check`.
 #
 #   unit         every executable in $BUILD/test/ (C unit tests; each prints
-#                "ok - name" / "not ok - name" and ends with "N passed, N failed")
+#                "ok - name" / "not ok - name" and ends with "N passed, N failed"),
+#                then every fuzz target's replay build over its corpus in
+#                fuzz/corpus/ (fuzz-replay)
 #   e2e          node --test over tests/e2e/*.test.mjs, against the real server,
 #                twice: on the ns backend (e2e-ns) and on the vm backend
 #                (e2e-vm: QEMU microVMs; skipped, and counted as skipped, when
@@ -276,8 +278,48 @@ run_conformance() {
 	add conformance "$cp" "$cf" "$cs"
 }
 
+# run_fuzz_replay: every fuzz target's replay build ($BUILD/replay/NAME, the
+# ordinary compiler with ASan+UBSan) over its committed corpus
+# fuzz/corpus/NAME, crashes found by fuzzing included; one test per target.
+run_fuzz_replay() {
+	banner "fuzz corpus replay ($BUILD/replay)"
+	local p=0 f=0 t name log rc
+	local targets=()
+	for t in "$build"/replay/fuzz_*; do
+		[[ -f $t && -x $t ]] && targets+=("$t")
+	done
+	if ((${#targets[@]} == 0)); then
+		printf 'not ok - no replay programs in %s (make check builds them from fuzz/*.c)\n' "$BUILD/replay"
+		add fuzz-replay 0 1 0
+		return
+	fi
+	for t in "${targets[@]}"; do
+		name=${t##*/}
+		log=$logdir/replay-$name.log
+		rc=0
+		if [[ ! -d fuzz/corpus/$name ]]; then
+			printf 'not ok - %s: fuzz/corpus/%s is missing\n' "$name" "$name"
+			f=$((f + 1))
+			continue
+		fi
+		timeout --foreground --kill-after=10 "${IGN_TEST_UNIT_TIMEOUT:-300}" "$t" "fuzz/corpus/$name" >"$log" 2>&1 || rc=$?
+		if ((rc == 0)) && grep -q '^replay: [0-9]* inputs, no crash' "$log"; then
+			printf 'ok - %s: %s\n' "$name" "$(sed -n 's/^replay: \([0-9]* inputs, no crash\)/\1/p' "$log")"
+			p=$((p + 1))
+		else
+			tail -n 40 "$log"
+			printf 'not ok - %s: replaying fuzz/corpus/%s failed (exit %d); the input is named above\n' "$name" "$name" "$rc"
+			f=$((f + 1))
+		fi
+	done
+	add fuzz-replay "$p" "$f" 0
+}
+
 case $what in
-unit) run_unit ;;
+unit)
+	run_unit
+	run_fuzz_replay
+	;;
 e2e)
 	run_e2e ns
 	run_e2e vm
@@ -287,6 +329,7 @@ e2e-vm) run_e2e vm ;;
 conformance) run_conformance ;;
 all)
 	run_unit
+	run_fuzz_replay
 	run_e2e ns
 	run_e2e vm
 	run_conformance

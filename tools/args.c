@@ -282,6 +282,16 @@ int base64_decode(const char *in, size_t len, uint8_t **ret, size_t *ret_len, ch
       out[o++] = (uint8_t)(acc >> bits);
     }
   }
+  /* The bits past the last byte must be zero: otherwise two different texts
+   * would decode to the same bytes, and the text was not made by a base64
+   * encoder. */
+  if (acc & ((1u << bits) - 1)) {
+    free(out);
+    *ret_err = strdup("write_file: content_base64 is not valid base64: its last character "
+                      "carries bits past the end of the data; encode the content with a "
+                      "standard base64 encoder");
+    return -EINVAL;
+  }
   *ret = out;
   *ret_len = o;
   return 0;

@@ -1,0 +1,174 @@
+/* fuzz_proto_host.c: bytes from a sandbox's agent, which the server must
+ * treat as hostile (a guest can replace its agent).  A peer thread plays the
+ * agent on a socketpair: it answers HELLO with the first part of the input
+ * followed by a proper HELLO_OK, and the call that follows with the rest of
+ * the input, then hangs up.  The server side is the real client (client.c)
+ * with its reader thread; the first byte picks the call.
+ *
+ * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.
+ * In both answers a frame header whose id is 0 gets the id of the request it
+ * answers, so the fuzzer need not guess ids. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "proto/client.h"
+#include "proto/proto.h"
+
+struct peer {
+  int fd;
+  const uint8_t *hello;
+  size_t hello_len;
+  const uint8_t *answer;
+  size_t answer_len;
+};
+
+/* Copy of SRC with id 0 in each frame header it can walk replaced by ID;
+ * *RET_WHOLE says whether SRC is whole frames. */
+static uint8_t *with_ids(const uint8_t *src, size_t n, uint32_t id, bool *ret_whole) {
+  uint8_t *p = malloc(n ? n : 1);
+  if (!p)
+    abort();
+  memcpy(p, src, n);
+  size_t o = 0;
+  while (n - o >= PROTO_HEADER_SIZE) {
+    if (proto_le32(p + o + 8) == 0)
+      proto_put_le32(p + o + 8, id);
+    uint32_t len = proto_le32(p + o);
+    if (len > n - o - PROTO_HEADER_SIZE)
+      break;
+    o += PROTO_HEADER_SIZE + len;
+  }
+  if (ret_whole)
+    *ret_whole = o == n;
+  return p;
+}
+
+static void *peer_main(void *arg) {
+  struct peer *pe = arg;
+  uint8_t *payload = malloc(PROTO_MAX_PAYLOAD);
+  if (!payload)
+    abort();
+  struct proto_header h;
+  if (proto_read_frame(pe->fd, &h, payload) == 0 && h.type == PROTO_HELLO) {
+    /* A partial frame at the end would swallow the HELLO_OK and leave the
+     * client waiting for its timeout: then hang up after it instead. */
+    bool whole;
+    _cleanup_free_ uint8_t *a = with_ids(pe->hello, pe->hello_len, h.id, &whole);
+    struct proto_buf b = {0};
+    proto_frame_begin(&b, PROTO_HELLO_OK, h.id);
+    proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+    proto_put_str(&b, TAG_INFO, "ign-agent fuzz");
+    if (proto_frame_finish(&b) < 0)
+      abort();
+    if (proto_write_all(pe->fd, a, pe->hello_len) == 0 && whole &&
+        proto_write_all(pe->fd, b.data, b.len) == 0 &&
+        proto_read_frame(pe->fd, &h, payload) == 0) {
+      _cleanup_free_ uint8_t *c = with_ids(pe->answer, pe->answer_len, h.id, NULL);
+      proto_write_all(pe->fd, c, pe->answer_len);
+    }
+    proto_buf_free(&b);
+  }
+  /* Hang up, then take whatever the client still sends until it closes. */
+  shutdown(pe->fd, SHUT_WR);
+  while (proto_read_frame(pe->fd, &h, payload) == 0)
+    ;
+  free(payload);
+  return NULL;
+}
+
+static void call(struct agent_conn *c, unsigned which) {
+  atomic_bool cancelled = false;
+  const struct agent_ctl ctl = {.cancelled = &cancelled};
+  char *err = NULL;
+  switch (which) {
+  case 0:
+    agent_ping(c, 5000, &err);
+    break;
+  case 1:
+  case 2: {
+    const char *env[] = {"A=1", "B=2"};
+    const struct agent_exec_req req = {
+        .command = "echo hi",
+        .cwd = which == 2 ? "/tmp" : NULL,
+        .env = env,
+        .n_env = 2,
+        .timeout_ms = 5000,
+        .stdin_data = which == 2 ? "input\n" : NULL,
+        .stdin_len = which == 2 ? 6 : 0,
+        .out_cap = which == 2 ? 16 : 65536,
+    };
+    struct agent_exec_res res = {0};
+    if (agent_exec(c, &req, &ctl, &res, &err) == 0)
+      agent_exec_res_free(&res);
+    break;
+  }
+  case 3: {
+    void *data = NULL;
+    size_t len = 0;
+    uint64_t size = 0;
+    bool eof = false;
+    if (agent_read_file(c, "/etc/hostname", 0, 4096, &ctl, &data, &len, &size, &eof, &err) == 0)
+      free(data);
+    break;
+  }
+  case 4: {
+    static const char data[3000] = "file data";
+    agent_write_file(c, "/tmp/f", 0644, data, sizeof data, &ctl, &err);
+    break;
+  }
+  default:
+    agent_setup(c, "0123456789abcdef0123456789abcdef", 32, 1, "fuzz",
+                "0123456789abcdef0123456789abcdef", &err);
+    break;
+  }
+  free(err);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  /* As in the server: a peer that hung up is an error return, not a signal. */
+  signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 3)
+    return 0;
+  unsigned which = data[0] % 6;
+  size_t hello_len = data[1] | (size_t)data[2] << 8;
+  data += 3;
+  size -= 3;
+  if (hello_len > size)
+    hello_len = size;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    abort();
+  struct peer pe = {.fd = sv[1],
+                    .hello = data,
+                    .hello_len = hello_len,
+                    .answer = data + hello_len,
+                    .answer_len = size - hello_len};
+  pthread_t t;
+  if (pthread_create(&t, NULL, peer_main, &pe) != 0)
+    abort();
+  struct agent_conn *c = NULL;
+  char *err = NULL;
+  if (agent_conn_open(sv[0], 5000, &c, &err) == 0) {
+    call(c, which);
+    agent_conn_free(c);
+  }
+  free(err);
+  pthread_join(t, NULL);
+  close(sv[1]);
+  return 0;
+}

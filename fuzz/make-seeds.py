@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""make-seeds.py: writes the hand-made seed inputs of each fuzz target into
+fuzz/corpus/<target>/seed-*.  libFuzzer grows the corpus from them; run this
+again only to add seeds (existing files are rewritten, nothing is removed)."""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# proto/proto.h
+T = dict(HELLO=1, HELLO_OK=2, ERROR=3, PING=4, PONG=5, EXEC=10, STDIN=11, STDIN_END=12,
+         STDOUT=13, STDERR=14, EXIT=15, KILL=16, WRITE=20, DATA=21, DATA_END=22, OK=23,
+         READ=24, READ_END=25, SETUP=30)
+TAG = dict(VERSION=1, INFO=2, ERRNO=3, MESSAGE=4, COMMAND=10, CWD=11, ENV=12, TIMEOUT_MS=13,
+           HAS_STDIN=14, EXIT_CODE=15, SIGNAL=16, TIMED_OUT=17, DURATION_US=18, PATH=20,
+           MODE=21, SIZE=22, OFFSET=23, MAX=24, EOF=25, BYTES=26, ENTROPY=30, TIME_NS=31,
+           HOSTNAME=32, MACHINE_ID=33)
+
+
+def tlv(tag, val):
+    if isinstance(val, str):
+        val = val.encode()
+    return struct.pack('<HI', TAG[tag], len(val)) + val
+
+
+def u32(tag, v):
+    return tlv(tag, struct.pack('<I', v & 0xffffffff))
+
+
+def u64(tag, v):
+    return tlv(tag, struct.pack('<Q', v))
+
+
+def frame(type_, id_, payload=b''):
+    return struct.pack('<IBBHI', len(payload), T[type_], 0, 0, id_) + payload
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, 'corpus', target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, 'seed-' + name), 'wb') as f:
+        f.write(data)
+
+
+def rpc(method, params=None, id_=1):
+    m = {'jsonrpc': '2.0', 'id': id_, 'method': method}
+    if params is not None:
+        m['params'] = params
+    return json.dumps(m)
+
+
+TOOL_ARGS = {
+    'open_session': {},
+    'run': {'session_id': 's-1-abcd', 'command': 'echo hi', 'timeout_s': 30, 'cwd': '/tmp',
+            'env': {'A': '1'}, 'stdin': 'input'},
+    'write_file': {'session_id': 's-1-abcd', 'path': '/tmp/a', 'content_base64': 'aGVsbG8=',
+                   'mode': '0644'},
+    'read_file': {'session_id': 's-1-abcd', 'path': '/tmp/a', 'offset': 0, 'max_bytes': 100},
+    'reset': {'session_id': 's-1-abcd'},
+    'close': {'session_id': 's-1-abcd'},
+    'list_sessions': {},
+}
+TOOLS = list(TOOL_ARGS)
+
+
+def mcp():
+    init = rpc('initialize', {'protocolVersion': '2025-11-25', 'capabilities': {},
+                              'clientInfo': {'name': 'fuzz', 'version': '1'}}, 0)
+    lines = [init, json.dumps({'jsonrpc': '2.0', 'method': 'notifications/initialized'}),
+             rpc('ping', id_='a'), rpc('tools/list', {}, 2.5),
+             rpc('logging/setLevel', {'level': 'debug'}, 3)]
+    for i, (tool, args) in enumerate(TOOL_ARGS.items()):
+        lines.append(rpc('tools/call', {'name': tool, 'arguments': args,
+                                        '_meta': {'progressToken': i}}, 10 + i))
+    lines.append(json.dumps({'jsonrpc': '2.0', 'method': 'notifications/cancelled',
+                             'params': {'requestId': 11, 'reason': 'x'}}))
+    write('fuzz_mcp', 'session', ('\n'.join(lines) + '\n').encode())
+    write('fuzz_mcp', 'malformed', b'{"jsonrpc":"2.0","id":1,"method":"ping"\n[1,2]\n'
+          b'{"jsonrpc":"2.0","id":{},"method":"x"}\r\n\n  \n"\xff\xfe"\n'
+          b'{"jsonrpc":"1.0","id":null,"result":1}\n{"a":"\\u0000"}\n')
+    write('fuzz_mcp', 'oversize', b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"'
+          + b'a' * 5000 + b'"}}\n' + rpc('ping').encode() + b'\n')
+
+
+def tool_args():
+    for i, (tool, args) in enumerate(TOOL_ARGS.items()):
+        write('fuzz_tool_args', tool, bytes([i]) + json.dumps(args).encode())
+    write('fuzz_tool_args', 'run-bad', bytes([1]) + b'{"session_id":7,"command":"","timeout_s":-1,'
+          b'"env":{"A=B":"\\u0000"},"stdin":null}')
+    write('fuzz_tool_args', 'base64', bytes([len(TOOLS)]) + b'aGVsbG8gd29ybGQ=')
+    write('fuzz_tool_args', 'base64-bad', bytes([len(TOOLS)]) + b'aGVsbG8gd29ybGQ=x=')
+    write('fuzz_tool_args', 'utf8', bytes([len(TOOLS) + 1]) + 'héllo €'.encode() + b'\xc3\x28\xf0\x9f\x98')
+
+
+def proto_host():
+    def host(which, hello, answer):
+        return bytes([which]) + struct.pack('<H', len(hello)) + hello + answer
+    exit_ = frame('EXIT', 0, u32('EXIT_CODE', 0) + u32('SIGNAL', 0) + u32('TIMED_OUT', 0)
+                  + u64('DURATION_US', 1234))
+    write('fuzz_proto_host', 'ping', host(0, b'', frame('PONG', 0, u32('VERSION', 1))))
+    write('fuzz_proto_host', 'exec', host(1, frame('STDOUT', 5, b'noise'),
+                                          frame('STDOUT', 0, b'hi\n') + frame('STDERR', 0, b'warn\n')
+                                          + exit_))
+    write('fuzz_proto_host', 'exec-stdin', host(2, b'', frame('STDOUT', 0, b'x' * 40) + exit_))
+    write('fuzz_proto_host', 'read', host(3, b'', frame('DATA', 0, b'host\n') + frame(
+        'READ_END', 0, u64('SIZE', 5) + u32('EOF', 1) + u64('BYTES', 5))))
+    write('fuzz_proto_host', 'write', host(4, b'', frame('OK', 0)))
+    write('fuzz_proto_host', 'write-error', host(4, b'', frame(
+        'ERROR', 0, u32('ERRNO', 28) + tlv('MESSAGE', 'No space left on device'))))
+    write('fuzz_proto_host', 'setup', host(5, b'', frame('OK', 0)))
+    write('fuzz_proto_host', 'hello-error', host(0, frame('ERROR', 0, u32('ERRNO', 71)
+                                                          + tlv('MESSAGE', 'bad')), b''))
+    write('fuzz_proto_host', 'conn-error', host(1, b'', frame('ERROR', 0, tlv('MESSAGE', 'x'))[:8]
+                                                + b'\0\0\0\0' + tlv('MESSAGE', 'x')))
+
+
+def proto_guest():
+    hello = frame('HELLO', 1, u32('VERSION', 1))
+    write('fuzz_proto_guest', 'hello-ping', hello + frame('PING', 2))
+    write('fuzz_proto_guest', 'exec', hello + frame('EXEC', 3, tlv('COMMAND', 'echo hi')
+                                                    + tlv('CWD', '/') + tlv('ENV', 'A=1')
+                                                    + u32('TIMEOUT_MS', 1000) + u32('HAS_STDIN', 0)))
+    write('fuzz_proto_guest', 'exec-stdin', hello + frame('EXEC', 4, tlv('COMMAND', 'cat')
+                                                          + u32('HAS_STDIN', 1))
+          + frame('STDIN', 4, b'data') + frame('STDIN_END', 4) + frame('KILL', 4))
+    write('fuzz_proto_guest', 'write', hello + frame('WRITE', 5, tlv('PATH', 'dir/f') + u32('MODE', 0o644)
+                                                     + u64('SIZE', 8))
+          + frame('DATA', 5, b'abcd') + frame('DATA', 5, b'efgh') + frame('DATA_END', 5)
+          + frame('READ', 6, tlv('PATH', 'dir/f') + u64('OFFSET', 2) + u64('MAX', 4)))
+    write('fuzz_proto_guest', 'read-missing', frame('READ', 7, tlv('PATH', '/nope') + u64('OFFSET', 0)
+                                                    + u64('MAX', 10)))
+    write('fuzz_proto_guest', 'setup', frame('SETUP', 8, tlv('ENTROPY', b'\1' * 32) + u64('TIME_NS', 1)
+                                             + tlv('HOSTNAME', 'fuzz')
+                                             + tlv('MACHINE_ID', '0123456789abcdef0123456789abcdef')))
+    write('fuzz_proto_guest', 'bad', frame('STDOUT', 9, b'x') + frame('EXEC', 10, b'\1\0\xff\xff\xff\xff'))
+
+
+mcp()
+tool_args()
+proto_host()
+proto_guest()
