@@ -1,0 +1,471 @@
+// hostile.test.mjs: malformed and hostile input through MCP, as a table.
+//
+// One server (raw stdio, so that any bytes can be sent) serves the whole
+// table. Every case sends its bytes and states the outcome it must get: a
+// JSON-RPC error with a given code and a message that says what was wrong,
+// a tool result with isError and a message that says what was wrong and what
+// to do, a normal result, or no response at all (notifications). After every
+// case the test checks that
+//   - no other response came for it (a ping sent after the case is answered
+//     after every inline response, so the count is exact),
+//   - the server keeps serving: ping, and a real `run echo ok` in a session,
+//   - everything on stdout so far is well-formed JSON-RPC 2.0;
+// and around the table that the server's memory stays bounded (below).
+//
+// The tool cases are partly generated from tools/list: for every property
+// of every tool's inputSchema, a value of each JSON type the schema does not
+// allow; every required argument left out; an unknown argument.
+//
+// Memory: the test server is the ASan build. ASan keeps freed blocks in a
+// quarantine (256 MiB by default) so that use-after-free is caught, which
+// would make RSS measure the sanitizer, not the server; this server runs
+// with quarantine_size_mb=0 (leak and overflow checks stay on). The bounds:
+//   - while an 80 MiB line streams in, RSS grows by less than 96 MiB: the
+//     line reader holds at most IGN_MCP_MAX_MESSAGE (64 MiB) of a line before
+//     it gives up on it, plus the old half of its buffer while it grows;
+//   - once the big cases are over (and at the end of the table), RSS is
+//     less than 64 MiB above where it started: nothing of them is kept.
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startRaw, textOf, vmRssKiB, sleep, IS_VM } from './lib.mjs';
+
+const T = { timeout: 120_000 };
+const NL = Buffer.from('\n');
+const MiB = 1 << 20;
+const ASAN = [process.env.ASAN_OPTIONS || 'abort_on_error=0:detect_leaks=1', 'quarantine_size_mb=0'].join(':');
+const MAX_STDIN = 8 * MiB; // the defaults this server runs with
+const MAX_FILE = 32 * MiB;
+const MAX_MESSAGE = 64 * MiB;
+
+/* The schemas come from the server itself, so that a new argument gets its
+ * wrong-type cases without anyone writing them. */
+const schemaServer = startRaw({ env: { IGN_MCP_BACKEND: 'ns' } });
+await schemaServer.initialize();
+const TOOLS = (await schemaServer.request('tools/list', {})).result.tools;
+await schemaServer.close();
+
+let raw; // the server of the table
+let sid; // a session that lives through the whole table
+const rss = {};
+
+/* ---- helpers ---- */
+
+const j = (o) => JSON.stringify(o);
+const req = (id, method, params) => j({ jsonrpc: '2.0', id, method, ...(params === undefined ? {} : { params }) });
+const callLine = (id, name, args) => req(id, 'tools/call', { name, arguments: args });
+/* Values filled in when a case runs (the session id exists only then). */
+const SID = '\u0001SID\u0001';
+const fill = (s) => s.split(j(SID)).join(j(sid));
+
+/* Well-formed JSON-RPC 2.0 from a server: a notification, or a response
+ * with an id and exactly one of result and error {code: integer, message:
+ * non-empty string}. */
+function assertWellFormed(m, raw) {
+  assert.ok(m && typeof m === 'object' && !Array.isArray(m), `not an object: ${raw}`);
+  assert.equal(m.jsonrpc, '2.0', `jsonrpc is not "2.0": ${raw.slice(0, 300)}`);
+  if ('method' in m) {
+    assert.equal(typeof m.method, 'string', raw.slice(0, 300));
+    assert.ok(!('id' in m), `a server notification with an id: ${raw.slice(0, 300)}`);
+    return;
+  }
+  assert.ok('id' in m, `a response without id: ${raw.slice(0, 300)}`);
+  assert.ok(['string', 'number'].includes(typeof m.id) || m.id === null, `bad id: ${raw.slice(0, 300)}`);
+  assert.equal('result' in m, !('error' in m), `needs exactly one of result and error: ${raw.slice(0, 300)}`);
+  if ('error' in m) {
+    assert.ok(Number.isInteger(m.error.code), raw.slice(0, 300));
+    assert.equal(typeof m.error.message, 'string', raw.slice(0, 300));
+    assert.ok(m.error.message.length > 10, `an error message that says nothing: ${raw.slice(0, 300)}`);
+  }
+}
+
+const isResponse = (m) => 'id' in m && ('result' in m || 'error' in m);
+
+/* Wait for a message entry (from index `from`) matching pred(entry). */
+async function waitEntry(pred, from, what, timeoutMs = 60_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const e = raw.messages.slice(from).find(pred);
+    if (e) return e;
+    if (raw.exited()) assert.fail(`server exited (${j(raw.exited())}) waiting for ${what}; stderr:\n${raw.stderrText().slice(-3000)}`);
+    if (Date.now() > deadline) assert.fail(`no ${what} within ${timeoutMs} ms; got ${j(raw.since(from)).slice(0, 1000)}`);
+    await sleep(5);
+  }
+}
+
+/* What to do: every tool error says it (the case may give a sharper regex). */
+const TODO = /\b(give|use|send|call|pass|put|write|split|remove|encode|must be|its arguments are|read)\b/i;
+
+let caseNo = 0;
+
+/* Send a case, check its outcome, then that the server still serves. */
+async function runCase(c) {
+  const n = ++caseNo;
+  const from = raw.messages.length;
+  const e = c.expect;
+  let got = null;
+  if (c.custom) {
+    await c.custom();
+  } else {
+    let bytes = typeof c.send === 'function' ? c.send() : c.send;
+    if (typeof bytes === 'string') bytes = Buffer.from(fill(bytes));
+    await raw.sendBytes(Buffer.concat([bytes, NL]));
+    if (e.none) {
+      // nothing to wait for; the ping below proves nothing came
+    } else if ('rawId' in e) {
+      got = await waitEntry((x) => isResponse(x.msg) && new RegExp(`"id":${e.rawId}[,}]`).test(x.raw), from, `response with id ${e.rawId}`);
+    } else {
+      const id = e.id === undefined ? null : e.id;
+      got = await waitEntry((x) => isResponse(x.msg) && j(x.msg.id) === j(id), from, `response with id ${j(id)}`);
+    }
+  }
+  if (got) {
+    const m = got.msg;
+    if (e.code !== undefined) {
+      assert.ok(m.error, `${c.name}: expected error ${e.code}, got ${got.raw.slice(0, 400)}`);
+      assert.equal(m.error.code, e.code, `${c.name}: ${got.raw.slice(0, 400)}`);
+      assert.match(m.error.message, e.msg, `${c.name}: message does not say what was wrong`);
+      if (e.maxLen) assert.ok(got.raw.length <= e.maxLen, `${c.name}: a ${got.raw.length} byte error for a hostile message`);
+    } else if (e.tool) {
+      assert.ok(m.result, `${c.name}: expected a tool error result, got ${got.raw.slice(0, 400)}`);
+      assert.equal(m.result.isError, true, `${c.name}: expected isError, got ${got.raw.slice(0, 400)}`);
+      const t = textOf(m.result);
+      assert.match(t, e.tool, `${c.name}: the error does not say what was wrong`);
+      assert.match(t, e.todo ?? TODO, `${c.name}: the error does not say what to do: ${t}`);
+    } else if (e.ok) {
+      assert.ok(m.result, `${c.name}: expected a result, got ${got.raw.slice(0, 400)}`);
+      assert.notEqual(m.result.isError, true, `${c.name}: ${textOf(m.result)}`);
+      if (e.check) e.check(m.result);
+    }
+  }
+  await assertServing(`after case ${n} (${c.name})`, from, c.custom ? null : e.none ? 0 : 1);
+  if (c.post) c.post();
+}
+
+/* The server answers a ping and runs a command; nothing but well-formed
+ * JSON-RPC on stdout; `expected` responses (if not null) between `from`
+ * and the ping. */
+async function assertServing(what, from, expected) {
+  assert.equal(raw.exited(), null, `${what}: the server died; stderr:\n${raw.stderrText().slice(-3000)}`);
+  const pingId = `ping-${what}`;
+  const p = await raw.request('ping', undefined, { id: pingId, timeoutMs: 30_000 });
+  assert.deepEqual(p.result, {}, `${what}: ping`);
+  if (expected !== null) {
+    const upto = raw.messages.findIndex((x, i) => i >= from && x.msg.id === pingId);
+    const resp = raw.messages.slice(from, upto).filter((x) => isResponse(x.msg));
+    assert.equal(resp.length, expected, `${what}: expected ${expected} response(s), got ${j(resp.map((x) => x.raw.slice(0, 200)))}`);
+  }
+  const r = await raw.callTool('run', { session_id: sid, command: 'echo ok' }, { timeoutMs: 60_000 });
+  assert.equal(r.result?.isError, false, `${what}: run echo ok: ${j(r).slice(0, 500)}`);
+  assert.equal(r.result.structuredContent.stdout, 'ok\n', `${what}: run echo ok`);
+  assert.deepEqual(raw.badLines, [], `${what}: stdout carried something that is not JSON-RPC`);
+  for (const x of raw.messages.slice(from)) assertWellFormed(x.msg, x.raw);
+}
+
+/* ---- the table ---- */
+
+const BIG_ID = '123456789012345678901234567890';
+const deepArrays = () => Buffer.from('['.repeat(100_000) + ']'.repeat(100_000));
+const deepObjects = () => Buffer.from('{"a":'.repeat(100_000) + '1' + '}'.repeat(100_000));
+
+/* run with one argument replaced, or write_file / read_file. */
+const run = (id, extra) => callLine(id, 'run', { session_id: SID, command: 'echo hostile', ...extra });
+const wf = (id, extra) => callLine(id, 'write_file', { session_id: SID, path: '/root/hostile.bin', content_base64: 'aGk=', ...extra });
+const rf = (id, extra) => callLine(id, 'read_file', { session_id: SID, path: '/root/hostile.txt', ...extra });
+
+const CASES = [
+  // -- not JSON at all
+  { name: 'truncated JSON', send: '{"jsonrpc":"2.0","id":1,"method":"pi', expect: { code: -32700, msg: /parse error at byte \d+/ } },
+  { name: 'truncated after a complete key', send: '{"jsonrpc":"2.0","id":', expect: { code: -32700, msg: /parse error/ } },
+  { name: 'single-quoted JSON', send: "{'jsonrpc':'2.0','id':1,'method':'ping'}", expect: { code: -32700, msg: /parse error.*(invalid|string)/ } },
+  { name: 'trailing comma', send: '{"jsonrpc":"2.0","id":1,"method":"ping",}', expect: { code: -32700, msg: /parse error/ } },
+  { name: 'two messages on one line', send: `${req(1, 'ping')} ${req(2, 'ping')}`, expect: { code: -32700, msg: /end of file expected/ } },
+  { name: 'bare word', send: 'ping', expect: { code: -32700, msg: /invalid token/ } },
+  { name: 'NaN is not JSON', send: '{"jsonrpc":"2.0","id":NaN,"method":"ping"}', expect: { code: -32700, msg: /invalid token/ } },
+  // -- invalid UTF-8
+  { name: 'invalid UTF-8: a lone 0xff', send: Buffer.from([0x7b, 0xff, 0x7d]), expect: { code: -32700, msg: /unable to decode byte 0xff/ } },
+  { name: 'invalid UTF-8 in a string', send: Buffer.concat([Buffer.from('{"jsonrpc":"2.0","id":"'), Buffer.from([0xc3, 0x28]), Buffer.from('","method":"ping"}')]), expect: { code: -32700, msg: /unable to decode byte 0xc3/ } },
+  { name: 'invalid UTF-8: overlong encoding of /', send: Buffer.concat([Buffer.from('["'), Buffer.from([0xc0, 0xaf]), Buffer.from('"]')]), expect: { code: -32700, msg: /unable to decode byte/ } },
+  { name: 'invalid UTF-8: a UTF-16 surrogate', send: Buffer.concat([Buffer.from('["'), Buffer.from([0xed, 0xa0, 0x80]), Buffer.from('"]')]), expect: { code: -32700, msg: /unable to decode byte/ } },
+  { name: 'invalid UTF-8: a sequence cut at the end of the line', send: Buffer.concat([Buffer.from('"abc'), Buffer.from([0xe2, 0x82])]), expect: { code: -32700, msg: /unable to decode byte|premature end/ } },
+  // -- NUL
+  { name: 'a NUL byte between tokens', send: Buffer.from('{"jsonrpc":"2.0",\0"id":1,"method":"ping"}'), expect: { code: -32700, msg: /parse error/ } },
+  { name: 'a raw NUL byte inside a string', send: Buffer.from('{"jsonrpc":"2.0","id":"a\0b","method":"ping"}'), expect: { code: -32700, msg: /control character 0x0/ } },
+  { name: 'a NUL byte after a complete message', send: Buffer.from(`${req(3, 'ping')}\0`), expect: { code: -32700, msg: /end of file expected/ } },
+  { name: '\\u0000 in the method: "ping\\u0000x" is not ping', send: '{"jsonrpc":"2.0","id":4,"method":"ping\\u0000x"}', expect: { id: 4, code: -32600, msg: /"method" string contains a NUL/ } },
+  { name: '\\u0000 in the jsonrpc version', send: '{"jsonrpc":"2.0\\u0000x","id":5,"method":"ping"}', expect: { id: 5, code: -32600, msg: /"jsonrpc": "2\.0"/ } },
+  { name: '\\u0000 in a tool name: "list_sessions\\u0000x" is not list_sessions', send: '{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"list_sessions\\u0000x","arguments":{}}}', expect: { id: 6, code: -32602, msg: /params\.name contains a NUL/ } },
+  { name: '\\u0000 in an object key', send: '{"jsonrpc":"2.0","id":7,"method":"ping","params":{"a\\u0000b":1}}', expect: { code: -32700, msg: /NUL byte in object key/ } },
+  { name: '\\u0000 in a command', send: run(8, { command: 'echo a\u0000rm -rf /' }), expect: { id: 8, tool: /'command' contains a NUL character/, todo: /remove it/ } },
+  { name: '\\u0000 in a path', send: wf(9, { path: '/root/a\u0000b' }), expect: { id: 9, tool: /'path' contains a NUL character/, todo: /remove it/ } },
+  { name: 'a path that is one NUL', send: rf(10, { path: '\u0000' }), expect: { id: 10, tool: /'path' contains a NUL character/, todo: /remove it/ } },
+  { name: '\\u0000 in an env value', send: run(11, { env: { A: 'x\u0000y' } }), expect: { id: 11, tool: /values cannot contain NUL/, todo: /must be|cannot/ } },
+  // -- size and depth
+  {
+    name: 'an 80 MiB line (over IGN_MCP_MAX_MESSAGE) is refused without being buffered',
+    custom: async () => {
+      const from = raw.messages.length;
+      const before = vmRssKiB(raw.pid);
+      const hwmBefore = vmRssKiB(raw.pid, 'VmHWM');
+      await raw.sendBytes(Buffer.from(`{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{"name":"run","arguments":{"session_id":${j(sid)},"command":"echo SHOULD-NOT-RUN","stdin":"`));
+      const chunk = Buffer.alloc(MiB, 0x61);
+      let peak = before;
+      for (let i = 0; i < 80; i++) {
+        await raw.sendBytes(chunk);
+        if (i % 8 === 0) peak = Math.max(peak, vmRssKiB(raw.pid));
+      }
+      await raw.sendBytes(Buffer.from('"}}}\n'));
+      const e = await waitEntry((x) => isResponse(x.msg) && x.msg.id === null, from, 'the size error');
+      assert.equal(e.msg.error.code, -32600, e.raw);
+      assert.match(e.msg.error.message, new RegExp(`message too large: over \\d+ bytes \\(IGN_MCP_MAX_MESSAGE is ${MAX_MESSAGE}\\).*discarded`));
+      assert.match(e.msg.error.message, /in pieces/, 'the error says what to do');
+      await assertServing('after the 80 MiB line', from, 1);
+      assert.ok(!raw.messages.some((x) => x.msg.id === 'big'), 'the request inside the oversize line was executed');
+      // The HWM only counts if it was reached now (it is a lifetime maximum).
+      const hwm = vmRssKiB(raw.pid, 'VmHWM');
+      peak = Math.max(peak, hwm > hwmBefore ? hwm : 0);
+      rss.bigPeakGrowth = (peak - before) / 1024;
+      await sleep(500);
+      rss.afterBig = vmRssKiB(raw.pid);
+      assert.ok(rss.bigPeakGrowth < 96, `RSS grew by ${rss.bigPeakGrowth.toFixed(1)} MiB while an 80 MiB line came in (bound 96 MiB)`);
+      const settled = (rss.afterBig - rss.before) / 1024;
+      assert.ok(settled < 64, `RSS stayed ${settled.toFixed(1)} MiB above its start after the 80 MiB line (bound 64 MiB)`);
+    },
+  },
+  { name: '100k-deep nested arrays', send: deepArrays, expect: { code: -32700, msg: /maximum parsing depth reached/ } },
+  {
+    name: '100k-deep nested objects {"a":{"a":...',
+    send: deepObjects,
+    expect: { code: -32700, msg: /maximum parsing depth reached/ },
+    post: () => {
+      rss.afterDeep = vmRssKiB(raw.pid);
+      const growth = (rss.afterDeep - rss.before) / 1024;
+      assert.ok(growth < 64, `RSS is ${growth.toFixed(1)} MiB above its start after the deep nesting (bound 64 MiB)`);
+    },
+  },
+  { name: 'deep nesting inside tool arguments', send: () => Buffer.from(`{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"run","arguments":{"session_id":"x","command":${'['.repeat(50_000)}${']'.repeat(50_000)}}}}`), expect: { code: -32700, msg: /maximum parsing depth reached/ } },
+  { name: '2 million tiny values in one 4 MiB line (parsed, they would take hundreds of MiB)', send: () => Buffer.from(`{"jsonrpc":"2.0","id":13,"method":"ping","params":{"a":[${'0,'.repeat(2 * MiB)}0]}}`), expect: { code: -32600, msg: /more than 100000 JSON values/ } },
+  { name: 'an unknown method with a 1 MiB name gets a short error', send: () => req(14, 'x'.repeat(MiB)), expect: { id: 14, code: -32601, msg: /method 'x{100}' not found/, maxLen: 1000 } },
+  { name: 'an unknown tool with a 1 MiB name gets a short error', send: () => callLine(15, 'y'.repeat(MiB), {}), expect: { id: 15, code: -32602, msg: /unknown tool 'y{100}'.*tools\/list/, maxLen: 1000 } },
+  // -- batches and non-requests
+  { name: 'an empty batch', send: '[]', expect: { code: -32600, msg: /batches are not supported/ } },
+  { name: 'a batch of two pings is refused, neither runs', send: `[${req(16, 'ping')},${req(17, 'ping')}]`, expect: { code: -32600, msg: /batches are not supported.*one JSON-RPC message per line/ } },
+  { name: 'a batch of a tool call is refused, it does not run', send: `[${callLine(18, 'list_sessions', {})}]`, expect: { code: -32600, msg: /batches are not supported/ } },
+  { name: 'a number', send: '42', expect: { code: -32600, msg: /must be a JSON object/ } },
+  { name: 'a string', send: '"ping"', expect: { code: -32600, msg: /must be a JSON object/ } },
+  { name: 'null', send: 'null', expect: { code: -32600, msg: /must be a JSON object/ } },
+  { name: 'an empty object', send: '{}', expect: { code: -32600, msg: /"jsonrpc": "2\.0"/ } },
+  { name: 'a response to a request the server never sent', send: '{"jsonrpc":"2.0","id":"never-sent","result":{}}', expect: { none: true } },
+  { name: 'an error response to a request the server never sent', send: '{"jsonrpc":"2.0","id":19,"error":{"code":1,"message":"x"}}', expect: { none: true } },
+  // -- jsonrpc, method, params
+  { name: 'jsonrpc missing', send: '{"id":20,"method":"ping"}', expect: { id: 20, code: -32600, msg: /"jsonrpc": "2\.0"/ } },
+  { name: 'jsonrpc "1.0"', send: '{"jsonrpc":"1.0","id":21,"method":"ping"}', expect: { id: 21, code: -32600, msg: /"jsonrpc": "2\.0"/ } },
+  { name: 'jsonrpc as the number 2.0', send: '{"jsonrpc":2.0,"id":22,"method":"ping"}', expect: { id: 22, code: -32600, msg: /"jsonrpc": "2\.0"/ } },
+  { name: 'method missing', send: '{"jsonrpc":"2.0","id":23}', expect: { id: 23, code: -32600, msg: /needs a "method" string/ } },
+  { name: 'method a number', send: '{"jsonrpc":"2.0","id":24,"method":5}', expect: { id: 24, code: -32600, msg: /needs a "method" string/ } },
+  { name: 'method null', send: '{"jsonrpc":"2.0","id":25,"method":null}', expect: { id: 25, code: -32600, msg: /needs a "method" string/ } },
+  { name: 'method an array', send: '{"jsonrpc":"2.0","id":26,"method":["ping"]}', expect: { id: 26, code: -32600, msg: /needs a "method" string/ } },
+  { name: 'method an object', send: '{"jsonrpc":"2.0","id":27,"method":{"name":"ping"}}', expect: { id: 27, code: -32600, msg: /needs a "method" string/ } },
+  { name: 'params an array', send: '{"jsonrpc":"2.0","id":28,"method":"ping","params":[1]}', expect: { id: 28, code: -32602, msg: /params must be an object/ } },
+  { name: 'params a string', send: '{"jsonrpc":"2.0","id":29,"method":"tools/list","params":"x"}', expect: { id: 29, code: -32602, msg: /params must be an object/ } },
+  { name: 'params null', send: '{"jsonrpc":"2.0","id":30,"method":"ping","params":null}', expect: { id: 30, code: -32602, msg: /params must be an object/ } },
+  { name: 'duplicate keys: "method" twice', send: '{"jsonrpc":"2.0","id":31,"method":"nope","method":"ping"}', expect: { code: -32700, msg: /duplicate object key/ } },
+  { name: 'duplicate keys inside tool arguments', send: '{"jsonrpc":"2.0","id":32,"method":"tools/call","params":{"name":"run","arguments":{"session_id":"a","session_id":"b","command":"true"}}}', expect: { code: -32700, msg: /duplicate object key/ } },
+  { name: 'tools/call without params', send: req(33, 'tools/call'), expect: { id: 33, code: -32602, msg: /needs params\.name/ } },
+  { name: 'tools/call with a numeric name', send: req(34, 'tools/call', { name: 7 }), expect: { id: 34, code: -32602, msg: /needs params\.name/ } },
+  { name: 'tools/call with arguments an array', send: req(35, 'tools/call', { name: 'list_sessions', arguments: [] }), expect: { id: 35, code: -32602, msg: /arguments must be an object/ } },
+  { name: 'tools/call with arguments a string', send: req(36, 'tools/call', { name: 'run', arguments: 'echo hi' }), expect: { id: 36, code: -32602, msg: /arguments must be an object/ } },
+  { name: 'logging/setLevel with a NUL in the level', send: '{"jsonrpc":"2.0","id":37,"method":"logging/setLevel","params":{"level":"debug\\u0000x"}}', expect: { id: 37, code: -32602, msg: /needs params\.level, one of/ } },
+  { name: 'a cancellation naming no call', send: j({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: { a: [1] } } }), expect: { none: true } },
+  // -- ids of every JSON type
+  { name: 'id a string', send: req('str-id', 'ping'), expect: { ok: true, id: 'str-id' } },
+  { name: 'id an empty string', send: req('', 'ping'), expect: { ok: true, id: '' } },
+  { name: 'id a negative number', send: req(-41, 'ping'), expect: { ok: true, id: -41 } },
+  { name: 'id a float', send: req(4.25, 'ping'), expect: { ok: true, id: 4.25 } },
+  { name: 'id 2^53+1 is echoed exactly', send: `{"jsonrpc":"2.0","id":9007199254740993,"method":"ping"}`, expect: { ok: true, rawId: '9007199254740993' } },
+  { name: 'id -2^63', send: `{"jsonrpc":"2.0","id":-9223372036854775808,"method":"ping"}`, expect: { ok: true, rawId: '-9223372036854775808' } },
+  { name: 'id 1e300', send: `{"jsonrpc":"2.0","id":1e300,"method":"ping"}`, expect: { ok: true, id: 1e300 } },
+  { name: 'id too big for any integer', send: `{"jsonrpc":"2.0","id":${BIG_ID},"method":"ping"}`, expect: { code: -32700, msg: /too big integer/ } },
+  { name: 'id 1e400 (overflows a double)', send: `{"jsonrpc":"2.0","id":1e400,"method":"ping"}`, expect: { code: -32700, msg: /real number overflow/ } },
+  { name: 'id null', send: '{"jsonrpc":"2.0","id":null,"method":"ping"}', expect: { code: -32600, msg: /id must be a string or a number/ } },
+  { name: 'id true', send: '{"jsonrpc":"2.0","id":true,"method":"ping"}', expect: { code: -32600, msg: /id must be a string or a number/ } },
+  { name: 'id false on a tool call', send: '{"jsonrpc":"2.0","id":false,"method":"tools/call","params":{"name":"list_sessions"}}', expect: { code: -32600, msg: /id must be a string or a number/ } },
+  { name: 'id an object', send: '{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}', expect: { code: -32600, msg: /id must be a string or a number/ } },
+  { name: 'id an array', send: '{"jsonrpc":"2.0","id":[1],"method":"ping"}', expect: { code: -32600, msg: /id must be a string or a number/ } },
+  // -- sessions
+  { name: 'an unknown session id', send: callLine(50, 'run', { session_id: 'no-such-session', command: 'true' }), expect: { id: 50, tool: /unknown session_id 'no-such-session'/, todo: /Call open_session/ } },
+  { name: 'a session id that looks like a path', send: callLine(51, 'read_file', { session_id: '../../../etc', path: '/etc/passwd' }), expect: { id: 51, tool: /unknown session_id '\.\.\/\.\.\/\.\.\/etc'/, todo: /Call open_session/ } },
+  { name: 'a session id with format directives', send: callLine(52, 'close', { session_id: '%s%n%x%p' }), expect: { id: 52, tool: /unknown session_id '%s%n%x%p'/, todo: /Call open_session/ } },
+  { name: 'an empty session id', send: callLine(53, 'reset', { session_id: '' }), expect: { id: 53, tool: /'session_id' is empty/, todo: /give a non-empty string/ } },
+  { name: 'a 65-byte session id', send: callLine(54, 'run', { session_id: 's'.repeat(65), command: 'true' }), expect: { id: 54, tool: /'session_id' is 65 bytes, over its cap of 64/, todo: /the id open_session returned/ } },
+  // -- timeouts
+  ...[
+    ['0', /'timeout_s' is 0, outside its range 1\.\.3600/],
+    ['-1', /'timeout_s' is -1, outside its range/],
+    ['3601', /'timeout_s' is 3601, outside its range/],
+    ['9223372036854775807', /'timeout_s' is 9223372036854775807, outside its range/],
+    ['-9223372036854775808', /'timeout_s' is -9223372036854775808, outside its range/],
+    ['1.5', /'timeout_s' must be a whole number from 1 to 3600, not a number with a fraction/],
+    ['1e308', /'timeout_s' is 1e\+308, outside its range 1\.\.3600/],
+    ['-1e308', /'timeout_s' is -1e\+308, outside its range/],
+    ['1e19', /'timeout_s' is 1e\+19, outside its range/],
+    ['30.0', null],
+    ['"30"', /'timeout_s' must be a whole number from 1 to 3600, not a string/],
+  ].map(([v, re], i) => ({
+    name: re ? `timeout_s ${v}` : `timeout_s ${v} (a whole number written as a float) is accepted`,
+    send: () => fill(`{"jsonrpc":"2.0","id":${60 + i},"method":"tools/call","params":{"name":"run","arguments":{"session_id":${j(SID)},"command":"echo hostile","timeout_s":${v}}}}`),
+    expect: re ? { id: 60 + i, tool: re, todo: /give a value in that range|must be a whole number/ } : { id: 60 + i, ok: true, check: (r) => assert.equal(r.structuredContent.stdout, 'hostile\n') },
+  })),
+  // -- stdin, files, base64, paths
+  { name: 'stdin one byte over IGN_MCP_MAX_STDIN', send: () => run(80, { stdin: 'a'.repeat(MAX_STDIN + 1) }), expect: { id: 80, tool: new RegExp(`'stdin' is ${MAX_STDIN + 1} bytes, over the ${MAX_STDIN} byte cap \\(IGN_MCP_MAX_STDIN\\)`), todo: /write the input to a file with write_file/ } },
+  { name: 'content_base64 that decodes to more than IGN_MCP_MAX_FILE', send: () => wf(81, { content_base64: 'QUJD'.repeat(MAX_FILE / 3 + 1024) }), expect: { id: 81, tool: new RegExp(`over the ${MAX_FILE} byte cap for one file \\(IGN_MCP_MAX_FILE\\)`), todo: /split the file/ } },
+  { name: 'base64 with characters outside the alphabet', send: wf(82, { content_base64: 'QU*D' }), expect: { id: 82, tool: /not valid base64: byte 2 is not a base64 character/, todo: /use the standard alphabet/ } },
+  { name: 'base64url instead of base64', send: wf(83, { content_base64: 'ab-_' }), expect: { id: 83, tool: /not valid base64: byte 2/, todo: /use the standard alphabet/ } },
+  { name: 'base64 with bad padding', send: wf(84, { content_base64: 'QQ=' }), expect: { id: 84, tool: /not valid base64: its length is wrong/, todo: /encode the bytes again/ } },
+  { name: 'base64 with = in the middle', send: wf(85, { content_base64: 'QQ==QUJD' }), expect: { id: 85, tool: /not valid base64: byte 2 is '=' before the end/, todo: /use the standard alphabet/ } },
+  { name: 'base64 with a line break', send: wf(86, { content_base64: 'QUJD\nREV' }), expect: { id: 86, tool: /not valid base64: byte 4 is a line break/, todo: /no line breaks/ } },
+  { name: 'base64 of one character', send: wf(87, { content_base64: 'Q' }), expect: { id: 87, tool: /its length is wrong/, todo: /encode the bytes again/ } },
+  { name: 'an empty path', send: wf(88, { path: '' }), expect: { id: 88, tool: /'path' is empty/, todo: /give a non-empty string/ } },
+  { name: 'a path of 4097 bytes', send: rf(89, { path: `/${'p'.repeat(4096)}` }), expect: { id: 89, tool: /'path' is 4097 bytes, over its cap of 4096 bytes/, todo: /use a shorter path/ } },
+  { name: 'a cwd of 5000 bytes', send: run(90, { cwd: `/${'c'.repeat(4999)}` }), expect: { id: 90, tool: /'cwd' is 5000 bytes, over its cap of 4096/, todo: /use a shorter path/ } },
+  { name: 'a command over its cap', send: () => run(91, { command: `echo ${'x'.repeat(200_000)}` }), expect: { id: 91, tool: /'command' is 200005 bytes, over its cap of 122880 bytes/, todo: /put a long script in a file with write_file/ } },
+  { name: 'an empty command', send: run(92, { command: '' }), expect: { id: 92, tool: /'command' is empty/, todo: /give a non-empty string/ } },
+  { name: 'mode 4096 (past 07777)', send: wf(93, { mode: 4096 }), expect: { id: 93, tool: /'mode' must be permission bits/, todo: /as an integer .* or an octal string/ } },
+  { name: 'mode "999" (not octal)', send: wf(94, { mode: '999' }), expect: { id: 94, tool: /'mode' must be permission bits/ } },
+  { name: 'mode -1', send: wf(95, { mode: -1 }), expect: { id: 95, tool: /'mode' must be permission bits/ } },
+  { name: 'read_file offset -1', send: rf(96, { offset: -1 }), expect: { id: 96, tool: /'offset' is -1, outside its range/ } },
+  { name: 'read_file max_bytes 0', send: rf(97, { max_bytes: 0 }), expect: { id: 97, tool: /'max_bytes' is 0, outside its range 1\.\.2097152/ } },
+  { name: 'read_file max_bytes over the 2 MiB piece', send: rf(98, { max_bytes: 2 * MiB + 1 }), expect: { id: 98, tool: /'max_bytes' is 2097153, outside its range 1\.\.2097152/ } },
+  // -- env
+  { name: 'env an array', send: run(100, { env: ['A=1'] }), expect: { id: 100, tool: /'env' must be an object of NAME: "value" strings, not an array/ } },
+  { name: 'env with a number value', send: run(101, { env: { A: 1 } }), expect: { id: 101, tool: /env\['A'\] must be a string, not an integer/ } },
+  { name: 'env with = in a name', send: run(102, { env: { 'A=B': '1' } }), expect: { id: 102, tool: /env has an invalid entry 'A=B'/ } },
+  { name: 'env with an empty name', send: run(103, { env: { '': '1' } }), expect: { id: 103, tool: /env has an invalid entry ''/ } },
+  { name: 'env with 257 variables', send: () => run(104, { env: Object.fromEntries(Array.from({ length: 257 }, (_, i) => [`V${i}`, 'x'])) }), expect: { id: 104, tool: /'env' has 257 variables, over the cap of 256/, todo: /pass fewer/ } },
+  { name: 'env with one 40 KB value', send: () => run(105, { env: { BIG: 'v'.repeat(40_000) } }), expect: { id: 105, tool: /env\['BIG'\] is 40004 bytes as NAME=value, over the cap of 32768/, todo: /write long values to a file/ } },
+  { name: 'env of 140 KB in all', send: () => run(106, { env: Object.fromEntries(Array.from({ length: 5 }, (_, i) => [`V${i}`, 'v'.repeat(28_000)])) }), expect: { id: 106, tool: /'env' is \d+ bytes in all, over the cap of 131072/, todo: /write long values to a file/ } },
+  // -- a session being reset and closed under concurrent calls
+  {
+    name: 'run, read_file and write_file racing reset and close each get a result or a clear error',
+    custom: async () => {
+      const s2 = (await raw.tool('open_session', {}, { timeoutMs: 120_000 })).session_id;
+      const gone = new RegExp(`session '${s2}' (was (reset|closed)|is dead)|unknown session_id '${s2}'`);
+      const seen = { ok: 0, err: 0 };
+      for (const op of ['reset', 'reset', 'close']) {
+        const calls = [
+          raw.callTool('run', { session_id: s2, command: 'sleep 0.3; echo ok' }, { timeoutMs: 120_000 }),
+          raw.callTool('write_file', { session_id: s2, path: '/root/race.txt', content_base64: 'aGk=' }, { timeoutMs: 120_000 }),
+          raw.callTool('read_file', { session_id: s2, path: '/bin/sh', max_bytes: 64 }, { timeoutMs: 120_000 }),
+          raw.callTool('run', { session_id: s2, command: 'cat /root/race.txt' }, { timeoutMs: 120_000 }),
+          raw.callTool(op, { session_id: s2 }, { timeoutMs: 120_000 }),
+          raw.callTool('run', { session_id: s2, command: 'echo after' }, { timeoutMs: 120_000 }),
+          raw.callTool('write_file', { session_id: s2, path: '/root/after.txt', content_base64: 'aGk=' }, { timeoutMs: 120_000 }),
+        ];
+        const rs = await Promise.all(calls);
+        for (const [i, r] of rs.entries()) {
+          assert.ok(r.result, `${op} race, call ${i}: a JSON-RPC error ${j(r.error)}`);
+          if (i === 4) {
+            assert.notEqual(r.result.isError, true, `${op} itself failed: ${textOf(r.result)}`);
+            continue;
+          }
+          if (r.result.isError) {
+            seen.err++;
+            const t = textOf(r.result);
+            assert.match(t, gone, `${op} race, call ${i}: unclear error: ${t}`);
+            assert.match(t, /Call (open_session|again|reset)/, `${op} race, call ${i}: no what-to-do: ${t}`);
+          } else {
+            seen.ok++;
+          }
+        }
+      }
+      const after = await raw.callTool('run', { session_id: s2, command: 'true' });
+      assert.match(textOf(after.result), new RegExp(`unknown session_id '${s2}'.*Call open_session`));
+      assert.ok(seen.ok + seen.err === 18, j(seen));
+    },
+  },
+];
+
+/* Generated from the schemas: a value of every JSON type the schema does
+ * not allow, for every argument of every tool; null for an optional
+ * argument means "absent" (documented leniency: some clients send null for
+ * arguments they leave out), for a required one it is refused. */
+const VALUES = { string: 'x', integer: 7, number: 1.5, boolean: true, object: { a: 1 }, array: [1], null: null };
+const BASE = {
+  open_session: {},
+  list_sessions: {},
+  run: { session_id: SID, command: 'true' },
+  write_file: { session_id: SID, path: '/root/hostile.bin', content_base64: 'aGk=' },
+  read_file: { session_id: SID, path: '/root/hostile.txt' },
+  reset: { session_id: SID },
+  close: { session_id: SID },
+};
+const GENERATED = [];
+let gid = 1000;
+for (const tool of TOOLS) {
+  const props = tool.inputSchema.properties ?? {};
+  const required = tool.inputSchema.required ?? [];
+  assert.ok(tool.name in BASE, `a tool the table does not know: ${tool.name}`);
+  for (const [prop, schema] of Object.entries(props)) {
+    const allowed = schema.type ? [schema.type] : schema.anyOf.map((s) => s.type);
+    for (const [type, value] of Object.entries(VALUES)) {
+      if (allowed.includes(type) || (type === 'integer' && allowed.includes('number'))) continue;
+      const id = gid++;
+      const args = { ...BASE[tool.name], [prop]: value };
+      let expect;
+      if (type === 'null' && required.includes(prop)) expect = { id, tool: new RegExp(`'${prop}' must be a string, not null`) };
+      else if (type === 'null') expect = { id, ok: true };
+      else expect = { id, tool: new RegExp(`'${prop}' must be`) };
+      GENERATED.push({ name: `${tool.name}: ${prop} as ${type} (${j(value)})`, send: () => callLine(id, tool.name, args), expect });
+    }
+  }
+  for (const prop of required) {
+    const id = gid++;
+    const args = { ...BASE[tool.name] };
+    delete args[prop];
+    GENERATED.push({ name: `${tool.name}: required ${prop} left out`, send: () => callLine(id, tool.name, args), expect: { id, tool: new RegExp(`needs the argument '${prop}'`), todo: /\(a string/ } });
+  }
+  const id = gid++;
+  GENERATED.push({
+    name: `${tool.name}: an unknown argument`,
+    send: () => callLine(id, tool.name, { ...BASE[tool.name], 'bogus\u00e9': 1 }),
+    expect: { id, tool: new RegExp(`${tool.name} has no argument 'bogus\u00e9'`), todo: /its arguments are/ },
+  });
+}
+
+describe(`hostile input: ${CASES.length} cases by hand, ${GENERATED.length} from the tool schemas`, () => {
+  before(async () => {
+    raw = startRaw({ env: { ASAN_OPTIONS: ASAN } });
+    await raw.initialize();
+    sid = (await raw.tool('open_session', {}, { timeoutMs: 120_000 })).session_id;
+    await raw.tool('write_file', { session_id: sid, path: '/root/hostile.txt', content_base64: Buffer.from('hostile\n').toString('base64') });
+    await assertServing('warm-up', raw.messages.length, null);
+    rss.before = vmRssKiB(raw.pid);
+  });
+  after(async () => {
+    if (raw) await raw.close();
+  });
+
+  test('the table is as big as promised', () => {
+    assert.ok(CASES.length >= 50, `${CASES.length} hand-written cases`);
+    // Every tool with arguments gets wrong-type cases for every argument.
+    for (const tool of TOOLS) {
+      for (const prop of Object.keys(tool.inputSchema.properties ?? {})) {
+        assert.ok(GENERATED.some((c) => c.name.startsWith(`${tool.name}: ${prop} as `)), `${tool.name}.${prop} has no wrong-type case`);
+      }
+    }
+  });
+
+  for (const c of CASES) test(c.name, T, () => runCase(c));
+  for (const c of GENERATED) test(c.name, T, () => runCase(c));
+
+  test('memory stays bounded over the whole table', T, async (t) => {
+    await sleep(500);
+    rss.end = vmRssKiB(raw.pid);
+    const growth = (rss.end - rss.before) / 1024;
+    t.diagnostic(
+      `VmRSS before ${rss.before} KiB; peak growth during the 80 MiB line ${rss.bigPeakGrowth?.toFixed(1)} MiB; ` +
+        `after it ${rss.afterBig} KiB; after the deep nesting ${rss.afterDeep} KiB; at the end ${rss.end} KiB (growth ${growth.toFixed(1)} MiB); backend ${IS_VM ? 'vm' : 'ns'}`,
+    );
+    assert.ok(growth < 64, `RSS grew by ${growth.toFixed(1)} MiB over the table (bound 64 MiB)`);
+  });
+});
