@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/run.sh [unit|e2e|e2e-ns|e2e-vm|conformance|all] [test files...]: the
+# tests/run.sh [unit|e2e|e2e-ns|e2e-vm|valgrind|conformance|clients|all] [test files...]: the
 # test runner behind `make check`.
 #
 #   unit         every executable in $BUILD/test/ (C unit tests; each prints
@@ -11,8 +11,15 @@
 #                (e2e-vm: QEMU microVMs; skipped, and counted as skipped, when
 #                QEMU or the VM images are missing)
 #   e2e-ns       only the ns pass;  e2e-vm  only the vm pass
+#   valgrind     the server's end-to-end path once under valgrind: the plain
+#                build on the ns backend, through the e2e files that drive
+#                every tool (e2e-valgrind), and every server process's
+#                report must have no error (valgrind)
 #   conformance  tests/conformance.sh: the official MCP conformance suite through
 #                the stdio<->HTTP bridge, plus the Inspector CLI's strict check
+#   clients      tests/clients: Claude Code, Codex and Gemini CLI (installed
+#                into clients/ by scripts/setup.sh) register the server and
+#                connect to it
 #   all          all of them (the default)
 #
 # After e2e, e2e-ns or e2e-vm, test files may be named to run only those, e.g.
@@ -39,13 +46,13 @@ what=${1:-all}
 [[ $# -gt 0 ]] && shift
 e2e_args=("$@")
 case $what in
-unit | e2e | e2e-ns | e2e-vm | conformance | all) ;;
+unit | e2e | e2e-ns | e2e-vm | valgrind | conformance | clients | all) ;;
 -h | --help)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 	exit 0
 	;;
 *)
-	printf 'usage: tests/run.sh [unit|e2e|e2e-ns|e2e-vm|conformance|all] [test files...]\n' >&2
+	printf 'usage: tests/run.sh [unit|e2e|e2e-ns|e2e-vm|valgrind|conformance|clients|all] [test files...]\n' >&2
 	exit 2
 	;;
 esac
@@ -169,7 +176,7 @@ vm_missing() {
 # run_e2e BACKEND: one pass of the e2e suite with IGN_TEST_BACKEND=BACKEND;
 # its summary row is e2e-BACKEND.
 run_e2e() {
-	local backend=$1 row=e2e-$1
+	local backend=$1 row=${2:-e2e-$1}
 	banner "end-to-end tests (tests/e2e), backend $backend"
 	local files=() f tap rc p fl sk cancelled group left why t0 secs
 	if ((${#e2e_args[@]} > 0)); then
@@ -315,6 +322,83 @@ run_fuzz_replay() {
 	add fuzz-replay "$p" "$f" 0
 }
 
+# run_clients: the real MCP clients (Claude Code, Codex, Gemini CLI from
+# clients/node_modules, which scripts/setup.sh installs) register and reach
+# the plain build of the server; a client that is not installed is skipped,
+# and says why.
+run_clients() {
+	banner "MCP clients (tests/clients)"
+	local tap=$logdir/clients.tap rc=0 p fl sk cancelled
+	if [[ -z $node ]]; then
+		printf 'cannot run the client tests: no node. Run scripts/setup.sh\n'
+		add clients 0 1 0
+		return
+	fi
+	IGN_TEST_CLIENT_SERVER=${IGN_TEST_CLIENT_SERVER:-$build/ignition-mcp} \
+		timeout --kill-after=30 "${IGN_TEST_CLIENTS_TIMEOUT:-900}" \
+		"$node" --test --test-concurrency=1 --test-timeout="${IGN_TEST_TIMEOUT_MS:-600000}" \
+		--test-reporter=spec --test-reporter-destination=stdout \
+		--test-reporter=tap --test-reporter-destination="$tap" \
+		tests/clients/clients.test.mjs || rc=$?
+	p=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
+	fl=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
+	cancelled=$(sed -nE 's/^# cancelled ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
+	sk=$(sed -nE 's/^# (skipped|todo) ([0-9]+)$/\2/p' "$tap" 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+	if [[ -z $p || -z $fl ]]; then
+		read -r p fl sk < <(tap_counts "$tap")
+		printf 'not ok - clients: node --test ended (exit %d) without a summary\n' "$rc"
+		add clients "$p" $((fl + 1)) "$sk"
+		return
+	fi
+	fl=$((fl + ${cancelled:-0}))
+	((rc == 0 || fl > 0)) || fl=1
+	add clients "$p" "$fl" "$sk"
+}
+
+# run_valgrind: the server's end-to-end path once under valgrind (the plain
+# build, not the sanitizer one): the ns backend, with the e2e files that drive
+# every tool.  A pass needs every server process's report to say
+# "ERROR SUMMARY: 0 errors".
+valgrind_files=(tests/e2e/protocol.test.mjs tests/e2e/tools.test.mjs tests/e2e/exec.test.mjs
+	tests/e2e/files.test.mjs tests/e2e/sessions.test.mjs)
+run_valgrind() {
+	if ! command -v valgrind >/dev/null; then
+		banner "end-to-end tests under valgrind"
+		printf 'not ok - valgrind is not installed; run scripts/setup.sh (or: apt-get install valgrind)\n'
+		add e2e-valgrind 0 1 0
+		return
+	fi
+	local logs=$logdir/valgrind f n bad=0 reports=0
+	mkdir -p "$logs"
+	local saved_server=$IGN_TEST_SERVER
+	local saved_args=("${e2e_args[@]}")
+	export IGN_VALGRIND_SERVER=$build/ignition-mcp IGN_VALGRIND_LOGS=$logs IGN_TEST_VALGRIND=1
+	IGN_TEST_SERVER=$root/tests/valgrind-server.sh
+	((${#e2e_args[@]} > 0)) || e2e_args=("${valgrind_files[@]}")
+	run_e2e ns e2e-valgrind
+	IGN_TEST_SERVER=$saved_server
+	unset IGN_TEST_VALGRIND
+	e2e_args=("${saved_args[@]}")
+	for f in "$logs"/vg.*; do
+		[[ -f $f ]] || continue
+		n=$(sed -nE 's/^==[0-9]+== ERROR SUMMARY: ([0-9]+) errors.*/\1/p' "$f")
+		[[ -n $n ]] || continue # a child that went on to exec the agent
+		reports=$((reports + 1))
+		if ((n > 0)); then
+			printf 'not ok - valgrind found %d errors in a server process:\n' "$n"
+			sed 's/^/    /' "$f" | head -n 80
+			bad=$((bad + 1))
+		fi
+	done
+	if ((reports == 0)); then
+		printf 'not ok - no valgrind report was written (did the server run under valgrind?)\n'
+		bad=1
+	else
+		printf '%s %d server processes under valgrind: %d with errors\n' "$( ((bad == 0)) && echo ok || echo 'not ok')" "$reports" "$bad"
+	fi
+	add valgrind "$((reports - bad))" "$bad" 0
+}
+
 case $what in
 unit)
 	run_unit
@@ -327,12 +411,16 @@ e2e)
 e2e-ns) run_e2e ns ;;
 e2e-vm) run_e2e vm ;;
 conformance) run_conformance ;;
+valgrind) run_valgrind ;;
+clients) run_clients ;;
 all)
 	run_unit
 	run_fuzz_replay
 	run_e2e ns
 	run_e2e vm
+	run_valgrind
 	run_conformance
+	run_clients
 	;;
 esac
 

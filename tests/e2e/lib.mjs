@@ -74,6 +74,9 @@ export const VM_ONLY = (why) => (IS_VM ? false : `vm only: ${why}`);
 /* The store of warm bases the vm servers use unless a test gives its own
  * (tests/run.sh makes a fresh one per run); empty: the server's default. */
 export const VM_STORE = process.env.IGN_TEST_VM_STORE || '';
+/* Set by tests/run.sh valgrind: the server runs under valgrind, whose own
+ * memory makes the server's RSS mean nothing. */
+export const UNDER_VALGRIND = process.env.IGN_TEST_VALGRIND === '1';
 /* Where the vm backend keeps one state directory per QEMU,
  * <VM_RUN_DIR>/<server pid>-<n> (the servers run as this process's uid). */
 export const VM_RUN_DIR = process.getuid() === 0
