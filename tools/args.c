@@ -127,7 +127,7 @@ int arg_int(json_t *args, const char *tool, const char *name, long long min, lon
 }
 
 int arg_path(json_t *args, const char *tool, const char **ret, char **ret_err) {
-  return arg_string(args, tool, "path", true, 1, PROTO_MAX_PATH, ret, NULL, ret_err);
+  return arg_string(args, tool, "path", true, 1, ARG_MAX_PATH, ret, NULL, ret_err);
 }
 
 int arg_mode(json_t *args, uint32_t *ret, char **ret_err) {

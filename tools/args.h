@@ -21,6 +21,12 @@ int arg_string(json_t *args, const char *tool, const char *name, bool required, 
 /* An integer MIN..MAX; absent: 0 and *ret untouched. */
 int arg_int(json_t *args, const char *tool, const char *name, long long min, long long max,
             long long *ret, char **ret_err);
+/* A path or cwd: the kernel's PATH_MAX counts the terminating NUL, so 4095
+ * bytes is the longest path any call in the sandbox takes. */
+#define ARG_MAX_PATH (PROTO_MAX_PATH - 1)
+/* write_file writes "DIR/.NAME.ign-XXXXXX" first and renames it: 12 bytes
+ * more than the path. */
+#define ARG_MAX_WRITE_PATH (ARG_MAX_PATH - 12)
 int arg_path(json_t *args, const char *tool, const char **ret, char **ret_err);
 /* mode: an integer 0..07777 or an octal string ("755", "0755", "0o755"). */
 int arg_mode(json_t *args, uint32_t *ret, char **ret_err);

@@ -89,7 +89,7 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   if (arg_session_id(args, &id, &err) < 0 ||
       arg_string(args, "run", "command", true, 1, MAX_COMMAND, &command, NULL, &err) < 0 ||
       arg_int(args, "run", "timeout_s", 1, MAX_TIMEOUT_S, &timeout_s, &err) < 0 ||
-      arg_string(args, "run", "cwd", false, 1, PROTO_MAX_PATH, &cwd, NULL, &err) < 0 ||
+      arg_string(args, "run", "cwd", false, 1, ARG_MAX_PATH, &cwd, NULL, &err) < 0 ||
       arg_stdin(args, cfg.max_stdin, &in, &in_len, &err) < 0)
     return err_result_free(err);
   const char *env[MAX_ENV];
@@ -162,7 +162,7 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
   size_t b64_len;
   uint32_t mode = 0644;
   if (arg_session_id(args, &id, &err) < 0 ||
-      arg_path(args, "write_file", &path, &err) < 0 ||
+      arg_string(args, "write_file", "path", true, 1, ARG_MAX_WRITE_PATH, &path, NULL, &err) < 0 ||
       arg_string(args, "write_file", "content_base64", true, 0, SIZE_MAX, &b64, &b64_len, &err) < 0 ||
       arg_mode(args, &mode, &err) < 0)
     return err_result_free(err);

@@ -1,0 +1,391 @@
+// limits.test.mjs: every cap in the README's "Limits" table, one test per
+// row, named after the row. Each test sets the cap small where it has a
+// variable (so that the test is cheap) and shows both sides: accepted at the
+// cap, refused (or cut, or killed) just past it, with the documented message.
+// The first test checks that the README table and this file name the same
+// rows, so a new cap cannot be documented without a test or the reverse.
+//
+// Two rows are tested at their defaults on the vm backend: the guest's RAM
+// and its overlay are part of a warm base's fingerprint, and a new base costs
+// a cold boot; tests/e2e/isolation.test.mjs also sets IGN_MCP_OVERLAY_MB=16
+// on a base of its own.
+
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startServer, startRaw, call, callErr, openSession, run, sh, findProcs, uniqueSleepSecs, waitUntil, sleep, textOf, REPO, IS_NS, IS_VM } from './lib.mjs';
+
+const T = { timeout: 120_000 };
+const MiB = 1 << 20;
+
+/* Start an SDK server with env, run fn(client, pid), close it. */
+async function withServer(env, fn) {
+  const s = await startServer({ env });
+  try {
+    await fn(s.client, s);
+  } finally {
+    await s.close();
+  }
+}
+
+async function withRaw(env, fn) {
+  const raw = startRaw({ env });
+  try {
+    await raw.initialize();
+    await fn(raw);
+  } finally {
+    await raw.close();
+  }
+}
+
+/* Send one line and return the response with `id`, or (id null) the next
+ * error with id null. */
+async function lineResponse(raw, line, id) {
+  const from = raw.messages.length;
+  await raw.sendLine(line);
+  return raw.waitFor((m) => 'id' in m && m.id === id && ('result' in m || 'error' in m), { from, timeoutMs: 30_000, what: `response ${id}` });
+}
+
+/* A ping line padded with spaces to exactly n bytes (without the newline). */
+function pingOfLength(id, n) {
+  const base = `{"jsonrpc":"2.0","id":${JSON.stringify(id)},"method":"ping"}`;
+  assert.ok(n >= base.length);
+  return base.slice(0, -1) + ' '.repeat(n - base.length) + '}';
+}
+
+/* A ping whose params hold `values` JSON values and keys as the server
+ * counts them: the characters [ { , : outside strings. */
+function pingWithValues(id, values) {
+  const head = `{"jsonrpc":"2.0","id":${JSON.stringify(id)},"method":"ping","params":{"a":[`;
+  const fixed = (head.match(/[[{,:]/g) || []).length; // the array's [ included
+  const k = values - fixed + 1; // k elements have k-1 commas
+  return `${head}${Array(k).fill('0').join(',')}]}}`;
+}
+
+function deepPing(id, arrays) {
+  return `{"jsonrpc":"2.0","id":${JSON.stringify(id)},"method":"ping","params":{"a":${'['.repeat(arrays)}${']'.repeat(arrays)}}}`;
+}
+
+const envOf = (n, size) => {
+  // n variables whose NAME=value entries are `size` bytes each.
+  const e = {};
+  for (let i = 0; i < n; i++) {
+    const name = `V${String(i).padStart(3, '0')}`;
+    e[name] = 'v'.repeat(size - name.length - 1);
+  }
+  return e;
+};
+
+const ROWS = [
+  {
+    row: 'message size',
+    run: () =>
+      withRaw({ IGN_MCP_MAX_MESSAGE: 4096 }, async (raw) => {
+        const ok = await lineResponse(raw, pingOfLength('at', 4096), 'at');
+        assert.deepEqual(ok.result, {}, 'a 4096-byte line under IGN_MCP_MAX_MESSAGE=4096');
+        const e = await lineResponse(raw, pingOfLength('past', 4097), null);
+        assert.equal(e.error.code, -32600);
+        assert.match(e.error.message, /^message too large: over 4097 bytes \(IGN_MCP_MAX_MESSAGE is 4096\); it was discarded\. Send large files in pieces\.$/);
+        assert.ok(!raw.messages.some((m) => m.msg.id === 'past'), 'the oversize request ran');
+      }),
+  },
+  {
+    row: 'JSON values per message',
+    run: () =>
+      withRaw({}, async (raw) => {
+        const ok = await lineResponse(raw, pingWithValues('at', 100_000), 'at');
+        assert.deepEqual(ok.result, {}, '100000 values');
+        const e = await lineResponse(raw, pingWithValues('past', 100_001), null);
+        assert.equal(e.error.code, -32600);
+        assert.match(e.error.message, /^message refused: it holds more than 100000 JSON values and keys, which no MCP request needs; send large data as one string/);
+      }),
+  },
+  {
+    row: 'JSON nesting depth',
+    run: () =>
+      withRaw({}, async (raw) => {
+        // The message is one level, params another: 2046 arrays reach 2048.
+        const ok = await lineResponse(raw, deepPing('at', 2046), 'at');
+        assert.deepEqual(ok.result, {}, 'nesting 2048 deep');
+        const e = await lineResponse(raw, deepPing('past', 2047), null);
+        assert.equal(e.error.code, -32700);
+        assert.match(e.error.message, /^parse error at byte \d+: maximum parsing depth reached/);
+      }),
+  },
+  {
+    row: 'inline output',
+    run: () =>
+      withServer({ IGN_MCP_OUTPUT_CAP: 1000 }, async (c) => {
+        const sid = await openSession(c);
+        const at = await run(c, sid, "head -c 1000 /dev/zero | tr '\\0' a; head -c 1000 /dev/zero | tr '\\0' b >&2");
+        assert.equal(at.stdout, 'a'.repeat(1000));
+        assert.equal(at.stderr, 'b'.repeat(1000));
+        assert.equal(at.stdout_truncated, false);
+        assert.equal(at.stderr_truncated, false);
+        const past = await run(c, sid, "head -c 1001 /dev/zero | tr '\\0' a; head -c 5000 /dev/zero | tr '\\0' b >&2");
+        assert.equal(past.stdout, 'a'.repeat(1000), 'stdout is cut to the cap');
+        assert.equal(past.stdout_bytes, 1001, 'stdout_bytes is the exact total');
+        assert.equal(past.stdout_truncated, true);
+        assert.equal(past.stderr.length, 1000);
+        assert.equal(past.stderr_bytes, 5000);
+        assert.equal(past.stderr_truncated, true);
+      }),
+  },
+  {
+    row: 'file size',
+    run: () =>
+      withServer({ IGN_MCP_MAX_FILE: 1024 }, async (c) => {
+        const sid = await openSession(c);
+        const w = await call(c, 'write_file', { session_id: sid, path: '/root/at', content_base64: Buffer.alloc(1024, 7).toString('base64') });
+        assert.equal(w.bytes, 1024);
+        const e = await callErr(c, 'write_file', { session_id: sid, path: '/root/past', content_base64: Buffer.alloc(1025, 7).toString('base64') });
+        assert.match(e, /^the file is 1025 bytes, over the 1024 byte cap for one file \(IGN_MCP_MAX_FILE\); split it into pieces$/);
+        // Far past the cap it is refused before decoding, with the same advice.
+        const e2 = await callErr(c, 'write_file', { session_id: sid, path: '/root/past', content_base64: Buffer.alloc(4096, 7).toString('base64') });
+        assert.match(e2, /content_base64 decodes to about \d+ bytes, over the 1024 byte cap for one file \(IGN_MCP_MAX_FILE\); split the file/);
+        assert.equal((await sh(c, sid, 'wc -c < /root/at; ls /root/past 2>&1 || true')).split('\n')[0].trim(), '1024');
+      }),
+  },
+  {
+    row: 'read piece',
+    run: async () => {
+      await withServer({}, async (c) => {
+        const sid = await openSession(c);
+        await sh(c, sid, `head -c ${2 * MiB + 1} /dev/zero > /root/big`);
+        const r = await call(c, 'read_file', { session_id: sid, path: '/root/big', max_bytes: 2 * MiB });
+        assert.equal(r.bytes, 2 * MiB);
+        assert.equal(r.size, 2 * MiB + 1);
+        assert.equal(r.eof, false);
+        const e = await callErr(c, 'read_file', { session_id: sid, path: '/root/big', max_bytes: 2 * MiB + 1 });
+        assert.match(e, /^read_file: 'max_bytes' is 2097153, outside its range 1\.\.2097152; give a value in that range$/);
+      });
+      // A smaller IGN_MCP_MAX_FILE lowers the piece too.
+      await withServer({ IGN_MCP_MAX_FILE: 1024 }, async (c) => {
+        const sid = await openSession(c);
+        await sh(c, sid, 'head -c 2000 /dev/zero > /root/f');
+        assert.equal((await call(c, 'read_file', { session_id: sid, path: '/root/f', max_bytes: 1024 })).bytes, 1024);
+        assert.match(await callErr(c, 'read_file', { session_id: sid, path: '/root/f', max_bytes: 1025 }), /'max_bytes' is 1025, outside its range 1\.\.1024/);
+      });
+    },
+  },
+  {
+    row: 'stdin size',
+    run: () =>
+      withServer({ IGN_MCP_MAX_STDIN: 1024 }, async (c) => {
+        const sid = await openSession(c);
+        assert.equal(await sh(c, sid, 'wc -c', { stdin: 's'.repeat(1024) }), '1024\n');
+        const e = await callErr(c, 'run', { session_id: sid, command: 'wc -c', stdin: 's'.repeat(1025) });
+        assert.match(e, /^run: 'stdin' is 1025 bytes, over the 1024 byte cap \(IGN_MCP_MAX_STDIN\); write the input to a file with write_file and redirect it instead$/);
+      }),
+  },
+  {
+    row: 'sessions',
+    run: () =>
+      withServer({ IGN_MCP_MAX_SESSIONS: 2 }, async (c) => {
+        const a = await openSession(c);
+        await openSession(c);
+        const e = await callErr(c, 'open_session', {});
+        assert.match(e, /^cannot open a session: the limit of 2 open sessions is reached \(IGN_MCP_MAX_SESSIONS\)\. Close one you no longer need with close\(session_id\)/);
+        await call(c, 'close', { session_id: a });
+        await openSession(c);
+      }),
+  },
+  {
+    row: 'memory',
+    run: () =>
+      withServer(IS_NS ? { IGN_MCP_MEMORY_MB: 64 } : {}, async (c) => {
+        // awk keeps every doubling of a string: about twice the last one in
+        // all. ns: a 64 MiB cgroup; vm: the guest's default 256 MiB of RAM.
+        const hog = (n) => `awk 'BEGIN { s = "aaaaaaaaaaaaaaaa"; for (i = 0; i < ${n}; i++) { t[i] = s; s = s s }; print "survived", length(s) }'`;
+        const sid = await openSession(c);
+        const small = IS_NS ? 19 : 21; // 8 MiB (ns) / 32 MiB (vm) at last: well under the cap
+        const ok = await run(c, sid, hog(small), { timeout_s: 60 });
+        assert.equal(ok.stdout, `survived ${16 * 2 ** small}\n`, JSON.stringify(ok).slice(0, 300));
+        const past = await run(c, sid, hog(40), { timeout_s: 60 }, { timeout: 120_000 });
+        assert.ok(!past.stdout.includes('survived'), `the hog survived: ${JSON.stringify(past).slice(0, 300)}`);
+        assert.equal(past.exit_code, 137, `not killed by SIGKILL: ${JSON.stringify(past).slice(0, 300)}`);
+        assert.equal(past.signal, 'SIGKILL');
+        assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+      }),
+  },
+  {
+    row: 'processes',
+    run: () =>
+      IS_NS
+        ? withServer({ IGN_MCP_PIDS: 16 }, async (c) => {
+            const sid = await openSession(c);
+            const n = uniqueSleepSecs();
+            // A few processes fit; 40 do not (the agent and the shell count too).
+            const few = await run(c, sid, `for i in 1 2 3 4 5; do sleep ${n} & done; echo started`);
+            assert.equal(few.stdout, 'started\n');
+            assert.equal(findProcs(['sleep', String(n)]).length, 5);
+            const many = await run(c, sid, `i=0; while [ $i -lt 40 ]; do sleep ${n + 1} & i=$((i+1)); done; echo spawned-all`, { timeout_s: 20 });
+            assert.match(many.stderr, /can't fork|Resource temporarily unavailable/i, JSON.stringify(many).slice(0, 300));
+            assert.ok(findProcs(['sleep', String(n + 1)]).length <= 16 - 5, 'more processes than IGN_MCP_PIDS');
+            await call(c, 'reset', { session_id: sid });
+            assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length + findProcs(['sleep', String(n + 1)]).length === 0), 'sleeps outlived the reset');
+          })
+        : withServer({}, async (c) => {
+            // The guest kernel's own limits, sized by its RAM.
+            const sid = await openSession(c);
+            const [pidMax, threadsMax] = (await sh(c, sid, 'cat /proc/sys/kernel/pid_max /proc/sys/kernel/threads-max')).trim().split('\n').map(Number);
+            assert.equal(pidMax, 32768);
+            assert.ok(threadsMax > 1000 && threadsMax < 4096, `threads-max ${threadsMax}`);
+          }),
+  },
+  {
+    row: 'disk (overlay)',
+    run: () =>
+      withServer(IS_NS ? { IGN_MCP_OVERLAY_MB: 16 } : {}, async (c) => {
+        // ns: IGN_MCP_OVERLAY_MB=16; vm: the default 1024 capped at half the
+        // guest RAM, 128 MiB.
+        const mb = IS_NS ? 16 : 128;
+        const sid = await openSession(c);
+        const size = Number((await sh(c, sid, "df -k / | awk 'NR == 2 { print $2 }'")).trim());
+        assert.ok(Math.abs(size - mb * 1024) <= mb * 1024 * 0.02, `the overlay is ${size} KiB, not ${mb} MiB`);
+        const half = await run(c, sid, `dd if=/dev/zero of=/root/half bs=1M count=${mb / 2} 2>&1; echo rc=$?`, { timeout_s: 60 });
+        assert.match(half.stdout, /rc=0/, half.stdout);
+        const full = await run(c, sid, `dd if=/dev/zero of=/root/full bs=1M count=${mb} 2>&1; echo rc=$?`, { timeout_s: 60 });
+        assert.match(full.stdout, /No space left on device/);
+        assert.doesNotMatch(full.stdout, /rc=0/);
+        assert.equal(await sh(c, sid, 'rm /root/half /root/full; echo ok > /root/f; cat /root/f'), 'ok\n');
+      }),
+  },
+  {
+    row: 'run timeout',
+    run: () =>
+      withServer({}, async (c) => {
+        const tools = (await c.listTools()).tools;
+        const ts = tools.find((t) => t.name === 'run').inputSchema.properties.timeout_s;
+        assert.deepEqual([ts.minimum, ts.maximum, ts.default], [1, 3600, 30], 'the schema states the range and default');
+        const sid = await openSession(c);
+        const t0 = Date.now();
+        const r = await run(c, sid, 'sleep 5; echo late', { timeout_s: 1 });
+        assert.equal(r.timed_out, true);
+        assert.equal(r.exit_code, 137);
+        assert.equal(r.stdout, '');
+        assert.ok(Date.now() - t0 < 4500, `timeout_s 1 took ${Date.now() - t0} ms`);
+        assert.equal((await run(c, sid, 'echo ok', { timeout_s: 3600 })).stdout, 'ok\n');
+        for (const [bad, re] of [
+          [3601, /^run: 'timeout_s' is 3601, outside its range 1\.\.3600; give a value in that range$/],
+          [0, /^run: 'timeout_s' is 0, outside its range 1\.\.3600/],
+        ]) {
+          assert.match(await callErr(c, 'run', { session_id: sid, command: 'true', timeout_s: bad }), re);
+        }
+      }),
+  },
+  {
+    row: 'idle sessions',
+    run: () =>
+      withServer({ IGN_MCP_IDLE_SECS: 2 }, async (c) => {
+        const sid = await openSession(c);
+        await sleep(1000);
+        assert.equal(await sh(c, sid, 'echo used'), 'used\n', 'a session used within IGN_MCP_IDLE_SECS lives');
+        const reaped = await waitUntil(async () => !(await call(c, 'list_sessions', {})).sessions.some((s) => s.session_id === sid), { timeoutMs: 15_000, intervalMs: 500 });
+        assert.ok(reaped, 'the idle session was not reaped');
+        const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+        assert.match(e, new RegExp(`^unknown session_id '${sid}': .*reaped after 2 s idle\\)\\. Call open_session`));
+      }),
+  },
+  {
+    row: 'command length',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        const cmd = (n, head = 'echo ok') => `${head} #${'x'.repeat(n - head.length - 2)}`;
+        assert.equal(cmd(122880).length, 122880);
+        assert.equal((await run(c, sid, cmd(122880))).stdout, 'ok\n');
+        // At its cap, with cwd and env at theirs, the request still fits.
+        const env = envOf(4, 32767);
+        const all = await run(c, sid, cmd(122880, 'echo ${#V000}'), { cwd: '/root', env });
+        assert.equal(all.stdout, `${32767 - 5}\n`);
+        const e = await callErr(c, 'run', { session_id: sid, command: cmd(122881) });
+        assert.match(e, /^run: 'command' is 122881 bytes, over its cap of 122880 bytes; put a long script in a file with write_file and run that file$/);
+      }),
+  },
+  {
+    row: 'env variables',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        const env = envOf(256, 8);
+        assert.equal(await sh(c, sid, 'env | grep -c "^V[0-9][0-9][0-9]=vvv$"', { env }), '256\n');
+        const e = await callErr(c, 'run', { session_id: sid, command: 'true', env: envOf(257, 8) });
+        assert.match(e, /^run: 'env' has 257 variables, over the cap of 256; pass fewer/);
+      }),
+  },
+  {
+    row: 'env variable size',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        assert.equal(await sh(c, sid, 'echo ${#BIG}', { env: { BIG: 'b'.repeat(32768 - 4) } }), `${32768 - 4}\n`);
+        const e = await callErr(c, 'run', { session_id: sid, command: 'true', env: { BIG: 'b'.repeat(32768 - 3) } });
+        assert.match(e, /^run: env\['BIG'\] is 32769 bytes as NAME=value, over the cap of 32768 for one variable; write long values to a file/);
+      }),
+  },
+  {
+    row: 'env size in all',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        // Four NAME=value entries of 32767 bytes, each counted with its NUL:
+        // 131072 bytes.
+        const at = envOf(4, 32767);
+        assert.equal(await sh(c, sid, 'echo ${#V003}', { env: at }), `${32767 - 5}\n`);
+        const past = { ...at, V003: `${at.V003}v` };
+        const e = await callErr(c, 'run', { session_id: sid, command: 'true', env: past });
+        assert.match(e, /^run: 'env' is 131073 bytes in all, over the cap of 131072; write long values to a file/);
+      }),
+  },
+  {
+    row: 'path length',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        // Paths in components of at most 255 bytes (NAME_MAX).
+        const pathOf = (n, last) => {
+          let p = '/root';
+          while (p.length < n - 201) p += `/${'d'.repeat(200)}`;
+          return `${p}/${last.repeat(n - p.length - 1)}`;
+        };
+        // write_file: 4083 bytes (it writes DIR/.NAME.ign-XXXXXX first).
+        const w = pathOf(4083, 'w');
+        assert.equal(w.length, 4083);
+        assert.equal((await call(c, 'write_file', { session_id: sid, path: w, content_base64: Buffer.from('deep\n').toString('base64') })).bytes, 5);
+        assert.match(await callErr(c, 'write_file', { session_id: sid, path: `${w}x`, content_base64: '' }), /^write_file: 'path' is 4084 bytes, over its cap of 4083 bytes; use a shorter path$/);
+        // read_file and cwd: 4095 bytes, PATH_MAX less its NUL.
+        const r = pathOf(4095, 'r');
+        assert.equal(r.length, 4095);
+        await sh(c, sid, `echo deeper > ${r}`);
+        const got = await call(c, 'read_file', { session_id: sid, path: r });
+        assert.equal(Buffer.from(got.content_base64, 'base64').toString(), 'deeper\n');
+        assert.match(await callErr(c, 'read_file', { session_id: sid, path: `${r}x` }), /^read_file: 'path' is 4096 bytes, over its cap of 4095 bytes; use a shorter path$/);
+        const d = pathOf(4095, 'e');
+        await sh(c, sid, `mkdir ${d}`);
+        assert.equal(await sh(c, sid, 'pwd | wc -c', { cwd: d }), '4096\n', 'a cwd of 4095 bytes');
+        assert.match(await callErr(c, 'run', { session_id: sid, command: 'pwd', cwd: `${d}x` }), /^run: 'cwd' is 4096 bytes, over its cap of 4095 bytes; use a shorter path$/);
+      }),
+  },
+];
+
+/* The rows of the README's "## Limits" table, by their first cell. */
+function readmeRows() {
+  const text = fs.readFileSync(path.join(REPO, 'README.md'), 'utf8');
+  const start = text.indexOf('\n## Limits\n');
+  assert.ok(start >= 0, 'README.md has no "## Limits" section');
+  const end = text.indexOf('\n## ', start + 1);
+  const section = text.slice(start, end < 0 ? undefined : end);
+  return section
+    .split('\n')
+    .filter((l) => l.startsWith('| ') && !l.startsWith('| cap ') && !l.startsWith('|---'))
+    .map((l) => l.split('|')[1].trim());
+}
+
+describe('limits (README "Limits", one test per row)', () => {
+  test('the README table and this file have the same rows', () => {
+    assert.deepEqual(readmeRows(), ROWS.map((r) => r.row));
+  });
+  for (const r of ROWS) test(`limit: ${r.row}`, T, r.run);
+});
