@@ -289,6 +289,20 @@ const ROWS = [
       }),
   },
   {
+    row: 'commands at once',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        const rs = await Promise.all(Array.from({ length: 70 }, () => c.callTool({ name: 'run', arguments: { session_id: sid, command: 'sleep 3; echo done' } }, undefined, { timeout: 60_000 })));
+        const ok = rs.filter((r) => r.isError !== true);
+        const refused = rs.filter((r) => r.isError === true).map(textOf);
+        assert.equal(ok.length, 64, `${ok.length} of 70 ran: ${refused.slice(0, 2).join(' / ')}`);
+        for (const r of ok) assert.equal(r.structuredContent.stdout, 'done\n');
+        for (const e of refused) assert.match(e, new RegExp(`^run failed in session '${sid}': too many commands running \\(64 at once\\); wait for one to finish or kill one$`));
+        assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+      }),
+  },
+  {
     row: 'command length',
     run: () =>
       withServer({}, async (c) => {
