@@ -12,7 +12,7 @@ SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c) proto/proto.c proto/client.c
 AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c
 HEADERS     := $(wildcard */*.h)
-SERVER_LIBS := -ljansson -lpthread
+SERVER_LIBS := -ljansson -lpthread -lxxhash
 AGENT_LIBS  := -lseccomp
 
 UNIT_SRCS   := $(wildcard tests/unit/test_*.c)

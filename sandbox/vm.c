@@ -44,8 +44,10 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/util.h"
 #include "mcp/config.h"
@@ -63,7 +65,7 @@
 #define VM_UID_SPAN 4096u
 #define VM_GID VM_UID_BASE
 #define TB_SIZE_MB 128
-#define FINGERPRINT_VERSION 2
+#define FINGERPRINT_VERSION 3
 
 struct vm {
   struct sandbox base;      /* first: the session layer sees this */
@@ -83,6 +85,8 @@ static struct {
   pthread_cond_t cond;
   bool init_done, stopping, pool_running;
   char *init_error;         /* why sessions cannot open, when they cannot */
+  bool retry;               /* a session asks to try making the base again */
+  unsigned attempts;        /* tries made after the first */
   const char *accel;        /* "kvm", "tcg" */
   char isolation[16];
   unsigned tsc_khz;
@@ -176,6 +180,14 @@ static void stat_part(char *buf, size_t size, const char *name, const char *path
     snprintf(buf + n, size - n, "%s=%s:missing ", name, path ? path : "");
 }
 
+/* The guest's overlay is a tmpfs in guest RAM, which has no swap: one larger
+ * than the RAM would let a write fill the guest's memory and be OOM-killed
+ * instead of getting ENOSPC.  So it is at most half the guest's RAM. */
+static unsigned guest_overlay_mb(void) {
+  unsigned half = cfg.vm_memory_mb / 2;
+  return cfg.overlay_mb < half ? cfg.overlay_mb : half;
+}
+
 /* What a base is made from, as text; its hash names the base directory. */
 static char *make_fingerprint(const char *accel) {
   char buf[8192] = "";
@@ -185,7 +197,7 @@ static char *make_fingerprint(const char *accel) {
   stat_part(buf, sizeof buf, "image", cfg.vm_image);
   size_t n = strlen(buf);
   snprintf(buf + n, sizeof buf - n, "mem=%u accel=%s tb=%d overlay=%u net=%d v=%d",
-           cfg.vm_memory_mb, accel, TB_SIZE_MB, cfg.overlay_mb, cfg.net, FINGERPRINT_VERSION);
+           cfg.vm_memory_mb, accel, TB_SIZE_MB, guest_overlay_mb(), cfg.net, FINGERPRINT_VERSION);
   return strdup(buf);
 }
 
@@ -215,12 +227,17 @@ static void args_add(const char **argv, int *n, ...) {
  * (norandmaps): TCG reuses translated code only at the same virtual
  * addresses, so with randomisation every exec of a dynamically linked program
  * is translated anew (measured: /bin/true 20 ms instead of 4).  It is the
- * guest's own hardening, not part of the sandbox boundary. */
+ * guest's own hardening, not part of the sandbox boundary.
+ * A guest kernel that panics (its PID 1, the agent, died) reboots at once
+ * (panic=-1) by a triple fault (reboot=t: a microvm has no keyboard
+ * controller or ACPI to reboot through, and the other methods spin), and
+ * -no-reboot turns that into QEMU exiting: the session is then seen dead
+ * at once instead of hanging every call until its timeout. */
 static char *cmdline(const char *accel) {
   return xasprintf("console=ttyS0 quiet tsc_early_khz=%u nokaslr no_timer_check mitigations=off "
-                   "i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1%s "
+                   "i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 reboot=t%s "
                    "ign.fstype=erofs ign.overlay_mb=%u",
-                   vmb.tsc_khz, strcmp(accel, "tcg") == 0 ? " norandmaps" : "", cfg.overlay_mb);
+                   vmb.tsc_khz, strcmp(accel, "tcg") == 0 ? " norandmaps" : "", guest_overlay_mb());
 }
 
 /* Starts a QEMU of KIND.  RAM_FILE is the base's RAM (golden: created). */
@@ -477,6 +494,123 @@ static char *vm_log_tail(const struct vm *v) {
 
 /* ---- the warm base ---- */
 
+/* Every base's meta file records the size and XXH3-64 of its RAM and state
+ * files, written when it is made and checked the first time a server uses
+ * it, so that a damaged or truncated base is made again instead of giving
+ * clones that hang or crash.  The whole of both files is hashed: a sampled
+ * hash would miss a flipped byte, and XXH3 reads the 256 MiB RAM file
+ * (mostly holes) in a fraction of a second. */
+static const char *const base_files[] = {"ram", "state"};
+
+static int file_digest(const char *path, uint64_t *ret_hash, uint64_t *ret_size) {
+  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  enum { CHUNK = 1 << 20 };
+  _cleanup_free_ uint8_t *buf = malloc(CHUNK);
+  XXH3_state_t *st = XXH3_createState();
+  if (!buf || !st) {
+    XXH3_freeState(st);
+    return -ENOMEM;
+  }
+  XXH3_64bits_reset(st);
+  uint64_t size = 0;
+  int r = 0;
+  for (;;) {
+    ssize_t n = read(fd, buf, CHUNK);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      r = -errno;
+    if (n <= 0)
+      break;
+    XXH3_64bits_update(st, buf, (size_t)n);
+    size += (uint64_t)n;
+  }
+  if (r == 0) {
+    *ret_hash = XXH3_64bits_digest(st);
+    *ret_size = size;
+  }
+  XXH3_freeState(st);
+  return r;
+}
+
+/* Appends the digest lines of DIR's files to F. */
+static int write_digests(FILE *f, const char *dir, char **ret_err) {
+  for (size_t i = 0; i < ARRAY_SIZE(base_files); i++) {
+    _cleanup_free_ char *p = xasprintf("%s/%s", dir, base_files[i]);
+    uint64_t h, size;
+    int r = file_digest(p, &h, &size);
+    if (r < 0) {
+      *ret_err = xasprintf("cannot read %s to checksum it: %s", p, strerror(-r));
+      return r;
+    }
+    fprintf(f, "xxh3 %s %" PRIu64 " %016" PRIx64 "\n", base_files[i], size, h);
+  }
+  return 0;
+}
+
+/* Checks DIR's files against the digests in its meta; says what differs. */
+static int verify_base(const char *dir, char **ret_why) {
+  _cleanup_free_ char *meta = xasprintf("%s/meta", dir);
+  _cleanup_fclose_ FILE *f = fopen(meta, "re");
+  if (!f) {
+    *ret_why = xasprintf("%s cannot be read: %s", meta, strerror(errno));
+    return -EIO;
+  }
+  uint64_t want_size[ARRAY_SIZE(base_files)], want_hash[ARRAY_SIZE(base_files)];
+  bool have[ARRAY_SIZE(base_files)] = {false};
+  char line[8192], name[16];
+  while (fgets(line, sizeof line, f)) {
+    uint64_t size, h;
+    if (sscanf(line, "xxh3 %15s %" SCNu64 " %" SCNx64, name, &size, &h) != 3)
+      continue;
+    for (size_t i = 0; i < ARRAY_SIZE(base_files); i++)
+      if (strcmp(name, base_files[i]) == 0) {
+        want_size[i] = size;
+        want_hash[i] = h;
+        have[i] = true;
+      }
+  }
+  for (size_t i = 0; i < ARRAY_SIZE(base_files); i++) {
+    _cleanup_free_ char *p = xasprintf("%s/%s", dir, base_files[i]);
+    uint64_t h, size;
+    int r;
+    if (!have[i]) {
+      *ret_why = xasprintf("%s records no checksum of %s", meta, p);
+      return -EBADMSG;
+    }
+    if ((r = file_digest(p, &h, &size)) < 0) {
+      *ret_why = xasprintf("%s cannot be read: %s", p, strerror(-r));
+      return r;
+    }
+    if (size != want_size[i]) {
+      *ret_why = xasprintf("%s is %" PRIu64 " bytes instead of %" PRIu64 " (truncated?)", p, size,
+                           want_size[i]);
+      return -EBADMSG;
+    }
+    if (h != want_hash[i]) {
+      *ret_why = xasprintf("%s does not match its checksum (xxh3 %016" PRIx64
+                           ", recorded %016" PRIx64 ")",
+                           p, h, want_hash[i]);
+      return -EBADMSG;
+    }
+  }
+  return 0;
+}
+
+/* The space a base may take in the store: its RAM file (sparse, but the
+ * guest may have touched all of it) and its device state. */
+static uint64_t base_space_needed(void) { return ((uint64_t)cfg.vm_memory_mb + 4) << 20; }
+
+/* Free bytes in the store, or UINT64_MAX when unknown. */
+static uint64_t store_free(void) {
+  struct statvfs sv;
+  if (statvfs(cfg.store, &sv) < 0)
+    return UINT64_MAX;
+  return (uint64_t)sv.f_bavail * sv.f_frsize;
+}
+
 static int build_base(const char *accel, const char *fingerprint, char **ret_dir, char **ret_err) {
   _cleanup_free_ char *final = base_dir_for(fingerprint);
   _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
@@ -488,6 +622,16 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
     return r;
   }
   uint64_t t0 = mono_ms();
+  uint64_t avail = store_free(), need = base_space_needed();
+  if (avail < need) {
+    *ret_err = xasprintf("the store %s is full: %" PRIu64 " MiB free, and a warm base needs up to "
+                         "%" PRIu64 " MiB there (its RAM file and device state); free space in "
+                         "it or point IGN_MCP_STORE at a larger filesystem, then open a session "
+                         "again",
+                         cfg.store, avail >> 20, need >> 20);
+    remove_tree(tmp);
+    return -ENOSPC;
+  }
   _cleanup_free_ char *ram = xasprintf("%s/ram", tmp);
   struct vm *v = NULL;
   r = vm_start(VM_GOLDEN, accel, ram, tmp, &v, ret_err);
@@ -530,7 +674,14 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
     r = qmp_wait_migration(v->qmp, 60000, &err);
   if (r < 0) {
     _cleanup_free_ char *tail = vm_log_tail(v);
-    *ret_err = xasprintf("making the warm base under %s failed: %s%s%s", accel,
+    /* The store may have filled up while the guest wrote its RAM. */
+    uint64_t left = store_free();
+    _cleanup_free_ char *full =
+        left < (16u << 20) ? xasprintf(" (the store %s is full: %" PRIu64 " MiB free; a warm "
+                                       "base needs up to %" PRIu64 " MiB)",
+                                       cfg.store, left >> 20, base_space_needed() >> 20)
+                           : strdup("");
+    *ret_err = xasprintf("making the warm base under %s failed%s: %s%s%s", accel, full,
                          err ? err : strerror(-r), tail ? "; QEMU/guest said: " : "",
                          tail ? tail : "");
   }
@@ -562,10 +713,23 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
   }
   _cleanup_free_ char *meta = xasprintf("%s/meta", tmp);
   _cleanup_fclose_ FILE *f = fopen(meta, "we");
+  uint64_t t_sum = mono_ms();
   if (f) {
     fprintf(f, "%s\n", fingerprint);
-    fclose(steal_ptr(f));
+    r = write_digests(f, tmp, ret_err);
+    if (fclose(steal_ptr(f)) != 0 && r == 0) {
+      r = -errno;
+      *ret_err = xasprintf("cannot write %s: %s", meta, strerror(errno));
+    }
+  } else {
+    r = -errno;
+    *ret_err = xasprintf("cannot write %s: %s", meta, strerror(errno));
   }
+  if (r < 0) {
+    remove_tree(tmp);
+    return r;
+  }
+  t_sum = mono_ms() - t_sum;
   if (rename(tmp, final) < 0) {
     /* Another server made the same base meanwhile: use theirs. */
     remove_tree(tmp);
@@ -575,7 +739,8 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
       return -EIO;
     }
   }
-  log_info("warm base %s made under %s in %" PRIu64 " ms", final, accel, mono_ms() - t0);
+  log_info("warm base %s made under %s in %" PRIu64 " ms (checksums: %" PRIu64 " ms)", final, accel,
+           mono_ms() - t0, t_sum);
   *ret_dir = steal_ptr(final);
   return 0;
 }
@@ -647,10 +812,44 @@ static int ensure_base(bool force, char **ret_err) {
   return r;
 }
 
+/* A damaged base is renamed out of the way (a server may still hold it:
+ * remove_stale_bases removes it once none does). */
+static void set_aside(const char *dir) {
+  _cleanup_free_ char *aside = xasprintf("%s.damaged-%d", dir, getpid());
+  if (rename(dir, aside) < 0) {
+    remove_tree(dir);
+    return;
+  }
+  _cleanup_free_ char *meta = xasprintf("%s/meta", aside);
+  _cleanup_close_ int lfd = open(meta, O_RDONLY | O_CLOEXEC);
+  if (lfd < 0 || flock(lfd, LOCK_EX | LOCK_NB) == 0)
+    remove_tree(aside);
+}
+
+/* The first use of a base by this server checks its files (see
+ * verify_base); a base it made itself or checked before is trusted. */
+static char *checked; /* under ensure_base's lock */
+
+static bool base_trusted(const char *dir) {
+  if (checked && strcmp(checked, dir) == 0)
+    return true;
+  _cleanup_free_ char *why = NULL;
+  uint64_t t0 = mono_ms();
+  if (verify_base(dir, &why) < 0) {
+    log_warn("the warm base %s is damaged: %s; making it again", dir, why);
+    set_aside(dir);
+    return false;
+  }
+  log_info("warm base %s checked in %" PRIu64 " ms", dir, mono_ms() - t0);
+  free(checked);
+  checked = strdup(dir);
+  return true;
+}
+
 static int ensure_base_locked(bool force, char **ret_err) {
   _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
   _cleanup_free_ char *dir = base_dir_for(fp);
-  if (!force && base_complete(dir)) {
+  if (!force && base_complete(dir) && base_trusted(dir)) {
     hold_base(dir);
     pthread_mutex_lock(&vmb.lock);
     free(vmb.fingerprint);
@@ -667,6 +866,8 @@ static int ensure_base_locked(bool force, char **ret_err) {
   if (r < 0)
     return r;
   hold_base(made);
+  free(checked);
+  checked = strdup(made);
   remove_stale_bases(made);
   pthread_mutex_lock(&vmb.lock);
   free(vmb.fingerprint);
@@ -871,6 +1072,24 @@ static void *init_main(void *unused) {
   vmb.init_done = true;
   if (r < 0)
     vmb.init_error = steal_ptr(err);
+  pthread_cond_broadcast(&vmb.cond);
+  /* What made the base fail (a full store, say) may be fixed later: each
+   * open_session that finds the backend failed asks for another try. */
+  while (r < 0 && !cold_only) {
+    while (!vmb.stopping && !vmb.retry)
+      pthread_cond_wait(&vmb.cond, &vmb.lock);
+    if (vmb.stopping)
+      break;
+    pthread_mutex_unlock(&vmb.lock);
+    log_info("trying again to make the warm base");
+    r = ensure_base(false, &err);
+    pthread_mutex_lock(&vmb.lock);
+    vmb.retry = false;
+    vmb.attempts++;
+    free(vmb.init_error);
+    vmb.init_error = r < 0 ? steal_ptr(err) : NULL;
+    pthread_cond_broadcast(&vmb.cond);
+  }
   pthread_mutex_unlock(&vmb.lock);
   pthread_cond_broadcast(&vmb.cond);
   if (r == 0 && !cold_only)
@@ -1061,6 +1280,15 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
+  if (vmb.init_done && vmb.init_error && !vmb.stopping) {
+    unsigned attempt = vmb.attempts;
+    vmb.retry = true;
+    pthread_cond_broadcast(&vmb.cond);
+    while (vmb.attempts == attempt && !vmb.stopping && mono_ms() < deadline) {
+      struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
+      pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
+    }
+  }
   if (!vmb.init_done || vmb.init_error) {
     *ret_err = vmb.init_error ? xasprintf("the microVM backend cannot start sessions: %s",
                                           vmb.init_error)
@@ -1113,8 +1341,9 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   }
   v->base.isolation = vm_isolation();
   v->base.fd = steal_fd(v->agent_fd);
-  snprintf(v->base.limits, sizeof v->base.limits, "memory %u MiB (guest RAM), overlay %u MiB",
-           cfg.vm_memory_mb, cfg.overlay_mb);
+  snprintf(v->base.limits, sizeof v->base.limits, "memory %u MiB (guest RAM), overlay %u MiB%s",
+           cfg.vm_memory_mb, guest_overlay_mb(),
+           guest_overlay_mb() < cfg.overlay_mb ? " (at most half the guest RAM)" : "");
   if (strcmp(v->path, "pool") == 0)
     v->t_spawn_us = v->t_restore_us = 0; /* done before the call, not during it */
   *ret = &v->base;
@@ -1166,10 +1395,45 @@ static void vm_destroy(struct sandbox *sb) {
   free(v);
 }
 
+/* The guest kernel's panic line in the VM's log ("Kernel panic - not
+ * syncing: ..."), or NULL. */
+static char *vm_log_panic(const struct vm *v) {
+  _cleanup_free_ char *path = xasprintf("%s/qemu.log", v->dir);
+  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  static const size_t size = 64 << 10;
+  _cleanup_free_ char *buf = malloc(size + 1);
+  off_t end = lseek(fd, 0, SEEK_END);
+  off_t start = end > (off_t)size ? end - (off_t)size : 0;
+  ssize_t n = buf ? pread(fd, buf, size, start) : -1;
+  if (n <= 0)
+    return NULL;
+  buf[n] = '\0';
+  for (ssize_t i = 0; i < n; i++)
+    if (buf[i] == '\0')
+      buf[i] = ' ';
+  char *p = strstr(buf, "Kernel panic - ");
+  if (!p)
+    return NULL;
+  p[strcspn(p, "\r\n")] = '\0';
+  return strndup(p, 200);
+}
+
 static char *vm_death_reason(struct sandbox *sb) {
   struct vm *v = (struct vm *)sb;
-  if (!v->reaped && waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
-    v->reaped = true;
+  /* A guest that panicked makes QEMU exit (reboot=t, -no-reboot) a moment
+   * after its channel closes: give it that moment, so the reason is known. */
+  for (int i = 0; i < 50 && !v->reaped; i++) {
+    if (waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
+      v->reaped = true;
+    else
+      usleep(10000);
+  }
+  _cleanup_free_ char *panic = vm_log_panic(v);
+  if (panic)
+    return xasprintf("the guest kernel panicked (%s) and its QEMU %s", panic,
+                     v->reaped ? "exited" : "stopped answering");
   _cleanup_free_ char *tail = vm_log_tail(v);
   const char *how = !v->reaped ? "its QEMU stopped answering"
                     : WIFSIGNALED(v->status) ? "its QEMU was killed"

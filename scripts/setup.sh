@@ -27,7 +27,7 @@ trap on_exit EXIT
 # Everything the build, the images and the tests use, from Debian.
 packages=(
 	# build
-	build-essential gcc make pkg-config libjansson-dev libseccomp-dev git
+	build-essential gcc make pkg-config libjansson-dev libseccomp-dev libxxhash-dev git
 	# sanitizers, fuzzing, benchmarks
 	clang lld llvm libclang-rt-14-dev valgrind hyperfine
 	# sandboxes and images
