@@ -237,6 +237,7 @@ function reapAll() {
     } catch {}
   }
   live.clear();
+  for (const f of [...fences]) removeFence(f);
 }
 
 // Runs after every test of the importing file, even ones that timed out.
@@ -412,6 +413,118 @@ function capAppend(buf, chunk, cap = 4 << 20) {
   return buf.length > cap ? buf.slice(buf.length - cap) : buf;
 }
 
+// ---------------------------------------------------------------- fence
+
+/* The second fence around the abusive tests (tests/fence.sh): the server in
+ * a pid namespace of its own and in a pids+memory cgroup the test makes, so
+ * that a containment bug fails a test instead of taking the machine down.
+ * Its figures: at most FENCE_PIDS tasks, FENCE_MEMORY_MB of memory. */
+export const FENCE_SCRIPT = path.join(REPO, 'tests/fence.sh');
+export const FENCE_PIDS = 4096;
+export const FENCE_MEMORY_MB = 6144;
+const CG = '/sys/fs/cgroup';
+let fenceSeq = 0;
+const fences = new Set();
+
+/* This process's group of CONTROLLER ('' for the v2 line) as a path. */
+function ownCgroup(controller) {
+  for (const line of fs.readFileSync('/proc/self/cgroup', 'utf8').split('\n')) {
+    const m = line.match(/^(\d+):([^:]*):(.*)$/);
+    if (!m) continue;
+    const p = m[3] === '/' ? '' : m[3];
+    if (!controller && m[1] === '0' && m[2] === '') return `${CG}${p}`;
+    if (controller && m[2].split(',').includes(controller)) return `${CG}/${controller}${p}`;
+  }
+  return null;
+}
+
+export const CGROUP_V2 = fs.existsSync(`${CG}/cgroup.controllers`);
+
+/* Where fence NAME's groups will be (what tests/fence.sh makes): v1 one per
+ * controller, v2 one (its processes in NAME/server). */
+function fenceDirs(name) {
+  if (CGROUP_V2) {
+    const own = ownCgroup('');
+    return [path.join(own, name), path.join(CG, name)];
+  }
+  return ['pids', 'memory'].map((c) => path.join(ownCgroup(c), name));
+}
+
+function newFence() {
+  const name = `e2e-fence-${process.pid}-${++fenceSeq}`;
+  const f = { name, candidates: fenceDirs(name), runDir: null, scriptPid: null };
+  fences.add(f);
+  return f;
+}
+
+/* The fence's cgroup directories that exist (v2: the one that was made). */
+export function fenceCgroupDirs(f) {
+  return f.candidates.filter((d) => fs.existsSync(d));
+}
+
+/* Every pid in the fence's cgroups (with their subgroups: ns sessions). */
+export function fencePids(f) {
+  const out = new Set();
+  const walk = (d) => {
+    try {
+      for (const p of fs.readFileSync(path.join(d, 'cgroup.procs'), 'utf8').split('\n')) if (p) out.add(Number(p));
+      for (const e of fs.readdirSync(d, { withFileTypes: true })) if (e.isDirectory()) walk(path.join(d, e.name));
+    } catch {}
+  };
+  for (const d of fenceCgroupDirs(f)) walk(d);
+  return [...out];
+}
+
+/* The fence's pids controller figures: {current, max, events (times the
+ * limit refused a fork)}. */
+export function fencePidsStat(f) {
+  const d = fenceCgroupDirs(f).find((x) => fs.existsSync(path.join(x, 'pids.current')));
+  if (!d) return null;
+  const rd = (n) => {
+    try {
+      return fs.readFileSync(path.join(d, n), 'utf8').trim();
+    } catch {
+      return '';
+    }
+  };
+  const ev = rd('pids.events').match(/max (\d+)/);
+  return { dir: d, current: Number(rd('pids.current')), max: rd('pids.max'), events: ev ? Number(ev[1]) : 0 };
+}
+
+/* Last resort (the fence script was killed before its own cleanup): kill
+ * what is left in the fence and remove its groups and run directory. */
+function removeFence(f) {
+  for (let i = 0; i < 50 && fenceCgroupDirs(f).length; i++) {
+    for (const p of fencePids(f)) {
+      try {
+        process.kill(p, 'SIGKILL');
+      } catch {}
+    }
+    for (const d of fenceCgroupDirs(f).sort((a, b) => b.length - a.length)) {
+      try {
+        for (const e of fs.readdirSync(d, { withFileTypes: true })) if (e.isDirectory()) fs.rmdirSync(path.join(d, e.name));
+        fs.rmdirSync(d);
+      } catch {}
+    }
+    if (fenceCgroupDirs(f).length) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20);
+  }
+  if (f.runDir) fs.rmSync(f.runDir, { recursive: true, force: true });
+  fences.delete(f);
+}
+
+/* The server inside a fence: the fence script's descendant that is PID 1 of
+ * its own pid namespace. */
+function fencedServerPid(scriptPid) {
+  for (const d of descendants(scriptPid)) {
+    try {
+      const st = fs.readFileSync(`/proc/${d.pid}/status`, 'utf8');
+      const ns = (st.match(/^NSpid:\s*(.*)$/m) || [])[1]?.trim().split(/\s+/) ?? [];
+      if (ns.length >= 2 && ns[ns.length - 1] === '1' && /ignition-mcp/.test(d.cmd ?? '')) return d.pid;
+    } catch {}
+  }
+  return null;
+}
+
 // ---------------------------------------------------------------- SDK client
 
 /* Start the server through the SDK.  Returns {client, transport, pid,
@@ -419,10 +532,13 @@ function capAppend(buf, chunk, cap = 4 << 20) {
  * undefined removes one), tools (use the tools rootfs), listTools (fetch the
  * tool list so that the SDK validates every structuredContent against its
  * outputSchema; default true). */
-export async function startServer({ env = {}, tools = false, listTools = true } = {}) {
+/* With fence: true the server runs inside tests/fence.sh (see above); pid is
+ * then the server's own pid on the host, and fence describes the fence. */
+export async function startServer({ env = {}, tools = false, listTools = true, fence = false } = {}) {
+  const f = fence ? newFence() : null;
   const transport = new StdioClientTransport({
-    command: SERVER,
-    args: [],
+    command: f ? '/bin/bash' : SERVER,
+    args: f ? [FENCE_SCRIPT, f.name, String(FENCE_PIDS), String(FENCE_MEMORY_MB), '--', SERVER] : [],
     env: serverEnv({ env, tools }),
     stderr: 'pipe',
     cwd: REPO,
@@ -441,7 +557,13 @@ export async function startServer({ env = {}, tools = false, listTools = true } 
     await transport.close().catch(() => {});
     throw new Error(`could not start ${SERVER}: ${e.message}\nstderr:\n${stderr}`);
   }
-  const pid = transport.pid;
+  let pid = transport.pid;
+  if (f) {
+    f.scriptPid = transport.pid;
+    f.runDir = path.join(VM_RUN_DIR, `fence-${f.scriptPid}`);
+    pid = fencedServerPid(f.scriptPid);
+    assert.ok(pid, `no fenced server under ${f.scriptPid}: ${JSON.stringify(descendants(f.scriptPid))}`);
+  }
   track(pid, () => transport.close().catch(() => {}));
   if (listTools) await client.listTools();
   let closed = false;
@@ -449,6 +571,7 @@ export async function startServer({ env = {}, tools = false, listTools = true } 
     client,
     transport,
     pid,
+    fence: f,
     stderrText: () => stderr,
     /* Close stdin, let the SDK escalate to SIGTERM/SIGKILL if needed, then
      * verify that no descendant of the server survives and that the
@@ -460,6 +583,19 @@ export async function startServer({ env = {}, tools = false, listTools = true } 
       await client.close().catch(() => {});
       await waitUntil(() => !procStart(pid) || procStart(pid).state === 'Z', { timeoutMs: 6000 });
       untrack(pid);
+      if (f) {
+        // The fence script reports what the server left in its run directory
+        // or its cgroup, then removes the fence.
+        const gone = await waitUntil(() => !procStart(f.scriptPid) || procStart(f.scriptPid).state === 'Z', { timeoutMs: 6000 });
+        const left = fenceCgroupDirs(f);
+        const runLeft = fs.existsSync(f.runDir);
+        removeFence(f);
+        assert.ok(gone, `the fence script ${f.scriptPid} outlived its server`);
+        assert.deepEqual(left, [], 'the fence cgroup outlived the test');
+        assert.equal(runLeft, false, `the fence run directory ${f.runDir} outlived the test`);
+        const m = stderr.match(/^fence: .*$/m);
+        assert.equal(m, null, `the fence says: ${m?.[0]}`);
+      }
       if (checkOrphans) {
         const left = await waitGone(kids, 5000);
         for (const l of left) {
