@@ -12,6 +12,7 @@ struct config {
   char *rootfs_spec;     /* what the user asked for (name or path) */
   char *agent;           /* resolved ign-agent path, or NULL */
   unsigned max_sessions;
+  unsigned max_calls;    /* tools/call requests in progress at once */
   unsigned idle_secs;
   size_t output_cap;
   size_t max_message;

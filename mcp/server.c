@@ -24,6 +24,7 @@
 #include "mcp/log.h"
 #include "proto/proto.h"
 #include "session/session.h"
+#include "tools/args.h"
 #include "tools/tools.h"
 
 #define LATEST_VERSION "2025-11-25"
@@ -67,9 +68,17 @@ struct call {
   struct call_ctx ctx;
   char *tool;
   json_t *args;
+  size_t bytes; /* the size of its request line */
 };
 static struct call *calls;
 static unsigned n_calls;
+/* What the calls in progress hold: their request lines, in bytes.  Calls
+ * past IGN_MCP_MAX_CALLS, or past 4 x IGN_MCP_MAX_MESSAGE bytes together, are
+ * refused as busy, so a client cannot make the server hold every request it
+ * sends. */
+static size_t calls_bytes;
+/* The size of the line being handled (the main thread's). */
+static size_t line_bytes;
 
 void mcp_send(json_t *msg) {
   char *s = json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY);
@@ -87,13 +96,21 @@ void mcp_send(json_t *msg) {
   free(s);
 }
 
-static void send_result(json_t *id, json_t *result) {
-  mcp_send(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+static void send_error(json_t *id, int code, const char *msg) {
+  /* A message quoting part of a name may have cut a UTF-8 character in two:
+   * it goes out with U+FFFD there rather than not at all. */
+  _cleanup_free_ char *clean = utf8_sanitize(msg, strlen(msg), NULL);
+  mcp_send(json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(),
+                     "error", "code", code, "message", clean ? clean : "out of memory"));
 }
 
-static void send_error(json_t *id, int code, const char *msg) {
-  mcp_send(json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(),
-                     "error", "code", code, "message", msg));
+static void send_result(json_t *id, json_t *result) {
+  /* Every request gets an answer, even when its result could not be built. */
+  if (!result) {
+    send_error(id, RPC_INTERNAL_ERROR, "the result could not be built (out of memory); try again");
+    return;
+  }
+  mcp_send(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
 }
 
 /* JSON strings may hold NUL (\u0000); a name compared with strcmp must not:
@@ -151,6 +168,7 @@ static void *call_main(void *arg) {
       break;
     }
   n_calls--;
+  calls_bytes -= c->bytes;
   pthread_cond_broadcast(&calls_cond);
   pthread_mutex_unlock(&calls_lock);
   call_free(c);
@@ -179,11 +197,29 @@ static void start_call(json_t *id, json_t *params) {
     send_error(id, RPC_INVALID_PARAMS, "tools/call params.arguments must be an object");
     return;
   }
+  size_t budget = cfg.max_message * 4;
+  pthread_mutex_lock(&calls_lock);
+  bool busy = n_calls >= cfg.max_calls || calls_bytes + line_bytes > budget;
+  unsigned busy_calls = n_calls;
+  size_t busy_bytes = calls_bytes;
+  pthread_mutex_unlock(&calls_lock);
+  if (busy) {
+    _cleanup_free_ char *msg = xasprintf(
+        "server busy: %u calls in progress hold %zu bytes of requests (at most %u calls and %zu "
+        "bytes, IGN_MCP_MAX_CALLS and 4 x IGN_MCP_MAX_MESSAGE); wait for a call to finish, then "
+        "retry",
+        busy_calls, busy_bytes, cfg.max_calls, budget);
+    log_warn("%s", msg);
+    send_result(id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
+                              "isError", 1));
+    return;
+  }
   struct call *c = calloc(1, sizeof *c);
   if (!c) {
     send_error(id, RPC_INTERNAL_ERROR, "out of memory");
     return;
   }
+  c->bytes = line_bytes;
   c->ctx.id = json_incref(id);
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
@@ -196,6 +232,7 @@ static void start_call(json_t *id, json_t *params) {
   c->next = calls;
   calls = c;
   n_calls++;
+  calls_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
 
   pthread_t t;
@@ -208,6 +245,7 @@ static void start_call(json_t *id, json_t *params) {
     pthread_mutex_lock(&calls_lock);
     calls = c->next;
     n_calls--;
+    calls_bytes -= c->bytes;
     pthread_mutex_unlock(&calls_lock);
     send_error(id, RPC_INTERNAL_ERROR, "cannot start a thread for this call; try again");
     call_free(c);
@@ -377,6 +415,7 @@ static void on_line(void *ctx, char *line, size_t len) {
     send_error(NULL, RPC_PARSE_ERROR, m);
     return;
   }
+  line_bytes = len;
   handle_message(msg);
   json_decref(msg);
 }

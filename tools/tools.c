@@ -33,7 +33,15 @@ _Static_assert(MAX_COMMAND + PROTO_MAX_PATH + PROTO_MAX_PAYLOAD / 2 + 6 * (PROTO
 /* ---- results ---- */
 
 static json_t *text_block(const char *text) {
-  return json_pack("[{s:s, s:s}]", "type", "text", "text", text);
+  json_t *b = json_pack("[{s:s, s:s}]", "type", "text", "text", text);
+  if (!b) {
+    /* Not UTF-8: a message quoting part of a name can cut a character in
+     * two.  Send it with U+FFFD in place of the broken bytes. */
+    _cleanup_free_ char *clean = utf8_sanitize(text, strlen(text), NULL);
+    if (clean)
+      b = json_pack("[{s:s, s:s}]", "type", "text", "text", clean);
+  }
+  return b;
 }
 
 static json_t *ok_result(json_t *structured) {

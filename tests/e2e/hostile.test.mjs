@@ -247,6 +247,12 @@ const CASES = [
   { name: '2 million tiny values in one 4 MiB line (parsed, they would take hundreds of MiB)', send: () => Buffer.from(`{"jsonrpc":"2.0","id":13,"method":"ping","params":{"a":[${'0,'.repeat(2 * MiB)}0]}}`), expect: { code: -32600, msg: /more than 100000 JSON values/ } },
   { name: 'an unknown method with a 1 MiB name gets a short error', send: () => req(14, 'x'.repeat(MiB)), expect: { id: 14, code: -32601, msg: /method 'x{100}' not found/, maxLen: 1000 } },
   { name: 'an unknown tool with a 1 MiB name gets a short error', send: () => callLine(15, 'y'.repeat(MiB), {}), expect: { id: 15, code: -32602, msg: /unknown tool 'y{100}'.*tools\/list/, maxLen: 1000 } },
+  // A message quotes at most 100 bytes of a name; a character cut there must
+  // not cost the answer (found by fuzz_tool_args: the reply was never sent).
+  { name: 'an unknown method whose 100th byte is inside a UTF-8 character', send: () => req(16, 'm'.repeat(99) + '\ud375'.repeat(3)), expect: { id: 16, code: -32601, msg: /method 'm{99}\ufffd' not found/ } },
+  { name: 'an unknown tool whose 100th byte is inside a UTF-8 character', send: () => callLine(17, 't'.repeat(99) + '\u00e9', {}), expect: { id: 17, code: -32602, msg: /unknown tool 't{99}\ufffd'/ } },
+  { name: 'an unknown argument whose 100th byte is inside a UTF-8 character', send: () => callLine(18, 'run', { ['a'.repeat(99) + '\ud375']: 1 }), expect: { id: 18, tool: /run has no argument 'a{99}\ufffd'/, todo: /its arguments are/ } },
+  { name: 'an env name whose 100th byte is inside a UTF-8 character', send: () => callLine(19, 'run', { session_id: 'x', command: 'true', env: { ['e'.repeat(99) + '\ud375']: 1 } }), expect: { id: 19, tool: /env\['e{99}\ufffd'\] must be a string/ } },
   // -- batches and non-requests
   { name: 'an empty batch', send: '[]', expect: { code: -32600, msg: /batches are not supported/ } },
   { name: 'a batch of two pings is refused, neither runs', send: `[${req(16, 'ping')},${req(17, 'ping')}]`, expect: { code: -32600, msg: /batches are not supported.*one JSON-RPC message per line/ } },
