@@ -4,8 +4,12 @@
  * server's own group (so a server started under a delegated cgroup keeps
  * its sandboxes inside it).  On v1 (and hybrid hosts) that is one group per
  * controller; on v2 one group with both controllers enabled in the parent's
- * subtree.  The server pid in the name lets the next server remove groups a
- * killed server left behind. */
+ * subtree.  v2 lets a group enable controllers for its children only while
+ * it holds no process itself (except the root group): where the server's own
+ * group holds processes, as a login session's scope does, the sandboxes' groups
+ * go under a group of their own below the root, /sys/fs/cgroup/ignition-mcp
+ * (root may make it; the ns backend runs as root).  The server pid in the
+ * name lets the next server remove groups a killed server left behind. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +26,7 @@
 
 #define CG_ROOT "/sys/fs/cgroup"
 #define CG_PREFIX "ign-mcp-"
+#define CG_V2_SHARED CG_ROOT "/ignition-mcp"
 
 struct cgroup {
   char *dirs[2];
@@ -110,11 +115,25 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
     }
     int r = write_file(base, "cgroup.subtree_control", "+memory +pids");
     if (r < 0) {
-      *ret_err = xasprintf("cannot enable the memory and pids controllers under %s (%s); start "
-                           "the server in a delegated cgroup, e.g. with systemd-run --scope "
-                           "-p Delegate=yes",
-                           base, strerror(-r));
-      return r;
+      /* Our group holds processes (or is not ours to change): use a group
+       * of our own below the root, which holds none. */
+      int r2 = mkdir(CG_V2_SHARED, 0755) < 0 && errno != EEXIST ? -errno : 0;
+      if (r2 == 0)
+        r2 = write_file(CG_ROOT, "cgroup.subtree_control", "+memory +pids");
+      if (r2 == 0)
+        r2 = write_file(CG_V2_SHARED, "cgroup.subtree_control", "+memory +pids");
+      if (r2 < 0) {
+        *ret_err = xasprintf("cannot enable the memory and pids controllers under %s (%s) nor "
+                             "under " CG_V2_SHARED " (%s); run the server as root, or start it "
+                             "in a delegated cgroup, e.g. with systemd-run --scope -p "
+                             "Delegate=yes",
+                             base, strerror(-r), strerror(-r2));
+        return r2;
+      }
+      free(base);
+      base = strdup(CG_V2_SHARED);
+      if (!base)
+        return -ENOMEM;
     }
     char *dir = xasprintf("%s/%s", base, name);
     if (mkdir(dir, 0755) < 0) {
@@ -212,6 +231,7 @@ void cgroup_cleanup_stale(void) {
     _cleanup_free_ char *base = own_group(NULL);
     if (base)
       cleanup_stale_in(base);
+    cleanup_stale_in(CG_V2_SHARED);
     return;
   }
   static const char *const controllers[] = {"memory", "pids"};
