@@ -5,14 +5,19 @@
  * its sandboxes inside it).  On v1 (and hybrid hosts) that is one group per
  * controller; on v2 one group with both controllers enabled in the parent's
  * subtree.  v2 lets a group enable controllers for its children only while
- * it holds no process itself (except the root group): where the server's own
- * group holds processes, as a login session's scope does, the sandboxes' groups
- * go under a group of their own below the root, /sys/fs/cgroup/ignition-mcp
- * (root may make it; the ns backend runs as root).  The server pid in the
- * name lets the next server remove groups a killed server left behind. */
+ * it holds no process itself (except the root group), so the server first
+ * moves itself into a leaf of its own group, ign-mcp-<pid>-server, as crun and
+ * systemd do; the sandboxes' groups are then its siblings, still inside
+ * whatever group (and limits) the server was started in.  Where the group also
+ * holds processes that are not ours (a login session's scope), the sandboxes'
+ * groups go under a group below the root, /sys/fs/cgroup/ignition-mcp (root
+ * may make it; the ns backend runs as root), with a warning: they no longer
+ * count against the server's group.  The server pid in the name lets the next
+ * server remove groups a killed server left behind. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +103,65 @@ static void destroy_dir(const char *dir) {
   log_warn("cannot remove cgroup %s: %s", dir, strerror(errno));
 }
 
+/* v2: the group the sandboxes' groups go in, found (and prepared) once. */
+static pthread_mutex_t v2_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *v2_base;
+
+static int v2_parent_locked(const char **ret, char **ret_err) {
+  if (v2_base) {
+    *ret = v2_base;
+    return 0;
+  }
+  _cleanup_free_ char *base = own_group(NULL);
+  if (!base) {
+    *ret_err = strdup("cannot find the server's cgroup in /proc/self/cgroup");
+    return -ENOENT;
+  }
+  int r = write_file(base, "cgroup.subtree_control", "+memory +pids");
+  if (r == -EBUSY) {
+    /* Our group holds processes, us among them: move into a leaf. */
+    _cleanup_free_ char *leaf = xasprintf("%s/" CG_PREFIX "%d-server", base, (int)getpid());
+    if ((mkdir(leaf, 0755) == 0 || errno == EEXIST) && write_file(leaf, "cgroup.procs", "0") == 0)
+      r = write_file(base, "cgroup.subtree_control", "+memory +pids");
+  }
+  if (r < 0) {
+    /* Our group holds processes that are not ours (or is not ours to
+     * change): use a group of our own below the root, which holds none. */
+    int r2 = mkdir(CG_V2_SHARED, 0755) < 0 && errno != EEXIST ? -errno : 0;
+    if (r2 == 0)
+      r2 = write_file(CG_ROOT, "cgroup.subtree_control", "+memory +pids");
+    if (r2 == 0)
+      r2 = write_file(CG_V2_SHARED, "cgroup.subtree_control", "+memory +pids");
+    if (r2 < 0) {
+      *ret_err = xasprintf("cannot enable the memory and pids controllers under %s (%s) nor "
+                           "under " CG_V2_SHARED " (%s); run the server as root, or start it "
+                           "in a cgroup of its own, e.g. with systemd-run --scope -p "
+                           "Delegate=yes",
+                           base, strerror(-r), strerror(-r2));
+      return r2;
+    }
+    log_warn("cgroup v2: %s holds other processes (%s), so sessions' cgroups go under "
+             CG_V2_SHARED " and do not count against the server's group; start the server "
+             "in a cgroup of its own (e.g. systemd-run --scope -p Delegate=yes) to keep them "
+             "inside it",
+             base, strerror(-r));
+    free(base);
+    base = strdup(CG_V2_SHARED);
+    if (!base)
+      return -ENOMEM;
+  }
+  v2_base = steal_ptr(base);
+  *ret = v2_base;
+  return 0;
+}
+
+static int v2_parent(const char **ret, char **ret_err) {
+  pthread_mutex_lock(&v2_lock);
+  int r = v2_parent_locked(ret, ret_err);
+  pthread_mutex_unlock(&v2_lock);
+  return r;
+}
+
 int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cgroup **ret,
                   char **ret_err) {
   _cleanup_free_ struct cgroup *cg = calloc(1, sizeof *cg);
@@ -108,33 +172,10 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
   snprintf(pid_max, sizeof pid_max, "%u", pids);
 
   if (is_v2()) {
-    _cleanup_free_ char *base = own_group(NULL);
-    if (!base) {
-      *ret_err = strdup("cannot find the server's cgroup in /proc/self/cgroup");
-      return -ENOENT;
-    }
-    int r = write_file(base, "cgroup.subtree_control", "+memory +pids");
-    if (r < 0) {
-      /* Our group holds processes (or is not ours to change): use a group
-       * of our own below the root, which holds none. */
-      int r2 = mkdir(CG_V2_SHARED, 0755) < 0 && errno != EEXIST ? -errno : 0;
-      if (r2 == 0)
-        r2 = write_file(CG_ROOT, "cgroup.subtree_control", "+memory +pids");
-      if (r2 == 0)
-        r2 = write_file(CG_V2_SHARED, "cgroup.subtree_control", "+memory +pids");
-      if (r2 < 0) {
-        *ret_err = xasprintf("cannot enable the memory and pids controllers under %s (%s) nor "
-                             "under " CG_V2_SHARED " (%s); run the server as root, or start it "
-                             "in a delegated cgroup, e.g. with systemd-run --scope -p "
-                             "Delegate=yes",
-                             base, strerror(-r), strerror(-r2));
-        return r2;
-      }
-      free(base);
-      base = strdup(CG_V2_SHARED);
-      if (!base)
-        return -ENOMEM;
-    }
+    const char *base;
+    int r = v2_parent(&base, ret_err);
+    if (r < 0)
+      return r;
     char *dir = xasprintf("%s/%s", base, name);
     if (mkdir(dir, 0755) < 0) {
       r = -errno;
