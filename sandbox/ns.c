@@ -100,18 +100,15 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   char cg_name[64];
   snprintf(cg_name, sizeof cg_name, "ign-mcp-%d-%u", getpid(), ++seq);
   _cleanup_free_ char *cg_err = NULL;
-  /* The overlay's tmpfs pages are charged to the sandbox's memory cgroup and
-   * cannot be reclaimed: an overlay as large as the memory limit would let a
-   * write be OOM-killed instead of getting ENOSPC.  So with a memory limit
-   * it is at most half of it. */
+  /* The overlay's tmpfs pages are charged to the sandbox's memory cgroup:
+   * with a memory limit it is at most half of it (sandbox_overlay_mb). */
   unsigned overlay_mb = cfg->overlay_mb;
   if (cgroup_create(cg_name, cfg->memory_mb, cfg->pids, &sb->cg, &cg_err) < 0) {
     log_warn("session %s runs without memory and pids limits: %s", session_id, cg_err);
     snprintf(sb->base.limits, sizeof sb->base.limits, "overlay %u MiB; no cgroup limits",
              overlay_mb);
   } else {
-    if (overlay_mb > cfg->memory_mb / 2)
-      overlay_mb = cfg->memory_mb / 2;
+    overlay_mb = sandbox_overlay_mb(cfg->memory_mb, cfg->overlay_mb);
     snprintf(sb->base.limits, sizeof sb->base.limits, "memory %u MiB, pids %u, overlay %u MiB%s",
              cfg->memory_mb, cfg->pids, overlay_mb,
              overlay_mb < cfg->overlay_mb ? " (at most half the memory limit)" : "");

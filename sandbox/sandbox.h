@@ -52,6 +52,14 @@ struct sandbox {
 
 extern const struct sandbox_ops sandbox_ns_ops;
 
+/* The size of a sandbox's overlay.  It is a tmpfs whose pages cannot be
+ * swapped or reclaimed (guest RAM for a VM, the memory cgroup's charge for
+ * ns): one as large as the memory would let a write be OOM-killed instead of
+ * getting ENOSPC.  So it is at most half of MEMORY_MB. */
+static inline unsigned sandbox_overlay_mb(unsigned memory_mb, unsigned overlay_mb) {
+  return overlay_mb < memory_mb / 2 ? overlay_mb : memory_mb / 2;
+}
+
 /* Runs FN(ARG) on the long-lived spawner thread and returns its result.
  * Children that must die with the server (PR_SET_PDEATHSIG) are forked
  * there, because the death signal follows the thread that forked them. */

@@ -180,13 +180,8 @@ static void stat_part(char *buf, size_t size, const char *name, const char *path
     snprintf(buf + n, size - n, "%s=%s:missing ", name, path ? path : "");
 }
 
-/* The guest's overlay is a tmpfs in guest RAM, which has no swap: one larger
- * than the RAM would let a write fill the guest's memory and be OOM-killed
- * instead of getting ENOSPC.  So it is at most half the guest's RAM. */
-static unsigned guest_overlay_mb(void) {
-  unsigned half = cfg.vm_memory_mb / 2;
-  return cfg.overlay_mb < half ? cfg.overlay_mb : half;
-}
+/* The guest's overlay is a tmpfs in guest RAM, which has no swap. */
+static unsigned guest_overlay_mb(void) { return sandbox_overlay_mb(cfg.vm_memory_mb, cfg.overlay_mb); }
 
 /* What a base is made from, as text; its hash names the base directory. */
 static char *make_fingerprint(const char *accel) {
