@@ -73,6 +73,9 @@ struct vm {
   struct qmp *qmp;
   int agent_fd;
   char *dir;
+  /* QEMU's exit, once reaped: several calls may ask why a VM died at once
+   * (death_reason), and only one of them may reap it. */
+  pthread_mutex_t reap_lock;
   bool reaped;
   int status;
   char path[8];             /* "pool", "restore", "cold" */
@@ -242,6 +245,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   if (!v)
     return -ENOMEM;
   v->agent_fd = -1;
+  pthread_mutex_init(&v->reap_lock, NULL);
   v->ram = ram_file ? strdup(ram_file) : NULL;
   v->base.ops = &sandbox_vm_ops;
   v->base.fd = -1;
@@ -258,6 +262,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
       *ret_err = xasprintf("cannot create the VM's state directory %s: %s", v->dir,
                            strerror(errno));
       free(v->dir);
+      pthread_mutex_destroy(&v->reap_lock);
       free(v);
       return -EIO;
     }
@@ -318,6 +323,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
     closep(&qsv[1]);
     remove_tree(v->dir);
     free(v->dir);
+    pthread_mutex_destroy(&v->reap_lock);
     free(v);
     return r;
   }
@@ -340,6 +346,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
     close(asv[0]);
     remove_tree(v->dir);
     free(v->dir);
+    pthread_mutex_destroy(&v->reap_lock);
     free(v);
     return r;
   }
@@ -1387,6 +1394,7 @@ static void vm_destroy(struct sandbox *sb) {
     remove_tree(v->dir);
   free(v->dir);
   json_decref(sb->info);
+  pthread_mutex_destroy(&v->reap_lock);
   free(v);
 }
 
@@ -1418,23 +1426,29 @@ static char *vm_log_panic(const struct vm *v) {
 static char *vm_death_reason(struct sandbox *sb) {
   struct vm *v = (struct vm *)sb;
   /* A guest that panicked makes QEMU exit (reboot=t, -no-reboot) a moment
-   * after its channel closes: give it that moment, so the reason is known. */
+   * after its channel closes: give it that moment, so the reason is known.
+   * Calls that fail together ask together: one waits and reaps under the
+   * lock, the others then read what it found. */
+  pthread_mutex_lock(&v->reap_lock);
   for (int i = 0; i < 50 && !v->reaped; i++) {
     if (waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
       v->reaped = true;
     else
       usleep(10000);
   }
+  bool reaped = v->reaped;
+  int status = v->status;
+  pthread_mutex_unlock(&v->reap_lock);
   _cleanup_free_ char *panic = vm_log_panic(v);
   if (panic)
     return xasprintf("the guest kernel panicked (%s) and its QEMU %s", panic,
-                     v->reaped ? "exited" : "stopped answering");
+                     reaped ? "exited" : "stopped answering");
   _cleanup_free_ char *tail = vm_log_tail(v);
-  const char *how = !v->reaped ? "its QEMU stopped answering"
-                    : WIFSIGNALED(v->status) ? "its QEMU was killed"
-                                             : "its QEMU exited";
-  if (v->reaped && WIFSIGNALED(v->status))
-    return xasprintf("%s by signal %d%s%s", how, WTERMSIG(v->status), tail ? "; log: " : "",
+  const char *how = !reaped ? "its QEMU stopped answering"
+                    : WIFSIGNALED(status) ? "its QEMU was killed"
+                                          : "its QEMU exited";
+  if (reaped && WIFSIGNALED(status))
+    return xasprintf("%s by signal %d%s%s", how, WTERMSIG(status), tail ? "; log: " : "",
                      tail ? tail : "");
   return xasprintf("%s%s%s", how, tail ? "; log: " : "", tail ? tail : "");
 }
