@@ -35,6 +35,7 @@ static void usage(void) {
          "  IGN_MCP_MAX_SESSIONS  open sessions at most [8]\n"
          "  IGN_MCP_MAX_CALLS     tools/call requests in progress at once [128]; together\n"
          "                        they may hold 4 x IGN_MCP_MAX_MESSAGE bytes of requests\n"
+         "                        and results\n"
          "  IGN_MCP_IDLE_SECS     idle seconds before a session is reaped [600]\n"
          "  IGN_MCP_OUTPUT_CAP    inline bytes kept per output stream [65536]\n"
          "  IGN_MCP_MAX_MESSAGE   largest JSON-RPC message in bytes [67108864]\n"

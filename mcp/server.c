@@ -68,14 +68,15 @@ struct call {
   struct call_ctx ctx;
   char *tool;
   json_t *args;
-  size_t bytes; /* the size of its request line */
+  size_t bytes; /* its request line and tools_result_cost() */
 };
 static struct call *calls;
 static unsigned n_calls;
-/* What the calls in progress hold: their request lines, in bytes.  Calls
- * past IGN_MCP_MAX_CALLS, or past 4 x IGN_MCP_MAX_MESSAGE bytes together, are
- * refused as busy, so a client cannot make the server hold every request it
- * sends. */
+/* What the calls in progress hold, in bytes: their request lines and what
+ * their results may take (tools_result_cost).  Calls past IGN_MCP_MAX_CALLS,
+ * or past 4 x IGN_MCP_MAX_MESSAGE bytes together, are refused as busy, so a
+ * client cannot make the server hold every request it sends, nor every
+ * result it does not read. */
 static size_t calls_bytes;
 /* The size of the line being handled (the main thread's). */
 static size_t line_bytes;
@@ -198,17 +199,19 @@ static void start_call(json_t *id, json_t *params) {
     return;
   }
   size_t budget = cfg.max_message * 4;
+  size_t cost = line_bytes + tools_result_cost(json_string_value(name), args);
   pthread_mutex_lock(&calls_lock);
-  bool busy = n_calls >= cfg.max_calls || calls_bytes + line_bytes > budget;
+  /* A call alone is always let in: the budget bounds calls together. */
+  bool busy = n_calls >= cfg.max_calls || (n_calls > 0 && calls_bytes + cost > budget);
   unsigned busy_calls = n_calls;
   size_t busy_bytes = calls_bytes;
   pthread_mutex_unlock(&calls_lock);
   if (busy) {
     _cleanup_free_ char *msg = xasprintf(
-        "server busy: %u calls in progress hold %zu bytes of requests (at most %u calls and %zu "
-        "bytes, IGN_MCP_MAX_CALLS and 4 x IGN_MCP_MAX_MESSAGE); wait for a call to finish, then "
-        "retry",
-        busy_calls, busy_bytes, cfg.max_calls, budget);
+        "server busy: %u calls in progress hold %zu bytes of requests and results, and this one "
+        "may take %zu (at most %u calls and %zu bytes, IGN_MCP_MAX_CALLS and 4 x "
+        "IGN_MCP_MAX_MESSAGE); wait for a call to finish, then retry",
+        busy_calls, busy_bytes, cost, cfg.max_calls, budget);
     log_warn("%s", msg);
     send_result(id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
                               "isError", 1));
@@ -219,7 +222,7 @@ static void start_call(json_t *id, json_t *params) {
     send_error(id, RPC_INTERNAL_ERROR, "out of memory");
     return;
   }
-  c->bytes = line_bytes;
+  c->bytes = cost;
   c->ctx.id = json_incref(id);
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;

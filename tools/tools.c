@@ -308,6 +308,28 @@ json_t *tools_call(const char *name, json_t *args, struct call_ctx *ctx) {
   return err_result("unknown tool");
 }
 
+size_t tools_result_cost(const char *name, json_t *args) {
+  if (strcmp(name, "read_file") == 0) {
+    /* The content as base64, twice (text and structuredContent), then the
+     * whole response once more as the line sent. */
+    json_t *m = json_object_get(args, "max_bytes");
+    long long max = DEFAULT_READ < read_cap() ? DEFAULT_READ : read_cap();
+    if (json_is_integer(m) && json_integer_value(m) > 0 && json_integer_value(m) < max)
+      max = json_integer_value(m);
+    return (size_t)max * 6;
+  }
+  if (strcmp(name, "run") == 0)
+    /* Two streams kept to the cap, escaped in JSON up to 6 bytes per byte
+     * (control characters), in the text and the structured copy. */
+    return cfg.output_cap * 2 * 6 * 2;
+  if (strcmp(name, "write_file") == 0) {
+    /* The decoded content, besides the request that carried it. */
+    json_t *c = json_object_get(args, "content_base64");
+    return json_is_string(c) ? json_string_length(c) / 4 * 3 + 3 : 0;
+  }
+  return 0;
+}
+
 json_t *tools_list(void) {
   return tool_definitions(cfg.net, cfg.output_cap, cfg.max_file, (size_t)read_cap());
 }

@@ -12,3 +12,7 @@ json_t *tools_list(void);
 bool tools_exists(const char *name);
 /* Runs tool NAME; returns a CallToolResult object.  ARGS may be NULL. */
 json_t *tools_call(const char *name, json_t *args, struct call_ctx *ctx);
+/* About how many bytes a call of NAME with ARGS holds besides its request
+ * while it runs: its result at the largest the arguments allow, its decoded
+ * input.  The server's budget for calls in progress counts it. */
+size_t tools_result_cost(const char *name, json_t *args);

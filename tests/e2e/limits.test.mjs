@@ -182,7 +182,7 @@ const ROWS = [
   {
     row: 'calls in progress',
     run: async () => {
-      const busy = /^server busy: (\d+) calls in progress hold (\d+) bytes of requests \(at most (\d+) calls and (\d+) bytes, IGN_MCP_MAX_CALLS and 4 x IGN_MCP_MAX_MESSAGE\); wait for a call to finish, then retry$/;
+      const busy = /^server busy: (\d+) calls in progress hold (\d+) bytes of requests and results, and this one may take (\d+) \(at most (\d+) calls and (\d+) bytes, IGN_MCP_MAX_CALLS and 4 x IGN_MCP_MAX_MESSAGE\); wait for a call to finish, then retry$/;
       // By count: 3 calls may run at once; a 4th sent while they do is refused.
       await withServer({ IGN_MCP_MAX_CALLS: 3 }, async (c) => {
         const sid = await openSession(c);
@@ -190,22 +190,27 @@ const ROWS = [
         const m = (await callErr(c, 'run', { session_id: sid, command: 'echo no' })).match(busy);
         assert.ok(m, 'the 4th call is refused as busy');
         assert.equal(m[1], '3');
-        assert.equal(m[3], '3');
+        assert.equal(m[4], '3');
         const done = await Promise.all(held);
         assert.deepEqual(done.map((r) => r.stdout), ['1\n', '2\n', '3\n'], 'the calls in progress were not disturbed');
         assert.equal((await run(c, sid, 'echo again')).stdout, 'again\n', 'once they finish, calls run again');
       });
       // By bytes: IGN_MCP_MAX_MESSAGE=65536 lets calls hold 262144 bytes of
-      // requests; four runs with 60000 bytes of stdin fit, a fifth does not.
-      await withServer({ IGN_MCP_MAX_MESSAGE: 65536 }, async (c) => {
+      // requests and results. A run counts its request (60000 bytes of stdin
+      // here) and its output at the cap, escaped, in two copies (24 x
+      // IGN_MCP_OUTPUT_CAP): about 85 KB, so three fit and a fourth does not.
+      await withServer({ IGN_MCP_MAX_MESSAGE: 65536, IGN_MCP_OUTPUT_CAP: 1024 }, async (c) => {
         const sid = await openSession(c);
         const stdin = 'x'.repeat(60_000);
-        const held = [1, 2, 3, 4].map(() => run(c, sid, 'wc -c; sleep 3', { stdin }));
+        const held = [1, 2, 3].map(() => run(c, sid, 'wc -c; sleep 3', { stdin }));
         const m = (await callErr(c, 'run', { session_id: sid, command: 'wc -c', stdin })).match(busy);
-        assert.ok(m, 'the 5th call is refused as busy');
-        assert.equal(m[1], '4');
-        assert.ok(Number(m[2]) > 240_000 && Number(m[2]) <= 262_144, `held bytes ${m[2]}`);
-        assert.equal(m[4], '262144');
+        assert.ok(m, 'the 4th call is refused as busy');
+        assert.equal(m[1], '3');
+        const cost = Number(m[3]);
+        assert.ok(cost > 60_000 + 24 * 1024 && cost < 60_000 + 24 * 1024 + 1000, `this call's cost ${cost}`);
+        assert.ok(Math.abs(Number(m[2]) - 3 * cost) < 30, `three calls like it are held: ${m[2]} vs 3 x ${cost}`);
+        assert.ok(3 * cost <= 262_144 && 4 * cost > 262_144);
+        assert.equal(m[5], '262144');
         for (const r of await Promise.all(held)) assert.equal(r.stdout.trim(), '60000');
         assert.equal((await run(c, sid, 'wc -c', { stdin })).stdout.trim(), '60000');
       });
