@@ -126,7 +126,7 @@ tap_counts() {
 
 run_unit() {
 	banner "unit tests ($BUILD/test)"
-	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=()
+	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=() fence
 	if [[ -d $build/test ]]; then
 		for t in "$build"/test/*; do
 			[[ -f $t && -x $t ]] && tests+=("$t")
@@ -142,7 +142,12 @@ run_unit() {
 		log=$logdir/unit-$name.log
 		printf -- '--- %s\n' "$name"
 		rc=0
-		timeout --foreground --kill-after=10 "${IGN_TEST_UNIT_TIMEOUT:-300}" "$t" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+		# The agent tests run kill -9 -1 and the like in real sandboxes: as
+		# root, each binary runs inside the second fence (tests/fence.sh: a
+		# pid namespace and a pids+memory cgroup of its own).
+		fence=()
+		((EUID != 0)) || fence=(tests/fence.sh "unit-$name-$$" 4096 4096 --)
+		timeout --foreground --kill-after=10 "${IGN_TEST_UNIT_TIMEOUT:-300}" "${fence[@]}" "$t" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
 		((rc == 124 || rc == 137)) && printf '%s timed out after %ss (IGN_TEST_UNIT_TIMEOUT)\n' "$name" "${IGN_TEST_UNIT_TIMEOUT:-300}"
 		counts=$(last_counts "$log")
 		if [[ -z $counts ]]; then
