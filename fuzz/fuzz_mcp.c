@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "fuzz/fuzz.h"
 #include "mcp/config.h"
 #include "mcp/framing.h"
 #include "mcp/log.h"
@@ -32,17 +33,7 @@ static void on_oversize(void *ctx, size_t len) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  /* No backend: an agent that does not exist. */
-  setenv("IGN_MCP_BACKEND", "ns", 1);
-  setenv("IGN_MCP_AGENT", "/nonexistent/ign-agent", 1);
-  setenv("IGN_MCP_ROOTFS", "/nonexistent/rootfs", 1);
-  log_set_stderr_level(LOG_EMERGENCY);
-  if (config_load() < 0)
-    abort();
-  char *err = NULL;
-  if (sessions_init(&err) == 0)
-    abort(); /* a working backend would run the fuzzer's commands */
-  free(err);
+  fuzz_server_without_backend();
   int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (null < 0 || dup2(null, STDOUT_FILENO) < 0)
     abort();

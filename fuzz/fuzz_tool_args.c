@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz/fuzz.h"
 #include "mcp/config.h"
 #include "mcp/log.h"
 #include "mcp/server.h"
@@ -22,16 +23,7 @@ static const char *const tool_names[] = {"open_session", "run",   "write_file", 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  setenv("IGN_MCP_BACKEND", "ns", 1);
-  setenv("IGN_MCP_AGENT", "/nonexistent/ign-agent", 1);
-  setenv("IGN_MCP_ROOTFS", "/nonexistent/rootfs", 1);
-  log_set_stderr_level(LOG_EMERGENCY);
-  if (config_load() < 0)
-    abort();
-  char *err = NULL;
-  if (sessions_init(&err) == 0)
-    abort();
-  free(err);
+  fuzz_server_without_backend();
   return 0;
 }
 

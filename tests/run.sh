@@ -183,7 +183,7 @@ vm_missing() {
 run_e2e() {
 	local backend=$1 row=${2:-e2e-$1}
 	banner "end-to-end tests (tests/e2e), backend $backend"
-	local files=() f tap rc p fl sk cancelled group left why t0 secs
+	local files=() f tap rc group left why t0 secs
 	if ((${#e2e_args[@]} > 0)); then
 		files=("${e2e_args[@]}")
 	else
@@ -250,8 +250,14 @@ run_e2e() {
 	if [[ -n $store && -z ${IGN_TEST_VM_STORE:-} ]]; then
 		rm -rf "$store"
 	fi
-	# node's TAP reporter ends with "# pass N", "# fail N", "# cancelled N",
-	# "# skipped N" and "# todo N".
+	add_tap "$row" "$tap" "$rc" "${secs} s"
+}
+
+# add_tap ROW TAP RC [NOTE]: adds the counts of a node --test run that wrote
+# TAP and exited RC.  node's TAP reporter ends with "# pass N", "# fail N",
+# "# cancelled N", "# skipped N" and "# todo N".
+add_tap() {
+	local row=$1 tap=$2 rc=$3 note=${4:-} p fl sk cancelled
 	p=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
 	fl=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
 	cancelled=$(sed -nE 's/^# cancelled ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
@@ -261,7 +267,7 @@ run_e2e() {
 		# leaving out describe() blocks, and one failure for the incomplete run.
 		read -r p fl sk < <(tap_counts "$tap")
 		printf 'not ok - %s: node --test ended (exit %d) without a summary; counted the %d results it reported\n' "$row" "$rc" $((p + fl + sk))
-		add "$row" "$p" $((fl + 1)) "$sk" "${secs} s"
+		add "$row" "$p" $((fl + 1)) "$sk" "$note"
 		return
 	fi
 	fl=$((fl + ${cancelled:-0}))
@@ -269,7 +275,7 @@ run_e2e() {
 		printf 'not ok - %s: node --test exited %d although it counted no failure\n' "$row" "$rc"
 		fl=1
 	fi
-	add "$row" "$p" "$fl" "$sk" "${secs} s"
+	add "$row" "$p" "$fl" "$sk" "$note"
 }
 
 run_conformance() {
@@ -333,7 +339,7 @@ run_fuzz_replay() {
 # and says why.
 run_clients() {
 	banner "MCP clients (tests/clients)"
-	local tap=$logdir/clients.tap rc=0 p fl sk cancelled
+	local tap=$logdir/clients.tap rc=0
 	if [[ -z $node ]]; then
 		printf 'cannot run the client tests: no node. Run scripts/setup.sh\n'
 		add clients 0 1 0
@@ -345,19 +351,7 @@ run_clients() {
 		--test-reporter=spec --test-reporter-destination=stdout \
 		--test-reporter=tap --test-reporter-destination="$tap" \
 		tests/clients/clients.test.mjs || rc=$?
-	p=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
-	fl=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
-	cancelled=$(sed -nE 's/^# cancelled ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
-	sk=$(sed -nE 's/^# (skipped|todo) ([0-9]+)$/\2/p' "$tap" 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
-	if [[ -z $p || -z $fl ]]; then
-		read -r p fl sk < <(tap_counts "$tap")
-		printf 'not ok - clients: node --test ended (exit %d) without a summary\n' "$rc"
-		add clients "$p" $((fl + 1)) "$sk"
-		return
-	fi
-	fl=$((fl + ${cancelled:-0}))
-	((rc == 0 || fl > 0)) || fl=1
-	add clients "$p" "$fl" "$sk"
+	add_tap clients "$tap" "$rc"
 }
 
 # run_valgrind: the server's end-to-end path once under valgrind (the plain
