@@ -23,7 +23,11 @@
  *
  * KVM is used when /dev/kvm works; "works" is decided by booting the golden
  * VM under it (a host can open /dev/kvm and still fail to run guests), with
- * TCG as the fallback. */
+ * TCG as the fallback; a failure of the store's (full, not writable) says
+ * nothing about KVM and does not make the server give it up.  A base that
+ * failed is made again only when something may have changed (the inputs,
+ * the store's free space, or a minute passed): a guest that cannot boot is
+ * not cold-booted on every open_session. */
 #include "sandbox/vm.h"
 
 #include <dirent.h>
@@ -80,6 +84,8 @@ struct vm {
   int status;
   char path[8];             /* "pool", "restore", "cold" */
   char *ram;                /* the RAM file it maps (a spare fits only its base) */
+  dev_t ram_dev;            /* ... and that file's identity when it started: a base */
+  ino_t ram_ino;            /* made again at the same path is another file */
   uint64_t t_spawn_us, t_restore_us, t_cont_us;
 };
 
@@ -90,6 +96,7 @@ static struct {
   char *init_error;         /* why sessions cannot open, when they cannot */
   bool retry;               /* a session asks to try making the base again */
   unsigned attempts;        /* tries made after the first */
+  struct vm_base_failure failure; /* the last try, when it failed */
   const char *accel;        /* "kvm", "tcg" */
   char isolation[16];
   unsigned tsc_khz;
@@ -247,6 +254,11 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   v->agent_fd = -1;
   pthread_mutex_init(&v->reap_lock, NULL);
   v->ram = ram_file ? strdup(ram_file) : NULL;
+  struct stat ram_st;
+  if (ram_file && stat(ram_file, &ram_st) == 0) {
+    v->ram_dev = ram_st.st_dev;
+    v->ram_ino = ram_st.st_ino;
+  }
   v->base.ops = &sandbox_vm_ops;
   v->base.fd = -1;
   uint64_t t0 = mono_us();
@@ -613,9 +625,47 @@ static uint64_t store_free(void) {
   return (uint64_t)sv.f_bavail * sv.f_frsize;
 }
 
-static int build_base(const char *accel, const char *fingerprint, char **ret_dir, char **ret_err) {
+static bool base_complete(const char *dir) {
+  _cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+  _cleanup_free_ char *state = xasprintf("%s/state", dir);
+  _cleanup_free_ char *meta = xasprintf("%s/meta", dir);
+  return file_exists(ram) && file_exists(state) && file_exists(meta);
+}
+
+/* Whose fault a failed attempt at the base is.  Only the guest's (it did not
+ * boot, or could not be saved) says anything about the accelerator; the
+ * store's (full, over quota, read-only, not writable, an I/O error) would fail
+ * the same way under TCG, and must not make a server give up KVM for good. */
+enum base_fault { BASE_FAULT_STORE, BASE_FAULT_GUEST };
+
+/* One lock for the whole store, shared by every server that uses it: held
+ * while a base is checked and set aside as damaged, and while a new base is
+ * moved into place and taken into use, so that no server sets aside (or
+ * removes as stale) a base another one has just made.  It is taken only
+ * under ensure_base's mutex (one thread per server) and before any per-base
+ * lock, which under it are only tried (LOCK_NB) or shared and never wait on
+ * it: no deadlock.  Returns the fd, or -1 when the store has no lock file
+ * (read-only): then there is nothing to set aside or move either. */
+static int store_lock(void) {
+  _cleanup_free_ char *p = xasprintf("%s/.lock", cfg.store);
+  int fd = open(p, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return -1;
+  while (flock(fd, LOCK_EX) < 0)
+    if (errno != EINTR) {
+      close(fd);
+      return -1;
+    }
+  return fd;
+}
+
+/* Builds the base for FINGERPRINT in a temporary directory of the store and
+ * returns its path; ensure_base_locked moves it into place. */
+static int build_base(const char *accel, const char *fingerprint, char **ret_tmp,
+                      enum base_fault *ret_fault, char **ret_err) {
   _cleanup_free_ char *final = base_dir_for(fingerprint);
   _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
+  *ret_fault = BASE_FAULT_STORE;
   remove_tree(tmp);
   int r = mkdir_p(tmp, 0750);
   if (r < 0) {
@@ -638,6 +688,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
   struct vm *v = NULL;
   r = vm_start(VM_GOLDEN, accel, ram, tmp, &v, ret_err);
   if (r < 0) {
+    *ret_fault = BASE_FAULT_GUEST; /* QEMU could not start the guest (under KVM: KVM's fault?) */
     remove_tree(tmp);
     return r;
   }
@@ -665,9 +716,16 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
   if (r == 0)
     r = qmp_command(v->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, &err);
   _cleanup_free_ char *state = xasprintf("%s/state", tmp);
+  bool state_unwritable = false;
   if (r == 0) {
     _cleanup_close_ int fd = open(state, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    r = fd < 0 ? -errno : qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, &err);
+    if (fd < 0) {
+      r = -errno;
+      state_unwritable = true;
+      err = xasprintf("cannot create %s: %s", state, strerror(errno));
+    } else {
+      r = qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, &err);
+    }
   }
   if (r == 0)
     r = qmp_command(v->qmp, "migrate", json_pack("{s:s}", "uri", "fd:snap"), QMP_TIMEOUT_MS, NULL,
@@ -676,14 +734,17 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
     r = qmp_wait_migration(v->qmp, 60000, &err);
   if (r < 0) {
     _cleanup_free_ char *tail = vm_log_tail(v);
-    /* The store may have filled up while the guest wrote its RAM. */
+    /* The store may have filled up while the guest wrote its RAM: then it is
+     * the store's fault, not the guest's. */
     uint64_t left = store_free();
-    _cleanup_free_ char *full =
-        left < (16u << 20) ? xasprintf(" (the store %s is full: %" PRIu64 " MiB free; a warm "
-                                       "base needs up to %" PRIu64 " MiB)",
-                                       cfg.store, left >> 20, base_space_needed() >> 20)
-                           : strdup("");
-    *ret_err = xasprintf("making the warm base under %s failed%s: %s%s%s", accel, full,
+    bool full = left < (16u << 20);
+    *ret_fault = full || state_unwritable ? BASE_FAULT_STORE : BASE_FAULT_GUEST;
+    _cleanup_free_ char *full_text =
+        full ? xasprintf(" (the store %s is full: %" PRIu64 " MiB free; a warm "
+                         "base needs up to %" PRIu64 " MiB)",
+                         cfg.store, left >> 20, base_space_needed() >> 20)
+             : strdup("");
+    *ret_err = xasprintf("making the warm base under %s failed%s: %s%s%s", accel, full_text,
                          err ? err : strerror(-r), tail ? "; QEMU/guest said: " : "",
                          tail ? tail : "");
   }
@@ -697,6 +758,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
     remove_tree(tmp);
     return r;
   }
+  /* From here on, every failure is the store's. */
   rename(log_src, log_dst);
   static const char *const mount_points[] = {"image", "kernel", "initramfs"};
   for (size_t i = 0; i < ARRAY_SIZE(mount_points); i++) {
@@ -708,9 +770,10 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
   if (chown(tmp, 0, VM_GID) < 0 || chown(ram, 0, VM_GID) < 0 || chown(state, 0, VM_GID) < 0 ||
       chmod(ram, 0660) < 0 || chmod(state, 0640) < 0 || chmod(tmp, 0750) < 0) {
     if (getuid() == 0) {
+      r = -errno;
       *ret_err = xasprintf("cannot set the owner of the warm base in %s: %s", tmp, strerror(errno));
       remove_tree(tmp);
-      return -EIO;
+      return r;
     }
   }
   _cleanup_free_ char *meta = xasprintf("%s/meta", tmp);
@@ -731,23 +794,27 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_dir
     remove_tree(tmp);
     return r;
   }
-  t_sum = mono_ms() - t_sum;
-  if (rename(tmp, final) < 0) {
-    /* Another server made the same base meanwhile: use theirs. */
-    remove_tree(tmp);
-    if (!file_exists(final)) {
-      *ret_err = xasprintf("cannot move the warm base into place at %s: %s", final,
-                           strerror(errno));
-      return -EIO;
-    }
-  }
   log_info("warm base %s made under %s in %" PRIu64 " ms (checksums: %" PRIu64 " ms)", final, accel,
-           mono_ms() - t0, t_sum);
-  *ret_dir = steal_ptr(final);
+           mono_ms() - t0, mono_ms() - t_sum);
+  *ret_tmp = steal_ptr(tmp);
   return 0;
 }
 
-/* Removes other bases of the same name (made from older inputs). */
+/* Moves the base built in TMP into place at FINAL (under the store lock). */
+static int install_base(const char *tmp, const char *final, char **ret_err) {
+  if (rename(tmp, final) == 0)
+    return 0;
+  int r = -errno;
+  /* Another server made the same base meanwhile: use theirs. */
+  remove_tree(tmp);
+  if (base_complete(final))
+    return 0;
+  *ret_err = xasprintf("cannot move the warm base into place at %s: %s", final, strerror(-r));
+  return r;
+}
+
+/* Removes other bases of the same name (made from older inputs); under the
+ * store lock. */
 static void remove_stale_bases(const char *keep) {
   DIR *d = opendir(cfg.store);
   if (!d)
@@ -775,21 +842,12 @@ static void remove_stale_bases(const char *keep) {
   closedir(d);
 }
 
-static bool base_complete(const char *dir) {
-  _cleanup_free_ char *ram = xasprintf("%s/ram", dir);
-  _cleanup_free_ char *state = xasprintf("%s/state", dir);
-  _cleanup_free_ char *meta = xasprintf("%s/meta", dir);
-  return file_exists(ram) && file_exists(state) && file_exists(meta);
-}
-
 char *vm_base_path(const char *accel, bool *ret_complete) {
   _cleanup_free_ char *fp = make_fingerprint(accel);
   char *dir = base_dir_for(fp);
   *ret_complete = base_complete(dir);
   return dir;
 }
-
-static int ensure_base_locked(bool force, char **ret_err);
 
 /* Marks DIR as in use by this server (see remove_stale_bases). */
 static void hold_base(const char *dir) {
@@ -804,78 +862,123 @@ static void hold_base(const char *dir) {
   vmb.base_lock_fd = fd;
 }
 
-/* Makes sure the base for the current inputs exists; sets vmb.base_dir.
- * One build at a time (the pool thread and a call may both find it stale). */
-static int ensure_base(bool force, char **ret_err) {
-  static pthread_mutex_t build_lock = PTHREAD_MUTEX_INITIALIZER;
+/* One build at a time (the pool thread and calls may all find the base stale
+ * or gone); it also guards `checked` and is the only holder of the store
+ * lock in this server. */
+static pthread_mutex_t build_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int ensure_base_locked(bool force, enum base_fault *ret_fault, char **ret_err);
+
+/* Makes sure the base for the current inputs exists; sets vmb.base_dir.  On
+ * failure *ret_fault says whose fault it is. */
+static int ensure_base(bool force, enum base_fault *ret_fault, char **ret_err) {
   pthread_mutex_lock(&build_lock);
-  int r = ensure_base_locked(force, ret_err);
+  int r = ensure_base_locked(force, ret_fault, ret_err);
   pthread_mutex_unlock(&build_lock);
   return r;
 }
 
 /* A damaged base is renamed out of the way (a server may still hold it:
- * remove_stale_bases removes it once none does). */
-static void set_aside(const char *dir) {
+ * remove_stale_bases removes it once none does).  When the rename fails
+ * nothing is removed: the path may by then be a sound base that another
+ * server has just made. */
+static int set_aside(const char *dir, char **ret_err) {
   _cleanup_free_ char *aside = xasprintf("%s.damaged-%d", dir, getpid());
   if (rename(dir, aside) < 0) {
-    remove_tree(dir);
-    return;
+    int r = -errno;
+    *ret_err = xasprintf("it cannot be moved aside to %s: %s", aside, strerror(errno));
+    return r;
   }
   _cleanup_free_ char *meta = xasprintf("%s/meta", aside);
   _cleanup_close_ int lfd = open(meta, O_RDONLY | O_CLOEXEC);
   if (lfd < 0 || flock(lfd, LOCK_EX | LOCK_NB) == 0)
     remove_tree(aside);
+  return 0;
 }
 
 /* The first use of a base by this server checks its files (see
  * verify_base); a base it made itself or checked before is trusted. */
-static char *checked; /* under ensure_base's lock */
+static char *checked; /* under build_lock */
 
-static bool base_trusted(const char *dir) {
+/* 1 when the base in DIR can be used; 0 when it was damaged and is set
+ * aside; a negative errno when it is damaged and cannot be set aside.  Under
+ * the store lock. */
+static int check_base(const char *dir, char **ret_err) {
   if (checked && strcmp(checked, dir) == 0)
-    return true;
-  _cleanup_free_ char *why = NULL;
+    return 1;
+  _cleanup_free_ char *why = NULL, *aside_err = NULL;
   uint64_t t0 = mono_ms();
   if (verify_base(dir, &why) < 0) {
+    int r = set_aside(dir, &aside_err);
+    if (r < 0) {
+      *ret_err = xasprintf("the warm base %s is damaged (%s) and %s; remove it by hand", dir, why,
+                           aside_err);
+      return r;
+    }
     log_warn("the warm base %s is damaged: %s; making it again", dir, why);
-    set_aside(dir);
-    return false;
+    return 0;
   }
   log_info("warm base %s checked in %" PRIu64 " ms", dir, mono_ms() - t0);
   free(checked);
   checked = strdup(dir);
-  return true;
+  return 1;
 }
 
-static int ensure_base_locked(bool force, char **ret_err) {
+static int ensure_base_locked(bool force, enum base_fault *ret_fault, char **ret_err) {
   _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
   _cleanup_free_ char *dir = base_dir_for(fp);
-  if (!force && base_complete(dir) && base_trusted(dir)) {
-    hold_base(dir);
-    pthread_mutex_lock(&vmb.lock);
-    free(vmb.fingerprint);
-    vmb.fingerprint = steal_ptr(fp);
-    free(vmb.base_dir);
-    vmb.base_dir = steal_ptr(dir);
-    pthread_mutex_unlock(&vmb.lock);
-    return 0;
-  }
+  *ret_fault = BASE_FAULT_STORE;
+  int lock = store_lock();
+  int r = 0; /* 1: the base is there and sound */
   if (force)
     remove_tree(dir);
-  char *made = NULL;
-  int r = build_base(vmb.accel, fp, &made, ret_err);
+  else if (base_complete(dir))
+    r = check_base(dir, ret_err);
+  if (r > 0)
+    hold_base(dir);
+  closep(&lock);
   if (r < 0)
     return r;
-  hold_base(made);
-  free(checked);
-  checked = strdup(made);
-  remove_stale_bases(made);
+  if (r == 0) {
+    _cleanup_free_ char *tmp = NULL;
+    if ((r = build_base(vmb.accel, fp, &tmp, ret_fault, ret_err)) < 0)
+      return r;
+    lock = store_lock();
+    r = install_base(tmp, dir, ret_err);
+    if (r == 0) {
+      hold_base(dir);
+      remove_stale_bases(dir);
+      free(checked);
+      checked = strdup(dir);
+    }
+    closep(&lock);
+    if (r < 0)
+      return r;
+  }
   pthread_mutex_lock(&vmb.lock);
   free(vmb.fingerprint);
   vmb.fingerprint = steal_ptr(fp);
   free(vmb.base_dir);
-  vmb.base_dir = made;
+  vmb.base_dir = steal_ptr(dir);
+  pthread_mutex_unlock(&vmb.lock);
+  return 0;
+}
+
+/* The base at GONE lost its files under this server (another one set it
+ * aside as damaged, or someone removed it): check or make it again, and say
+ * which base to use now. */
+static int base_gone(const char *gone, char **ret_dir, char **ret_err) {
+  log_warn("the warm base %s is gone; checking or making it again", gone);
+  enum base_fault fault;
+  pthread_mutex_lock(&build_lock);
+  if (checked && strcmp(checked, gone) == 0)
+    free(steal_ptr(checked));
+  int r = ensure_base_locked(false, &fault, ret_err);
+  pthread_mutex_unlock(&build_lock);
+  if (r < 0)
+    return r;
+  pthread_mutex_lock(&vmb.lock);
+  *ret_dir = strdup(vmb.base_dir);
   pthread_mutex_unlock(&vmb.lock);
   return 0;
 }
@@ -912,26 +1015,37 @@ static void drain_pool_locked(void) {
     }
 }
 
-static int new_clone(const char *base_dir, bool warm, struct vm **ret, char **ret_err) {
+/* A spare QEMU fits a base only if it maps that base's RAM file. */
+static bool spare_fits(const struct vm *spare, const char *ram) {
+  struct stat st;
+  return strcmp(spare->ram, ram) == 0 && stat(ram, &st) == 0 && st.st_dev == spare->ram_dev &&
+         st.st_ino == spare->ram_ino;
+}
+
+static int new_clone(const char *base, bool warm, struct vm **ret, char **ret_err) {
   struct vm *v = NULL;
+  int r = 0;
+  _cleanup_free_ char *base_dir = strdup(base);
+  /* A missing file means the base is gone (set aside by another server, or
+   * removed), not that every clone must fail: find or make it again.  (QEMU
+   * would also create an empty RAM file, and the clone would hang.) */
+  if (!base_complete(base_dir)) {
+    free(steal_ptr(base_dir));
+    if ((r = base_gone(base, &base_dir, ret_err)) < 0)
+      return r;
+  }
   pthread_mutex_lock(&vmb.lock);
   struct vm *spare = pop(&vmb.spares, &vmb.n_spares);
   pthread_mutex_unlock(&vmb.lock);
   pthread_cond_broadcast(&vmb.cond);
   _cleanup_free_ char *ram = xasprintf("%s/ram", base_dir);
-  int r = 0;
-  if (spare && strcmp(spare->ram, ram) != 0) {
+  if (spare && !spare_fits(spare, ram)) {
     sandbox_vm_ops.destroy(&spare->base); /* started for an older base */
     spare = NULL;
   }
   if (spare) {
     v = spare;
   } else {
-    if (!file_exists(ram)) {
-      /* QEMU would create an empty file and the clone would hang. */
-      *ret_err = xasprintf("the warm base's RAM file %s is missing", ram);
-      return -ENOENT;
-    }
     r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, ret_err);
     if (r < 0)
       return r;
@@ -981,10 +1095,19 @@ static void *pool_loop(void) {
     if (strcmp(fp, vmb.fingerprint) != 0) {
       log_info("the VM images changed; making a new warm base");
       _cleanup_free_ char *err = NULL;
+      enum base_fault fault;
       pthread_mutex_lock(&vmb.lock);
       drain_pool_locked();
-      if (ensure_base(false, &err) < 0) {
+      if (ensure_base(false, &fault, &err) < 0) {
         log_error("cannot make the new warm base: %s", err);
+        sleep(5);
+      }
+      continue;
+    }
+    if (!base_complete(base_dir)) {
+      _cleanup_free_ char *err = NULL, *dir = NULL;
+      if (base_gone(base_dir, &dir, &err) < 0) {
+        log_error("cannot make the warm base again: %s", err);
         sleep(5);
       }
       continue;
@@ -1049,34 +1172,67 @@ static int check_inputs(char **ret_err) {
   return 0;
 }
 
-static void *init_main(void *unused) {
-  (void)unused;
-  _cleanup_free_ char *err = NULL;
-  int r = 0;
-  bool cold_only = strcmp(cfg.base, "none") == 0;
-  if (!cold_only) {
-    r = ensure_base(false, &err);
-    if (r < 0 && strcmp(vmb.accel, "kvm") == 0 && strcmp(cfg.accel, "auto") == 0) {
-      log_warn("KVM is present but the guest does not run under it (%s); using TCG", err);
-      free(steal_ptr(err));
+/* ensure_base, and under KVM in auto mode a fallback to TCG when the guest
+ * does not run under KVM (MARK: record that in the store, for the servers
+ * that come after).  A failure of the store's is only that: KVM stays. */
+static int ensure_base_any_accel(bool force, bool mark, enum base_fault *ret_fault,
+                                 char **ret_err) {
+  int r = ensure_base(force, ret_fault, ret_err);
+  if (r < 0 && *ret_fault == BASE_FAULT_GUEST && strcmp(vmb.accel, "kvm") == 0 &&
+      strcmp(cfg.accel, "auto") == 0) {
+    log_warn("KVM is present but the guest does not run under it (%s); using TCG", *ret_err);
+    free(steal_ptr(*ret_err));
+    if (mark) {
       _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
       _cleanup_fclose_ FILE *f = fopen(marker, "we");
       if (f)
         fputs("the guest did not boot under KVM on this host; delete this file to retry\n", f);
-      pthread_mutex_lock(&vmb.lock);
-      vmb.accel = "tcg";
-      snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/tcg");
-      pthread_mutex_unlock(&vmb.lock);
-      r = ensure_base(false, &err);
     }
+    pthread_mutex_lock(&vmb.lock);
+    vmb.accel = "tcg";
+    snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/tcg");
+    pthread_mutex_unlock(&vmb.lock);
+    r = ensure_base(force, ret_fault, ret_err);
   }
+  return r;
+}
+
+bool vm_base_retry_due(const struct vm_base_failure *f, uint64_t now_ms, uint64_t store_free,
+                       const char *fingerprint) {
+  if (now_ms - f->at_ms >= VM_BASE_RETRY_MS)
+    return true;
+  if (!f->fingerprint || !fingerprint || strcmp(f->fingerprint, fingerprint) != 0)
+    return true;
+  return f->store_fault && store_free != UINT64_MAX && f->store_free != UINT64_MAX &&
+         store_free >= f->store_free + (1u << 20);
+}
+
+/* Records a failed try (under vmb.lock). */
+static void note_failure(enum base_fault fault, char *fingerprint) {
+  free(vmb.failure.fingerprint);
+  vmb.failure = (struct vm_base_failure){.at_ms = mono_ms(), .store_fault = fault == BASE_FAULT_STORE,
+                                         .store_free = store_free(), .fingerprint = fingerprint};
+}
+
+static void *init_main(void *unused) {
+  (void)unused;
+  _cleanup_free_ char *err = NULL;
+  int r = 0;
+  enum base_fault fault = BASE_FAULT_STORE;
+  bool cold_only = strcmp(cfg.base, "none") == 0;
+  if (!cold_only)
+    r = ensure_base_any_accel(false, true, &fault, &err);
+  char *fp = r < 0 ? make_fingerprint(vmb.accel) : NULL;
   pthread_mutex_lock(&vmb.lock);
   vmb.init_done = true;
-  if (r < 0)
+  if (r < 0) {
     vmb.init_error = steal_ptr(err);
+    note_failure(fault, fp);
+  }
   pthread_cond_broadcast(&vmb.cond);
-  /* What made the base fail (a full store, say) may be fixed later: each
-   * open_session that finds the backend failed asks for another try. */
+  /* What made the base fail (a full store, say) may be fixed later: an
+   * open_session that finds the backend failed asks for another try when one
+   * is due (vm_base_retry_due). */
   while (r < 0 && !cold_only) {
     while (!vmb.stopping && !vmb.retry)
       pthread_cond_wait(&vmb.cond, &vmb.lock);
@@ -1084,12 +1240,15 @@ static void *init_main(void *unused) {
       break;
     pthread_mutex_unlock(&vmb.lock);
     log_info("trying again to make the warm base");
-    r = ensure_base(false, &err);
+    r = ensure_base_any_accel(false, true, &fault, &err);
+    fp = r < 0 ? make_fingerprint(vmb.accel) : NULL;
     pthread_mutex_lock(&vmb.lock);
     vmb.retry = false;
     vmb.attempts++;
     free(vmb.init_error);
     vmb.init_error = r < 0 ? steal_ptr(err) : NULL;
+    if (r < 0)
+      note_failure(fault, fp);
     pthread_cond_broadcast(&vmb.cond);
   }
   pthread_mutex_unlock(&vmb.lock);
@@ -1245,13 +1404,8 @@ int vm_make_base(bool force, char **ret_err) {
   int r = prepare(ret_err);
   if (r < 0)
     return r;
-  r = ensure_base(force, ret_err);
-  if (r < 0 && strcmp(vmb.accel, "kvm") == 0 && strcmp(cfg.accel, "auto") == 0) {
-    log_warn("the guest does not run under KVM here (%s); making a TCG base", *ret_err);
-    free(steal_ptr(*ret_err));
-    vmb.accel = "tcg";
-    r = ensure_base(force, ret_err);
-  }
+  enum base_fault fault;
+  r = ensure_base_any_accel(force, false, &fault, ret_err);
   if (r == 0)
     printf("warm base ready: %s (%s)\n", vmb.base_dir, vmb.accel);
   return r;
@@ -1282,7 +1436,21 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
+  _cleanup_free_ char *not_yet = NULL;
   if (vmb.init_done && vmb.init_error && !vmb.stopping) {
+    _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
+    uint64_t now = mono_ms();
+    if (!vm_base_retry_due(&vmb.failure, now, store_free(), fp)) {
+      unsigned wait_s = (unsigned)((vmb.failure.at_ms + VM_BASE_RETRY_MS - now + 999) / 1000);
+      not_yet = xasprintf(" (not tried again yet: nothing has changed since the last try, %u s "
+                          "ago; the next open_session tries again once the VM images change%s, "
+                          "or after %u s)",
+                          (unsigned)((now - vmb.failure.at_ms) / 1000),
+                          vmb.failure.store_fault ? " or the store has more free space" : "",
+                          wait_s);
+    }
+  }
+  if (vmb.init_done && vmb.init_error && !vmb.stopping && !not_yet) {
     unsigned attempt = vmb.attempts;
     vmb.retry = true;
     pthread_cond_broadcast(&vmb.cond);
@@ -1292,8 +1460,8 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     }
   }
   if (!vmb.init_done || vmb.init_error) {
-    *ret_err = vmb.init_error ? xasprintf("the microVM backend cannot start sessions: %s",
-                                          vmb.init_error)
+    *ret_err = vmb.init_error ? xasprintf("the microVM backend cannot start sessions: %s%s",
+                                          vmb.init_error, not_yet ? not_yet : "")
                               : strdup("the warm base is still being made; try again shortly");
     pthread_mutex_unlock(&vmb.lock);
     return -EAGAIN;
@@ -1315,7 +1483,8 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     pthread_mutex_unlock(&vmb.lock);
     if (stale) {
       log_info("the VM images changed; making a new warm base before this clone");
-      if ((r = ensure_base(false, ret_err)) < 0)
+      enum base_fault fault;
+      if ((r = ensure_base(false, &fault, ret_err)) < 0)
         return r;
       pthread_mutex_lock(&vmb.lock);
       free(base_dir);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "sandbox/sandbox.h"
@@ -52,6 +53,21 @@ const char *vm_probe_accel(char **ret_why, char **ret_fix);
 /* The directory of the warm base that the current QEMU, images and settings
  * need under ACCEL; *ret_complete tells whether it is there and whole. */
 char *vm_base_path(const char *accel, bool *ret_complete);
+/* A failed attempt at making the warm base.  Another one is due only when
+ * something may have changed since: the inputs (their fingerprint), the
+ * store's free space after a failure of the store's (it grew by at least
+ * 1 MiB), or VM_BASE_RETRY_MS passed.  Until then open_session gets the last
+ * error at once, instead of the server cold-booting a guest (up to minutes
+ * under TCG) that fails the same way on every call. */
+#define VM_BASE_RETRY_MS 60000u
+struct vm_base_failure {
+  uint64_t at_ms;            /* when it ended (mono_ms) */
+  bool store_fault;          /* the store's fault (full, not writable), not the guest's */
+  uint64_t store_free;       /* the store's free bytes then (UINT64_MAX: unknown) */
+  char *fingerprint;         /* what the base was to be made from */
+};
+bool vm_base_retry_due(const struct vm_base_failure *f, uint64_t now_ms, uint64_t store_free,
+                       const char *fingerprint);
 /* For a root server: every directory above PATH must let the QEMUs (other
  * uids) search it; -EACCES and *ret_err naming WHAT and the fix if not. */
 int vm_check_reachable(const char *path, const char *what, char **ret_err);
