@@ -21,6 +21,30 @@ static char exe_dir[PATH_MAX];
 
 const char *config_exe_dir(void) { return exe_dir; }
 
+const char *config_backend_name(void) {
+  return cfg.backend == BACKEND_VM ? "vm" : cfg.backend == BACKEND_NS ? "ns" : "auto";
+}
+
+char *config_missing_why(const char *var, const char *deflt, const char *what) {
+  const char *v = var ? getenv(var) : NULL;
+  if (v && *v)
+    return xasprintf("%s=%s is not %s", var, v, what);
+  if (!strchr(deflt, '/'))
+    return xasprintf("%s is not in PATH", deflt);
+  size_t n = strlen(exe_dir);
+  if (strncmp(deflt, exe_dir, n) != 0 || deflt[n] != '/')
+    return xasprintf("%s does not exist", deflt);
+  /* <exe dir>/SUB/NAME: the two places a default is looked for. */
+  const char *rel = deflt + n + 1, *name = strrchr(rel, '/');
+  int sub_len = name ? (int)(name - rel) : 0;
+  name = name ? name + 1 : rel;
+  _cleanup_free_ char *lib = xasprintf("%s/../lib/ignition-mcp", exe_dir);
+  _cleanup_free_ char *lib_real = realpath(lib, NULL);
+  return xasprintf("%s is neither in %s%s%.*s nor in %s%s%.*s", name, exe_dir,
+                   sub_len ? "/" : "", sub_len, rel, lib_real ? lib_real : lib,
+                   sub_len ? "/" : "", sub_len, rel);
+}
+
 static int parse_uint(const char *name, unsigned long long def, unsigned long long min,
                       unsigned long long max, unsigned long long *ret) {
   const char *v = getenv(name);

@@ -42,3 +42,14 @@ extern struct config cfg;
 int config_load(void);
 /* Directory holding the running executable. */
 const char *config_exe_dir(void);
+/* IGN_MCP_BACKEND as a word: "auto", "vm" or "ns". */
+const char *config_backend_name(void);
+/* Why a program or data file the server needs cannot be used, as one phrase
+ * without a fix (malloc'd).  VAR (or NULL) is the variable that overrides the
+ * default; when it is set, its value is not WHAT ("an executable file", "a
+ * file").  Otherwise DEFLT is the default that was looked for: a program name
+ * is looked for in PATH; a path under the server's directory, as config_load()
+ * makes them, there and in ../lib/ignition-mcp.  For instance
+ * "IGN_MCP_QEMU=/x is not an executable file", "qemu-system-x86_64 is not in
+ * PATH", "vmlinux is neither in /opt/bin/vm nor in /opt/lib/ignition-mcp/vm". */
+char *config_missing_why(const char *var, const char *deflt, const char *what);

@@ -130,18 +130,6 @@ static bool is_regular(const char *p) {
   return p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* "NAME is neither in <exe dir>/SUB nor in <prefix>/lib/ignition-mcp/SUB":
- * the two places a default data file is looked for (mcp/config.c). */
-static char *missing_data(const char *path, const char *sub) {
-  const char *slash = strrchr(path, '/');
-  _cleanup_free_ char *lib = xasprintf("%s/../lib/ignition-mcp", config_exe_dir());
-  _cleanup_free_ char *lib_real = realpath(lib, NULL);
-  bool top = strcmp(sub, ".") == 0;
-  return xasprintf("%s is neither in %s%s%s nor in %s%s%s", slash ? slash + 1 : path,
-                   config_exe_dir(), top ? "" : "/", top ? "" : sub, lib_real ? lib_real : lib,
-                   top ? "" : "/", top ? "" : sub);
-}
-
 /* ---- running a program ---- */
 
 /* Runs ARGV with stdout and stderr into OUT (NUL-terminated, truncated to
@@ -194,15 +182,11 @@ static int run_capture(char *const argv[], char *out, size_t size) {
 /* ---- the vm backend ---- */
 
 static void check_qemu(struct report *r) {
-  const char *env = env_set("IGN_MCP_QEMU");
   if (!cfg.qemu) {
-    if (env)
-      add(r, FOR_VM, "qemu", ST_MISSING,
-          xasprintf("IGN_MCP_QEMU=%s is not an executable file", env),
-          strdup("unset IGN_MCP_QEMU (to use qemu-system-x86_64 from PATH)"));
-    else
-      add(r, FOR_VM, "qemu", ST_MISSING, strdup("qemu-system-x86_64 is not in PATH"),
-          as_root("apt-get install qemu-system-x86"));
+    add(r, FOR_VM, "qemu", ST_MISSING,
+        config_missing_why("IGN_MCP_QEMU", "qemu-system-x86_64", "an executable file"),
+        env_set("IGN_MCP_QEMU") ? strdup("unset IGN_MCP_QEMU (to use qemu-system-x86_64 from PATH)")
+                                : as_root("apt-get install qemu-system-x86"));
     return;
   }
   char out[8192];
@@ -255,12 +239,9 @@ static bool check_vm_file(struct report *r, const char *label, const char *path,
     add(r, FOR_VM, label, ST_OK, xasprintf("%s (%s)", path, size), NULL);
     return true;
   }
-  const char *env = env_set(var);
-  if (env)
-    add(r, FOR_VM, label, ST_MISSING, xasprintf("%s=%s: no such file", var, env),
-        xasprintf("unset %s (to use the one next to the server)", var));
-  else
-    add(r, FOR_VM, label, ST_MISSING, missing_data(path, "vm"), make_cmd("vm-images"));
+  add(r, FOR_VM, label, ST_MISSING, config_missing_why(var, path, "a file"),
+      env_set(var) ? xasprintf("unset %s (to use the one next to the server)", var)
+                   : make_cmd("vm-images"));
   return false;
 }
 
@@ -368,15 +349,11 @@ static void check_agent(struct report *r) {
     add(r, FOR_NS, "agent", ST_OK, strdup(cfg.agent), NULL);
     return;
   }
-  const char *env = env_set("IGN_MCP_AGENT");
-  if (env)
-    add(r, FOR_NS, "agent", ST_MISSING,
-        xasprintf("IGN_MCP_AGENT=%s is not an executable file", env),
-        strdup("unset IGN_MCP_AGENT (to use the ign-agent next to the server)"));
-  else
-    add(r, FOR_NS, "agent", ST_MISSING,
-        missing_data("ign-agent", "."),
-        make_cmd(""));
+  _cleanup_free_ char *deflt = xasprintf("%s/ign-agent", config_exe_dir());
+  add(r, FOR_NS, "agent", ST_MISSING,
+      config_missing_why("IGN_MCP_AGENT", deflt, "an executable file"),
+      env_set("IGN_MCP_AGENT") ? strdup("unset IGN_MCP_AGENT (to use the ign-agent next to the server)")
+                               : make_cmd(""));
 }
 
 static void check_rootfs(struct report *r) {
@@ -401,8 +378,8 @@ static void check_rootfs(struct report *r) {
         strdup("unset IGN_MCP_ROOTFS (the default is the tools rootfs)"));
   } else if (strcmp(spec, "tools") == 0 || strcmp(spec, "small") == 0) {
     _cleanup_free_ char *target = xasprintf("rootfs-%s", spec);
-    add(r, FOR_NS, "rootfs", ST_MISSING,
-        missing_data(spec, "rootfs"),
+    _cleanup_free_ char *deflt = xasprintf("%s/rootfs/%s", config_exe_dir(), spec);
+    add(r, FOR_NS, "rootfs", ST_MISSING, config_missing_why(NULL, deflt, "a directory"),
         make_cmd(target));
   } else {
     add(r, FOR_NS, "rootfs", ST_MISSING,
@@ -527,10 +504,6 @@ static void run_checks(struct report *r) {
   }
 }
 
-static const char *backend_setting(void) {
-  return cfg.backend == BACKEND_VM ? "vm" : cfg.backend == BACKEND_NS ? "ns" : "auto";
-}
-
 /* The backend sessions would open on, or NULL. */
 static const char *chosen_backend(const struct report *r) {
   if (cfg.backend != BACKEND_NS && r->vm_ready)
@@ -563,7 +536,7 @@ static void print_section(const struct report *r, unsigned backend, const char *
 
 static void print_text(const struct report *r) {
   printf("ignition-mcp %s doctor: IGN_MCP_BACKEND=%s, rootfs %s, running as %s\n", IGN_VERSION,
-         backend_setting(), cfg.rootfs_spec, getuid() == 0 ? "root" : "a user");
+         config_backend_name(), cfg.rootfs_spec, getuid() == 0 ? "root" : "a user");
   print_section(r, FOR_VM, "microVM backend (vm)");
   print_section(r, FOR_NS, "namespace backend (ns)");
   print_section(r, FOR_VM | FOR_NS, "both");
@@ -581,12 +554,12 @@ static void print_text(const struct report *r) {
     printf("ns: cannot open sessions: fix %s above\n", ns_missing);
   const char *chosen = chosen_backend(r);
   if (chosen)
-    printf("sessions can open: IGN_MCP_BACKEND=%s uses the %s backend\n", backend_setting(),
+    printf("sessions can open: IGN_MCP_BACKEND=%s uses the %s backend\n", config_backend_name(),
            chosen);
   else
     printf("sessions cannot open with IGN_MCP_BACKEND=%s: fix what is marked missing or fail "
            "above, then restart the server\n",
-           backend_setting());
+           config_backend_name());
 }
 
 static void print_json(const struct report *r) {
@@ -601,7 +574,7 @@ static void print_json(const struct report *r) {
   }
   const char *chosen = chosen_backend(r);
   json_t *out = json_pack("{s:s, s:s, s:s, s:o, s:{s:b, s:b}, s:o, s:b}", "version", IGN_VERSION,
-                          "backend_setting", backend_setting(), "rootfs", cfg.rootfs_spec,
+                          "backend_setting", config_backend_name(), "rootfs", cfg.rootfs_spec,
                           "checks", checks, "ready", "vm", r->vm_ready, "ns", r->ns_ready,
                           "backend", chosen ? json_string(chosen) : json_null(),
                           "sessions_can_open", chosen != NULL);
@@ -629,7 +602,7 @@ char *doctor_explain(void) {
   struct report r;
   run_checks(&r);
   char *text = xasprintf("What `ignition-mcp doctor` finds for IGN_MCP_BACKEND=%s:",
-                         backend_setting());
+                         config_backend_name());
   size_t shown = 0;
   for (size_t i = 0; i < r.n; i++) {
     const struct check *c = &r.c[i];

@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
      * open_session says what is missing and how to fix it. */
     log_warn("no sandbox backend can run (IGN_MCP_BACKEND=%s): %s; open_session will fail "
              "until this is fixed (`ignition-mcp doctor` lists the checks and their fixes)",
-             cfg.backend == BACKEND_VM ? "vm" : cfg.backend == BACKEND_NS ? "ns" : "auto", err);
+             config_backend_name(), err);
     sessions_set_unavailable_help(doctor_explain());
   } else
     log_info("ignition-mcp %s ready: backend %s, rootfs %s", IGN_VERSION, sessions_backend(),

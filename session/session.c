@@ -444,16 +444,9 @@ int sessions_init(char **ret_err) {
     log_info("the microVM backend is not available (%s); using the namespace backend", err);
     r = 0;
   }
-  const char *agent_env = getenv("IGN_MCP_AGENT");
-  if (!cfg.agent && agent_env && *agent_env) {
-    backend_error = xasprintf("IGN_MCP_AGENT=%s is not an executable file; unset it to use the "
-                              "ign-agent next to the server",
-                              agent_env);
-    r = -ENOENT;
-  } else if (!cfg.agent) {
-    backend_error = xasprintf("ign-agent was not found next to the server (%s) nor in "
-                              "../lib/ignition-mcp; build it with `make` or set IGN_MCP_AGENT",
-                              config_exe_dir());
+  if (!cfg.agent) {
+    _cleanup_free_ char *deflt = xasprintf("%s/ign-agent", config_exe_dir());
+    backend_error = config_missing_why("IGN_MCP_AGENT", deflt, "an executable file");
     r = -ENOENT;
   } else if (!cfg.rootfs) {
     backend_error = xasprintf("the rootfs '%s' was not found; build the images with `make "

@@ -102,7 +102,7 @@ describe('doctor names what is missing and its fix', () => {
       what: 'the guest kernel (IGN_MCP_KERNEL)',
       env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_KERNEL: '/nonexistent/vmlinux' },
       check: 'kernel', status: 'missing',
-      says: /IGN_MCP_KERNEL=\/nonexistent\/vmlinux: no such file; fix: unset IGN_MCP_KERNEL/,
+      says: /IGN_MCP_KERNEL=\/nonexistent\/vmlinux is not a file; fix: unset IGN_MCP_KERNEL/,
     },
     {
       what: 'QEMU (IGN_MCP_QEMU)',
@@ -217,7 +217,7 @@ describe('a server whose backend cannot run still serves', () => {
     },
     {
       backend: 'vm', env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_KERNEL: '/nonexistent/vmlinux' },
-      says: [/missing kernel: IGN_MCP_KERNEL=\/nonexistent\/vmlinux: no such file; fix: unset IGN_MCP_KERNEL/],
+      says: [/missing kernel: IGN_MCP_KERNEL=\/nonexistent\/vmlinux is not a file; fix: unset IGN_MCP_KERNEL/],
     },
     {
       backend: 'ns', env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: '/nonexistent/ign-agent' },
