@@ -12,8 +12,9 @@
  * "warn" never stops sessions (KVM missing means TCG, a missing warm base is
  * made on first use, no cgroup limits means sessions without them);
  * "missing" and "fail" stop the backend they belong to.  The same checks
- * explain a server that started without a working backend: open_session
- * returns doctor_explain()'s text. */
+ * explain a server that started without a working backend: each
+ * open_session adds doctor_explain()'s text, made when it is asked for (on
+ * that call's thread) so that it says how things stand now. */
 #include "mcp/doctor.h"
 
 #include <errno.h>
@@ -36,6 +37,7 @@
 
 #include "common/util.h"
 #include "mcp/config.h"
+#include "mcp/log.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/vm.h"
 
@@ -599,6 +601,7 @@ int doctor_main(bool as_json) {
 }
 
 char *doctor_explain(void) {
+  log_debug("running the doctor's checks to explain why no sandbox backend can run");
   struct report r;
   run_checks(&r);
   char *text = xasprintf("What `ignition-mcp doctor` finds for IGN_MCP_BACKEND=%s:",
@@ -617,8 +620,9 @@ char *doctor_explain(void) {
     text = more;
   }
   if (shown == 0) {
-    char *more = xasprintf("%s every check passes now; the error above is what failed when the "
-                           "server started: restart it.",
+    char *more = xasprintf("%s none of its checks fails now, so what failed above when the server "
+                           "started is either fixed since (restart the MCP server) or not one "
+                           "it checks (fix that, then restart the server).",
                            text);
     free(text);
     report_free(&r);

@@ -11,5 +11,8 @@
 int doctor_main(bool as_json);
 
 /* For a server whose backend cannot start: the checks that fail for the
- * configured backend, one per line with their fixes (malloc'd). */
+ * configured backend, one per line with their fixes (malloc'd).  It runs
+ * every check, which can take seconds (QEMU is started twice, a cgroup and
+ * namespaces are made), so it is not for the main thread; calls must not
+ * overlap (the test cgroup's name is per process). */
 char *doctor_explain(void);

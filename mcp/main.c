@@ -129,7 +129,8 @@ int main(int argc, char **argv) {
     log_warn("no sandbox backend can run (IGN_MCP_BACKEND=%s): %s; open_session will fail "
              "until this is fixed (`ignition-mcp doctor` lists the checks and their fixes)",
              config_backend_name(), err);
-    sessions_set_unavailable_help(doctor_explain());
+    /* The doctor's checks take seconds: open_session runs them when asked. */
+    sessions_set_unavailable_help(doctor_explain);
   } else
     log_info("ignition-mcp %s ready: backend %s, rootfs %s", IGN_VERSION, sessions_backend(),
              cfg.rootfs);

@@ -159,16 +159,39 @@ static json_t *describe(const struct session *s, uint64_t open_ms) {
   return o;
 }
 
-void sessions_set_unavailable_help(char *help) {
-  char *e = xasprintf("%s\n%s", backend_error ? backend_error : "", help);
-  free(help);
-  free(backend_error);
-  backend_error = e;
+/* Without a backend, open_session's error explains what is missing.  The
+ * explanation runs checks that take seconds, so it is made when asked for,
+ * on that call's thread, and reused while it is fresh.  One at a time: the
+ * checks make a test cgroup whose name is the same for every call. */
+#define HELP_FRESH_MS 5000u
+
+static pthread_mutex_t help_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *(*help_explain)(void);
+static char *help_text;
+static uint64_t help_made_ms;
+
+void sessions_set_unavailable_help(char *(*explain)(void)) { help_explain = explain; }
+
+/* The current explanation (malloc'd), or NULL when there is none. */
+static char *unavailable_help(void) {
+  if (!help_explain)
+    return NULL;
+  pthread_mutex_lock(&help_lock);
+  if (!help_text || mono_ms() - help_made_ms >= HELP_FRESH_MS) {
+    free(help_text);
+    help_text = help_explain();
+    help_made_ms = mono_ms();
+  }
+  char *text = help_text ? strdup(help_text) : NULL;
+  pthread_mutex_unlock(&help_lock);
+  return text;
 }
 
 int session_open(json_t **ret, char **ret_err) {
   if (!backend) {
-    *ret_err = xasprintf("no sandbox backend can run here: %s", backend_error);
+    _cleanup_free_ char *help = unavailable_help();
+    *ret_err = xasprintf("no sandbox backend can run here: %s%s%s", backend_error,
+                         help ? "\n" : "", help ? help : "");
     return -ENODEV;
   }
   pthread_mutex_lock(&lock);

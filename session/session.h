@@ -21,9 +21,11 @@ struct lease {
 /* Picks the backend and starts the reaper.  *ret_err explains when no
  * backend can work (sessions then cannot open, the server still runs). */
 int sessions_init(char **ret_err);
-/* When no backend can work: HELP (taken) is added to the error every
- * open_session returns; call it before serving. */
-void sessions_set_unavailable_help(char *help);
+/* When no backend can work: the text EXPLAIN returns (malloc'd) is added to
+ * the error every open_session returns.  It is made on the thread of the
+ * open_session that needs it, one call at a time, and kept for a few seconds,
+ * so it says how things stand now; call this before serving. */
+void sessions_set_unavailable_help(char *(*explain)(void));
 /* "ns" or "vm" (or "none"). */
 const char *sessions_backend(void);
 

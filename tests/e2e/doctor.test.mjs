@@ -245,6 +245,24 @@ describe('a server whose backend cannot run still serves', () => {
       assert.equal(s.stderrText().match(/warning: no sandbox backend can run/g).length, 1, 'the warning should be one line, once');
     });
   }
+
+  test('the checks run when open_session asks, not before initialize', T, async (t) => {
+    // The checks take seconds (QEMU twice, a cgroup, namespaces); a client
+    // waiting for initialize must not wait for them. The server logs, at
+    // debug level, when it runs them for open_session's error.
+    const doctorRuns = /running the doctor's checks/;
+    const env = { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: '/nonexistent/ign-agent', IGN_MCP_LOG: 'debug' };
+    const s = await startServer({ env, listTools: false });
+    t.after(() => s.close());
+    await s.client.listTools();
+    assert.ok(await waitUntil(() => /warning: no sandbox backend can run/.test(s.stderrText()), { timeoutMs: 3000 }),
+      `no startup warning on stderr:\n${s.stderrText()}`);
+    assert.doesNotMatch(s.stderrText(), doctorRuns, 'the checks ran before initialize was answered');
+    const text = await callErr(s.client, 'open_session', {});
+    assert.match(text, /missing agent: IGN_MCP_AGENT=\/nonexistent\/ign-agent is not an executable file/);
+    assert.ok(await waitUntil(() => doctorRuns.test(s.stderrText()), { timeoutMs: 3000 }),
+      `open_session did not run the checks:\n${s.stderrText()}`);
+  });
 });
 
 describe('make install', () => {
