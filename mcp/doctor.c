@@ -4,10 +4,18 @@
  *
  * The checks ask the same code the server runs: the KVM decision and the
  * warm base's fingerprint come from the vm backend (sandbox/vm.c), the
- * cgroup check makes and removes a real group through sandbox/cgroup.c, and
- * the namespace check really clones a process into the namespaces the ns
- * backend uses.  Nothing else is changed: no base is built, nothing is
- * installed.
+ * cgroup check makes a real group through sandbox/cgroup.c, and the
+ * namespace check really clones a process into the namespaces the ns backend
+ * uses.  No base is built and nothing is installed; only the cgroup check
+ * changes the host.  It makes a test group, ign-mcp-<pid>-doctor, with the
+ * session limits and removes it again; but cgroup.c first prepares the
+ * parent the way the server does, and that stays.  On cgroup v2 it may move
+ * this process into a new leaf group <own group>/ign-mcp-<pid>-server and
+ * write "+memory +pids" to <own group>/cgroup.subtree_control, or, where that
+ * is refused, create /sys/fs/cgroup/ignition-mcp and write "+memory +pids" to
+ * the subtree_control of the root group and of that group.  On cgroup v1 the
+ * test group is a directory in each of this process's memory and pids
+ * groups; both are removed and nothing else is made.
  *
  * "warn" never stops sessions (KVM missing means TCG, a missing warm base is
  * made on first use, no cgroup limits means sessions without them);
@@ -281,12 +289,21 @@ static void check_store(struct report *r) {
   } else {
     /* Created on first use: the nearest existing parent must be writable. */
     _cleanup_free_ char *p = strdup(cfg.store);
-    for (char *slash; (slash = strrchr(p, '/')) && slash != p;) {
+    for (;;) {
+      char *slash = strrchr(p, '/');
+      if (!slash) {
+        strcpy(p, "."); /* a relative store, under the working directory */
+        break;
+      }
+      if (slash == p) {
+        p[1] = '\0';
+        break;
+      }
       *slash = '\0';
       if (access(p, F_OK) == 0)
         break;
     }
-    if (access(p[0] ? p : "/", W_OK | X_OK) < 0) {
+    if (access(p, W_OK | X_OK) < 0) {
       add(r, FOR_VM, "store", ST_FAIL,
           xasprintf("%s (IGN_MCP_STORE) does not exist and %s is not writable", cfg.store, p),
           xasprintf("mkdir -p %s, or export IGN_MCP_STORE=\"$HOME/.cache/ignition-mcp\"",

@@ -154,6 +154,36 @@ describe('doctor names what is missing and its fix', () => {
     });
   }
 
+  test('a store that does not exist yet: the check names the directory it would be made in', T, (t) => {
+    // Directly under a writable directory: made on first use, so ok (the
+    // QEMUs, other uids when we are root, must reach it: 0755).
+    const parent = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-doctor-store-'));
+    t.after(() => fs.rmSync(parent, { recursive: true, force: true }));
+    fs.chmodSync(parent, 0o755);
+    const store = path.join(parent, 'store');
+    const r = doctor({ IGN_MCP_BACKEND: 'vm', IGN_MCP_STORE: store });
+    const line = checkLine(r.stdout, 'store');
+    assert.equal(line.status, 'ok', r.stdout);
+    assert.equal(line.rest, `${store} is writable (made on first use)`);
+    assert.ok(!fs.existsSync(store), 'doctor made the store: it should only check');
+
+    // Directly under /: root may make it there; anyone else is told that /
+    // (not the store itself) is not writable.
+    const top = '/ign-doctor-test-nonexistent';
+    if (fs.existsSync(top)) return t.skip(`${top} exists on this host`);
+    t.after(() => fs.rmSync(top, { recursive: true, force: true }));
+    const u = doctor({ IGN_MCP_BACKEND: 'vm', IGN_MCP_STORE: top });
+    const l2 = checkLine(u.stdout, 'store');
+    if (process.getuid() === 0) {
+      assert.equal(l2.status, 'ok', u.stdout);
+      assert.equal(l2.rest, `${top} is writable (made on first use)`);
+    } else {
+      assert.equal(l2.status, 'fail', u.stdout);
+      assert.match(l2.rest, new RegExp(`^${top} \\(IGN_MCP_STORE\\) does not exist and / is not writable`));
+    }
+    assert.ok(!fs.existsSync(top), `doctor made ${top}: it should only check`);
+  });
+
   test('with auto, one backend missing a piece leaves the other: exit 0', T, () => {
     const r = doctor({ IGN_MCP_BACKEND: 'auto', IGN_MCP_QEMU: '/nonexistent/qemu' });
     assert.equal(r.status, 0, r.stdout);
