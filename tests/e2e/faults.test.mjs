@@ -10,6 +10,7 @@
 // | signals to PID 1 from inside            | both    | none: ignored, the session lives on        | -                         |
 // | the warm base truncated or with flipped bytes (state, RAM) | vm | logged: "is damaged" naming the file | made again; open_session works |
 // | the store's filesystem full             | vm      | open_session: "the store <path> is full"   | free space, open again    |
+// | the guest cannot boot (not a kernel)     | vm      | open_session: the cause; again at once, "not tried again yet" (no new boot) | change the images (or wait 60 s), open again |
 // | the server SIGKILLed with sessions running | both | -                                         | no process outlives it; the next server removes its cgroups and state directories |
 // (a full overlay is the abuse table's: abuse.test.mjs)
 //
@@ -204,6 +205,8 @@ describe('the store is full', () => {
     assert.ok(e.includes(dir), `the error does not say where: ${e}`);
     assert.match(e, /IGN_MCP_STORE/, e);
     assert.ok(took < 30000, `the error took ${took} ms`);
+    // A full store is the store's fault: under KVM it must not mark KVM unusable.
+    assert.equal(fs.existsSync(path.join(dir, 'kvm-unusable')), false, 'a full store marked KVM unusable');
     // The same server, once the filesystem is larger.
     execFileSync('mount', ['-o', 'remount,size=600m', dir]);
     const t1 = Date.now();
@@ -211,6 +214,45 @@ describe('the store is full', () => {
     const took2 = Date.now() - t1;
     assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
     t.diagnostic(`store full (8 MiB tmpfs): error after ${took} ms: ${e.slice(0, 240)}; after growing it, open_session made the base and opened in ${took2} ms`);
+  });
+});
+
+describe('the guest cannot boot', () => {
+  test('a warm base that fails for the guest\'s reason is not made again on every open_session; changed images are tried at once', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    // Not a kernel: QEMU refuses it at once (no minutes of a cold boot per try).
+    const kdir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
+    fs.chmodSync(kdir, 0o755);
+    t.after(() => fs.rmSync(kdir, { recursive: true, force: true }));
+    const kernel = path.join(kdir, 'vmlinux');
+    fs.writeFileSync(kernel, Buffer.alloc(64 << 10));
+    fs.chmodSync(kernel, 0o644);
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_STORE: store.dir, IGN_MCP_KERNEL: kernel } });
+    t.after(() => s.close());
+    const tries = () => (s.stderrText().match(/trying again to make the warm base/g) ?? []).length;
+    const e1 = await callErr(s.client, 'open_session', {});
+    assert.match(e1, /cannot start sessions: .*warm base|QEMU/, e1);
+    // Nothing has changed: the same cause at once, saying when it is tried again.
+    const t0 = Date.now();
+    const e2 = await callErr(s.client, 'open_session', {});
+    const took = Date.now() - t0;
+    assert.match(e2, /not tried again yet/, e2);
+    assert.match(e2, /once the VM images change/, e2);
+    assert.ok(took < 5000, `the cached error took ${took} ms`);
+    assert.equal(tries(), 0, `a new try without a change: ${s.stderrText().slice(-1500)}`);
+    // The kernel changes (its mtime is in the base's fingerprint): tried again at once.
+    const st = fs.statSync(kernel);
+    fs.utimesSync(kernel, st.atime, new Date(st.mtimeMs + 60_000));
+    const e3 = await callErr(s.client, 'open_session', {});
+    assert.equal(tries(), 1, `the changed kernel was not tried: ${e3}`);
+    assert.doesNotMatch(e3, /not tried again yet/, e3);
+    const e4 = await callErr(s.client, 'open_session', {});
+    assert.match(e4, /not tried again yet/, e4);
+    assert.equal(tries(), 1);
+    // The guest's failure under TCG says nothing about KVM.
+    assert.equal(fs.existsSync(path.join(store.dir, 'kvm-unusable')), false);
+    t.diagnostic(`a guest that cannot boot: the repeated open_session answered in ${took} ms without a new try: ${e2.slice(0, 300)}`);
   });
 });
 
