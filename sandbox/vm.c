@@ -503,6 +503,8 @@ static char *vm_log_tail(const struct vm *v) {
   for (char *p = buf; *p; p++)
     if (*p == '\n' || *p == '\r' || (unsigned char)*p < 0x20)
       *p = ' ';
+  while (n > 0 && buf[n - 1] == ' ')
+    buf[--n] = '\0';
   return strdup(buf + strspn(buf, " "));
 }
 
