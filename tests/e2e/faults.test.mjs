@@ -9,6 +9,7 @@
 // | the guest kernel panics (its PID 1 dies) | vm      | session '<id>' is dead (the guest kernel panicked ...) | reset       |
 // | signals to PID 1 from inside            | both    | none: ignored, the session lives on        | -                         |
 // | the warm base truncated or with flipped bytes (state, RAM) | vm | logged: "is damaged" naming the file | made again; open_session works |
+// | the warm base moved away under a running server | vm | none: logged "is gone"               | made again by the next clone |
 // | the store's filesystem full             | vm      | open_session: "the store <path> is full"   | free space, open again    |
 // | the guest cannot boot (not a kernel)     | vm      | open_session: the cause; again at once, "not tried again yet" (no new boot) | change the images (or wait 60 s), open again |
 // | the server SIGKILLed with sessions running | both | -                                         | no process outlives it; the next server removes its cgroups and state directories |
@@ -182,6 +183,22 @@ describe('the warm base is damaged', () => {
       figures.push(`${what}: detected, base made again, open_session ${took} ms`);
     }
     t.diagnostic(figures.join('; '));
+  });
+});
+
+describe('the warm base goes away under a running server', () => {
+  test('moved aside (as another server does with a base it finds damaged): the next clone makes it again instead of failing', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    await openSession(s.client);
+    const dir = soleBase(store.dir);
+    fs.renameSync(dir, `${dir}.damaged-1`);
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    assert.match(s.stderrText(), /the warm base \S+ is gone; checking or making it again/);
+    for (const f of ['ram', 'state', 'meta']) assert.ok(fs.existsSync(path.join(dir, f)), `${f} missing in the base made again`);
   });
 });
 
