@@ -1153,12 +1153,7 @@ static void *pool_loop(void) {
 
 static int check_inputs(char **ret_err) {
   if (!cfg.qemu) {
-    const char *q = getenv("IGN_MCP_QEMU");
-    *ret_err = q && *q ? xasprintf("IGN_MCP_QEMU=%s is not an executable file (unset it to use "
-                                   "qemu-system-x86_64 from PATH)",
-                                   q)
-                       : strdup("qemu-system-x86_64 was not found in PATH (apt-get install "
-                                "qemu-system-x86, or set IGN_MCP_QEMU)");
+    *ret_err = config_missing_why("IGN_MCP_QEMU", "qemu-system-x86_64", "an executable file");
     return -ENOENT;
   }
   const char *files[][2] = {{cfg.kernel, "the guest kernel (IGN_MCP_KERNEL)"},
