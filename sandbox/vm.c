@@ -23,11 +23,14 @@
  *
  * KVM is used when /dev/kvm works; "works" is decided by booting the golden
  * VM under it (a host can open /dev/kvm and still fail to run guests), with
- * TCG as the fallback; a failure of the store's (full, not writable) says
- * nothing about KVM and does not make the server give it up.  A base that
- * failed is made again only when something may have changed (the inputs,
- * the store's free space, or a minute passed): a guest that cannot boot is
- * not cold-booted on every open_session. */
+ * TCG as the fallback; only a guest that then boots under TCG makes the
+ * server (and, through a marker in the store, the servers after it) give KVM
+ * up: a failure of the store's (full, not writable), or a guest that fails
+ * under both, says nothing about KVM.  A base that failed, at start or when
+ * it is made again later (its inputs changed, or it went), is made again
+ * only when something may have changed (the inputs, the store's free space,
+ * or a minute passed): a guest that cannot boot is not cold-booted on every
+ * open_session, nor by the pool in a loop. */
 #include "sandbox/vm.h"
 
 #include <dirent.h>
@@ -81,6 +84,7 @@ struct vm {
    * (death_reason), and only one of them may reap it. */
   pthread_mutex_t reap_lock;
   bool reaped;
+  bool waited;              /* a death_reason gave QEMU its moment to exit */
   int status;
   char path[8];             /* "pool", "restore", "cold" */
   char *ram;                /* the RAM file it maps (a spare fits only its base) */
@@ -97,6 +101,7 @@ static struct {
   bool retry;               /* a session asks to try making the base again */
   unsigned attempts;        /* tries made after the first */
   struct vm_base_failure failure; /* the last try, when it failed */
+  char *base_error;         /* why the last remake_base failed, or NULL */
   const char *accel;        /* "kvm", "tcg" */
   char isolation[16];
   unsigned tsc_khz;
@@ -245,9 +250,15 @@ static char *cmdline(const char *accel) {
                    vmb.tsc_khz, strcmp(accel, "tcg") == 0 ? " norandmaps" : "", guest_overlay_mb());
 }
 
-/* Starts a QEMU of KIND.  RAM_FILE is the base's RAM (golden: created). */
+/* Starts a QEMU of KIND.  RAM_FILE is the base's RAM (golden: created).  On
+ * failure *RET_EXITED (when given) tells whether QEMU itself ran and exited
+ * (it refused the guest or the accelerator), as opposed to never starting
+ * (no fork, no socket, no fds): only the former says anything about the
+ * guest or KVM. */
 static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const char *dir,
-                    struct vm **ret, char **ret_err) {
+                    struct vm **ret, bool *ret_exited, char **ret_err) {
+  if (ret_exited)
+    *ret_exited = false;
   struct vm *v = calloc(1, sizeof *v);
   if (!v)
     return -ENOMEM;
@@ -371,7 +382,14 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   }
   v->t_spawn_us = mono_us() - t0;
   if (r < 0) {
-    usleep(20000); /* let a dying QEMU finish its message */
+    /* Let a dying QEMU finish its message and exit. */
+    for (int i = 0; i < 50 && !v->reaped; i++)
+      if (waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
+        v->reaped = true;
+      else
+        usleep(10000);
+    if (ret_exited && v->reaped)
+      *ret_exited = vm_qemu_ran(v->status);
     _cleanup_free_ char *tail = vm_log_tail(v);
     if (tail) {
       char *m = xasprintf("%s; QEMU said: %s", *ret_err, tail);
@@ -646,18 +664,51 @@ enum base_fault { BASE_FAULT_STORE, BASE_FAULT_GUEST };
  * removes as stale) a base another one has just made.  It is taken only
  * under ensure_base's mutex (one thread per server) and before any per-base
  * lock, which under it are only tried (LOCK_NB) or shared and never wait on
- * it: no deadlock.  Returns the fd, or -1 when the store has no lock file
- * (read-only): then there is nothing to set aside or move either. */
-static int store_lock(void) {
+ * it: no deadlock.  A server that holds it for long (stopped, hung) is not
+ * waited for without end: after STORE_LOCK_WAIT_MS (room for another server's
+ * checksum of a large RAM file on a loaded host) this fails and says who to
+ * look for.  Returns the fd, or a negative errno with *RET_ERR; never goes
+ * on unlocked. */
+#define STORE_LOCK_WAIT_MS 120000
+static int store_lock(char **ret_err) {
   _cleanup_free_ char *p = xasprintf("%s/.lock", cfg.store);
   int fd = open(p, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return -1;
-  while (flock(fd, LOCK_EX) < 0)
-    if (errno != EINTR) {
+  if (fd < 0 && (errno == EROFS || errno == EACCES))
+    fd = open(p, O_RDONLY | O_CLOEXEC); /* a read-only store made before */
+  if (fd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open the store's lock file %s: %s (IGN_MCP_STORE must be a "
+                         "writable directory)",
+                         p, strerror(errno));
+    log_error("%s", *ret_err);
+    return r;
+  }
+  uint64_t deadline = mono_ms() + STORE_LOCK_WAIT_MS;
+  bool told = false;
+  while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int r = -errno;
+    if (r == -EINTR)
+      continue;
+    pthread_mutex_lock(&vmb.lock);
+    bool stopping = vmb.stopping;
+    pthread_mutex_unlock(&vmb.lock);
+    if (r != -EWOULDBLOCK || stopping || mono_ms() >= deadline) {
+      *ret_err = r != -EWOULDBLOCK
+                     ? xasprintf("cannot lock %s: %s", p, strerror(-r))
+                 : stopping ? strdup("the server is shutting down")
+                            : xasprintf("another process holds %s for more than %d s (see: "
+                                        "fuser -v %s); stop it or wait, then open a session again",
+                                        p, STORE_LOCK_WAIT_MS / 1000, p);
+      if (r != -EWOULDBLOCK)
+        log_error("%s", *ret_err);
       close(fd);
-      return -1;
+      return r != -EWOULDBLOCK ? r : -ETIMEDOUT;
     }
+    if (!told)
+      log_info("waiting for %s: another server is checking or installing a warm base", p);
+    told = true;
+    usleep(100000);
+  }
   return fd;
 }
 
@@ -688,9 +739,13 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
   }
   _cleanup_free_ char *ram = xasprintf("%s/ram", tmp);
   struct vm *v = NULL;
-  r = vm_start(VM_GOLDEN, accel, ram, tmp, &v, ret_err);
+  bool exited;
+  r = vm_start(VM_GOLDEN, accel, ram, tmp, &v, &exited, ret_err);
   if (r < 0) {
-    *ret_fault = BASE_FAULT_GUEST; /* QEMU could not start the guest (under KVM: KVM's fault?) */
+    /* QEMU ran and refused the guest (under KVM: KVM's fault?); not when it
+     * could not even be started (no memory, no fds). */
+    if (exited)
+      *ret_fault = BASE_FAULT_GUEST;
     remove_tree(tmp);
     return r;
   }
@@ -802,16 +857,31 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
   return 0;
 }
 
+static int set_aside(const char *dir, char **ret_err);
+
 /* Moves the base built in TMP into place at FINAL (under the store lock). */
 static int install_base(const char *tmp, const char *final, char **ret_err) {
   if (rename(tmp, final) == 0)
     return 0;
   int r = -errno;
   /* Another server made the same base meanwhile: use theirs. */
-  remove_tree(tmp);
-  if (base_complete(final))
+  if (base_complete(final)) {
+    remove_tree(tmp);
     return 0;
-  *ret_err = xasprintf("cannot move the warm base into place at %s: %s", final, strerror(-r));
+  }
+  /* A base with files missing is in the way (it has a log, say): under the
+   * store lock nobody is making it, so set it aside and try once more. */
+  _cleanup_free_ char *aside_err = NULL;
+  if ((r == -ENOTEMPTY || r == -EEXIST) && set_aside(final, &aside_err) == 0) {
+    if (rename(tmp, final) == 0)
+      return 0;
+    r = -errno;
+  }
+  remove_tree(tmp);
+  *ret_err = xasprintf("cannot move the warm base into place at %s: %s%s%s (remove %s and open a "
+                       "session again)",
+                       final, strerror(-r), aside_err ? "; " : "", aside_err ? aside_err : "",
+                       final);
   return r;
 }
 
@@ -885,7 +955,8 @@ static int ensure_base(bool force, enum base_fault *ret_fault, char **ret_err) {
  * nothing is removed: the path may by then be a sound base that another
  * server has just made. */
 static int set_aside(const char *dir, char **ret_err) {
-  _cleanup_free_ char *aside = xasprintf("%s.damaged-%d", dir, getpid());
+  static unsigned n; /* under build_lock: a base set aside before may still be held */
+  _cleanup_free_ char *aside = xasprintf("%s.damaged-%d-%u", dir, getpid(), n++);
   if (rename(dir, aside) < 0) {
     int r = -errno;
     *ret_err = xasprintf("it cannot be moved aside to %s: %s", aside, strerror(errno));
@@ -930,12 +1001,25 @@ static int ensure_base_locked(bool force, enum base_fault *ret_fault, char **ret
   _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
   _cleanup_free_ char *dir = base_dir_for(fp);
   *ret_fault = BASE_FAULT_STORE;
-  int lock = store_lock();
+  int lock = store_lock(ret_err);
+  if (lock < 0)
+    return lock;
   int r = 0; /* 1: the base is there and sound */
-  if (force)
-    remove_tree(dir);
-  else if (base_complete(dir))
+  if (!force && base_complete(dir)) {
     r = check_base(dir, ret_err);
+  } else if (file_exists(dir)) {
+    /* Forced, or with files missing (it would stay in the way of the new
+     * one): set aside, not removed, as other servers may still clone from
+     * it. */
+    _cleanup_free_ char *why = NULL;
+    r = set_aside(dir, &why);
+    if (r < 0)
+      *ret_err = xasprintf("the warm base %s is %s, and %s; remove it by hand and open a session "
+                           "again",
+                           dir, force ? "to be made again" : "incomplete", why);
+    else if (!force)
+      log_warn("the warm base %s has files missing; making it again", dir);
+  }
   if (r > 0)
     hold_base(dir);
   closep(&lock);
@@ -945,7 +1029,11 @@ static int ensure_base_locked(bool force, enum base_fault *ret_fault, char **ret
     _cleanup_free_ char *tmp = NULL;
     if ((r = build_base(vmb.accel, fp, &tmp, ret_fault, ret_err)) < 0)
       return r;
-    lock = store_lock();
+    lock = store_lock(ret_err);
+    if (lock < 0) {
+      remove_tree(tmp);
+      return lock;
+    }
     r = install_base(tmp, dir, ret_err);
     if (r == 0) {
       hold_base(dir);
@@ -966,23 +1054,73 @@ static int ensure_base_locked(bool force, enum base_fault *ret_fault, char **ret
   return 0;
 }
 
-/* The base at GONE lost its files under this server (another one set it
- * aside as damaged, or someone removed it): check or make it again, and say
- * which base to use now. */
-static int base_gone(const char *gone, char **ret_dir, char **ret_err) {
-  log_warn("the warm base %s is gone; checking or making it again", gone);
-  enum base_fault fault;
+/* Records a failed try (under vmb.lock). */
+static void note_failure(enum base_fault fault, char *fingerprint) {
+  free(vmb.failure.fingerprint);
+  vmb.failure = (struct vm_base_failure){.at_ms = mono_ms(), .store_fault = fault == BASE_FAULT_STORE,
+                                         .store_free = store_free(), .fingerprint = fingerprint};
+}
+
+/* Why the last failed try is not followed by another one now, or NULL when
+ * one is due (vm_base_retry_due); under vmb.lock. */
+static char *retry_not_due(const char *fingerprint) {
+  uint64_t now = mono_ms();
+  if (vm_base_retry_due(&vmb.failure, now, store_free(), fingerprint))
+    return NULL;
+  unsigned wait_s = (unsigned)((vmb.failure.at_ms + VM_BASE_RETRY_MS - now + 999) / 1000);
+  return xasprintf(" (not tried again yet: nothing has changed since the last try, %u s ago; the "
+                   "next open_session tries again once the VM images change%s, or after %u s)",
+                   (unsigned)((now - vmb.failure.at_ms) / 1000),
+                   vmb.failure.store_fault ? " or the store has more free space" : "", wait_s);
+}
+
+/* Makes the base again once sessions run: its inputs changed, or the base at
+ * GONE lost its files under this server (another one set it aside as
+ * damaged, or someone removed it).  By init's rules: a failure is recorded,
+ * and until another try is due the pool and every call get that failure at
+ * once instead of building again each.  *RET_DIR (when given): the base to
+ * use now. */
+static int remake_base(const char *gone, char **ret_dir, char **ret_err) {
   pthread_mutex_lock(&build_lock);
-  if (checked && strcmp(checked, gone) == 0)
-    free(steal_ptr(checked));
-  int r = ensure_base_locked(false, &fault, ret_err);
-  pthread_mutex_unlock(&build_lock);
-  if (r < 0)
-    return r;
+  char *fp = make_fingerprint(vmb.accel);
   pthread_mutex_lock(&vmb.lock);
-  *ret_dir = strdup(vmb.base_dir);
+  /* Another thread (the pool, a call) has made it meanwhile. */
+  bool current = vmb.base_dir && vmb.fingerprint && strcmp(vmb.fingerprint, fp) == 0 &&
+                 base_complete(vmb.base_dir);
+  _cleanup_free_ char *not_yet = !current && vmb.base_error ? retry_not_due(fp) : NULL;
+  if (current && ret_dir)
+    *ret_dir = strdup(vmb.base_dir);
+  if (not_yet)
+    *ret_err = xasprintf("%s%s", vmb.base_error, not_yet);
   pthread_mutex_unlock(&vmb.lock);
-  return 0;
+  if (current || not_yet) {
+    pthread_mutex_unlock(&build_lock);
+    free(fp);
+    return current ? 0 : -EAGAIN;
+  }
+  if (gone)
+    log_warn("the warm base %s is gone; checking or making it again", gone);
+  else
+    log_info("the VM images changed; making a new warm base");
+  if (gone && checked && strcmp(checked, gone) == 0)
+    free(steal_ptr(checked));
+  enum base_fault fault;
+  int r = ensure_base_locked(false, &fault, ret_err);
+  pthread_mutex_lock(&vmb.lock);
+  free(steal_ptr(vmb.base_error));
+  if (r < 0) {
+    vmb.base_error = strdup(*ret_err);
+    note_failure(fault, steal_ptr(fp));
+  } else if (ret_dir) {
+    *ret_dir = strdup(vmb.base_dir);
+  }
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_mutex_unlock(&build_lock);
+  pthread_cond_broadcast(&vmb.cond);
+  free(fp);
+  if (r < 0)
+    log_error("cannot make the warm base again: %s", *ret_err);
+  return r;
 }
 
 /* ---- the pool ---- */
@@ -1033,7 +1171,7 @@ static int new_clone(const char *base, bool warm, struct vm **ret, char **ret_er
    * would also create an empty RAM file, and the clone would hang.) */
   if (!base_complete(base_dir)) {
     free(steal_ptr(base_dir));
-    if ((r = base_gone(base, &base_dir, ret_err)) < 0)
+    if ((r = remake_base(base, &base_dir, ret_err)) < 0)
       return r;
   }
   pthread_mutex_lock(&vmb.lock);
@@ -1048,7 +1186,7 @@ static int new_clone(const char *base, bool warm, struct vm **ret, char **ret_er
   if (spare) {
     v = spare;
   } else {
-    r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, ret_err);
+    r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, ret_err);
     if (r < 0)
       return r;
   }
@@ -1076,6 +1214,17 @@ static int new_clone(const char *base, bool warm, struct vm **ret, char **ret_er
   return 0;
 }
 
+/* The pool waits after a failure: until shutdown, a change in the pool, or
+ * MS pass. */
+static void pool_wait(uint64_t ms) {
+  pthread_mutex_lock(&vmb.lock);
+  if (!vmb.stopping) {
+    struct timespec ts = timespec_in(CLOCK_REALTIME, ms);
+    pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
+  }
+  pthread_mutex_unlock(&vmb.lock);
+}
+
 /* Keeps the pool filled until shutdown; a VM it is making when shutdown
  * comes is destroyed before it returns. */
 static void *pool_loop(void) {
@@ -1086,32 +1235,27 @@ static void *pool_loop(void) {
            vmb.n_spares >= cfg.spares)
       pthread_cond_wait(&vmb.cond, &vmb.lock);
     bool stopping = vmb.stopping;
+    /* Copies: a call that finds the base gone may replace both meanwhile. */
     _cleanup_free_ char *base_dir = vmb.base_dir ? strdup(vmb.base_dir) : NULL;
+    _cleanup_free_ char *base_fp = vmb.fingerprint ? strdup(vmb.fingerprint) : NULL;
     bool want_ready = vmb.n_ready < cfg.pool, want_spare = vmb.n_spares < cfg.spares;
     pthread_mutex_unlock(&vmb.lock);
     if (stopping || !base_dir)
       return NULL;
 
-    /* Inputs changed under a running server (a rebuild): new base first. */
+    /* Inputs changed under a running server (a rebuild), or the base went:
+     * the base first.  A failure is retried only when due (remake_base);
+     * until then the pool waits, a few seconds at a time, for a change. */
     _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
-    if (strcmp(fp, vmb.fingerprint) != 0) {
-      log_info("the VM images changed; making a new warm base");
+    bool stale = !base_fp || strcmp(fp, base_fp) != 0;
+    if (stale || !base_complete(base_dir)) {
+      if (stale) {
+        pthread_mutex_lock(&vmb.lock);
+        drain_pool_locked();
+      }
       _cleanup_free_ char *err = NULL;
-      enum base_fault fault;
-      pthread_mutex_lock(&vmb.lock);
-      drain_pool_locked();
-      if (ensure_base(false, &fault, &err) < 0) {
-        log_error("cannot make the new warm base: %s", err);
-        sleep(5);
-      }
-      continue;
-    }
-    if (!base_complete(base_dir)) {
-      _cleanup_free_ char *err = NULL, *dir = NULL;
-      if (base_gone(base_dir, &dir, &err) < 0) {
-        log_error("cannot make the warm base again: %s", err);
-        sleep(5);
-      }
+      if (remake_base(stale ? NULL : base_dir, NULL, &err) < 0)
+        pool_wait(5000);
       continue;
     }
 
@@ -1122,7 +1266,7 @@ static void *pool_loop(void) {
       r = new_clone(base_dir, true, &v, &err);
     } else if (want_spare) {
       _cleanup_free_ char *ram = xasprintf("%s/ram", base_dir);
-      r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, &err);
+      r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, &err);
     } else {
       continue;
     }
@@ -1169,29 +1313,51 @@ static int check_inputs(char **ret_err) {
   return 0;
 }
 
+/* Sets the accelerator the backend uses (and says in its isolation). */
+static void set_accel(const char *accel) {
+  pthread_mutex_lock(&vmb.lock);
+  vmb.accel = accel;
+  snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/%s", accel);
+  pthread_mutex_unlock(&vmb.lock);
+}
+
 /* ensure_base, and under KVM in auto mode a fallback to TCG when the guest
- * does not run under KVM (MARK: record that in the store, for the servers
- * that come after).  A failure of the store's is only that: KVM stays. */
+ * does not run under KVM.  Only when it then runs under TCG is KVM to blame
+ * (MARK: record that in the store, for the servers that come after); a guest
+ * that fails under both is broken itself, and KVM stays.  A failure of the
+ * store's is only that: KVM stays too. */
 static int ensure_base_any_accel(bool force, bool mark, enum base_fault *ret_fault,
                                  char **ret_err) {
   int r = ensure_base(force, ret_fault, ret_err);
   if (r < 0 && *ret_fault == BASE_FAULT_GUEST && strcmp(vmb.accel, "kvm") == 0 &&
       strcmp(cfg.accel, "auto") == 0) {
-    log_warn("KVM is present but the guest does not run under it (%s); using TCG", *ret_err);
-    free(steal_ptr(*ret_err));
-    if (mark) {
+    log_warn("the guest does not run under KVM (%s); trying TCG", *ret_err);
+    _cleanup_free_ char *kvm_err = steal_ptr(*ret_err);
+    set_accel("tcg");
+    r = ensure_base(force, ret_fault, ret_err);
+    if (r < 0) {
+      char *both = xasprintf("under KVM: %s; under TCG too: %s", kvm_err, *ret_err);
+      free(*ret_err);
+      *ret_err = both;
+      set_accel("kvm");
+    } else if (mark) {
+      log_warn("KVM is present but the guest runs only under TCG; using TCG");
       _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
       _cleanup_fclose_ FILE *f = fopen(marker, "we");
       if (f)
-        fputs("the guest did not boot under KVM on this host; delete this file to retry\n", f);
+        fputs("the guest did not boot under KVM on this host (it did under TCG); delete this "
+              "file to retry\n",
+              f);
     }
-    pthread_mutex_lock(&vmb.lock);
-    vmb.accel = "tcg";
-    snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/tcg");
-    pthread_mutex_unlock(&vmb.lock);
-    r = ensure_base(force, ret_fault, ret_err);
   }
   return r;
+}
+
+bool vm_qemu_ran(int status) {
+  if (WIFSIGNALED(status))
+    return true;
+  return WIFEXITED(status) && (WEXITSTATUS(status) < VM_SPAWN_EXIT_MIN ||
+                               WEXITSTATUS(status) > VM_SPAWN_EXIT_MAX);
 }
 
 bool vm_base_retry_due(const struct vm_base_failure *f, uint64_t now_ms, uint64_t store_free,
@@ -1202,13 +1368,6 @@ bool vm_base_retry_due(const struct vm_base_failure *f, uint64_t now_ms, uint64_
     return true;
   return f->store_fault && store_free != UINT64_MAX && f->store_free != UINT64_MAX &&
          store_free >= f->store_free + (1u << 20);
-}
-
-/* Records a failed try (under vmb.lock). */
-static void note_failure(enum base_fault fault, char *fingerprint) {
-  free(vmb.failure.fingerprint);
-  vmb.failure = (struct vm_base_failure){.at_ms = mono_ms(), .store_fault = fault == BASE_FAULT_STORE,
-                                         .store_free = store_free(), .fingerprint = fingerprint};
 }
 
 static void *init_main(void *unused) {
@@ -1436,16 +1595,7 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   _cleanup_free_ char *not_yet = NULL;
   if (vmb.init_done && vmb.init_error && !vmb.stopping) {
     _cleanup_free_ char *fp = make_fingerprint(vmb.accel);
-    uint64_t now = mono_ms();
-    if (!vm_base_retry_due(&vmb.failure, now, store_free(), fp)) {
-      unsigned wait_s = (unsigned)((vmb.failure.at_ms + VM_BASE_RETRY_MS - now + 999) / 1000);
-      not_yet = xasprintf(" (not tried again yet: nothing has changed since the last try, %u s "
-                          "ago; the next open_session tries again once the VM images change%s, "
-                          "or after %u s)",
-                          (unsigned)((now - vmb.failure.at_ms) / 1000),
-                          vmb.failure.store_fault ? " or the store has more free space" : "",
-                          wait_s);
-    }
+    not_yet = retry_not_due(fp);
   }
   if (vmb.init_done && vmb.init_error && !vmb.stopping && !not_yet) {
     unsigned attempt = vmb.attempts;
@@ -1479,21 +1629,16 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     bool stale = strcmp(fp, vmb.fingerprint) != 0;
     pthread_mutex_unlock(&vmb.lock);
     if (stale) {
-      log_info("the VM images changed; making a new warm base before this clone");
-      enum base_fault fault;
-      if ((r = ensure_base(false, &fault, ret_err)) < 0)
+      free(steal_ptr(base_dir));
+      if ((r = remake_base(NULL, &base_dir, ret_err)) < 0)
         return r;
-      pthread_mutex_lock(&vmb.lock);
-      free(base_dir);
-      base_dir = strdup(vmb.base_dir);
-      pthread_mutex_unlock(&vmb.lock);
     }
     r = new_clone(base_dir, false, &v, ret_err);
     if (r < 0)
       return r;
   } else {
     /* IGN_MCP_BASE=none: boot from scratch every time. */
-    r = vm_start(VM_COLD, vmb.accel, NULL, NULL, &v, ret_err);
+    r = vm_start(VM_COLD, vmb.accel, NULL, NULL, &v, NULL, ret_err);
     if (r < 0)
       return r;
     strcpy(v->path, "cold");
@@ -1594,14 +1739,16 @@ static char *vm_death_reason(struct sandbox *sb) {
   /* A guest that panicked makes QEMU exit (reboot=t, -no-reboot) a moment
    * after its channel closes: give it that moment, so the reason is known.
    * Calls that fail together ask together: one waits and reaps under the
-   * lock, the others then read what it found. */
+   * lock, the others then read what it found; with a hung QEMU they do not
+   * each wait again, only look once more. */
   pthread_mutex_lock(&v->reap_lock);
-  for (int i = 0; i < 50 && !v->reaped; i++) {
+  for (int i = 0; i < (v->waited ? 1 : 50) && !v->reaped; i++) {
     if (waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
       v->reaped = true;
-    else
+    else if (!v->waited)
       usleep(10000);
   }
+  v->waited = true;
   bool reaped = v->reaped;
   int status = v->status;
   pthread_mutex_unlock(&v->reap_lock);

@@ -29,6 +29,14 @@ struct vm_spawn_req {
 };
 
 int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err);
+/* vm_spawn's child exits with a code in this range when it fails before QEMU
+ * runs (127: execve failed). */
+#define VM_SPAWN_EXIT_MIN 118
+#define VM_SPAWN_EXIT_MAX 127
+/* Whether a QEMU that ended with wait STATUS ran at all (it exited or was
+ * killed), as opposed to its spawn failing first: only a QEMU that ran says
+ * anything about the guest or the accelerator. */
+bool vm_qemu_ran(int status);
 bool vm_landlock_available(void);
 
 /* The backend's entry points, called by session.c. */

@@ -1,5 +1,8 @@
 /* test_sandbox.c: the backends' pure rules (overlay size, when a failed
- * warm base is tried again). */
+ * warm base is tried again, whether a failed QEMU ran). */
+#include <signal.h>
+#include <sys/wait.h>
+
 #include "sandbox/sandbox.h"
 #include "sandbox/vm.h"
 #include "test.h"
@@ -38,4 +41,20 @@ static void base_retry_only_when_something_changed(void) {
   CHECK(vm_base_retry_due(&none, 1000, 8 * MiB, "qemu=a kernel=b"));
 }
 
-TEST_MAIN(TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed))
+static void qemu_ran_only_past_its_spawn(void) {
+  /* QEMU refused the guest or the accelerator (it exits 1), or died. */
+  CHECK(vm_qemu_ran(W_EXITCODE(1, 0)));
+  CHECK(vm_qemu_ran(W_EXITCODE(0, 0)));
+  CHECK(vm_qemu_ran(W_EXITCODE(117, 0)));
+  CHECK(vm_qemu_ran(W_EXITCODE(128, 0)));
+  CHECK(vm_qemu_ran(SIGSYS)); /* seccomp */
+  CHECK(vm_qemu_ran(SIGKILL));
+  /* The spawn's child failed before QEMU ran: nothing about the guest. */
+  CHECK(!vm_qemu_ran(W_EXITCODE(127, 0)));
+  CHECK(!vm_qemu_ran(W_EXITCODE(118, 0)));
+  CHECK(!vm_qemu_ran(W_EXITCODE(VM_SPAWN_EXIT_MAX, 0)));
+  CHECK(!vm_qemu_ran(W_EXITCODE(VM_SPAWN_EXIT_MIN, 0)));
+}
+
+TEST_MAIN(TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed),
+          TEST(qemu_ran_only_past_its_spawn))
