@@ -10,8 +10,10 @@
 // | signals to PID 1 from inside            | both    | none: ignored, the session lives on        | -                         |
 // | the warm base truncated or with flipped bytes (state, RAM) | vm | logged: "is damaged" naming the file | made again; open_session works |
 // | the warm base moved away under a running server | vm | none: logged "is gone"               | made again by the next clone |
+// | the warm base with a file missing (RAM, state) | vm | none: logged "has files missing" / "is gone" | set aside, made again |
 // | the store's filesystem full             | vm      | open_session: "the store <path> is full"   | free space, open again    |
 // | the guest cannot boot (not a kernel)     | vm      | open_session: the cause; again at once, "not tried again yet" (no new boot) | change the images (or wait 60 s), open again |
+// | the images change to ones that cannot boot, under a running server | vm | open_session: the cause, then "not tried again yet"; the pool does not retry either | change the images (or wait 60 s), open again |
 // | the server SIGKILLed with sessions running | both | -                                         | no process outlives it; the next server removes its cgroups and state directories |
 // (a full overlay is the abuse table's: abuse.test.mjs)
 //
@@ -28,7 +30,7 @@ import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil, uniqueSleepSecs,
   findProcs, descendants, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore, hardKill,
-  leftovers, newLeftovers, textOf, IS_NS, IS_VM, NS_ONLY, VM_ONLY,
+  leftovers, newLeftovers, textOf, IS_NS, IS_VM, NS_ONLY, VM_ONLY, VM_DIR,
 } from './lib.mjs';
 
 const T = { timeout: 180_000 };
@@ -202,6 +204,32 @@ describe('the warm base goes away under a running server', () => {
   });
 });
 
+describe('the warm base has files missing', () => {
+  test('its RAM file deleted before a server starts, its state file under a running one: each time the base is made again and open_session works', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
+    const s0 = await startServer({ env });
+    await openSession(s0.client);
+    await s0.close();
+    const dir = soleBase(store.dir);
+    // What is left (the meta, golden-boot.log) must not stay in the new base's way.
+    fs.rmSync(path.join(dir, 'ram'));
+    const s = await startServer({ env });
+    t.after(() => s.close());
+    const o1 = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o1.session_id, 'echo ok'), 'ok\n');
+    assert.match(s.stderrText(), /the warm base \S+ has files missing; making it again/);
+    fs.rmSync(path.join(dir, 'state'));
+    const o2 = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o2.session_id, 'echo ok'), 'ok\n');
+    assert.match(s.stderrText(), /the warm base \S+ is gone; checking or making it again/);
+    for (const f of ['ram', 'state', 'meta']) assert.ok(fs.existsSync(path.join(dir, f)), `${f} missing in the base made again`);
+    await s.close();
+    assert.deepEqual(fs.readdirSync(store.dir).filter((n) => /damaged|\.tmp-/.test(n)), [], 'leftovers in the store');
+  });
+});
+
 describe('the store is full', () => {
   test('a store on a full filesystem: open_session says so and where; after it grows, a retry works', { ...T, skip: VM_ONLY('the store of warm bases') }, async (t) => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-full-store-'));
@@ -270,6 +298,52 @@ describe('the guest cannot boot', () => {
     // The guest's failure under TCG says nothing about KVM.
     assert.equal(fs.existsSync(path.join(store.dir, 'kvm-unusable')), false);
     t.diagnostic(`a guest that cannot boot: the repeated open_session answered in ${took} ms without a new try: ${e2.slice(0, 300)}`);
+  });
+});
+
+describe('the VM images change under a running server to ones that cannot boot', () => {
+  test('the new base is tried once, not again by the pool or by every open_session, until the images change again', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
+    const store = tempStore();
+    t.after(() => store.remove());
+    const kdir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
+    fs.chmodSync(kdir, 0o755);
+    t.after(() => fs.rmSync(kdir, { recursive: true, force: true }));
+    const kernel = path.join(kdir, 'vmlinux');
+    fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
+    fs.chmodSync(kernel, 0o644);
+    const s = await startServer({ env: { IGN_MCP_POOL: 1, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store.dir, IGN_MCP_KERNEL: kernel } });
+    t.after(() => s.close());
+    const tries = () => (s.stderrText().match(/the VM images changed; making a new warm base/g) ?? []).length;
+    await openSession(s.client);
+    assert.ok(await waitUntil(() => qemuChildren(s.pid).length >= 2, { timeoutMs: 30000 }), 'the pool did not fill');
+    // Not a kernel (QEMU refuses it at once); its new size and mtime are a new fingerprint.
+    fs.writeFileSync(kernel, Buffer.alloc(64 << 10));
+    // Taking the pool's clone wakes the pool, which finds the images changed
+    // (or, when the clone is not ready yet, this call does).
+    await s.client.callTool({ name: 'open_session', arguments: {} }, undefined, { timeout: 60000 });
+    assert.ok(await waitUntil(() => tries() >= 1, { timeoutMs: 30000 }), 'the pool did not try the new images');
+    // Nothing changes: the pool does not try again (it used to every 5 s) ...
+    await sleep(7000);
+    assert.equal(tries(), 1, `the pool tried again without a change: ${s.stderrText().slice(-1500)}`);
+    // ... and neither does an open_session, which gets the last failure at
+    // once (after any clone the pool had made before the change).
+    let e, took;
+    for (let i = 0; i < 3 && e === undefined; i++) {
+      const t0 = Date.now();
+      const r = await s.client.callTool({ name: 'open_session', arguments: {} }, undefined, { timeout: 60000 });
+      took = Date.now() - t0;
+      if (r.isError) e = textOf(r);
+    }
+    assert.ok(e !== undefined, 'open_session kept working with images that cannot boot');
+    assert.match(e, /not tried again yet/, e);
+    assert.ok(took < 5000, `the cached error took ${took} ms`);
+    assert.equal(tries(), 1);
+    // The images change again (a working kernel): the next open_session tries at once.
+    fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    assert.equal(tries(), 2, s.stderrText().slice(-1500));
+    t.diagnostic(`a rebuild that fails: tried once, then the cached error in ${took} ms: ${e.slice(0, 240)}`);
   });
 });
 
