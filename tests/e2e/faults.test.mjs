@@ -316,8 +316,15 @@ describe('the VM images change under a running server to ones that cannot boot',
     const tries = () => (s.stderrText().match(/the VM images changed; making a new warm base/g) ?? []).length;
     await openSession(s.client);
     assert.ok(await waitUntil(() => qemuChildren(s.pid).length >= 2, { timeoutMs: 30000 }), 'the pool did not fill');
+    // Files are replaced whole (written aside, then renamed), as an install
+    // does: a server that looked while a copy was half written would see
+    // images changing twice.
+    const replace = (write) => {
+      write(`${kernel}.new`);
+      fs.renameSync(`${kernel}.new`, kernel);
+    };
     // Not a kernel (QEMU refuses it at once); its new size and mtime are a new fingerprint.
-    fs.writeFileSync(kernel, Buffer.alloc(64 << 10));
+    replace((f) => fs.writeFileSync(f, Buffer.alloc(64 << 10)));
     // Taking the pool's clone wakes the pool, which finds the images changed
     // (or, when the clone is not ready yet, this call does).
     await s.client.callTool({ name: 'open_session', arguments: {} }, undefined, { timeout: 60000 });
@@ -339,7 +346,7 @@ describe('the VM images change under a running server to ones that cannot boot',
     assert.ok(took < 5000, `the cached error took ${took} ms`);
     assert.equal(tries(), 1);
     // The images change again (a working kernel): the next open_session tries at once.
-    fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
+    replace((f) => fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), f));
     const o = await call(s.client, 'open_session', {});
     assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
     assert.equal(tries(), 2, s.stderrText().slice(-1500));
