@@ -85,7 +85,8 @@ $(BUILD)/replay/%: fuzz/%.c fuzz/replay.c $$(FUZZ_SRCS_$$*) $$(FUZZ_OBJS_$$*) $(
 # crashes, leaks and timeouts (crash-*, leak-*, timeout-*), so that `make
 # check` replays them until they are fixed and for good after.  Give a fixed
 # one a name that says what it found.  `make fuzz-merge` shrinks the SHA-1
-# named inputs to those that add coverage; named ones are kept.
+# named inputs to those that add coverage; named ones are kept, and nothing
+# is removed unless the merge succeeded.
 FUZZ_MAX_LEN ?= 65536
 FUZZ_DICT_fuzz_mcp       := fuzz/mcp.dict
 FUZZ_DICT_fuzz_tool_args := fuzz/mcp.dict
@@ -99,12 +100,17 @@ $(patsubst %,fuzz-%,$(FUZZ_TARGETS)): fuzz-%: $(BUILD)/fuzz/%
 	  $(if $(FUZZ_DICT_$*),-dict=$(FUZZ_DICT_$*)) fuzz/corpus/$* 2>&1 | \
 	  grep -v -E '^(#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)|ign-agent: )'
 
-fuzz-merge: $(FUZZ_BINS)
-	@for t in $(FUZZ_TARGETS); do \
-	  rm -rf $(BUILD)/fuzz/merge-$$t && mkdir -p $(BUILD)/fuzz/merge-$$t && \
-	  $(BUILD)/fuzz/$$t -merge=1 -max_len=$(FUZZ_MAX_LEN) $(BUILD)/fuzz/merge-$$t fuzz/corpus/$$t 2>&1 | tail -n 1 && \
-	  find fuzz/corpus/$$t -type f -regextype posix-extended -regex '.*/[0-9a-f]{40}' -delete && \
-	  cp -n $(BUILD)/fuzz/merge-$$t/* fuzz/corpus/$$t/ && \
+# fuzz_proto_guest is not merged: libFuzzer merges through a shell, and the
+# target's fence has none (its corpus only grows by what adds coverage).
+FUZZ_MERGE := $(filter-out fuzz_proto_guest,$(FUZZ_TARGETS))
+fuzz-merge: $(patsubst %,$(BUILD)/fuzz/%,$(FUZZ_MERGE))
+	@set -e; for t in $(FUZZ_MERGE); do \
+	  out=$(BUILD)/fuzz/merge-$$t; rm -rf $$out; mkdir -p $$out; \
+	  $(BUILD)/fuzz/$$t -merge=1 -max_len=$(FUZZ_MAX_LEN) $$out fuzz/corpus/$$t > $$out.log 2>&1 || \
+	    { tail -n 5 $$out.log; echo "$$t: merge failed; its corpus is left as it was"; exit 1; }; \
+	  if [ -z "$$(ls -A $$out)" ]; then echo "$$t: the merge kept nothing; its corpus is left as it was"; exit 1; fi; \
+	  find fuzz/corpus/$$t -type f -regextype posix-extended -regex '.*/[0-9a-f]{40}' -delete; \
+	  cp -n $$out/* fuzz/corpus/$$t/; \
 	  echo "$$t: $$(ls fuzz/corpus/$$t | wc -l) inputs"; \
 	done
 
