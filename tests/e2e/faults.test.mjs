@@ -29,7 +29,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil, uniqueSleepSecs,
-  findProcs, descendants, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore, hardKill,
+  findProcs, descendants, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore, tempKernel, hardKill,
   leftovers, newLeftovers, textOf, IS_NS, IS_VM, NS_ONLY, VM_ONLY, VM_DIR,
 } from './lib.mjs';
 
@@ -267,12 +267,7 @@ describe('the guest cannot boot', () => {
     const store = tempStore();
     t.after(() => store.remove());
     // Not a kernel: QEMU refuses it at once (no minutes of a cold boot per try).
-    const kdir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
-    fs.chmodSync(kdir, 0o755);
-    t.after(() => fs.rmSync(kdir, { recursive: true, force: true }));
-    const kernel = path.join(kdir, 'vmlinux');
-    fs.writeFileSync(kernel, Buffer.alloc(64 << 10));
-    fs.chmodSync(kernel, 0o644);
+    const kernel = tempKernel(t, Buffer.alloc(64 << 10));
     const s = await startServer({ env: { ...NO_POOL, IGN_MCP_STORE: store.dir, IGN_MCP_KERNEL: kernel } });
     t.after(() => s.close());
     const tries = () => (s.stderrText().match(/trying again to make the warm base/g) ?? []).length;
@@ -305,12 +300,7 @@ describe('the VM images change under a running server to ones that cannot boot',
   test('the new base is tried once, not again by the pool or by every open_session, until the images change again', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
     const store = tempStore();
     t.after(() => store.remove());
-    const kdir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
-    fs.chmodSync(kdir, 0o755);
-    t.after(() => fs.rmSync(kdir, { recursive: true, force: true }));
-    const kernel = path.join(kdir, 'vmlinux');
-    fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
-    fs.chmodSync(kernel, 0o644);
+    const kernel = tempKernel(t);
     const s = await startServer({ env: { IGN_MCP_POOL: 1, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store.dir, IGN_MCP_KERNEL: kernel } });
     t.after(() => s.close());
     const tries = () => (s.stderrText().match(/the VM images changed; making a new warm base/g) ?? []).length;

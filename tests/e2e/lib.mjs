@@ -137,6 +137,20 @@ export function tempStore(prefix = 'e2e-store') {
   return { dir, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
 }
 
+/* A guest kernel of the test's own, which it may change or replace: a copy
+ * of the VM's kernel, or CONTENT (a Buffer) when given, in a directory QEMU's
+ * uid can read; removed after the test T. */
+export function tempKernel(t, content) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
+  fs.chmodSync(dir, 0o755);
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const kernel = path.join(dir, 'vmlinux');
+  if (content) fs.writeFileSync(kernel, content);
+  else fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
+  fs.chmodSync(kernel, 0o644);
+  return kernel;
+}
+
 // ---------------------------------------------------------------- QEMUs
 
 /* Every live QEMU on the host (comm qemu-system-x86), each as {pid, start,

@@ -16,7 +16,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, startRaw, call, openSession, run, sh, sleep, waitUntil, uniq, uniqueSleepSecs,
-  VM_ONLY, VM_DIR, VM_RUN_DIR, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore,
+  VM_ONLY, VM_DIR, VM_RUN_DIR, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore, tempKernel,
   hardKill,
 } from './lib.mjs';
 
@@ -426,12 +426,7 @@ describe('the store of warm bases', () => {
     const store = tempStore();
     t.after(() => store.remove());
     // A copy of the kernel whose mtime the test may change.
-    const kdir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-kernel-'));
-    fs.chmodSync(kdir, 0o755);
-    t.after(() => fs.rmSync(kdir, { recursive: true, force: true }));
-    const kernel = path.join(kdir, 'vmlinux');
-    fs.copyFileSync(path.join(VM_DIR, 'vmlinux'), kernel);
-    fs.chmodSync(kernel, 0o644);
+    const kernel = tempKernel(t);
     const env = { ...NO_POOL, IGN_MCP_STORE: store.dir, IGN_MCP_KERNEL: kernel };
     assert.deepEqual(bases(store.dir), []);
 
