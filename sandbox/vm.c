@@ -233,6 +233,16 @@ static void args_add(const char **argv, int *n, ...) {
   va_end(ap);
 }
 
+/* Ends *ERR with what QEMU last said, when it said anything. */
+static void add_log_tail(struct vm *v, char **err) {
+  _cleanup_free_ char *tail = vm_log_tail(v);
+  if (!tail)
+    return;
+  char *m = xasprintf("%s; QEMU said: %s", *err, tail);
+  free(*err);
+  *err = m;
+}
+
 /* Under TCG the guest runs without address-space randomisation
  * (norandmaps): TCG reuses translated code only at the same virtual
  * addresses, so with randomisation every exec of a dynamically linked program
@@ -390,12 +400,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
         usleep(10000);
     if (ret_exited && v->reaped)
       *ret_exited = vm_qemu_ran(v->status);
-    _cleanup_free_ char *tail = vm_log_tail(v);
-    if (tail) {
-      char *m = xasprintf("%s; QEMU said: %s", *ret_err, tail);
-      free(*ret_err);
-      *ret_err = m;
-    }
+    add_log_tail(v, ret_err);
     sandbox_vm_ops.destroy(&v->base);
     return r;
   }
@@ -1200,12 +1205,7 @@ static int new_clone(const char *base, bool warm, struct vm **ret, char **ret_er
       r = qmp_command(v->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
   }
   if (r < 0) {
-    _cleanup_free_ char *tail = vm_log_tail(v);
-    if (tail) {
-      char *m = xasprintf("%s; QEMU said: %s", *ret_err, tail);
-      free(*ret_err);
-      *ret_err = m;
-    }
+    add_log_tail(v, ret_err);
     sandbox_vm_ops.destroy(&v->base);
     return r;
   }
