@@ -36,6 +36,18 @@ import {
 const T = { timeout: 180_000 };
 const NO_POOL = { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
 
+/* A store of the test's own holding a warm base that a first server made
+ * (and then stopped); env points a server at it, with no pool. */
+async function storeWithBase(t) {
+  const store = tempStore();
+  t.after(() => store.remove());
+  const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
+  const s0 = await startServer({ env });
+  await openSession(s0.client);
+  await s0.close();
+  return { store, env };
+}
+
 /* The session dies under a call in flight: that call and the next fail
  * naming the session as dead; reset brings it back. Returns the texts. */
 async function assertDeadThenReset(c, sid, inflight, { within = 10000, t0 }) {
@@ -150,13 +162,8 @@ describe('the warm base is damaged', () => {
   }
 
   test('each damage is detected by the checksum, the base is made again, and open_session works', { ...T, timeout: 400_000, skip: VM_ONLY('warm bases') }, async (t) => {
-    const store = tempStore();
-    t.after(() => store.remove());
-    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
     // A base, made by a first server; a second one checks it (the cost).
-    const s0 = await startServer({ env });
-    await openSession(s0.client);
-    await s0.close();
+    const { store, env } = await storeWithBase(t);
     const s1 = await startServer({ env });
     const o1 = await call(s1.client, 'open_session', {});
     await s1.close();
@@ -206,12 +213,7 @@ describe('the warm base goes away under a running server', () => {
 
 describe('the warm base has files missing', () => {
   test('its RAM file deleted before a server starts, its state file under a running one: each time the base is made again and open_session works', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
-    const store = tempStore();
-    t.after(() => store.remove());
-    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
-    const s0 = await startServer({ env });
-    await openSession(s0.client);
-    await s0.close();
+    const { store, env } = await storeWithBase(t);
     const dir = soleBase(store.dir);
     // What is left (the meta, golden-boot.log) must not stay in the new base's way.
     fs.rmSync(path.join(dir, 'ram'));
