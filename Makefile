@@ -20,28 +20,64 @@ UNIT_BINS   := $(patsubst tests/unit/%.c,$(BUILD)/test/%,$(UNIT_SRCS))
 # Unit tests link the server's sources minus its main().
 LIB_SRCS    := $(filter-out mcp/main.c,$(SERVER_SRCS))
 
+# Hardening for the plain build: a root server and a PID 1 that parse
+# hostile input.  The sanitizer builds leave it out (ASan does its own
+# checking, and _FORTIFY_SOURCE hides calls from it).  The agent is linked
+# static, so it gets the compile-time part only.
+HARDEN_CC   := -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=3 -fstack-protector-strong \
+               -fstack-clash-protection -fcf-protection
+HARDEN_LD   := -pie -Wl,-z,relro -Wl,-z,now -Wl,-z,noexecstack
+
+# Every source is compiled once per flavour into $(BUILD)/obj/<flavour>/ and
+# linked from there: plain (the server, hardened, PIE), agent (static) and
+# san (ASan+UBSan: the tests, the replay programs and build/san).  -MMD
+# writes each object's header dependencies next to it.
+OBJ         := $(BUILD)/obj
+objs         = $(patsubst %.c,$(OBJ)/$(1)/%.o,$(2))
+DEPFLAGS    := -MMD -MP
+
+$(OBJ)/plain/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(HARDEN_CC) -fPIE $(DEPFLAGS) -c -o $@ $<
+
+$(OBJ)/agent/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(HARDEN_CC) $(DEPFLAGS) -c -o $@ $<
+
+$(OBJ)/san/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) $(DEPFLAGS) -c -o $@ $<
+
+# The agent's main() renamed, for the fuzz target that brings its own.
+$(OBJ)/san/guest/agent-nomain.o: guest/agent.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) $(DEPFLAGS) -Dmain=ign_agent_main -c -o $@ $<
+
+-include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+
+.DEFAULT_GOAL := all
 .PHONY: all images rootfs-small rootfs-tools vm-images base check check-unit check-e2e clean install
 
 all: $(BUILD)/ignition-mcp $(BUILD)/ign-agent
 
-$(BUILD)/ignition-mcp: $(SERVER_SRCS) $(HEADERS) | $(BUILD)
-	$(CC) $(CFLAGS) -o $@ $(SERVER_SRCS) $(SERVER_LIBS)
+$(BUILD)/ignition-mcp: $(call objs,plain,$(SERVER_SRCS)) | $(BUILD)
+	$(CC) $(CFLAGS) $(HARDEN_LD) -o $@ $^ $(SERVER_LIBS)
 
-$(BUILD)/ign-agent: $(AGENT_SRCS) $(HEADERS) | $(BUILD)
-	$(CC) $(CFLAGS) -static -o $@ $(AGENT_SRCS) $(AGENT_LIBS)
+$(BUILD)/ign-agent: $(call objs,agent,$(AGENT_SRCS)) | $(BUILD)
+	$(CC) $(CFLAGS) -static -o $@ $^ $(AGENT_LIBS)
 
 # Sanitizer builds used by the tests.
 # It finds the agent and the images next to itself, like the plain build.
-$(BUILD)/san/ignition-mcp: $(SERVER_SRCS) $(HEADERS)
+$(BUILD)/san/ignition-mcp: $(call objs,san,$(SERVER_SRCS))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN) -o $@ $(SERVER_SRCS) $(SERVER_LIBS)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(SERVER_LIBS)
 	ln -sfn ../ign-agent $(BUILD)/san/ign-agent
 	ln -sfn ../rootfs $(BUILD)/san/rootfs
 	ln -sfn ../vm $(BUILD)/san/vm
 
-$(BUILD)/test/%: tests/unit/%.c $(LIB_SRCS) $(HEADERS) $(BUILD)/ign-agent
+$(BUILD)/test/%: $(OBJ)/san/tests/unit/%.o $(call objs,san,$(LIB_SRCS)) $(BUILD)/ign-agent
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN) -o $@ $< $(LIB_SRCS) $(SERVER_LIBS)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $(filter %.o,$^) $(SERVER_LIBS)
 
 $(BUILD):
 	mkdir -p $@
@@ -66,19 +102,17 @@ FUZZ_SRCS_fuzz_proto_guest := $(filter-out guest/agent.c,$(AGENT_SRCS))
 FUZZ_OBJS_fuzz_proto_guest  = $(dir $@)agent-nomain.o
 FUZZ_LIBS_fuzz_proto_guest := $(AGENT_LIBS) -lpthread
 
-$(BUILD)/replay/agent-nomain.o: guest/agent.c $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN) -Dmain=ign_agent_main -c -o $@ $<
-
 $(BUILD)/fuzz/agent-nomain.o: guest/agent.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(CFLAGS) $(subst =fuzzer$(comma),=fuzzer-no-link$(comma),$(FUZZ_SAN)) -Dmain=ign_agent_main -c -o $@ $<
 
+# The replay programs link the san objects (the agent's with main renamed).
+REPLAY_OBJS_fuzz_proto_guest := $(OBJ)/san/guest/agent-nomain.o
+
 .SECONDEXPANSION:
-$(BUILD)/replay/%: fuzz/%.c fuzz/replay.c $$(FUZZ_SRCS_$$*) $$(FUZZ_OBJS_$$*) $(HEADERS)
+$(BUILD)/replay/%: $(OBJ)/san/fuzz/%.o $(OBJ)/san/fuzz/replay.o $$(call objs,san,$$(FUZZ_SRCS_$$*)) $$(REPLAY_OBJS_$$*)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN) -o $@ fuzz/replay.c $< $(FUZZ_SRCS_$*) $(FUZZ_OBJS_$*) \
-	  $(or $(FUZZ_LIBS_$*),$(SERVER_LIBS))
+	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(or $(FUZZ_LIBS_$*),$(SERVER_LIBS))
 
 # `make fuzz` runs every target for FUZZ_SECONDS (make -j2 fuzz: two at a
 # time); new inputs go into the corpus (named by their SHA-1), and so do
@@ -153,7 +187,7 @@ check-e2e: all $(BUILD)/san/ignition-mcp
 	BUILD=$(BUILD) tests/run.sh e2e
 
 clean:
-	rm -rf $(BUILD)/ignition-mcp $(BUILD)/ign-agent $(BUILD)/san $(BUILD)/test
+	rm -rf $(BUILD)/ignition-mcp $(BUILD)/ign-agent $(BUILD)/san $(BUILD)/test $(BUILD)/replay $(OBJ)
 
 # Benchmarks (bench/): `make bench` writes bench/BENCHMARKS.md and
 # bench/results.json; `make bench-quick` takes fewer samples (a few minutes).
@@ -164,8 +198,8 @@ BENCH_NODE ?= tests/node_modules/.bin/node
 
 .PHONY: bench bench-quick bench-deps
 
-$(BUILD)/ign-bench: bench/ign-bench.c $(LIB_SRCS) $(HEADERS) | $(BUILD)
-	$(CC) $(CFLAGS) -o $@ bench/ign-bench.c $(LIB_SRCS) $(SERVER_LIBS)
+$(BUILD)/ign-bench: $(call objs,plain,bench/ign-bench.c $(LIB_SRCS)) | $(BUILD)
+	$(CC) $(CFLAGS) $(HARDEN_LD) -o $@ $^ $(SERVER_LIBS)
 
 bench-deps: all $(BUILD)/ign-bench
 	@test -x $(BENCH_NODE) || { echo "bench: $(BENCH_NODE) is missing: run scripts/setup.sh (it installs tests/node_modules)"; exit 1; }
