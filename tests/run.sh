@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tests/run.sh [unit|e2e|e2e-ns|e2e-vm|valgrind|conformance|clients|all] [test files...]: the
-# test runner behind `make check`.
+# tests/run.sh [unit|e2e|e2e-ns|e2e-vm|e2e-user|e2e-ns-user|e2e-vm-user|valgrind|conformance|clients|all]
+# [test files...]: the test runner behind `make check`.
 #
 #   unit         every executable in $BUILD/test/ (C unit tests; each prints
 #                "ok - name" / "not ok - name" and ends with "N passed, N failed"),
@@ -11,6 +11,10 @@
 #                (e2e-vm: QEMU microVMs; skipped, and counted as skipped, when
 #                QEMU or the VM images are missing)
 #   e2e-ns       only the ns pass;  e2e-vm  only the vm pass
+#   e2e-user     both passes again as an ordinary user (IGN_TEST_USER,
+#                default ignition-test, made when missing), the way most
+#                people run the server: a run as root only (e2e-ns-user,
+#                e2e-vm-user: one of them)
 #   valgrind     the server's end-to-end path once under valgrind: the plain
 #                build on the ns backend, through the e2e files that drive
 #                every tool (e2e-valgrind), and every server process's
@@ -46,13 +50,13 @@ what=${1:-all}
 [[ $# -gt 0 ]] && shift
 e2e_args=("$@")
 case $what in
-unit | e2e | e2e-ns | e2e-vm | valgrind | conformance | clients | all) ;;
+unit | e2e | e2e-ns | e2e-vm | e2e-user | e2e-ns-user | e2e-vm-user | valgrind | conformance | clients | all) ;;
 -h | --help)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 	exit 0
 	;;
 *)
-	printf 'usage: tests/run.sh [unit|e2e|e2e-ns|e2e-vm|valgrind|conformance|clients|all] [test files...]\n' >&2
+	printf 'usage: tests/run.sh [unit|e2e|e2e-ns|e2e-vm|e2e-user|e2e-ns-user|e2e-vm-user|valgrind|conformance|clients|all] [test files...]\n' >&2
 	exit 2
 	;;
 esac
@@ -178,12 +182,28 @@ vm_missing() {
 	done
 }
 
-# run_e2e BACKEND: one pass of the e2e suite with IGN_TEST_BACKEND=BACKEND;
-# its summary row is e2e-BACKEND.
+# The ordinary user the unprivileged passes run as (root only): most people
+# register the server in their own client, without root.  It is made when
+# missing, with a home directory (the server's store goes to ~/.cache).
+test_user=${IGN_TEST_USER:-ignition-test}
+
+# ensure_test_user: makes $test_user when it does not exist; prints why not.
+ensure_test_user() {
+	id -u "$test_user" >/dev/null 2>&1 && return
+	useradd --create-home --user-group --shell /bin/bash "$test_user" >/dev/null 2>&1 ||
+		printf 'cannot create the user %s (useradd failed)\n' "$test_user"
+}
+
+# run_e2e BACKEND [ROW [user]]: one pass of the e2e suite with
+# IGN_TEST_BACKEND=BACKEND; its summary row is ROW (default e2e-BACKEND).
+# With "user", the pass runs as $test_user (the test runner, and so every
+# server it starts), inside one second fence made as root around the whole
+# pass (tests/fence.sh): the abusive tests, which make their own fence as
+# root, then use this one (IGN_TEST_OUTER_FENCE).
 run_e2e() {
-	local backend=$1 row=${2:-e2e-$1}
-	banner "end-to-end tests (tests/e2e), backend $backend"
-	local files=() f tap rc group left why t0 secs
+	local backend=$1 row=${2:-e2e-$1} as=${3:-}
+	banner "end-to-end tests (tests/e2e), backend $backend${as:+, as the ordinary user $test_user}"
+	local files=() f tap rc group left why t0 secs runner=() outdir=$logdir
 	if ((${#e2e_args[@]} > 0)); then
 		files=("${e2e_args[@]}")
 	else
@@ -222,15 +242,39 @@ run_e2e() {
 		store=${IGN_TEST_VM_STORE:-$logdir/vm-store}
 		[[ $store != default ]] || store=
 	fi
-	printf 'node %s; IGN_TEST_SERVER=%s; IGN_TEST_BACKEND=%s%s\n' "$("$node" --version)" "$IGN_TEST_SERVER" "$backend" "${store:+; IGN_TEST_VM_STORE=$store}"
-	tap=$logdir/$row.tap
+	if [[ -n $as ]]; then
+		if ((EUID != 0)); then
+			printf 'skipping %s: this run is not root, so the passes above already ran as %s\n' "$row" "$(id -un)"
+			add "$row" 0 0 1 "not run: not root"
+			return
+		fi
+		why=$(ensure_test_user)
+		if [[ -z $why ]] && ! runuser -u "$test_user" -- test -x "$IGN_TEST_SERVER"; then
+			why="$test_user cannot run $IGN_TEST_SERVER: make the checkout readable by others (chmod o+rx on it and its parents)"
+		fi
+		if [[ -n $why ]]; then
+			printf 'not ok - %s: %s\n' "$row" "$why"
+			add "$row" 0 1 0
+			return
+		fi
+		outdir=$logdir/$row
+		mkdir -m 0700 "$outdir"
+		chown "$test_user:" "$outdir"
+		[[ -z $store ]] || store=$outdir/vm-store
+		# The user's own environment: no XDG directory of root's, its home.
+		runner=(tests/fence.sh "e2e-user-$$-$backend" 16384 12288 --
+			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME
+			IGN_TEST_OUTER_FENCE=1)
+	fi
+	printf 'node %s; IGN_TEST_SERVER=%s; IGN_TEST_BACKEND=%s%s%s\n' "$("$node" --version)" "$IGN_TEST_SERVER" "$backend" "${store:+; IGN_TEST_VM_STORE=$store}" "${as:+; as $test_user (uid $(id -u "$test_user"))}"
+	tap=$outdir/$row.tap
 	rc=0
 	t0=$SECONDS
 	# timeout puts the suite in a process group of its own (its pid), so that
 	# whatever a test leaves running can be found and ended afterwards.
 	IGN_TEST_BACKEND=$backend IGN_TEST_VM_STORE=$store \
 		timeout --kill-after=30 "${IGN_TEST_E2E_TIMEOUT:-1800}" \
-		"$node" --test --test-concurrency=1 --test-timeout="${IGN_TEST_TIMEOUT_MS:-600000}" \
+		"${runner[@]}" "$node" --test --test-concurrency=1 --test-timeout="${IGN_TEST_TIMEOUT_MS:-600000}" \
 		--test-reporter=spec --test-reporter-destination=stdout \
 		--test-reporter=tap --test-reporter-destination="$tap" \
 		"${files[@]}" &
@@ -409,6 +453,12 @@ e2e)
 	;;
 e2e-ns) run_e2e ns ;;
 e2e-vm) run_e2e vm ;;
+e2e-user)
+	run_e2e ns e2e-ns-user user
+	run_e2e vm e2e-vm-user user
+	;;
+e2e-ns-user) run_e2e ns e2e-ns-user user ;;
+e2e-vm-user) run_e2e vm e2e-vm-user user ;;
 conformance) run_conformance ;;
 valgrind) run_valgrind ;;
 clients) run_clients ;;
@@ -417,6 +467,8 @@ all)
 	run_fuzz_replay
 	run_e2e ns
 	run_e2e vm
+	run_e2e ns e2e-ns-user user
+	run_e2e vm e2e-vm-user user
 	run_valgrind
 	run_conformance
 	run_clients
