@@ -250,17 +250,30 @@ int session_open(json_t **ret, char **ret_err) {
   return 0;
 }
 
+/* Waits, with the lock, until S (found in the table) is not being reset.
+ * The waiter holds a reference while it sleeps: a close during the reset
+ * drops the table's, and the reset then drops its own.  Returns S with that
+ * reference, which the caller keeps or drops. */
+static struct session *wait_reset_locked(struct session *s) {
+  s->refs++;
+  while (s->resetting)
+    pthread_cond_wait(&cond, &lock);
+  return s;
+}
+
 int session_acquire(const char *id, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&lock);
   struct session *s = find_locked(id);
-  while (s && s->resetting)
-    pthread_cond_wait(&cond, &lock);
+  if (s)
+    wait_reset_locked(s);
   if (!s || s->removed || !s->h) {
+    if (s)
+      session_unref_locked(s);
     pthread_mutex_unlock(&lock);
     *ret_err = unknown_id(id);
     return -ENOENT;
   }
-  s->refs++;
+  /* The reference taken while waiting is the lease's. */
   s->busy++;
   s->last_used_ms = mono_ms();
   s->h->refs++;
@@ -309,15 +322,17 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
 int session_reset(const char *id, json_t **ret, char **ret_err) {
   pthread_mutex_lock(&lock);
   struct session *s = find_locked(id);
-  while (s && s->resetting)
-    pthread_cond_wait(&cond, &lock);
+  if (s)
+    wait_reset_locked(s);
   if (!s || s->removed) {
+    if (s)
+      session_unref_locked(s);
     pthread_mutex_unlock(&lock);
     *ret_err = unknown_id(id);
     return -ENOENT;
   }
+  /* The reference taken while waiting is the reset's. */
   s->resetting = true;
-  s->refs++;
   struct handle *old = steal_ptr(s->h), *dead = NULL;
   handle_retire(old, "reset");
   handle_unref_locked(old, &dead);

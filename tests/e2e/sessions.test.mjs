@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, VM_ONLY, writeFile,
+  findProcs, uniqueSleepSecs, IS_NS, VM_ONLY, writeFile, textOf,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
@@ -110,6 +110,29 @@ describe('reset and close', () => {
     assert.ok(res.isError === true || res.structuredContent?.exit_code !== 0, JSON.stringify(res));
     const l = await call(c, 'list_sessions', {});
     assert.ok(!l.sessions.some((x) => x.session_id === sid));
+  });
+  test('reset, run and close sent back to back: the run waiting on the reset fails cleanly, nothing is used after it is freed', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    for (let i = 0; i < 3; i++) {
+      const sid = await openSession(c);
+      // No await in between: the run waits for the reset, and the close
+      // removes the session while both are still going.
+      const reset = c.callTool({ name: 'reset', arguments: { session_id: sid } }, undefined, { timeout: 60000 });
+      const runP = c.callTool({ name: 'run', arguments: { session_id: sid, command: 'echo x' } }, undefined, { timeout: 60000 });
+      const close = c.callTool({ name: 'close', arguments: { session_id: sid } }, undefined, { timeout: 60000 });
+      const [rr, ru, rc] = await Promise.all([reset, runP, close]);
+      assert.equal(rc.isError ?? false, false, `close failed: ${textOf(rc)}`);
+      // The reset and the run either came before the close or fail naming the id.
+      for (const [what, r] of [['reset', rr], ['run', ru]])
+        if (r.isError) assert.ok(textOf(r).includes(sid), `${what}: ${textOf(r)}`);
+      const l = await call(c, 'list_sessions', {});
+      assert.ok(!l.sessions.some((x) => x.session_id === sid), `${sid} still listed after its close`);
+    }
+    // The server is still whole (s.close() also checks its stderr for a sanitizer report).
+    const sid = await openSession(c);
+    assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
   });
 });
 
