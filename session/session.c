@@ -78,8 +78,8 @@ static void handle_retire(struct handle *h, const char *why) {
     return;
   h->retired = why;
   agent_conn_shutdown(h->conn);
-  if (h->sb->pid > 0)
-    kill(h->sb->pid, SIGKILL);
+  /* The backend kills: it alone knows whether its process was reaped. */
+  h->sb->ops->kill(h->sb);
 }
 
 static void session_unref_locked(struct session *s) {

@@ -3,13 +3,27 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, VM_ONLY, writeFile, textOf,
+  findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, writeFile, textOf, descendants, qemuChildren, isAlive,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
+
+/* Starts `sleep` with exactly PID (free again), steering the kernel's next
+ * pid through ns_last_pid; other processes on the host may take it first,
+ * so it tries a few times.  The child, or null. */
+function takePid(pid) {
+  for (let i = 0; i < 500; i++) {
+    fs.writeFileSync('/proc/sys/kernel/ns_last_pid', String(pid - 1));
+    const ch = spawn('sleep', ['1000'], { stdio: 'ignore' });
+    if (ch.pid === pid) return ch;
+    ch.kill('SIGKILL');
+  }
+  return null;
+}
 
 describe('session cap and ids', () => {
   test('IGN_MCP_MAX_SESSIONS=2: a third open fails naming the limit; closing frees a slot', T, async (t) => {
@@ -133,6 +147,28 @@ describe('reset and close', () => {
     // The server is still whole (s.close() also checks its stderr for a sanitizer report).
     const sid = await openSession(c);
     assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+  });
+  test('close after the sandbox died on its own never signals the process that took its pid', { ...T, skip: process.getuid() === 0 ? false : 'needs root to steer pid reuse (/proc/sys/kernel/ns_last_pid)' }, async (t) => {
+    // vm: no pool and no spares, so that the only QEMU is the session's.
+    const s = await startServer({ env: IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {} });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const holders = IS_VM ? qemuChildren(s.pid) : descendants(s.pid).filter((d) => /^\S*ign-agent\b/.test(d.cmd ?? ''));
+    assert.equal(holders.length, 1, `sandbox processes under the server: ${JSON.stringify(descendants(s.pid))}`);
+    const dead = holders[0];
+    process.kill(dead.pid, 'SIGKILL');
+    // This call finds the sandbox dead: the server reaps it, its pid is free.
+    const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+    assert.match(e, /dead/, e);
+    assert.ok(await waitUntil(() => !isAlive(dead)), 'the killed sandbox process is still there');
+    const victim = takePid(dead.pid);
+    assert.ok(victim, `could not start a process with the freed pid ${dead.pid}`);
+    t.after(() => victim.kill('SIGKILL'));
+    await call(c, 'close', { session_id: sid });
+    await sleep(500);
+    assert.equal(victim.exitCode, null, 'the process that took the dead sandbox\'s pid exited');
+    assert.equal(victim.signalCode, null, 'close signalled the process that took the dead sandbox\'s pid');
   });
 });
 
