@@ -74,6 +74,7 @@ static int clone_agent(void *p) {
     /* Only fds 0-3 reach the sandbox, whatever the server inherited. */
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
       _exit(126);
+    sandbox_child_reset_signals();
     execve(a->agent, a->argv, a->envp);
     static const char msg[] = "ign-agent: execve failed\n";
     if (write(2, msg, sizeof msg - 1) < 0)

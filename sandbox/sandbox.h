@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -62,6 +63,22 @@ extern const struct sandbox_ops sandbox_ns_ops;
  * getting ENOSPC.  So it is at most half of MEMORY_MB. */
 static inline unsigned sandbox_overlay_mb(unsigned memory_mb, unsigned overlay_mb) {
   return overlay_mb < memory_mb / 2 ? overlay_mb : memory_mb / 2;
+}
+
+/* In a child between fork and execve: every signal back to SIG_DFL and none
+ * blocked.  The spawner thread runs with all signals blocked and the server
+ * ignores SIGPIPE; both would pass through execve, and real-time signals
+ * sent to a process that blocks them queue up against the sending uid's
+ * RLIMIT_SIGPENDING (for a root server, every root process on the host).
+ * Only async-signal-safe calls; a signal the kernel refuses (SIGKILL,
+ * SIGSTOP, the C library's own) is left as it is. */
+static inline void sandbox_child_reset_signals(void) {
+  struct sigaction dfl = {.sa_handler = SIG_DFL};
+  for (int sig = 1; sig < NSIG; sig++)
+    sigaction(sig, &dfl, NULL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
 /* Runs FN(ARG) on the long-lived spawner thread and returns its result.

@@ -7,8 +7,9 @@ import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
-  vmStateDirs,
+  vmStateDirs, startServer, openSession, sh,
 } from './lib.mjs';
+import fs from 'node:fs';
 
 const T = { timeout: 90_000 };
 
@@ -204,5 +205,46 @@ describe('shutdown', () => {
     } finally {
       await raw.close();
     }
+  });
+});
+
+/* A process's signal masks from /proc/<pid>/status text, as BigInts. */
+function sigMasks(status) {
+  const get = (k) => {
+    const m = status.match(new RegExp(`^${k}:\\s*([0-9a-f]+)$`, 'm'));
+    assert.ok(m, `no ${k} in:\n${status}`);
+    return BigInt(`0x${m[1]}`);
+  };
+  return { blk: get('SigBlk'), ign: get('SigIgn') };
+}
+const bit = (sig) => 1n << BigInt(sig - 1);
+const SIGRTMIN = 34;
+const RT_BITS = ((1n << 64n) - 1n) & ~((1n << BigInt(SIGRTMIN - 1)) - 1n);
+
+describe('sandbox processes start with a clean signal state', () => {
+  test('the ns agent (PID 1 of the sandbox) blocks only SIGCHLD (its signalfd) and ignores only SIGPIPE (its own choice)', { ...T, skip: NS_ONLY('the ns agent runs on the host kernel; in a VM it is the guest kernel\'s') }, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const st = await sh(s.client, sid, 'cat /proc/1/status');
+    const { blk, ign } = sigMasks(st);
+    t.diagnostic(`agent SigBlk ${blk.toString(16)} SigIgn ${ign.toString(16)}`);
+    // Anything else blocked (the server's spawner thread blocks all) would
+    // let signals sent from inside queue up against the host uid's limit.
+    assert.equal(blk & ~bit(17), 0n, `the agent blocks more than SIGCHLD: SigBlk ${blk.toString(16)}`);
+    assert.equal(ign & ~bit(13), 0n, `the agent ignores signals it inherited: SigIgn ${ign.toString(16)}`);
+  });
+
+  test('a QEMU blocks no real-time signal and ignores only SIGXFSZ (its log\'s size limit)', { ...T, skip: IS_VM ? false : 'vm only: QEMU' }, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    await openSession(s.client);
+    const qs = qemuChildren(s.pid);
+    assert.equal(qs.length, 1, `QEMUs under the server: ${JSON.stringify(qs)}`);
+    const { blk, ign } = sigMasks(fs.readFileSync(`/proc/${qs[0].pid}/status`, 'utf8'));
+    t.diagnostic(`QEMU SigBlk ${blk.toString(16)} SigIgn ${ign.toString(16)}`);
+    assert.equal(blk & RT_BITS, 0n, `QEMU blocks real-time signals: SigBlk ${blk.toString(16)}`);
+    assert.equal(blk & (bit(15) | bit(1) | bit(2)), 0n, `QEMU blocks SIGTERM/SIGHUP/SIGINT: SigBlk ${blk.toString(16)}`);
+    assert.equal(ign & ~bit(25), 0n, `QEMU ignores signals it inherited: SigIgn ${ign.toString(16)}`);
   });
 });
