@@ -118,19 +118,42 @@ const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "micr
 
 static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
 
-static void remove_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d)))
-      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-        _cleanup_free_ char *p = xasprintf("%s/%s", dir, e->d_name);
-        unlink(p);
-      }
-    closedir(d);
+/* Removes NAME under the directory PARENT (an fd, or AT_FDCWD), and all in
+ * it when it is a directory.  A state directory belongs to QEMU's uid, which
+ * may have put links, FIFOs and directories there: every step is relative to
+ * an fd of the directory it is in and nothing is followed, so a link is
+ * removed, never what it points to.  Past a depth no state directory has,
+ * what is left stays (and is logged). */
+#define REMOVE_MAX_DEPTH 8
+
+static void remove_at(int parent, const char *name, unsigned depth) {
+  if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
+    return;
+  if (errno != EISDIR)
+    goto fail;
+  if (depth >= REMOVE_MAX_DEPTH) {
+    errno = ELOOP;
+    goto fail;
   }
-  rmdir(dir);
+  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0)
+      close(fd);
+    goto fail;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      remove_at(dirfd(d), e->d_name, depth + 1);
+  closedir(d);
+  if (unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+    return;
+fail:
+  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", name, strerror(errno));
 }
+
+static void remove_tree(const char *dir) { remove_at(AT_FDCWD, dir, 0); }
 
 static int mkdir_p(const char *path, mode_t mode) {
   _cleanup_free_ char *p = strdup(path);
@@ -506,9 +529,31 @@ static int warm_clone(int fd, uint32_t timeout_ms, char **ret_err) {
   return r;
 }
 
+/* The VM's log, opened to read as root.  Its state directory belongs to
+ * QEMU's uid, which can replace qemu.log with a link to a file only root may
+ * read, or with a FIFO: the log is opened relative to the directory without
+ * following a link, and used only if it is a regular file with no other
+ * name (a hard link to another file has two).  -1 otherwise. */
+static int open_log(const struct vm *v) {
+  if (!v->dir)
+    return -1;
+  _cleanup_close_ int dfd = open(v->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return -1;
+  int fd = openat(dfd, "qemu.log", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
+    log_warn("%s/qemu.log is not the log QEMU was given (not a regular file with one name); "
+             "not reading it",
+             v->dir);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 static char *vm_log_tail(const struct vm *v) {
-  _cleanup_free_ char *path = xasprintf("%s/qemu.log", v->dir);
-  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int fd = open_log(v);
   if (fd < 0)
     return NULL;
   char buf[600];
@@ -1705,8 +1750,7 @@ static void vm_destroy(struct sandbox *sb) {
 /* The guest kernel's panic line in the VM's log ("Kernel panic - not
  * syncing: ..."), or NULL. */
 static char *vm_log_panic(const struct vm *v) {
-  _cleanup_free_ char *path = xasprintf("%s/qemu.log", v->dir);
-  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int fd = open_log(v);
   if (fd < 0)
     return NULL;
   static const size_t size = 64 << 10;

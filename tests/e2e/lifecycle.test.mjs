@@ -7,9 +7,11 @@ import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
-  vmStateDirs, startServer, openSession, sh,
+  vmStateDirs, startServer, openSession, sh, call, callErr,
 } from './lib.mjs';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
+import path from 'node:path';
 
 const T = { timeout: 90_000 };
 
@@ -247,5 +249,48 @@ describe('sandbox processes start with a clean signal state', () => {
     assert.equal(blk & (bit(15) | bit(1) | bit(2)), 0n, `QEMU blocks SIGTERM/SIGHUP/SIGINT: SigBlk ${blk.toString(16)}`);
     // (QEMU blocks SIGBUS, SIGUSR1, SIGALRM and SIGIO itself, for its signalfd.)
     assert.equal(ign & ~(bit(25) | bit(13)), 0n, `QEMU ignores signals it inherited: SigIgn ${ign.toString(16)}`);
+  });
+});
+
+describe('a QEMU\'s state directory belongs to its uid', () => {
+  test('a log replaced by a link (symbolic or hard) to a root-only file is never quoted; close removes the directory and follows no link in it', { ...T, skip: IS_VM ? false : 'vm only: QEMU state directories' }, async (t) => {
+    // What a compromised QEMU can do in its state directory, done here as
+    // root: the server must neither quote nor remove what the links reach.
+    const token = `secret-${crypto.randomUUID()}`;
+    const secretDir = fs.mkdtempSync('/run/ign-e2e-secret-'); // the state directories' filesystem: a hard link can reach it
+    t.after(() => fs.rmSync(secretDir, { recursive: true, force: true }));
+    const secret = path.join(secretDir, 'secret');
+    // Both log readers would quote it: the panic line and the log's tail.
+    fs.writeFileSync(secret, `Kernel panic - not syncing: ${token}\n${token}\n`, { mode: 0o600 });
+    const precious = path.join(secretDir, 'precious');
+    fs.mkdirSync(precious);
+    fs.writeFileSync(path.join(precious, 'keep'), 'x');
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    for (const how of ['symlink', 'hard link']) {
+      const sid = await openSession(c);
+      const dirs = vmStateDirs(s.pid);
+      const qs = qemuChildren(s.pid);
+      assert.equal(dirs.length, 1, `state directories: ${dirs}`);
+      assert.equal(qs.length, 1, `QEMUs: ${JSON.stringify(qs)}`);
+      const [dir] = dirs;
+      const log = path.join(dir, 'qemu.log');
+      fs.rmSync(log);
+      if (how === 'symlink') fs.symlinkSync(secret, log);
+      else fs.linkSync(secret, log);
+      fs.symlinkSync(precious, path.join(dir, 'link-to-dir'));
+      fs.mkdirSync(path.join(dir, 'sub/deeper'), { recursive: true });
+      fs.symlinkSync(path.join(precious, 'keep'), path.join(dir, 'sub/deeper/link'));
+      process.kill(qs[0].pid, 'SIGKILL');
+      const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+      assert.match(e, /dead/, e);
+      assert.ok(!e.includes(token), `${how}: the error quotes the file the log was linked to: ${e}`);
+      await call(c, 'close', { session_id: sid });
+      assert.ok(await waitUntil(() => !fs.existsSync(dir)), `${how}: the state directory ${dir} is left: ${fs.existsSync(dir) ? fs.readdirSync(dir, { recursive: true }) : ''}`);
+      assert.ok(fs.existsSync(path.join(precious, 'keep')), `${how}: removing the state directory followed a link`);
+      assert.ok(fs.existsSync(secret), `${how}: removing the state directory removed the linked file`);
+    }
+    assert.ok(!s.stderrText().includes(token), 'the server logged the linked file');
   });
 });
