@@ -56,6 +56,16 @@ static const struct sandbox_ops *backend;
 static char *backend_error;
 static struct sandbox_config sb_cfg;
 static bool shutting_down;
+/* Sandboxes being made (open, reset), not in the table yet: shutdown kills
+ * them (their agent then never answers, and the open or reset fails at
+ * once) and waits until none is left, so that each is destroyed by its
+ * maker before the server exits. */
+struct making {
+  struct making *next;
+  struct sandbox *sb;       /* NULL until the backend's create returned */
+};
+static struct making *making;
+static unsigned n_making;
 
 const char *sessions_backend(void) { return backend ? backend->name : "none"; }
 
@@ -112,8 +122,26 @@ static char *unknown_id(const char *id) {
                    id, cfg.idle_secs);
 }
 
-/* Creates a sandbox and connects to its agent. */
-static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+static void making_add_locked(struct making *m) {
+  m->next = making;
+  making = m;
+  n_making++;
+}
+
+static void making_remove_locked(struct making *m) {
+  for (struct making **pp = &making; *pp; pp = &(*pp)->next)
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  n_making--;
+  pthread_cond_broadcast(&cond);
+}
+
+/* Creates a sandbox and connects to its agent.  M, already counted in
+ * n_making by the caller (under the lock), is listed for shutdown. */
+static int make_handle_listed(struct making *m, const char *id, struct handle **ret,
+                              uint64_t *ret_ms, char **ret_err) {
   uint64_t t0 = mono_us();
   struct sandbox *sb = NULL;
   _cleanup_free_ char *err = NULL;
@@ -122,10 +150,26 @@ static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, ch
     *ret_err = xasprintf("cannot start a sandbox: %s", err ? err : strerror(-r));
     return r;
   }
+  pthread_mutex_lock(&lock);
+  m->sb = sb;
+  if (shutting_down)
+    sb->ops->kill(sb);
+  pthread_mutex_unlock(&lock);
   struct agent_conn *conn = NULL;
   r = agent_conn_open(sb->fd, HELLO_TIMEOUT_MS, &conn, &err);
   if (r == 0)
     r = sb->ops->ready(sb, conn, &err);
+  pthread_mutex_lock(&lock);
+  m->sb = NULL; /* shutdown no longer reaches it */
+  bool stopping = shutting_down;
+  pthread_mutex_unlock(&lock);
+  if (stopping) {
+    /* Killed by shutdown, or made just as it began: nobody will use it. */
+    *ret_err = strdup("the server is shutting down");
+    agent_conn_free(conn);
+    sb->ops->destroy(sb);
+    return -ESHUTDOWN;
+  }
   if (r < 0) {
     _cleanup_free_ char *why = sb->ops->death_reason ? sb->ops->death_reason(sb) : NULL;
     *ret_err = xasprintf("the sandbox started but its agent did not come up: %s%s%s",
@@ -146,6 +190,33 @@ static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, ch
   *ret = h;
   *ret_ms = (mono_us() - t0) / 1000;
   return 0;
+}
+
+/* make_handle_listed for a caller that holds the lock and has checked that
+ * the server is not shutting down; returns with the lock held again, and on
+ * success the server is still not shutting down. */
+static int make_handle_locked(const char *id, struct handle **ret, uint64_t *ret_ms,
+                              char **ret_err) {
+  struct making m = {0};
+  making_add_locked(&m);
+  pthread_mutex_unlock(&lock);
+  struct handle *h = NULL;
+  int r = make_handle_listed(&m, id, &h, ret_ms, ret_err);
+  pthread_mutex_lock(&lock);
+  if (r == 0 && shutting_down) {
+    /* Shutdown began after the last look: it is still waiting for this one
+     * (n_making), so destroy it now. */
+    pthread_mutex_unlock(&lock);
+    handle_retire(h, "closed");
+    handle_free(h);
+    *ret_err = strdup("the server is shutting down");
+    r = -ESHUTDOWN;
+    pthread_mutex_lock(&lock);
+  }
+  making_remove_locked(&m);
+  if (r == 0)
+    *ret = h;
+  return r;
 }
 
 static json_t *describe(const struct session *s, uint64_t open_ms) {
@@ -211,33 +282,25 @@ int session_open(json_t **ret, char **ret_err) {
   }
   n_sessions++;
   unsigned seq = ++next_seq;
-  pthread_mutex_unlock(&lock);
 
   struct session *s = calloc(1, sizeof *s);
   if (!s) {
-    pthread_mutex_lock(&lock);
     n_sessions--;
     pthread_mutex_unlock(&lock);
     return -ENOMEM;
   }
   uint16_t rnd = 0;
-  if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+  if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
     rnd = (uint16_t)mono_us();
   snprintf(s->id, sizeof s->id, "s%u-%04x", seq, rnd);
   s->refs = 1;
 
   uint64_t ms;
-  int r = make_handle(s->id, &s->h, &ms, ret_err);
-  pthread_mutex_lock(&lock);
-  if (r < 0 || shutting_down) {
+  int r = make_handle_locked(s->id, &s->h, &ms, ret_err);
+  if (r < 0) {
+    /* (Shutdown makes it fail: the sandbox is destroyed by then.) */
     n_sessions--;
     pthread_mutex_unlock(&lock);
-    if (r == 0) {
-      handle_retire(s->h, "closed");
-      handle_free(s->h);
-      *ret_err = strdup("the server is shutting down");
-      r = -ESHUTDOWN;
-    }
     free(s);
     return r;
   }
@@ -341,8 +404,14 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
 
   struct handle *h = NULL;
   uint64_t ms;
-  int r = make_handle(id, &h, &ms, ret_err);
+  int r;
   pthread_mutex_lock(&lock);
+  if (shutting_down) {
+    *ret_err = strdup("the server is shutting down");
+    r = -ESHUTDOWN;
+  } else {
+    r = make_handle_locked(id, &h, &ms, ret_err);
+  }
   s->resetting = false;
   s->last_used_ms = mono_ms();
   if (r == 0 && (s->removed || shutting_down)) {
@@ -519,10 +588,22 @@ void sessions_shutdown(void) {
     if (d && n_dead < ARRAY_SIZE(dead))
       dead[n_dead++] = d;
   }
+  /* Sandboxes still starting: their makers see the kill and destroy them. */
+  for (struct making *m = making; m; m = m->next)
+    if (m->sb)
+      m->sb->ops->kill(m->sb);
   pthread_cond_broadcast(&cond);
   pthread_mutex_unlock(&lock);
   for (size_t i = 0; i < n_dead; i++)
     handle_free(dead[i]);
   if (backend == &sandbox_vm_ops)
     vm_backend_shutdown();
+  /* Then wait for every open and reset still making one (a backend's create
+   * has its own time limits), so none is left behind when the server exits. */
+  pthread_mutex_lock(&lock);
+  if (n_making > 0)
+    log_info("waiting for %u sandbox(es) still starting to be cleaned up", n_making);
+  while (n_making > 0)
+    pthread_cond_wait(&cond, &lock);
+  pthread_mutex_unlock(&lock);
 }

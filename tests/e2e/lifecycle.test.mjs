@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
-  vmStateDirs, startServer, openSession, sh, call, callErr,
+  vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport,
 } from './lib.mjs';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -78,6 +78,11 @@ async function assertAllGone({ raw, marks, kids }, what) {
 async function assertCleanExit(b, ex, what, before) {
   assert.ok(ex, `server did not exit within 10 s of ${what}`);
   assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${b.raw.stderrText().slice(-2000)}`);
+  // The run in flight was answered before the server exited (an error: its
+  // sandbox went with the shutdown).
+  const inflight = b.raw.messages.find((m) => m.msg.id === 'inflight');
+  assert.ok(inflight, `${what}: the run in flight got no response`);
+  assert.equal(inflight.msg.result?.isError, true, JSON.stringify(inflight.msg).slice(0, 500));
   await assertAllGone(b, what === 'stdin EOF' ? 'EOF' : what);
   const extra = await waitUntil(() => {
     const n = newLeftovers(before);
@@ -170,15 +175,53 @@ describe('shutdown', () => {
     assert.equal(ex.code, 0);
   });
 
-  test('stdin EOF right after a request still answers it or exits cleanly', T, async () => {
+  test('stdin EOF right after requests still answers them, then exits cleanly', T, async () => {
     const raw = startRaw();
     await raw.initialize();
-    await raw.send({ jsonrpc: '2.0', id: 'last', method: 'ping' });
+    // One answered on the main loop, one on a call thread of its own.
+    await raw.send({ jsonrpc: '2.0', id: 'last-ping', method: 'ping' });
+    await raw.send({ jsonrpc: '2.0', id: 'last-call', method: 'tools/call', params: { name: 'list_sessions', arguments: {} } });
     raw.endStdin();
     const ex = await raw.waitExit(5000);
     assert.ok(ex);
     assert.equal(ex.code, 0);
     assert.deepEqual(raw.badLines, []);
+    const ping = raw.messages.find((m) => m.msg.id === 'last-ping');
+    assert.deepEqual(ping?.msg.result, {}, `ping: ${JSON.stringify(ping?.msg)}`);
+    const list = raw.messages.find((m) => m.msg.id === 'last-call');
+    assert.deepEqual(list?.msg.result?.structuredContent?.sessions, [], `list_sessions: ${JSON.stringify(list?.msg)}`);
+  });
+
+  test('an open_session still starting its sandbox at EOF is answered, and its sandbox is destroyed before the server exits', { ...T, skip: NS_ONLY('a slow agent start is made with an agent wrapper') }, async (t) => {
+    // An agent that takes long to start: the open is still waiting for it
+    // when stdin ends (a vm cold boot under TCG is like it).
+    const dir = fs.mkdtempSync('/tmp/e2e-slow-agent-');
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const wrapper = path.join(dir, 'agent');
+    fs.writeFileSync(wrapper, `#!/bin/sh\nsleep 20\nexec ${AGENT} "$@"\n`, { mode: 0o755 });
+    const before = leftovers();
+    const raw = startRaw({ env: { IGN_MCP_AGENT: wrapper } });
+    try {
+      await raw.initialize();
+      await raw.send({ jsonrpc: '2.0', id: 'opening', method: 'tools/call', params: { name: 'open_session', arguments: {} } });
+      assert.ok(await waitUntil(() => descendants(raw.pid).some((d) => /sleep 20/.test(d.cmd ?? '')), { timeoutMs: 10000 }), 'the slow agent did not start');
+      const kids = descendants(raw.pid);
+      raw.endStdin();
+      const ex = await raw.waitExit(15000);
+      assert.ok(ex, 'the server did not exit within 15 s of EOF');
+      assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${raw.stderrText().slice(-2000)}`);
+      const open = raw.messages.find((m) => m.msg.id === 'opening');
+      assert.ok(open, `the open_session in flight got no response; stderr:\n${raw.stderrText().slice(-2000)}`);
+      assert.equal(open.msg.result?.isError, true, JSON.stringify(open.msg));
+      assert.match(textOf(open.msg.result), /shutting down/, JSON.stringify(open.msg));
+      const left = await waitGone(kids, 5000);
+      for (const l of left) hardKill(l.pid);
+      assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], 'processes of the sandbox being started survived');
+      assert.deepEqual(newLeftovers(before).cgroups, [], 'the cgroup of the sandbox being started was left behind');
+      assertNoSanitizerReport(raw.stderrText());
+    } finally {
+      hardKill(raw.pid);
+    }
   });
 
   test(IS_VM ? 'closed sessions leave no QEMU or state directory while the server runs' : 'closed sessions leave no cgroup or /tmp entries while the server runs', T, async () => {
