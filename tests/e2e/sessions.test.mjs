@@ -204,6 +204,15 @@ describe('idle reaper', () => {
     const r = await run(s.client, sid, 'sleep 5; echo survived', { timeout_s: 30 });
     assert.equal(r.stdout, 'survived\n');
     assert.equal(r.timed_out, false);
+    // The call's end counts as use: the idle clock starts again from there,
+    // not from when the call began (which is longer ago than the timeout).
+    const l = await call(s.client, 'list_sessions', {});
+    const me = l.sessions.find((x) => x.session_id === sid);
+    assert.ok(me, `reaped right after its long run: ${JSON.stringify(l)}`);
+    assert.equal(me.idle_s, 0, JSON.stringify(me));
+    assert.equal(me.busy, false, JSON.stringify(me));
+    await sleep(1000);
+    assert.equal(await sh(s.client, sid, 'echo still'), 'still\n');
   });
 });
 
