@@ -27,6 +27,7 @@
 #include "sandbox/vm.h"
 
 #define HELLO_TIMEOUT_MS 30000u
+#define SHUTDOWN_MAKING_WAIT_MS 30000u
 
 struct handle {
   int refs;                 /* under table lock */
@@ -59,7 +60,7 @@ static bool shutting_down;
 /* Sandboxes being made (open, reset), not in the table yet: shutdown kills
  * them (their agent then never answers, and the open or reset fails at
  * once) and waits until none is left, so that each is destroyed by its
- * maker before the server exits. */
+ * maker before the server exits (see sessions_shutdown for the bound). */
 struct making {
   struct making *next;
   struct sandbox *sb;       /* NULL until the backend's create returned */
@@ -598,12 +599,22 @@ void sessions_shutdown(void) {
     handle_free(dead[i]);
   if (backend == &sandbox_vm_ops)
     vm_backend_shutdown();
-  /* Then wait for every open and reset still making one (a backend's create
-   * has its own time limits), so none is left behind when the server exits. */
+  /* Then wait for every open and reset still making one, so none is left
+   * behind when the server exits.  Those whose sandbox exists were killed
+   * and end at once; one still inside the backend's create (a vm create
+   * waits for the warm base to be made) may take longer than a shutdown
+   * should: that wait is bounded. */
+  uint64_t deadline = mono_ms() + SHUTDOWN_MAKING_WAIT_MS;
   pthread_mutex_lock(&lock);
   if (n_making > 0)
     log_info("waiting for %u sandbox(es) still starting to be cleaned up", n_making);
-  while (n_making > 0)
-    pthread_cond_wait(&cond, &lock);
+  while (n_making > 0 && mono_ms() < deadline) {
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 100);
+    pthread_cond_timedwait(&cond, &lock, &ts);
+  }
+  if (n_making > 0)
+    log_warn("%u sandbox(es) still being started after %u s; exiting without them (their "
+             "processes die with the server; the next server removes what they left)",
+             n_making, SHUTDOWN_MAKING_WAIT_MS / 1000);
   pthread_mutex_unlock(&lock);
 }
