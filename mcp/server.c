@@ -28,7 +28,10 @@
 #include "tools/tools.h"
 
 #define LATEST_VERSION "2025-11-25"
-#define SHUTDOWN_WAIT_MS 5000
+/* At shutdown, after every sandbox is gone (sessions_shutdown waits for
+ * those still starting), the calls still running end at once with an error;
+ * this bounds the wait for their answers should one not. */
+#define SHUTDOWN_WAIT_MS 30000
 /* Parsed JSON costs tens of bytes per value: a 64 MiB line of "1,1,1,..."
  * would take over a GiB.  No MCP message needs this many values; lines long
  * enough to hold more are counted before they are parsed. */
@@ -433,14 +436,16 @@ static void on_oversize(void *ctx, size_t len) {
 
 void mcp_handle_line(char *line, size_t len) { on_line(NULL, line, len); }
 
-void mcp_wait_calls(uint64_t timeout_ms) {
+unsigned mcp_wait_calls(uint64_t timeout_ms) {
   uint64_t deadline = mono_ms() + timeout_ms;
   pthread_mutex_lock(&calls_lock);
   while (n_calls > 0 && mono_ms() < deadline) {
     struct timespec ts = timespec_in(CLOCK_REALTIME, 50);
     pthread_cond_timedwait(&calls_cond, &calls_lock, &ts);
   }
+  unsigned left = n_calls;
   pthread_mutex_unlock(&calls_lock);
+  return left;
 }
 
 int mcp_serve(void) {
@@ -498,9 +503,13 @@ int mcp_serve(void) {
   if (why)
     log_info("%s, shutting down", why);
   line_reader_free(&lr);
+  /* Closes every session and waits until the sandboxes still starting are
+   * destroyed by the calls that started them. */
   sessions_shutdown();
   /* The sandboxes are gone by now, so calls still running end at once with
-   * an error that says so. */
-  mcp_wait_calls(SHUTDOWN_WAIT_MS);
+   * an error that says so; each is answered before the server exits. */
+  unsigned left = mcp_wait_calls(SHUTDOWN_WAIT_MS);
+  if (left > 0)
+    log_warn("exiting with %u call(s) still running after %u s", left, SHUTDOWN_WAIT_MS / 1000);
   return 0;
 }

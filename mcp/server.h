@@ -23,5 +23,6 @@ void mcp_send(json_t *msg);
 int mcp_serve(void);
 /* Handles one message line as if read from stdin (used by the fuzzer). */
 void mcp_handle_line(char *line, size_t len);
-/* Waits up to TIMEOUT_MS for the tools/call threads still running. */
-void mcp_wait_calls(uint64_t timeout_ms);
+/* Waits up to TIMEOUT_MS for the tools/call threads still running (each
+ * sends its answer before it ends); returns how many still run. */
+unsigned mcp_wait_calls(uint64_t timeout_ms);

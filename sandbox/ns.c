@@ -13,6 +13,7 @@
  * kills everything else in it, so a SIGKILLed server leaves nothing behind. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,9 +33,14 @@
 struct ns_sandbox {
   struct sandbox base;
   struct cgroup *cg;
-  int err_fd;               /* read end of the agent's stderr */
-  int status;               /* wait status once reaped */
-  bool reaped;
+  struct sandbox_proc proc; /* the agent */
+  /* What the agent said on stderr while it started.  Calls that fail
+   * together ask why at once: the pipe is read under the lock, and what was
+   * read is kept for every one of them. */
+  pthread_mutex_t err_lock;
+  int err_fd;               /* read end of the agent's stderr, or -1 */
+  char err_msg[1024];
+  size_t err_len;
 };
 
 struct clone_args_ns {
@@ -68,6 +74,7 @@ static int clone_agent(void *p) {
     /* Only fds 0-3 reach the sandbox, whatever the server inherited. */
     if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
       _exit(126);
+    sandbox_child_reset_signals();
     execve(a->agent, a->argv, a->envp);
     static const char msg[] = "ign-agent: execve failed\n";
     if (write(2, msg, sizeof msg - 1) < 0)
@@ -96,6 +103,8 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->base.ops = &sandbox_ns_ops;
   sb->base.isolation = "namespace";
   sb->err_fd = -1;
+  sandbox_proc_init(&sb->proc);
+  pthread_mutex_init(&sb->err_lock, NULL);
 
   char cg_name[64];
   snprintf(cg_name, sizeof cg_name, "ign-mcp-%d-%u", getpid(), ++seq);
@@ -164,7 +173,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                          strerror(-r));
     return r;
   }
-  sb->base.pid = a.ret_pid;
+  sandbox_proc_set(&sb->proc, a.ret_pid);
   if (sb->cg && (r = cgroup_attach(sb->cg, a.ret_pid)) < 0)
     log_warn("cannot move the sandbox of session %s into its cgroup: %s", session_id,
              strerror(-r));
@@ -184,49 +193,58 @@ static int ns_ready(struct sandbox *base, struct agent_conn *conn, char **ret_er
   (void)ret_err;
   struct ns_sandbox *sb = (struct ns_sandbox *)base;
   /* The agent's stderr matters only while it starts up. */
+  pthread_mutex_lock(&sb->err_lock);
   if (sb->err_fd >= 0) {
     close(sb->err_fd);
     sb->err_fd = -1;
   }
+  pthread_mutex_unlock(&sb->err_lock);
   return 0;
+}
+
+static void ns_kill(struct sandbox *base) {
+  sandbox_proc_kill(&((struct ns_sandbox *)base)->proc);
 }
 
 static void ns_destroy(struct sandbox *base) {
   struct ns_sandbox *sb = (struct ns_sandbox *)base;
-  if (!sb->reaped)
-    sandbox_kill_wait(sb->base.pid);
+  sandbox_proc_fini(&sb->proc);
   cgroup_destroy(sb->cg);
   if (sb->err_fd >= 0)
     close(sb->err_fd);
+  pthread_mutex_destroy(&sb->err_lock);
   json_decref(sb->base.info);
   free(sb);
 }
 
+/* The first line the agent wrote on stderr (malloc'd), "" when none. */
+static char *agent_said(struct ns_sandbox *sb) {
+  pthread_mutex_lock(&sb->err_lock);
+  if (sb->err_fd >= 0 && sb->err_len < sizeof sb->err_msg - 1) {
+    fcntl(sb->err_fd, F_SETFL, O_NONBLOCK);
+    ssize_t n = read(sb->err_fd, sb->err_msg + sb->err_len, sizeof sb->err_msg - 1 - sb->err_len);
+    if (n > 0)
+      sb->err_len += (size_t)n;
+  }
+  char *msg = strndup(sb->err_msg, strcspn(sb->err_msg, "\n"));
+  pthread_mutex_unlock(&sb->err_lock);
+  return msg;
+}
+
 static char *ns_death_reason(struct sandbox *base) {
   struct ns_sandbox *sb = (struct ns_sandbox *)base;
-  if (!sb->reaped) {
-    /* Give a dying agent a moment to be reaped so its status is known. */
-    for (int i = 0; i < 50 && !sb->reaped; i++) {
-      pid_t p = waitpid(sb->base.pid, &sb->status, WNOHANG);
-      if (p == sb->base.pid)
-        sb->reaped = true;
-      else
-        usleep(10000);
-    }
-  }
-  char msg[1024] = "";
-  if (sb->err_fd >= 0) {
-    fcntl(sb->err_fd, F_SETFL, O_NONBLOCK);
-    ssize_t n = read(sb->err_fd, msg, sizeof msg - 1);
-    msg[n > 0 ? n : 0] = '\0';
-    msg[strcspn(msg, "\n")] = '\0';
-  }
-  if (!sb->reaped)
+  int status = 0;
+  /* Give a dying agent a moment to be reaped so its status is known. */
+  bool reaped = sandbox_proc_wait(&sb->proc, 500, &status);
+  _cleanup_free_ char *msg = agent_said(sb);
+  if (!msg)
+    return NULL;
+  if (!reaped)
     return msg[0] ? strdup(msg) : NULL;
-  if (WIFSIGNALED(sb->status))
-    return xasprintf("the sandbox's agent was killed by signal %d%s%s", WTERMSIG(sb->status),
+  if (WIFSIGNALED(status))
+    return xasprintf("the sandbox's agent was killed by signal %d%s%s", WTERMSIG(status),
                      msg[0] ? ": " : "", msg);
-  return xasprintf("the sandbox's agent exited with status %d%s%s", WEXITSTATUS(sb->status),
+  return xasprintf("the sandbox's agent exited with status %d%s%s", WEXITSTATUS(status),
                    msg[0] ? ": " : "", msg);
 }
 
@@ -234,6 +252,7 @@ const struct sandbox_ops sandbox_ns_ops = {
     .name = "ns",
     .create = ns_create,
     .ready = ns_ready,
+    .kill = ns_kill,
     .destroy = ns_destroy,
     .death_reason = ns_death_reason,
 };

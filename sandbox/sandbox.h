@@ -8,6 +8,8 @@
 #pragma once
 
 #include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -33,6 +35,10 @@ struct sandbox_ops {
                 char **ret_err);
   /* Called once the agent has answered HELLO: last steps before hand-out. */
   int (*ready)(struct sandbox *sb, struct agent_conn *conn, char **ret_err);
+  /* Kills the sandbox's process now, without waiting for it: the calls on
+   * it then fail.  Safe from any thread, at any time before destroy, and
+   * again after the process died on its own. */
+  void (*kill)(struct sandbox *sb);
   /* Kills and removes everything; the stream fd is not touched (the agent
    * connection owns it by then). */
   void (*destroy)(struct sandbox *sb);
@@ -44,7 +50,6 @@ struct sandbox_ops {
 struct sandbox {
   const struct sandbox_ops *ops;
   int fd;                   /* stream to the agent; moved to agent_conn */
-  pid_t pid;                /* the process that holds the sandbox */
   const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
   char limits[128];         /* human summary of the limits in force */
   json_t *info;             /* extra open_session fields (path, phases), or NULL */
@@ -60,12 +65,55 @@ static inline unsigned sandbox_overlay_mb(unsigned memory_mb, unsigned overlay_m
   return overlay_mb < memory_mb / 2 ? overlay_mb : memory_mb / 2;
 }
 
+/* In a child between fork and execve: every signal back to SIG_DFL and none
+ * blocked.  The spawner thread runs with all signals blocked and the server
+ * ignores SIGPIPE; both would pass through execve, and real-time signals
+ * sent to a process that blocks them queue up against the sending uid's
+ * RLIMIT_SIGPENDING (for a root server, every root process on the host).
+ * Only async-signal-safe calls; a signal the kernel refuses (SIGKILL,
+ * SIGSTOP, the C library's own) is left as it is. */
+static inline void sandbox_child_reset_signals(void) {
+  struct sigaction dfl = {.sa_handler = SIG_DFL};
+  for (int sig = 1; sig < NSIG; sig++)
+    sigaction(sig, &dfl, NULL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 /* Runs FN(ARG) on the long-lived spawner thread and returns its result.
  * Children that must die with the server (PR_SET_PDEATHSIG) are forked
  * there, because the death signal follows the thread that forked them. */
 int spawner_call(int (*fn)(void *arg), void *arg);
-/* Kills PID with SIGKILL and reaps it. */
-void sandbox_kill_wait(pid_t pid);
+
+/* The process that holds a sandbox (the ns agent, a QEMU), as its backend
+ * keeps it.  Signals go through a pidfd, and the process is signalled and
+ * reaped only here, under LOCK: once it is reaped its pid may belong to
+ * someone else, and nothing sends to it again.  Nobody else may wait for
+ * these children. */
+struct sandbox_proc {
+  pthread_mutex_t lock;
+  pid_t pid;                /* 0: none yet */
+  int pidfd;                /* -1: none (pidfd_open failed) */
+  bool reaped;
+  bool waited;              /* a sandbox_proc_wait with a timeout has ended */
+  int status;               /* wait status once reaped */
+};
+void sandbox_proc_init(struct sandbox_proc *p);
+/* Takes PID, a child of this process that nobody has reaped. */
+void sandbox_proc_set(struct sandbox_proc *p, pid_t pid);
+/* SIGKILL, unless it has been reaped; never blocks. */
+void sandbox_proc_kill(struct sandbox_proc *p);
+/* Reaps it if it has exited, waiting up to TIMEOUT_MS for that (only the
+ * first time: a process that outlived one wait is looked at once more, not
+ * waited for again, so calls that fail one after another on a hung sandbox
+ * do not each wait).  Waiters do not hold the lock while they wait.  True
+ * and *ret_status once reaped. */
+bool sandbox_proc_wait(struct sandbox_proc *p, unsigned timeout_ms, int *ret_status);
+/* Kills and reaps it (blocking), unless that happened already. */
+void sandbox_proc_kill_wait(struct sandbox_proc *p);
+/* Kills and reaps it, then frees what P holds. */
+void sandbox_proc_fini(struct sandbox_proc *p);
 
 /* cgroups (v1 or v2): one group per sandbox with memory and pids limits. */
 struct cgroup;

@@ -80,12 +80,9 @@ struct vm {
   struct qmp *qmp;
   int agent_fd;
   char *dir;
-  /* QEMU's exit, once reaped: several calls may ask why a VM died at once
-   * (death_reason), and only one of them may reap it. */
-  pthread_mutex_t reap_lock;
-  bool reaped;
-  bool waited;              /* a death_reason gave QEMU its moment to exit */
-  int status;
+  /* QEMU: killed and reaped only through this (spawn.c), as several calls
+   * may ask why a VM died at once (death_reason) while a close kills it. */
+  struct sandbox_proc proc;
   char path[8];             /* "pool", "restore", "cold" */
   char *ram;                /* the RAM file it maps (a spare fits only its base) */
   dev_t ram_dev;            /* ... and that file's identity when it started: a base */
@@ -121,19 +118,42 @@ const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "micr
 
 static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
 
-static void remove_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *e;
-    while ((e = readdir(d)))
-      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-        _cleanup_free_ char *p = xasprintf("%s/%s", dir, e->d_name);
-        unlink(p);
-      }
-    closedir(d);
+/* Removes NAME under the directory PARENT (an fd, or AT_FDCWD), and all in
+ * it when it is a directory.  A state directory belongs to QEMU's uid, which
+ * may have put links, FIFOs and directories there: every step is relative to
+ * an fd of the directory it is in and nothing is followed, so a link is
+ * removed, never what it points to.  Past a depth no state directory has,
+ * what is left stays (and is logged). */
+#define REMOVE_MAX_DEPTH 8
+
+static void remove_at(int parent, const char *name, unsigned depth) {
+  if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
+    return;
+  if (errno != EISDIR)
+    goto fail;
+  if (depth >= REMOVE_MAX_DEPTH) {
+    errno = ELOOP;
+    goto fail;
   }
-  rmdir(dir);
+  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0)
+      close(fd);
+    goto fail;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      remove_at(dirfd(d), e->d_name, depth + 1);
+  closedir(d);
+  if (unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+    return;
+fail:
+  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", name, strerror(errno));
 }
+
+static void remove_tree(const char *dir) { remove_at(AT_FDCWD, dir, 0); }
 
 static int mkdir_p(const char *path, mode_t mode) {
   _cleanup_free_ char *p = strdup(path);
@@ -273,7 +293,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   if (!v)
     return -ENOMEM;
   v->agent_fd = -1;
-  pthread_mutex_init(&v->reap_lock, NULL);
+  sandbox_proc_init(&v->proc);
   v->ram = ram_file ? strdup(ram_file) : NULL;
   struct stat ram_st;
   if (ram_file && stat(ram_file, &ram_st) == 0) {
@@ -295,7 +315,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
       *ret_err = xasprintf("cannot create the VM's state directory %s: %s", v->dir,
                            strerror(errno));
       free(v->dir);
-      pthread_mutex_destroy(&v->reap_lock);
+      sandbox_proc_fini(&v->proc);
       free(v);
       return -EIO;
     }
@@ -356,7 +376,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
     closep(&qsv[1]);
     remove_tree(v->dir);
     free(v->dir);
-    pthread_mutex_destroy(&v->reap_lock);
+    sandbox_proc_fini(&v->proc);
     free(v);
     return r;
   }
@@ -371,7 +391,8 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
       .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
       .uid = VM_UID_BASE + seq % VM_UID_SPAN, .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
   };
-  int r = vm_spawn(&req, &v->base.pid, ret_err);
+  pid_t pid = 0;
+  int r = vm_spawn(&req, &pid, ret_err);
   close(qsv[1]);
   close(asv[1]);
   if (r < 0) {
@@ -379,10 +400,11 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
     close(asv[0]);
     remove_tree(v->dir);
     free(v->dir);
-    pthread_mutex_destroy(&v->reap_lock);
+    sandbox_proc_fini(&v->proc);
     free(v);
     return r;
   }
+  sandbox_proc_set(&v->proc, pid);
   v->agent_fd = asv[0];
   r = qmp_open_fd(qsv[0], QMP_TIMEOUT_MS, &v->qmp, ret_err);
   if (r == 0 && kind != VM_COLD) {
@@ -393,13 +415,9 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   v->t_spawn_us = mono_us() - t0;
   if (r < 0) {
     /* Let a dying QEMU finish its message and exit. */
-    for (int i = 0; i < 50 && !v->reaped; i++)
-      if (waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
-        v->reaped = true;
-      else
-        usleep(10000);
-    if (ret_exited && v->reaped)
-      *ret_exited = vm_qemu_ran(v->status);
+    int status;
+    if (sandbox_proc_wait(&v->proc, 500, &status) && ret_exited)
+      *ret_exited = vm_qemu_ran(status);
     add_log_tail(v, ret_err);
     sandbox_vm_ops.destroy(&v->base);
     return r;
@@ -511,9 +529,31 @@ static int warm_clone(int fd, uint32_t timeout_ms, char **ret_err) {
   return r;
 }
 
+/* The VM's log, opened to read as root.  Its state directory belongs to
+ * QEMU's uid, which can replace qemu.log with a link to a file only root may
+ * read, or with a FIFO: the log is opened relative to the directory without
+ * following a link, and used only if it is a regular file with no other
+ * name (a hard link to another file has two).  -1 otherwise. */
+static int open_log(const struct vm *v) {
+  if (!v->dir)
+    return -1;
+  _cleanup_close_ int dfd = open(v->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return -1;
+  int fd = openat(dfd, "qemu.log", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
+    log_warn("%s/qemu.log is not the log QEMU was given (not a regular file with one name); "
+             "not reading it",
+             v->dir);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 static char *vm_log_tail(const struct vm *v) {
-  _cleanup_free_ char *path = xasprintf("%s/qemu.log", v->dir);
-  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int fd = open_log(v);
   if (fd < 0)
     return NULL;
   char buf[600];
@@ -1690,13 +1730,11 @@ static int vm_ready(struct sandbox *sb, struct agent_conn *conn, char **ret_err)
   return 0;
 }
 
+static void vm_kill(struct sandbox *sb) { sandbox_proc_kill(&((struct vm *)sb)->proc); }
+
 static void vm_destroy(struct sandbox *sb) {
   struct vm *v = (struct vm *)sb;
-  if (v->base.pid > 0 && !v->reaped) {
-    kill(v->base.pid, SIGKILL);
-    while (waitpid(v->base.pid, &v->status, 0) < 0 && errno == EINTR)
-      ;
-  }
+  sandbox_proc_kill_wait(&v->proc);
   qmp_free(v->qmp);
   free(v->ram);
   if (v->agent_fd >= 0)
@@ -1705,15 +1743,14 @@ static void vm_destroy(struct sandbox *sb) {
     remove_tree(v->dir);
   free(v->dir);
   json_decref(sb->info);
-  pthread_mutex_destroy(&v->reap_lock);
+  sandbox_proc_fini(&v->proc);
   free(v);
 }
 
 /* The guest kernel's panic line in the VM's log ("Kernel panic - not
  * syncing: ..."), or NULL. */
 static char *vm_log_panic(const struct vm *v) {
-  _cleanup_free_ char *path = xasprintf("%s/qemu.log", v->dir);
-  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int fd = open_log(v);
   if (fd < 0)
     return NULL;
   static const size_t size = 64 << 10;
@@ -1738,20 +1775,10 @@ static char *vm_death_reason(struct sandbox *sb) {
   struct vm *v = (struct vm *)sb;
   /* A guest that panicked makes QEMU exit (reboot=t, -no-reboot) a moment
    * after its channel closes: give it that moment, so the reason is known.
-   * Calls that fail together ask together: one waits and reaps under the
-   * lock, the others then read what it found; with a hung QEMU they do not
-   * each wait again, only look once more. */
-  pthread_mutex_lock(&v->reap_lock);
-  for (int i = 0; i < (v->waited ? 1 : 50) && !v->reaped; i++) {
-    if (waitpid(v->base.pid, &v->status, WNOHANG) == v->base.pid)
-      v->reaped = true;
-    else if (!v->waited)
-      usleep(10000);
-  }
-  v->waited = true;
-  bool reaped = v->reaped;
-  int status = v->status;
-  pthread_mutex_unlock(&v->reap_lock);
+   * Calls that fail together ask together; with a hung QEMU, later calls
+   * do not each wait again, only look once more (sandbox_proc_wait). */
+  int status = 0;
+  bool reaped = sandbox_proc_wait(&v->proc, 500, &status);
   _cleanup_free_ char *panic = vm_log_panic(v);
   if (panic)
     return xasprintf("the guest kernel panicked (%s) and its QEMU %s", panic,
@@ -1770,6 +1797,7 @@ const struct sandbox_ops sandbox_vm_ops = {
     .name = "vm",
     .create = vm_create,
     .ready = vm_ready,
+    .kill = vm_kill,
     .destroy = vm_destroy,
     .death_reason = vm_death_reason,
 };

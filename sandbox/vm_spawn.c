@@ -115,6 +115,7 @@ static int spawn_on_thread(void *p) {
   struct rlimit rl = {SERIAL_LOG_MAX, SERIAL_LOG_MAX};
   if (j->limit_fsize)
     setrlimit(RLIMIT_FSIZE, &rl);
+  sandbox_child_reset_signals();
   /* Past the limit, writes fail with EFBIG instead of killing QEMU. */
   struct sigaction sa = {.sa_handler = SIG_IGN};
   sigaction(SIGXFSZ, &sa, NULL);

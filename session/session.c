@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include "sandbox/vm.h"
 
 #define HELLO_TIMEOUT_MS 30000u
+#define SHUTDOWN_MAKING_WAIT_MS 30000u
 
 struct handle {
   int refs;                 /* under table lock */
@@ -56,6 +56,16 @@ static const struct sandbox_ops *backend;
 static char *backend_error;
 static struct sandbox_config sb_cfg;
 static bool shutting_down;
+/* Sandboxes being made (open, reset), not in the table yet: shutdown kills
+ * them (their agent then never answers, and the open or reset fails at
+ * once) and waits until none is left, so that each is destroyed by its
+ * maker before the server exits (see sessions_shutdown for the bound). */
+struct making {
+  struct making *next;
+  struct sandbox *sb;       /* NULL until the backend's create returned */
+};
+static struct making *making;
+static unsigned n_making;
 
 const char *sessions_backend(void) { return backend ? backend->name : "none"; }
 
@@ -78,8 +88,8 @@ static void handle_retire(struct handle *h, const char *why) {
     return;
   h->retired = why;
   agent_conn_shutdown(h->conn);
-  if (h->sb->pid > 0)
-    kill(h->sb->pid, SIGKILL);
+  /* The backend kills: it alone knows whether its process was reaped. */
+  h->sb->ops->kill(h->sb);
 }
 
 static void session_unref_locked(struct session *s) {
@@ -112,8 +122,26 @@ static char *unknown_id(const char *id) {
                    id, cfg.idle_secs);
 }
 
-/* Creates a sandbox and connects to its agent. */
-static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+static void making_add_locked(struct making *m) {
+  m->next = making;
+  making = m;
+  n_making++;
+}
+
+static void making_remove_locked(struct making *m) {
+  for (struct making **pp = &making; *pp; pp = &(*pp)->next)
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  n_making--;
+  pthread_cond_broadcast(&cond);
+}
+
+/* Creates a sandbox and connects to its agent.  M, already counted in
+ * n_making by the caller (under the lock), is listed for shutdown. */
+static int make_handle_listed(struct making *m, const char *id, struct handle **ret,
+                              uint64_t *ret_ms, char **ret_err) {
   uint64_t t0 = mono_us();
   struct sandbox *sb = NULL;
   _cleanup_free_ char *err = NULL;
@@ -122,10 +150,26 @@ static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, ch
     *ret_err = xasprintf("cannot start a sandbox: %s", err ? err : strerror(-r));
     return r;
   }
+  pthread_mutex_lock(&lock);
+  m->sb = sb;
+  if (shutting_down)
+    sb->ops->kill(sb);
+  pthread_mutex_unlock(&lock);
   struct agent_conn *conn = NULL;
   r = agent_conn_open(sb->fd, HELLO_TIMEOUT_MS, &conn, &err);
   if (r == 0)
     r = sb->ops->ready(sb, conn, &err);
+  pthread_mutex_lock(&lock);
+  m->sb = NULL; /* shutdown no longer reaches it */
+  bool stopping = shutting_down;
+  pthread_mutex_unlock(&lock);
+  if (stopping) {
+    /* Killed by shutdown, or made just as it began: nobody will use it. */
+    *ret_err = strdup("the server is shutting down");
+    agent_conn_free(conn);
+    sb->ops->destroy(sb);
+    return -ESHUTDOWN;
+  }
   if (r < 0) {
     _cleanup_free_ char *why = sb->ops->death_reason ? sb->ops->death_reason(sb) : NULL;
     *ret_err = xasprintf("the sandbox started but its agent did not come up: %s%s%s",
@@ -146,6 +190,33 @@ static int make_handle(const char *id, struct handle **ret, uint64_t *ret_ms, ch
   *ret = h;
   *ret_ms = (mono_us() - t0) / 1000;
   return 0;
+}
+
+/* make_handle_listed for a caller that holds the lock and has checked that
+ * the server is not shutting down; returns with the lock held again, and on
+ * success the server is still not shutting down. */
+static int make_handle_locked(const char *id, struct handle **ret, uint64_t *ret_ms,
+                              char **ret_err) {
+  struct making m = {0};
+  making_add_locked(&m);
+  pthread_mutex_unlock(&lock);
+  struct handle *h = NULL;
+  int r = make_handle_listed(&m, id, &h, ret_ms, ret_err);
+  pthread_mutex_lock(&lock);
+  if (r == 0 && shutting_down) {
+    /* Shutdown began after the last look: it is still waiting for this one
+     * (n_making), so destroy it now. */
+    pthread_mutex_unlock(&lock);
+    handle_retire(h, "closed");
+    handle_free(h);
+    *ret_err = strdup("the server is shutting down");
+    r = -ESHUTDOWN;
+    pthread_mutex_lock(&lock);
+  }
+  making_remove_locked(&m);
+  if (r == 0)
+    *ret = h;
+  return r;
 }
 
 static json_t *describe(const struct session *s, uint64_t open_ms) {
@@ -211,33 +282,25 @@ int session_open(json_t **ret, char **ret_err) {
   }
   n_sessions++;
   unsigned seq = ++next_seq;
-  pthread_mutex_unlock(&lock);
 
   struct session *s = calloc(1, sizeof *s);
   if (!s) {
-    pthread_mutex_lock(&lock);
     n_sessions--;
     pthread_mutex_unlock(&lock);
     return -ENOMEM;
   }
   uint16_t rnd = 0;
-  if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+  if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
     rnd = (uint16_t)mono_us();
   snprintf(s->id, sizeof s->id, "s%u-%04x", seq, rnd);
   s->refs = 1;
 
   uint64_t ms;
-  int r = make_handle(s->id, &s->h, &ms, ret_err);
-  pthread_mutex_lock(&lock);
-  if (r < 0 || shutting_down) {
+  int r = make_handle_locked(s->id, &s->h, &ms, ret_err);
+  if (r < 0) {
+    /* (Shutdown makes it fail: the sandbox is destroyed by then.) */
     n_sessions--;
     pthread_mutex_unlock(&lock);
-    if (r == 0) {
-      handle_retire(s->h, "closed");
-      handle_free(s->h);
-      *ret_err = strdup("the server is shutting down");
-      r = -ESHUTDOWN;
-    }
     free(s);
     return r;
   }
@@ -250,17 +313,30 @@ int session_open(json_t **ret, char **ret_err) {
   return 0;
 }
 
+/* Waits, with the lock, until S (found in the table) is not being reset.
+ * The waiter holds a reference while it sleeps: a close during the reset
+ * drops the table's, and the reset then drops its own.  Returns S with that
+ * reference, which the caller keeps or drops. */
+static struct session *wait_reset_locked(struct session *s) {
+  s->refs++;
+  while (s->resetting)
+    pthread_cond_wait(&cond, &lock);
+  return s;
+}
+
 int session_acquire(const char *id, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&lock);
   struct session *s = find_locked(id);
-  while (s && s->resetting)
-    pthread_cond_wait(&cond, &lock);
+  if (s)
+    wait_reset_locked(s);
   if (!s || s->removed || !s->h) {
+    if (s)
+      session_unref_locked(s);
     pthread_mutex_unlock(&lock);
     *ret_err = unknown_id(id);
     return -ENOENT;
   }
-  s->refs++;
+  /* The reference taken while waiting is the lease's. */
   s->busy++;
   s->last_used_ms = mono_ms();
   s->h->refs++;
@@ -309,15 +385,17 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
 int session_reset(const char *id, json_t **ret, char **ret_err) {
   pthread_mutex_lock(&lock);
   struct session *s = find_locked(id);
-  while (s && s->resetting)
-    pthread_cond_wait(&cond, &lock);
+  if (s)
+    wait_reset_locked(s);
   if (!s || s->removed) {
+    if (s)
+      session_unref_locked(s);
     pthread_mutex_unlock(&lock);
     *ret_err = unknown_id(id);
     return -ENOENT;
   }
+  /* The reference taken while waiting is the reset's. */
   s->resetting = true;
-  s->refs++;
   struct handle *old = steal_ptr(s->h), *dead = NULL;
   handle_retire(old, "reset");
   handle_unref_locked(old, &dead);
@@ -326,8 +404,14 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
 
   struct handle *h = NULL;
   uint64_t ms;
-  int r = make_handle(id, &h, &ms, ret_err);
+  int r;
   pthread_mutex_lock(&lock);
+  if (shutting_down) {
+    *ret_err = strdup("the server is shutting down");
+    r = -ESHUTDOWN;
+  } else {
+    r = make_handle_locked(id, &h, &ms, ret_err);
+  }
   s->resetting = false;
   s->last_used_ms = mono_ms();
   if (r == 0 && (s->removed || shutting_down)) {
@@ -504,10 +588,32 @@ void sessions_shutdown(void) {
     if (d && n_dead < ARRAY_SIZE(dead))
       dead[n_dead++] = d;
   }
+  /* Sandboxes still starting: their makers see the kill and destroy them. */
+  for (struct making *m = making; m; m = m->next)
+    if (m->sb)
+      m->sb->ops->kill(m->sb);
   pthread_cond_broadcast(&cond);
   pthread_mutex_unlock(&lock);
   for (size_t i = 0; i < n_dead; i++)
     handle_free(dead[i]);
   if (backend == &sandbox_vm_ops)
     vm_backend_shutdown();
+  /* Then wait for every open and reset still making one, so none is left
+   * behind when the server exits.  Those whose sandbox exists were killed
+   * and end at once; one still inside the backend's create (a vm create
+   * waits for the warm base to be made) may take longer than a shutdown
+   * should: that wait is bounded. */
+  uint64_t deadline = mono_ms() + SHUTDOWN_MAKING_WAIT_MS;
+  pthread_mutex_lock(&lock);
+  if (n_making > 0)
+    log_info("waiting for %u sandbox(es) still starting to be cleaned up", n_making);
+  while (n_making > 0 && mono_ms() < deadline) {
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 100);
+    pthread_cond_timedwait(&cond, &lock, &ts);
+  }
+  if (n_making > 0)
+    log_warn("%u sandbox(es) still being started after %u s; exiting without them (their "
+             "processes die with the server; the next server removes what they left)",
+             n_making, SHUTDOWN_MAKING_WAIT_MS / 1000);
+  pthread_mutex_unlock(&lock);
 }

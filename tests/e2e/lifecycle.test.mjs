@@ -7,8 +7,11 @@ import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
-  vmStateDirs,
+  vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport,
 } from './lib.mjs';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 
 const T = { timeout: 90_000 };
 
@@ -75,6 +78,11 @@ async function assertAllGone({ raw, marks, kids }, what) {
 async function assertCleanExit(b, ex, what, before) {
   assert.ok(ex, `server did not exit within 10 s of ${what}`);
   assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${b.raw.stderrText().slice(-2000)}`);
+  // The run in flight was answered before the server exited (an error: its
+  // sandbox went with the shutdown).
+  const inflight = b.raw.messages.find((m) => m.msg.id === 'inflight');
+  assert.ok(inflight, `${what}: the run in flight got no response`);
+  assert.equal(inflight.msg.result?.isError, true, JSON.stringify(inflight.msg).slice(0, 500));
   await assertAllGone(b, what === 'stdin EOF' ? 'EOF' : what);
   const extra = await waitUntil(() => {
     const n = newLeftovers(before);
@@ -167,15 +175,53 @@ describe('shutdown', () => {
     assert.equal(ex.code, 0);
   });
 
-  test('stdin EOF right after a request still answers it or exits cleanly', T, async () => {
+  test('stdin EOF right after requests still answers them, then exits cleanly', T, async () => {
     const raw = startRaw();
     await raw.initialize();
-    await raw.send({ jsonrpc: '2.0', id: 'last', method: 'ping' });
+    // One answered on the main loop, one on a call thread of its own.
+    await raw.send({ jsonrpc: '2.0', id: 'last-ping', method: 'ping' });
+    await raw.send({ jsonrpc: '2.0', id: 'last-call', method: 'tools/call', params: { name: 'list_sessions', arguments: {} } });
     raw.endStdin();
     const ex = await raw.waitExit(5000);
     assert.ok(ex);
     assert.equal(ex.code, 0);
     assert.deepEqual(raw.badLines, []);
+    const ping = raw.messages.find((m) => m.msg.id === 'last-ping');
+    assert.deepEqual(ping?.msg.result, {}, `ping: ${JSON.stringify(ping?.msg)}`);
+    const list = raw.messages.find((m) => m.msg.id === 'last-call');
+    assert.deepEqual(list?.msg.result?.structuredContent?.sessions, [], `list_sessions: ${JSON.stringify(list?.msg)}`);
+  });
+
+  test('an open_session still starting its sandbox at EOF is answered, and its sandbox is destroyed before the server exits', { ...T, skip: NS_ONLY('a slow agent start is made with an agent wrapper') }, async (t) => {
+    // An agent that takes long to start: the open is still waiting for it
+    // when stdin ends (a vm cold boot under TCG is like it).
+    const dir = fs.mkdtempSync('/tmp/e2e-slow-agent-');
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const wrapper = path.join(dir, 'agent');
+    fs.writeFileSync(wrapper, `#!/bin/sh\nsleep 20\nexec ${AGENT} "$@"\n`, { mode: 0o755 });
+    const before = leftovers();
+    const raw = startRaw({ env: { IGN_MCP_AGENT: wrapper } });
+    try {
+      await raw.initialize();
+      await raw.send({ jsonrpc: '2.0', id: 'opening', method: 'tools/call', params: { name: 'open_session', arguments: {} } });
+      assert.ok(await waitUntil(() => descendants(raw.pid).some((d) => /sleep 20/.test(d.cmd ?? '')), { timeoutMs: 10000 }), 'the slow agent did not start');
+      const kids = descendants(raw.pid);
+      raw.endStdin();
+      const ex = await raw.waitExit(15000);
+      assert.ok(ex, 'the server did not exit within 15 s of EOF');
+      assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${raw.stderrText().slice(-2000)}`);
+      const open = raw.messages.find((m) => m.msg.id === 'opening');
+      assert.ok(open, `the open_session in flight got no response; stderr:\n${raw.stderrText().slice(-2000)}`);
+      assert.equal(open.msg.result?.isError, true, JSON.stringify(open.msg));
+      assert.match(textOf(open.msg.result), /shutting down/, JSON.stringify(open.msg));
+      const left = await waitGone(kids, 5000);
+      for (const l of left) hardKill(l.pid);
+      assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], 'processes of the sandbox being started survived');
+      assert.deepEqual(newLeftovers(before).cgroups, [], 'the cgroup of the sandbox being started was left behind');
+      assertNoSanitizerReport(raw.stderrText());
+    } finally {
+      hardKill(raw.pid);
+    }
   });
 
   test(IS_VM ? 'closed sessions leave no QEMU or state directory while the server runs' : 'closed sessions leave no cgroup or /tmp entries while the server runs', T, async () => {
@@ -204,5 +250,90 @@ describe('shutdown', () => {
     } finally {
       await raw.close();
     }
+  });
+});
+
+/* A process's signal masks from /proc/<pid>/status text, as BigInts. */
+function sigMasks(status) {
+  const get = (k) => {
+    const m = status.match(new RegExp(`^${k}:\\s*([0-9a-f]+)$`, 'm'));
+    assert.ok(m, `no ${k} in:\n${status}`);
+    return BigInt(`0x${m[1]}`);
+  };
+  return { blk: get('SigBlk'), ign: get('SigIgn') };
+}
+const bit = (sig) => 1n << BigInt(sig - 1);
+const SIGRTMIN = 34;
+const RT_BITS = ((1n << 64n) - 1n) & ~((1n << BigInt(SIGRTMIN - 1)) - 1n);
+
+describe('sandbox processes start with a clean signal state', () => {
+  test('the ns agent (PID 1 of the sandbox) blocks only SIGCHLD (its signalfd) and ignores only SIGPIPE (its own choice)', { ...T, skip: NS_ONLY('the ns agent runs on the host kernel; in a VM it is the guest kernel\'s') }, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const st = await sh(s.client, sid, 'cat /proc/1/status');
+    const { blk, ign } = sigMasks(st);
+    t.diagnostic(`agent SigBlk ${blk.toString(16)} SigIgn ${ign.toString(16)}`);
+    // Anything else blocked (the server's spawner thread blocks all) would
+    // let signals sent from inside queue up against the host uid's limit.
+    assert.equal(blk & ~bit(17), 0n, `the agent blocks more than SIGCHLD: SigBlk ${blk.toString(16)}`);
+    assert.equal(ign & ~bit(13), 0n, `the agent ignores signals it inherited: SigIgn ${ign.toString(16)}`);
+  });
+
+  test('a QEMU blocks no real-time signal and ignores only SIGXFSZ (its log\'s size limit) and SIGPIPE (its own choice)', { ...T, skip: IS_VM ? false : 'vm only: QEMU' }, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    await openSession(s.client);
+    const qs = qemuChildren(s.pid);
+    assert.equal(qs.length, 1, `QEMUs under the server: ${JSON.stringify(qs)}`);
+    const { blk, ign } = sigMasks(fs.readFileSync(`/proc/${qs[0].pid}/status`, 'utf8'));
+    t.diagnostic(`QEMU SigBlk ${blk.toString(16)} SigIgn ${ign.toString(16)}`);
+    assert.equal(blk & RT_BITS, 0n, `QEMU blocks real-time signals: SigBlk ${blk.toString(16)}`);
+    assert.equal(blk & (bit(15) | bit(1) | bit(2)), 0n, `QEMU blocks SIGTERM/SIGHUP/SIGINT: SigBlk ${blk.toString(16)}`);
+    // (QEMU blocks SIGBUS, SIGUSR1, SIGALRM and SIGIO itself, for its signalfd.)
+    assert.equal(ign & ~(bit(25) | bit(13)), 0n, `QEMU ignores signals it inherited: SigIgn ${ign.toString(16)}`);
+  });
+});
+
+describe('a QEMU\'s state directory belongs to its uid', () => {
+  test('a log replaced by a link (symbolic or hard) to a root-only file is never quoted; close removes the directory and follows no link in it', { ...T, skip: IS_VM ? false : 'vm only: QEMU state directories' }, async (t) => {
+    // What a compromised QEMU can do in its state directory, done here as
+    // root: the server must neither quote nor remove what the links reach.
+    const token = `secret-${crypto.randomUUID()}`;
+    const secretDir = fs.mkdtempSync('/run/ign-e2e-secret-'); // the state directories' filesystem: a hard link can reach it
+    t.after(() => fs.rmSync(secretDir, { recursive: true, force: true }));
+    const secret = path.join(secretDir, 'secret');
+    // Both log readers would quote it: the panic line and the log's tail.
+    fs.writeFileSync(secret, `Kernel panic - not syncing: ${token}\n${token}\n`, { mode: 0o600 });
+    const precious = path.join(secretDir, 'precious');
+    fs.mkdirSync(precious);
+    fs.writeFileSync(path.join(precious, 'keep'), 'x');
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    for (const how of ['symlink', 'hard link']) {
+      const sid = await openSession(c);
+      const dirs = vmStateDirs(s.pid);
+      const qs = qemuChildren(s.pid);
+      assert.equal(dirs.length, 1, `state directories: ${dirs}`);
+      assert.equal(qs.length, 1, `QEMUs: ${JSON.stringify(qs)}`);
+      const [dir] = dirs;
+      const log = path.join(dir, 'qemu.log');
+      fs.rmSync(log);
+      if (how === 'symlink') fs.symlinkSync(secret, log);
+      else fs.linkSync(secret, log);
+      fs.symlinkSync(precious, path.join(dir, 'link-to-dir'));
+      fs.mkdirSync(path.join(dir, 'sub/deeper'), { recursive: true });
+      fs.symlinkSync(path.join(precious, 'keep'), path.join(dir, 'sub/deeper/link'));
+      process.kill(qs[0].pid, 'SIGKILL');
+      const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+      assert.match(e, /dead/, e);
+      assert.ok(!e.includes(token), `${how}: the error quotes the file the log was linked to: ${e}`);
+      await call(c, 'close', { session_id: sid });
+      assert.ok(await waitUntil(() => !fs.existsSync(dir)), `${how}: the state directory ${dir} is left: ${fs.existsSync(dir) ? fs.readdirSync(dir, { recursive: true }) : ''}`);
+      assert.ok(fs.existsSync(path.join(precious, 'keep')), `${how}: removing the state directory followed a link`);
+      assert.ok(fs.existsSync(secret), `${how}: removing the state directory removed the linked file`);
+    }
+    assert.ok(!s.stderrText().includes(token), 'the server logged the linked file');
   });
 });

@@ -3,13 +3,27 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, VM_ONLY, writeFile,
+  findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, writeFile, textOf, descendants, qemuChildren, isAlive,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
+
+/* Starts `sleep` with exactly PID (free again), steering the kernel's next
+ * pid through ns_last_pid; other processes on the host may take it first,
+ * so it tries a few times.  The child, or null. */
+function takePid(pid) {
+  for (let i = 0; i < 500; i++) {
+    fs.writeFileSync('/proc/sys/kernel/ns_last_pid', String(pid - 1));
+    const ch = spawn('sleep', ['1000'], { stdio: 'ignore' });
+    if (ch.pid === pid) return ch;
+    ch.kill('SIGKILL');
+  }
+  return null;
+}
 
 describe('session cap and ids', () => {
   test('IGN_MCP_MAX_SESSIONS=2: a third open fails naming the limit; closing frees a slot', T, async (t) => {
@@ -111,6 +125,51 @@ describe('reset and close', () => {
     const l = await call(c, 'list_sessions', {});
     assert.ok(!l.sessions.some((x) => x.session_id === sid));
   });
+  test('reset, run and close sent back to back: the run waiting on the reset fails cleanly, nothing is used after it is freed', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    for (let i = 0; i < 3; i++) {
+      const sid = await openSession(c);
+      // No await in between: the run waits for the reset, and the close
+      // removes the session while both are still going.
+      const reset = c.callTool({ name: 'reset', arguments: { session_id: sid } }, undefined, { timeout: 60000 });
+      const runP = c.callTool({ name: 'run', arguments: { session_id: sid, command: 'echo x' } }, undefined, { timeout: 60000 });
+      const close = c.callTool({ name: 'close', arguments: { session_id: sid } }, undefined, { timeout: 60000 });
+      const [rr, ru, rc] = await Promise.all([reset, runP, close]);
+      assert.equal(rc.isError ?? false, false, `close failed: ${textOf(rc)}`);
+      // The reset and the run either came before the close or fail naming the id.
+      for (const [what, r] of [['reset', rr], ['run', ru]])
+        if (r.isError) assert.ok(textOf(r).includes(sid), `${what}: ${textOf(r)}`);
+      const l = await call(c, 'list_sessions', {});
+      assert.ok(!l.sessions.some((x) => x.session_id === sid), `${sid} still listed after its close`);
+    }
+    // The server is still whole (s.close() also checks its stderr for a sanitizer report).
+    const sid = await openSession(c);
+    assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+  });
+  test('close after the sandbox died on its own never signals the process that took its pid', { ...T, skip: process.getuid() === 0 ? false : 'needs root to steer pid reuse (/proc/sys/kernel/ns_last_pid)' }, async (t) => {
+    // vm: no pool and no spares, so that the only QEMU is the session's.
+    const s = await startServer({ env: IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {} });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const holders = IS_VM ? qemuChildren(s.pid) : descendants(s.pid).filter((d) => /^\S*ign-agent\b/.test(d.cmd ?? ''));
+    assert.equal(holders.length, 1, `sandbox processes under the server: ${JSON.stringify(descendants(s.pid))}`);
+    const dead = holders[0];
+    process.kill(dead.pid, 'SIGKILL');
+    // This call finds the sandbox dead: the server reaps it, its pid is free.
+    const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+    assert.match(e, /dead/, e);
+    assert.ok(await waitUntil(() => !isAlive(dead)), 'the killed sandbox process is still there');
+    const victim = takePid(dead.pid);
+    assert.ok(victim, `could not start a process with the freed pid ${dead.pid}`);
+    t.after(() => victim.kill('SIGKILL'));
+    await call(c, 'close', { session_id: sid });
+    await sleep(500);
+    assert.equal(victim.exitCode, null, 'the process that took the dead sandbox\'s pid exited');
+    assert.equal(victim.signalCode, null, 'close signalled the process that took the dead sandbox\'s pid');
+  });
 });
 
 describe('idle reaper', () => {
@@ -145,6 +204,15 @@ describe('idle reaper', () => {
     const r = await run(s.client, sid, 'sleep 5; echo survived', { timeout_s: 30 });
     assert.equal(r.stdout, 'survived\n');
     assert.equal(r.timed_out, false);
+    // The call's end counts as use: the idle clock starts again from there,
+    // not from when the call began (which is longer ago than the timeout).
+    const l = await call(s.client, 'list_sessions', {});
+    const me = l.sessions.find((x) => x.session_id === sid);
+    assert.ok(me, `reaped right after its long run: ${JSON.stringify(l)}`);
+    assert.equal(me.idle_s, 0, JSON.stringify(me));
+    assert.equal(me.busy, false, JSON.stringify(me));
+    await sleep(1000);
+    assert.equal(await sh(s.client, sid, 'echo still'), 'still\n');
   });
 });
 

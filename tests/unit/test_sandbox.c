@@ -1,7 +1,15 @@
 /* test_sandbox.c: the backends' pure rules (overlay size, when a failed
- * warm base is tried again, whether a failed QEMU ran). */
+ * warm base is tried again, whether a failed QEMU ran), the kill/reap
+ * mechanics of a sandbox's process (sandbox_proc), and, as root, an ns
+ * sandbox whose agent dies at once asked why by several calls. */
+#include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
 
 #include "sandbox/sandbox.h"
 #include "sandbox/vm.h"
@@ -56,5 +64,131 @@ static void qemu_ran_only_past_its_spawn(void) {
   CHECK(!vm_qemu_ran(W_EXITCODE(VM_SPAWN_EXIT_MIN, 0)));
 }
 
+static pid_t fork_child(int exit_code, bool linger) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (linger)
+      pause();
+    _exit(exit_code);
+  }
+  return pid;
+}
+
+static void proc_reaps_once_and_never_signals_after(void) {
+  struct sandbox_proc p;
+  sandbox_proc_init(&p);
+  pid_t pid = fork_child(7, false);
+  CHECK(pid > 0);
+  sandbox_proc_set(&p, pid);
+  CHECK(p.pidfd >= 0);
+  int status = -1;
+  CHECK(sandbox_proc_wait(&p, 10000, &status));
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 7);
+  /* Reaped: the status stays, and a kill is a no-op (the pid is free). */
+  status = -1;
+  CHECK(sandbox_proc_wait(&p, 0, &status));
+  CHECK_EQ_INT(WEXITSTATUS(status), 7);
+  sandbox_proc_kill(&p);
+  sandbox_proc_kill_wait(&p);
+  CHECK(p.reaped);
+  sandbox_proc_fini(&p);
+
+  /* A live one: not reaped by a look; killed, it is reaped with SIGKILL. */
+  sandbox_proc_init(&p);
+  pid = fork_child(0, true);
+  sandbox_proc_set(&p, pid);
+  CHECK(!sandbox_proc_wait(&p, 0, &status));
+  CHECK(kill(pid, 0) == 0);
+  sandbox_proc_kill(&p);
+  CHECK(sandbox_proc_wait(&p, 10000, &status));
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  sandbox_proc_fini(&p);
+}
+
+/* ---- an ns sandbox whose agent says something on stderr and exits ---- */
+
+#define AGENT_SAYS "agent: cannot mount the overlay (a test)"
+
+struct reason_job {
+  struct sandbox *sb;
+  pthread_barrier_t *go;
+  char *reason;
+};
+
+static void *ask_reason(void *arg) {
+  struct reason_job *j = arg;
+  pthread_barrier_wait(j->go);
+  j->reason = j->sb->ops->death_reason(j->sb);
+  return NULL;
+}
+
+static void check_reason(const char *reason) {
+  CHECK(reason != NULL);
+  if (!reason)
+    return;
+  if (!strstr(reason, "exited with status 3") || !strstr(reason, AGENT_SAYS))
+    fprintf(stderr, "  reason: %s\n", reason);
+  CHECK(strstr(reason, "exited with status 3") != NULL);
+  CHECK(strstr(reason, AGENT_SAYS) != NULL);
+}
+
+static void ns_death_reason_is_the_same_for_every_caller(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "  # skip: the ns backend needs root\n");
+    return;
+  }
+  char dir[] = "/tmp/ign-test-agent-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  _cleanup_free_ char *agent = xasprintf("%s/agent", dir);
+  FILE *f = fopen(agent, "w");
+  CHECK(f != NULL);
+  if (!f)
+    return;
+  fprintf(f, "#!/bin/sh\necho '" AGENT_SAYS "' >&2\nexit 3\n");
+  fclose(f);
+  chmod(agent, 0755);
+  struct sandbox_config cfg = {.rootfs = "/", .agent = agent, .memory_mb = 256, .pids = 64,
+                               .overlay_mb = 16};
+  for (int round = 0; round < 2; round++) {
+    struct sandbox *sb = NULL;
+    _cleanup_free_ char *err = NULL;
+    int r = sandbox_ns_ops.create(&cfg, "unit", &sb, &err);
+    if (r < 0)
+      fprintf(stderr, "  create: %s\n", err);
+    CHECK_EQ_INT(r, 0);
+    if (r < 0)
+      break;
+    if (round == 0) {
+      /* One after the other: the second must not find the pipe emptied. */
+      _cleanup_free_ char *a = sb->ops->death_reason(sb);
+      _cleanup_free_ char *b = sb->ops->death_reason(sb);
+      check_reason(a);
+      check_reason(b);
+    } else {
+      /* At once, as calls that fail together do. */
+      enum { N = 6 };
+      pthread_barrier_t go;
+      pthread_barrier_init(&go, NULL, N);
+      struct reason_job jobs[N];
+      pthread_t t[N];
+      for (int i = 0; i < N; i++) {
+        jobs[i] = (struct reason_job){.sb = sb, .go = &go};
+        pthread_create(&t[i], NULL, ask_reason, &jobs[i]);
+      }
+      for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        check_reason(jobs[i].reason);
+        free(jobs[i].reason);
+      }
+      pthread_barrier_destroy(&go);
+    }
+    close(sb->fd);
+    sb->ops->destroy(sb);
+  }
+  unlink(agent);
+  rmdir(dir);
+}
+
 TEST_MAIN(TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed),
-          TEST(qemu_ran_only_past_its_spawn))
+          TEST(qemu_ran_only_past_its_spawn), TEST(proc_reaps_once_and_never_signals_after),
+          TEST(ns_death_reason_is_the_same_for_every_caller))
