@@ -84,6 +84,47 @@ describe('host is invisible', () => {
     assert.equal(r.stdout, 'done\n');
   });
 
+  test('no host path in the mount table, no server pid in /proc/self/cgroup', T, async () => {
+    // The rootfs tree, the build directory and the checkout the server runs
+    // from are host paths; so is anything under the setup's /oldroot.
+    const rootfs = fs.realpathSync(process.env.IGN_TEST_ROOTFS_SMALL || path.join(REPO, 'build/rootfs/small'));
+    const hostPaths = [rootfs, REPO, path.dirname(rootfs), '/oldroot'];
+    for (const f of ['/proc/self/mountinfo', '/proc/mounts', '/proc/1/mountinfo']) {
+      const text = await sh(c, sid, `cat ${f} 2>/dev/null || true`);
+      if (f !== '/proc/1/mountinfo') assert.match(text, / \/ /, `${f} is empty: the check is blind`);
+      for (const p of hostPaths) assert.ok(!text.includes(p), `${f} shows the host path ${p}:\n${text}`);
+    }
+    const cg = await sh(c, sid, 'cat /proc/self/cgroup');
+    assert.ok(!/ign-mcp-/.test(cg), `/proc/self/cgroup names the server's groups:\n${cg}`);
+    if (IS_NS) {
+      // Every hierarchy's path is the root of the session's own namespace.
+      const lines = cg.trim().split('\n');
+      assert.ok(lines.length >= 1);
+      for (const l of lines) assert.match(l, /^\d+:[^:]*:\/$/, `not the namespace's root: ${l}`);
+    }
+  });
+
+  test('host kernel files in /proc are masked (empty or absent)', { ...T, skip: NS_ONLY('a microVM has its own kernel: its /proc is the guest\'s') }, async () => {
+    // crun's, runc's and Docker's masked paths, and the ones they miss.
+    const files = ['kcore', 'keys', 'key-users', 'timer_list', 'timer_stats', 'sched_debug', 'latency_stats',
+      'interrupts', 'sysrq-trigger', 'slabinfo', 'vmallocinfo', 'config.gz', 'cmdline', 'kallsyms',
+      'kpagecount', 'kpageflags', 'kpagecgroup'];
+    const dirs = ['acpi', 'asound', 'scsi'];
+    // On the host they exist and have content, or the check would be blind.
+    const hostHas = files.filter((f) => fs.existsSync(`/proc/${f}`));
+    for (const f of ['key-users', 'slabinfo', 'cmdline', 'config.gz', 'interrupts']) {
+      if (fs.existsSync(`/proc/${f}`)) assert.ok(fs.readFileSync(`/proc/${f}`).length > 0, `host /proc/${f} is empty`);
+    }
+    const out = await sh(c, sid, `for f in ${files.join(' ')}; do printf '%s ' $f; if [ -e /proc/$f ]; then head -c 4096 /proc/$f 2>/dev/null | wc -c; else echo absent; fi; done; for d in ${dirs.join(' ')}; do printf '%s ' $d; ls -A /proc/$d 2>/dev/null | wc -l; done`);
+    const seen = Object.fromEntries(out.trim().split('\n').map((l) => l.trim().split(/\s+/)));
+    for (const f of hostHas) assert.ok(seen[f] === '0' || seen[f] === 'absent', `/proc/${f} shows ${seen[f]} bytes of the host's`);
+    for (const d of dirs) assert.equal(seen[d], '0', `/proc/${d} is not empty`);
+    // Masks cannot be written through or removed.
+    const w = await run(c, sid, 'echo c > /proc/sysrq-trigger; umount /proc/keys; echo rc=$?');
+    assert.match(w.stdout, /rc=[1-9]/);
+    assert.equal(await sh(c, sid, 'wc -c < /proc/keys'), '0\n');
+  });
+
   test('only lo exists in the network namespace', T, async () => {
     const dev = await sh(c, sid, 'cat /proc/net/dev');
     const ifaces = dev.split('\n').slice(2).map((l) => l.split(':')[0].trim()).filter(Boolean);

@@ -1,6 +1,6 @@
 /* test_agent_ns.c: ign-agent --ns, for real.  Like the server's ns backend,
- * each test clones the agent into new mount, pid, net, ipc, uts and cgroup
- * namespaces over a tiny busybox rootfs built in /tmp, then checks from
+ * each test clones the agent into new mount, pid, net, ipc and uts
+ * namespaces (the agent makes its cgroup namespace itself) over a tiny busybox rootfs built in /tmp, then checks from
  * inside what the sandbox shows and refuses: only the rootfs, only its own
  * processes, no capabilities, no mounts or user namespaces, read-only
  * /proc/sys, loopback only, a size-capped overlay, and an end to everything
@@ -51,8 +51,7 @@ static bool sandbox_start_with(struct sandbox *s, const char *rootfs) {
   char agent[PATH_MAX];
   if (!realpath(ac_agent_path(), agent))
     return false;
-  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-               CLONE_NEWCGROUP | SIGCHLD;
+  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
   pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
   if (pid < 0) {
     fprintf(stderr, "  clone: %s\n", strerror(errno));
@@ -142,6 +141,13 @@ static void test_ns_sees_only_the_rootfs(void) {
             "done\n");
   expect_sh(&s, "grep -c ' /proc/sys proc ro,' /proc/mounts", "1\n");
   expect_sh(&s, "grep -c '^overlay / overlay ' /proc/mounts", "1\n");
+  /* No host path in the mount table (the rootfs is under ns_base), and the
+   * cgroup namespace's root is the sandbox's own group. */
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "cat /proc/self/mountinfo /proc/mounts | grep -cF -e '%s' -e /oldroot || true",
+           ns_base);
+  expect_sh(&s, cmd, "0\n");
+  expect_sh(&s, "grep -v ':/$' /proc/self/cgroup; echo done", "done\n");
   STOP(s);
 }
 
@@ -369,6 +375,12 @@ static int probe_rules_in_child(const struct sock_filter *filter, long len) {
               strerrorname_np(rules[i].err));
       bad++;
     }
+  }
+  /* With real arguments too: the host's device events, and vsock. */
+  if (socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT) >= 0 || errno != EPERM ||
+      socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0) >= 0 || errno != EPERM) {
+    fprintf(stderr, "  a uevent or vsock socket was not refused with EPERM\n");
+    bad++;
   }
   /* What a sandbox needs still works under it. */
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
