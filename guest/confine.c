@@ -1,6 +1,7 @@
 /* confine.c: the privilege drop that ends a namespace sandbox's setup.
  *
  * uid stays 0 inside (tools expect root), but root stops meaning anything:
+ *   - open files are capped per process (CONFINE_MAX_OPEN_FILES), for good;
  *   - securebits NOROOT (locked): execve no longer grants root capabilities;
  *   - the bounding set is emptied, ambient cleared, and capset() zeroes the
  *     effective, permitted and inheritable sets of the agent itself;
@@ -21,6 +22,7 @@
 #include <seccomp.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -99,6 +101,12 @@ static int confine_seccomp(void) {
 }
 
 int confine_drop_privileges(void) {
+  struct rlimit nofile = {CONFINE_MAX_OPEN_FILES, CONFINE_MAX_OPEN_FILES};
+  if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) {
+    int err = errno;
+    agent_log("cannot limit open files to %d: %s", CONFINE_MAX_OPEN_FILES, strerror(err));
+    return -err;
+  }
   int r = confine_drop_caps();
   if (r < 0)
     return r;

@@ -71,6 +71,14 @@ struct confine_rule {
 
 #define CONFINE_MAX_RULES 256
 
+/* Open files per process (RLIMIT_NOFILE, soft and hard; raising it needs
+ * CAP_SYS_RESOURCE, which is gone).  With the session's pids limit this
+ * bounds the files a session holds in its file tables: the host's file
+ * table (fs.file-max) is shared with every other process, and without it a
+ * session could fill it within its memory limit.  The agent itself needs
+ * fewer than 400 (agent.h's caps). */
+#define CONFINE_MAX_OPEN_FILES 1024
+
 /* Ints are compared on their low 32 bits: the kernel ignores the upper ones,
  * so a filter comparing all 64 could be passed with 1 << 32 | AF_VSOCK. */
 #define CONFINE_INT_EQ(a, v) {.arg = (a), .op = CONFINE_MASKED_EQ, .mask = 0xffffffffu, .datum = (uint64_t)(v)}
