@@ -16,8 +16,11 @@
  *     dumpable; the seccomp bypass through ptrace was closed in Linux 4.8;
  *   - personality: gdb turns off address randomization with it; the one
  *     dangerous flag, MMAP_PAGE_ZERO, is void without CAP_SYS_RAWIO;
- *   - mbind, set_mempolicy, move_pages: NUMA placement of one's own memory;
- *     moving another process's pages needs CAP_SYS_NICE;
+ *   - mbind, get_mempolicy, set_mempolicy, set_mempolicy_home_node,
+ *     move_pages: NUMA placement of one's own memory; moving another
+ *     process's pages needs CAP_SYS_NICE;
+ *   - fanotify_init: without CAP_SYS_ADMIN only its limited mode, which
+ *     watches what the caller may read anyway;
  *   - socket families AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK (but
  *     NETLINK_KOBJECT_UEVENT): what programs use on a machine that has only
  *     a loopback interface.  Every other family is refused: AF_VSOCK reaches
@@ -46,6 +49,11 @@
 
 #ifndef CLONE_NEWCGROUP
 #define CLONE_NEWCGROUP 0x02000000
+#endif
+/* Linux 6.15, newer than some C libraries' headers: 467 on every
+ * architecture but alpha, whose numbers are its own. */
+#if !defined(__NR_open_tree_attr) && !defined(__alpha__)
+#define __NR_open_tree_attr 467
 #endif
 
 enum confine_cmp_op {
@@ -81,7 +89,8 @@ struct confine_rule {
 
 /* Ints are compared on their low 32 bits: the kernel ignores the upper ones,
  * so a filter comparing all 64 could be passed with 1 << 32 | AF_VSOCK. */
-#define CONFINE_INT_EQ(a, v) {.arg = (a), .op = CONFINE_MASKED_EQ, .mask = 0xffffffffu, .datum = (uint64_t)(v)}
+#define CONFINE_INT_EQ(a, v) \
+  {.arg = (a), .op = CONFINE_MASKED_EQ, .mask = 0xffffffffu, .datum = (uint64_t)(v)}
 
 #define CONFINE_DENY(sys, ...) \
   {.name = #sys, .nr = __NR_##sys, .err = EPERM, .probe = {__VA_ARGS__}}
@@ -99,6 +108,9 @@ static const struct confine_rule confine_plain_rules[] = {
     CONFINE_DENY(move_mount, -1, 1, -1, 1, -1),
     CONFINE_DENY(open_tree, -1, 1, -1),
     CONFINE_DENY(mount_setattr, -1, 1, -1, 0, 0),
+#ifdef __NR_open_tree_attr
+    CONFINE_DENY(open_tree_attr, -1, 1, -1, 0, 0),
+#endif
     /* Namespaces: a user namespace would give capabilities back. */
     CONFINE_DENY(setns, -1, 0),
     CONFINE_DENY(unshare, -1),
@@ -147,13 +159,34 @@ static const struct confine_rule confine_plain_rules[] = {
     CONFINE_DENY(keyctl, 1000, 0, 0, 0, 0),
     CONFINE_DENY(add_key, 1, 1, 0, 0, 0),
     CONFINE_DENY(request_key, 1, 1, 1, 0),
-    /* Obsolete interfaces: the a.out loader, and binary sysctl, which writes
-     * kernel settings around the read-only /proc/sys. */
+    /* Obsolete interfaces, as in Docker's profile: the a.out loader, binary
+     * sysctl (which writes kernel settings around the read-only /proc/sys),
+     * the old module calls, and two that tell about the host's filesystems.
+     * Most answer ENOSYS on a current kernel; where one is built in, it is
+     * attack surface nothing uses. */
 #ifdef __NR_uselib
     CONFINE_DENY(uselib, 1),
 #endif
 #ifdef __NR__sysctl
     CONFINE_DENY(_sysctl, 1),
+#endif
+#ifdef __NR_ustat
+    CONFINE_DENY(ustat, 0, 1),
+#endif
+#ifdef __NR_sysfs
+    CONFINE_DENY(sysfs, 100, 0, 0),
+#endif
+#ifdef __NR_nfsservctl
+    CONFINE_DENY(nfsservctl, 0, 0, 0),
+#endif
+#ifdef __NR_create_module
+    CONFINE_DENY(create_module, 1, 0),
+#endif
+#ifdef __NR_get_kernel_syms
+    CONFINE_DENY(get_kernel_syms, 1),
+#endif
+#ifdef __NR_query_module
+    CONFINE_DENY(query_module, 1, 0, 0, 0, 0),
 #endif
 };
 
