@@ -140,12 +140,13 @@ static int ns_enter_tmpfs(unsigned overlay_mb) {
 
 /* Step 3: the rootfs tree under a writable overlay at /newroot. */
 static int ns_mount_overlay(const char *rootfs) {
-  char lower[PATH_MAX], opts[PATH_MAX + 64];
+  char lower[PATH_MAX];
   struct stat st;
-  if (rootfs[0] != '/' || strpbrk(rootfs, ",:\\")) {
-    /* overlayfs splits its options on these characters. */
+  /* Any absolute path: it reaches overlayfs as /lower, not in its options
+   * (which split on ',', ':' and '\\'). */
+  if (rootfs[0] != '/') {
     errno = EINVAL;
-    return ns_fail("rootfs '%s' must be an absolute path without ',', ':' or '\\'", rootfs);
+    return ns_fail("rootfs '%s' must be an absolute path", rootfs);
   }
   int n = snprintf(lower, sizeof lower, "/oldroot%s", rootfs);
   if (n < 0 || (size_t)n >= sizeof lower) {
@@ -167,8 +168,8 @@ static int ns_mount_overlay(const char *rootfs) {
   int r = ns_bind(lower, "/lower");
   if (r < 0)
     return r;
-  snprintf(opts, sizeof opts, "lowerdir=/lower,upperdir=/upper,workdir=/work");
-  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV, opts);
+  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV,
+                  "lowerdir=/lower,upperdir=/upper,workdir=/work");
 }
 
 /* Step 4a: a fresh proc for our pid namespace, with Docker's masks and a

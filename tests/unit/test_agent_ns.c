@@ -437,6 +437,22 @@ static void test_ns_seccomp_every_rule(void) {
   STOP(s);
 }
 
+/* A rootfs path with the characters overlayfs splits its options on. */
+static void test_ns_rootfs_path_with_commas(void) {
+  char odd[160];
+  snprintf(odd, sizeof odd, "%s/a,b:c\\d", ns_base);
+  CHECK(symlink("rootfs", odd) == 0 || errno == EEXIST);
+  struct sandbox s;
+  if (!sandbox_start_with(&s, odd)) {
+    CHECK(!"cannot start the sandbox");
+    return;
+  }
+  expect_sh(&s, "test -x /bin/busybox && echo ok", "ok\n");
+  expect_sh(&s, "grep -c 'a,b' /proc/self/mountinfo || true", "0\n");
+  STOP(s);
+  unlink(odd);
+}
+
 static void test_ns_setup_failure_is_reported(void) {
   struct sandbox s;
   CHECK(sandbox_start_with(&s, "/nonexistent/rootfs"));
@@ -507,6 +523,7 @@ int main(void) {
       TEST(test_ns_overlay_is_capped),
       TEST(test_ns_eof_ends_everything),
       TEST(test_ns_seccomp_every_rule),
+      TEST(test_ns_rootfs_path_with_commas),
       TEST(test_ns_setup_failure_is_reported),
   };
   const char *skip = geteuid() != 0 ? "needs root" : build_rootfs();
