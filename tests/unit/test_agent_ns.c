@@ -1,10 +1,11 @@
 /* test_agent_ns.c: ign-agent --ns, for real.  Like the server's ns backend,
  * each test clones the agent into new mount, pid, net, ipc and uts
- * namespaces (the agent makes its cgroup namespace itself) over a tiny busybox rootfs built in /tmp, then checks from
- * inside what the sandbox shows and refuses: only the rootfs, only its own
- * processes, no capabilities, no mounts or user namespaces, read-only
- * /proc/sys, loopback only, a size-capped overlay, and an end to everything
- * at EOF.
+ * namespaces (the agent makes its cgroup namespace itself) over a tiny
+ * busybox rootfs built in /tmp, then checks from inside what the sandbox
+ * shows and refuses: only the rootfs, only its own processes, no
+ * capabilities, no mounts or user namespaces, read-only /proc/sys, loopback
+ * only, a size-capped overlay, an end to everything at EOF, and every entry
+ * of the seccomp deny list (guest/confine.h) under the live filter.
  *
  * Needs root and Debian's busybox-static; without them it prints one
  * "ok - ... # skip" line and counts it as skipped (tests/run.sh adds up
