@@ -75,6 +75,7 @@ static int confine_seccomp(void) {
     agent_log("cannot create the seccomp filter");
     return -ENOMEM;
   }
+  const struct confine_rule *failed = NULL;
   int r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
   for (size_t i = 0; r >= 0 && i < n; i++) {
     struct scmp_arg_cmp cmp[2];
@@ -88,13 +89,15 @@ static int confine_seccomp(void) {
     r = seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO(rules[i].err), (int)rules[i].nr,
                                rules[i].n_cmp, cmp);
     if (r < 0)
-      agent_log("cannot add the seccomp rule for %s%s%s%s: %s", rules[i].name,
-                rules[i].what ? "(" : "", rules[i].what ? rules[i].what : "",
-                rules[i].what ? ")" : "", strerror(-r));
+      failed = &rules[i];
   }
   if (r >= 0)
     r = seccomp_load(ctx);
-  if (r < 0)
+  if (failed)
+    agent_log("cannot install the seccomp filter: its rule for %s%s%s%s: %s", failed->name,
+              failed->what ? "(" : "", failed->what ? failed->what : "", failed->what ? ")" : "",
+              strerror(-r));
+  else if (r < 0)
     agent_log("cannot install the seccomp filter: %s", strerror(-r));
   seccomp_release(ctx);
   return r;

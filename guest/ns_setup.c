@@ -2,8 +2,7 @@
  *
  * The server clones us into new mount, pid, net, ipc and uts namespaces
  * (the cgroup namespace we make ourselves, see ns_mount_proc); we are PID 1
- * and still see the host's filesystem.  Following
- * bubblewrap's technique:
+ * and still see the host's filesystem.  Following bubblewrap's technique:
  *   1. make every mount private, so nothing we do propagates to the host;
  *   2. mount a tmpfs of --overlay-mb MiB on /tmp and pivot_root into it, so
  *      the host's root sits at /oldroot (with its real /tmp, where a test's
@@ -42,9 +41,9 @@
  *     host kernel's build and boot options, boot secrets included), kallsyms
  *     and the kpage* files (kernel symbols, physical page flags). */
 static const char *const ns_proc_null_files[] = {
-    "kcore",      "keys",       "key-users", "timer_list", "timer_stats", "sched_debug",
-    "latency_stats", "interrupts", "sysrq-trigger", "slabinfo", "vmallocinfo", "config.gz",
-    "cmdline",    "kallsyms",   "kpagecount", "kpageflags", "kpagecgroup",
+    "kcore", "keys", "key-users", "timer_list", "timer_stats", "sched_debug", "latency_stats",
+    "interrupts", "sysrq-trigger", "slabinfo", "vmallocinfo", "config.gz", "cmdline", "kallsyms",
+    "kpagecount", "kpageflags", "kpagecgroup",
 };
 /* Hardware the sandbox has no part in: an empty read-only directory. */
 static const char *const ns_proc_empty_dirs[] = {"acpi", "asound", "scsi"};
