@@ -10,10 +10,11 @@
  * The filter is a deny list (default allow), the complement of Docker's
  * default profile where that matters to us; each entry says why it is here.
  * Kept deliberately allowed, with the reason:
- *   - ptrace, process_vm_readv/writev, kcmp, pidfd_getfd: debuggers and
- *     strace need them; they reach only processes of the same sandbox (its
- *     own pid namespace, no capabilities) and never the agent, which is not
- *     dumpable; the seccomp bypass through ptrace was closed in Linux 4.8;
+ *   - ptrace, process_vm_readv/writev (Docker allows them too), kcmp,
+ *     pidfd_getfd: debuggers and strace need them; they reach only processes
+ *     of the same sandbox (its own pid namespace, no capabilities) and never
+ *     the agent, which is not dumpable; the seccomp bypass through ptrace was
+ *     closed in Linux 4.8;
  *   - personality: gdb turns off address randomization with it; the one
  *     dangerous flag, MMAP_PAGE_ZERO, is void without CAP_SYS_RAWIO;
  *   - mbind, get_mempolicy, set_mempolicy, set_mempolicy_home_node,
