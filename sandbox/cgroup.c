@@ -228,8 +228,9 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
       write_file(dir, "memory.memsw.limit_in_bytes", mem);
       /* v1 charges TCP socket buffers to a counter of their own, unlimited
        * by default: a session could queue the host's TCP memory on loopback
-       * connections it never reads, past its memory limit.  (v2 charges
-       * them to memory.max.) */
+       * connections it never reads, past its memory limit.  Once the
+       * counter is limited, UDP buffers are charged to it too (without, to
+       * nothing).  v2 charges them all to memory.max. */
       char tcp[32];
       snprintf(tcp, sizeof tcp, "%llu", (unsigned long long)memory_mb << 20 >> CG_TCP_SHIFT);
       if ((r = write_file(dir, "memory.kmem.tcp.limit_in_bytes", tcp)) < 0)
