@@ -8,7 +8,8 @@
  *   machine.c   SETUP, hostname, loopback
  *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
  *   vm_init.c   PID 1 of a microVM: modules, root disk, overlay, channel
- *   confine.c   the privilege drop: capabilities, no_new_privs, seccomp
+ *   confine.c   the privilege drop: open files, capabilities, no_new_privs,
+ *               seccomp (its deny list: confine.h)
  * Every request ends with exactly one terminal frame (EXIT, OK, READ_END or
  * ERROR); handlers send it themselves through the agent_send_* helpers. */
 #pragma once

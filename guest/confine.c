@@ -1,6 +1,7 @@
 /* confine.c: the privilege drop that ends a namespace sandbox's setup.
  *
  * uid stays 0 inside (tools expect root), but root stops meaning anything:
+ *   - open files are capped per process (CONFINE_MAX_OPEN_FILES), for good;
  *   - securebits NOROOT (locked): execve no longer grants root capabilities;
  *   - the bounding set is emptied, ambient cleared, and capset() zeroes the
  *     effective, permitted and inheritable sets of the agent itself;
@@ -8,7 +9,9 @@
  *     /proc entries, and so cannot reach the channel;
  *   - no_new_privs, then a seccomp filter (default allow) that refuses the
  *     syscalls which change mounts, namespaces, the kernel or the clock,
- *     even if a capability came back through a kernel bug.
+ *     even if a capability came back through a kernel bug, and the kernel
+ *     interfaces a sandbox has no use for (io_uring, vsock and other socket
+ *     families, uevents, bpf, keyrings, ...): the table in confine.h.
  * The filter is inherited by every command.  Syscalls of other
  * architectures (i386, x32) kill the process: the filter only knows our
  * own numbering. */
@@ -19,35 +22,13 @@
 #include <seccomp.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/util.h"
 #include "guest/agent.h"
-
-static const char *const confine_denied_syscalls[] = {
-    /* mounts and the root */
-    "mount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
-    "open_tree", "mount_setattr",
-    /* namespaces */
-    "setns", "unshare",
-    /* the machine and the kernel */
-    "swapon", "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module",
-    "finit_module", "delete_module", "iopl", "ioperm", "acct", "quotactl", "vhangup",
-    /* the clock */
-    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
-    /* kernel introspection and attack surface */
-    "syslog", "bpf", "perf_event_open", "userfaultfd", "lookup_dcookie",
-    /* file handles bypass path lookup (the shocker escape) */
-    "open_by_handle_at", "name_to_handle_at",
-    /* the kernel keyring is not namespaced */
-    "keyctl", "add_key", "request_key",
-};
-
-static const uint64_t confine_clone_ns_flags[] = {
-    CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
-    CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
-};
+#include "guest/confine.h"
 
 static int confine_drop_caps(void) {
   /* Needs CAP_SETPCAP, so before the sets are cleared. */
@@ -83,50 +64,52 @@ static int confine_drop_caps(void) {
 }
 
 static int confine_seccomp(void) {
-  int r;
+  struct confine_rule rules[CONFINE_MAX_RULES];
+  size_t n = confine_rules(rules, ARRAY_SIZE(rules));
+  if (n > ARRAY_SIZE(rules)) {
+    agent_log("the seccomp deny list has %zu rules, over CONFINE_MAX_RULES", n);
+    return -E2BIG;
+  }
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (!ctx) {
     agent_log("cannot create the seccomp filter");
     return -ENOMEM;
   }
-  r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
-  if (r < 0)
-    goto out;
-  for (size_t i = 0; i < ARRAY_SIZE(confine_denied_syscalls); i++) {
-    int nr = seccomp_syscall_resolve_name(confine_denied_syscalls[i]);
-    if (nr == __NR_SCMP_ERROR)
-      continue; /* not a syscall on this architecture (iopl on arm64) */
-    r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+  const struct confine_rule *failed = NULL;
+  int r = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+  for (size_t i = 0; r >= 0 && i < n; i++) {
+    struct scmp_arg_cmp cmp[2];
+    for (unsigned k = 0; k < rules[i].n_cmp; k++) {
+      const struct confine_cmp *c = &rules[i].cmp[k];
+      cmp[k] = c->op == CONFINE_GE
+                   ? (struct scmp_arg_cmp){.arg = c->arg, .op = SCMP_CMP_GE, .datum_a = c->datum}
+                   : (struct scmp_arg_cmp){.arg = c->arg, .op = SCMP_CMP_MASKED_EQ,
+                                           .datum_a = c->mask, .datum_b = c->datum};
+    }
+    r = seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO(rules[i].err), (int)rules[i].nr,
+                               rules[i].n_cmp, cmp);
     if (r < 0)
-      goto out;
+      failed = &rules[i];
   }
-  /* clone() may not create namespaces (a user namespace would give back
-   * capabilities); one rule per flag since a rule cannot test "any bit". */
-  for (size_t i = 0; i < ARRAY_SIZE(confine_clone_ns_flags); i++) {
-    uint64_t f = confine_clone_ns_flags[i];
-#if defined(__s390__) || defined(__s390x__)
-    struct scmp_arg_cmp cmp = SCMP_A1(SCMP_CMP_MASKED_EQ, f, f); /* flags come second there */
-#else
-    struct scmp_arg_cmp cmp = SCMP_A0(SCMP_CMP_MASKED_EQ, f, f);
-#endif
-    r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, cmp);
-    if (r < 0)
-      goto out;
-  }
-  /* clone3 passes its flags in memory, out of a filter's reach: ENOSYS
-   * makes libc fall back to clone(), which the rules above check. */
-  r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  if (r < 0)
-    goto out;
-  r = seccomp_load(ctx);
-out:
-  if (r < 0)
+  if (r >= 0)
+    r = seccomp_load(ctx);
+  if (failed)
+    agent_log("cannot install the seccomp filter: its rule for %s%s%s%s: %s", failed->name,
+              failed->what ? "(" : "", failed->what ? failed->what : "", failed->what ? ")" : "",
+              strerror(-r));
+  else if (r < 0)
     agent_log("cannot install the seccomp filter: %s", strerror(-r));
   seccomp_release(ctx);
   return r;
 }
 
 int confine_drop_privileges(void) {
+  struct rlimit nofile = {CONFINE_MAX_OPEN_FILES, CONFINE_MAX_OPEN_FILES};
+  if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) {
+    int err = errno;
+    agent_log("cannot limit open files to %d: %s", CONFINE_MAX_OPEN_FILES, strerror(err));
+    return -err;
+  }
   int r = confine_drop_caps();
   if (r < 0)
     return r;

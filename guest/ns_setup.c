@@ -1,8 +1,8 @@
 /* ns_setup.c: the filesystem and identity of a namespace sandbox (--ns).
  *
- * The server clones us into new mount, pid, net, ipc, uts and cgroup
- * namespaces; we are PID 1 and still see the host's filesystem.  Following
- * bubblewrap's technique:
+ * The server clones us into new mount, pid, net, ipc and uts namespaces
+ * (the cgroup namespace we make ourselves, see ns_mount_proc); we are PID 1
+ * and still see the host's filesystem.  Following bubblewrap's technique:
  *   1. make every mount private, so nothing we do propagates to the host;
  *   2. mount a tmpfs of --overlay-mb MiB on /tmp and pivot_root into it, so
  *      the host's root sits at /oldroot (with its real /tmp, where a test's
@@ -18,6 +18,7 @@
  * line and aborts the setup: a half-built sandbox is never served. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -29,10 +30,23 @@
 #include "common/util.h"
 #include "guest/agent.h"
 
+/* /proc as container runtimes show it (the masked and read-only paths of
+ * crun, runc and Docker), and more: files whose content is the host's and
+ * no business of a sandbox are replaced by /dev/null (read as empty).
+ *   Docker's: kcore, keys, timer_list, timer_stats, sched_debug,
+ *     latency_stats, interrupts, and sysrq-trigger (read-only there; a
+ *     write can crash the host, so nothing here);
+ *   ours: key-users (who holds keys on the host), slabinfo and vmallocinfo
+ *     (the kernel heap's layout, for exploits), config.gz and cmdline (the
+ *     host kernel's build and boot options, boot secrets included), kallsyms
+ *     and the kpage* files (kernel symbols, physical page flags). */
 static const char *const ns_proc_null_files[] = {
-    "kcore", "keys", "timer_list", "sched_debug", "sysrq-trigger", "latency_stats",
+    "kcore", "keys", "key-users", "timer_list", "timer_stats", "sched_debug", "latency_stats",
+    "interrupts", "sysrq-trigger", "slabinfo", "vmallocinfo", "config.gz", "cmdline", "kallsyms",
+    "kpagecount", "kpageflags", "kpagecgroup",
 };
-static const char *const ns_proc_empty_dirs[] = {"acpi", "scsi"};
+/* Hardware the sandbox has no part in: an empty read-only directory. */
+static const char *const ns_proc_empty_dirs[] = {"acpi", "asound", "scsi"};
 static const char *const ns_proc_readonly[] = {"sys", "bus", "fs", "irq"};
 static const char *const ns_dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
 static const struct {
@@ -125,12 +139,13 @@ static int ns_enter_tmpfs(unsigned overlay_mb) {
 
 /* Step 3: the rootfs tree under a writable overlay at /newroot. */
 static int ns_mount_overlay(const char *rootfs) {
-  char lower[PATH_MAX], opts[PATH_MAX + 64];
+  char lower[PATH_MAX];
   struct stat st;
-  if (rootfs[0] != '/' || strpbrk(rootfs, ",:\\")) {
-    /* overlayfs splits its options on these characters. */
+  /* Any absolute path: it reaches overlayfs as /lower, not in its options
+   * (which split on ',', ':' and '\\'). */
+  if (rootfs[0] != '/') {
     errno = EINVAL;
-    return ns_fail("rootfs '%s' must be an absolute path without ',', ':' or '\\'", rootfs);
+    return ns_fail("rootfs '%s' must be an absolute path", rootfs);
   }
   int n = snprintf(lower, sizeof lower, "/oldroot%s", rootfs);
   if (n < 0 || (size_t)n >= sizeof lower) {
@@ -143,14 +158,31 @@ static int ns_mount_overlay(const char *rootfs) {
     errno = ENOTDIR;
     return ns_fail("rootfs '%s'", rootfs);
   }
-  snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=/upper,workdir=/work", lower);
-  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV, opts);
+  /* The overlay's options are shown in /proc/self/mountinfo: the rootfs is
+   * bound at /lower first, so that they name it and not its host path.  The
+   * bind goes with the setup tmpfs at the end; the overlay keeps its own
+   * reference to the layer. */
+  if (mkdir("/lower", 0755) < 0)
+    return ns_fail("cannot create /lower");
+  int r = ns_bind(lower, "/lower");
+  if (r < 0)
+    return r;
+  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV,
+                  "lowerdir=/lower,upperdir=/upper,workdir=/work");
 }
 
-/* Step 4a: a fresh proc for our pid namespace, with Docker's masks. */
+/* Step 4a: a fresh proc for our pid namespace, with Docker's masks and a
+ * cgroup namespace of our own. */
 static int ns_mount_proc(void) {
   char path[PATH_MAX];
   int r;
+  /* /proc/self/cgroup shows paths from the root of the reader's cgroup
+   * namespace.  The server has put us in the session's groups before
+   * letting us run, so a namespace made now has them as its root: "/"
+   * instead of the server's pid and group names.  (Created by the server's
+   * clone, it would have the server's group as its root.) */
+  if (unshare(CLONE_NEWCGROUP) < 0)
+    return ns_fail("cannot create a cgroup namespace");
   if ((r = ns_ensure_dir("/newroot/proc", 0555)) < 0 ||
       (r = ns_mount("proc", "/newroot/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL)) < 0)
     return r;

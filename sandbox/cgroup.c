@@ -1,4 +1,6 @@
 /* cgroup.c: memory and pids limits for one sandbox, on cgroup v1 or v2.
+ * On v1 the TCP socket buffers, which it counts apart, get a quarter of the
+ * memory limit; v2 counts them in the memory limit.
  *
  * Each sandbox gets a group named ign-mcp-<server pid>-<n> beside the
  * server's own group (so a server started under a delegated cgroup keeps
@@ -32,6 +34,8 @@
 #define CG_ROOT "/sys/fs/cgroup"
 #define CG_PREFIX "ign-mcp-"
 #define CG_V2_SHARED CG_ROOT "/ignition-mcp"
+/* v1: TCP socket buffers get the memory limit >> this (a quarter). */
+#define CG_TCP_SHIFT 2
 
 struct cgroup {
   char *dirs[2];
@@ -220,8 +224,20 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
       cgroup_destroy(steal_ptr(cg));
       return r;
     }
-    if (i == 0)
+    if (i == 0) {
       write_file(dir, "memory.memsw.limit_in_bytes", mem);
+      /* v1 charges TCP socket buffers to a counter of their own, unlimited
+       * by default: a session could queue the host's TCP memory on loopback
+       * connections it never reads, past its memory limit.  Once the
+       * counter is limited, UDP buffers are charged to it too (without, to
+       * nothing).  v2 charges them all to memory.max. */
+      char tcp[32];
+      snprintf(tcp, sizeof tcp, "%llu", (unsigned long long)memory_mb << 20 >> CG_TCP_SHIFT);
+      if ((r = write_file(dir, "memory.kmem.tcp.limit_in_bytes", tcp)) < 0)
+        log_warn("cannot limit the TCP buffers of cgroup %s: %s; a session can queue host TCP "
+                 "memory past its memory limit",
+                 dir, strerror(-r));
+    }
   }
   *ret = steal_ptr(cg);
   return 0;

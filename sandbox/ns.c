@@ -58,8 +58,9 @@ struct clone_args_ns {
  * system calls only. */
 static int clone_agent(void *p) {
   struct clone_args_ns *a = p;
-  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-               CLONE_NEWCGROUP | SIGCHLD;
+  /* No CLONE_NEWCGROUP: the agent makes its cgroup namespace once it is in
+   * the session's groups (guest/ns_setup.c). */
+  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
   pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
   if (pid < 0)
     return -errno;

@@ -14,6 +14,8 @@
 // | closes its stdout and keeps running   | here: 'closes its stdout'                                      |
 // | ignores SIGTERM at its timeout        | here: 'ignores SIGTERM'                                        |
 // | loading a kernel module               | here: 'loading a kernel module'                                |
+// | holding open files                    | here: 'holding open files' (ns)                                |
+// | queueing socket buffers               | here: 'queueing socket buffers' (ns)                           |
 // | reading host files                    | isolation.test.mjs: 'host files are not visible', 'the root filesystem is the rootfs, not the host' |
 // | reaching the network                  | isolation.test.mjs: 'the sandbox cannot reach a TCP listener on the host', '/dev/tcp to the host listener fails' |
 // | writing /proc/sys                     | isolation.test.mjs: 'kernel knobs cannot be written' (ns), '... written in the guest do not reach the host' (vm) |
@@ -34,7 +36,7 @@ import path from 'node:path';
 import {
   startServer, call, openSession, run, sh, uniq, uniqueSleepSecs, findProcs, waitUntil, sleep,
   IS_NS, IS_VM, NS_ONLY, VM_DIR, qemuChildren, descendants, vmRssKiB, textOf, fencePidsStat,
-  FENCE_PIDS,
+  FENCE_PIDS, TOOLS_SKIP,
 } from './lib.mjs';
 
 const T = { timeout: 120_000 };
@@ -107,7 +109,8 @@ async function sessionCgroups(c, sid) {
     if (m[1] === '' && fs.existsSync('/sys/fs/cgroup/cgroup.controllers')) out.pids = out.memory = `/sys/fs/cgroup${m[2]}`;
     for (const k of ['pids', 'memory']) if (m[1].split(',').includes(k)) out[k] = `/sys/fs/cgroup/${k}${m[2]}`;
   }
-  await sh(c, sid, `pkill -f 'sleep ${n}' || kill $(pidof sleep) 2>/dev/null; true`);
+  // (The bracket keeps pkill from matching this shell's own command line.)
+  await sh(c, sid, `pkill -f 'slee[p] ${n}' || kill $(pidof sleep) 2>/dev/null; true`);
   assert.ok(out.pids && out.memory, `no pids/memory cgroup for the session: ${JSON.stringify(out)}`);
   return out;
 }
@@ -381,5 +384,130 @@ describe('a cap made small', () => {
     assert.ok(size <= 17 * 1024 * 1024, `wrote ${size} bytes past a 16 MiB cap`);
     assert.equal(await sh(s.client, sid, 'rm /root/big; echo ok > /root/small; cat /root/small'), 'ok\n');
     t.diagnostic(`IGN_MCP_OVERLAY_MB=16: ENOSPC at ${(size / 1048576).toFixed(1)} MiB`);
+  });
+});
+
+/* The host's file table: files allocated, and its size (fs.file-max). */
+const hostFiles = () => {
+  const [used, , max] = fs.readFileSync('/proc/sys/fs/file-nr', 'utf8').trim().split(/\s+/).map(Number);
+  return { used, max };
+};
+
+describe('kernel resources shared with the host (ns)', () => {
+  test('holding open files: EMFILE at 1024 per process, so a session holds at most 1024 x its pids limit; the host\'s file table is unaffected', { ...T, skip: NS_ONLY('a microVM\'s files are in its own kernel\'s table') }, async (t) => {
+    const PIDS = 24;
+    const s = await startServer({ fence: true, env: { IGN_MCP_PIDS: PIDS } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    await assertSandboxed(s.client, sid);
+    const cg = await sessionCgroups(s.client, sid);
+    assert.equal(await sh(s.client, sid, 'ulimit -n; ulimit -Hn'), '1024\n1024\n');
+    const raise = await run(s.client, sid, 'ulimit -n 1025; echo rc=$?');
+    assert.match(raise.stdout, /rc=[1-9]/, `the limit could be raised: ${JSON.stringify(raise)}`);
+    // One shell fills every descriptor up to the limit; then a child's
+    // open() gets EMFILE.
+    const fill = 'i=3; while [ $i -lt 1024 ]; do eval "exec $i</bin/busybox" || break; i=$((i+1)); done';
+    const one = await run(s.client, sid, `${fill}; echo filled $i; head -c 1 /bin/busybox > /dev/null; echo rc=$?`);
+    assert.match(one.stdout, /^filled 1024\n/, JSON.stringify(one).slice(0, 400));
+    assert.match(one.stderr, /Too many open files/, JSON.stringify(one).slice(0, 400));
+    assert.match(one.stdout, /rc=[1-9]/);
+    // Every process the session may have does the same and keeps them open.
+    const before = hostFiles();
+    const k = uniqueSleepSecs();
+    // The agent, this shell and its sleep take three of the session's pids.
+    const holders = PIDS - 3;
+    const many = await run(s.client, sid, `n=0; while [ $n -lt ${holders} ]; do (${fill}; exec sleep ${k}) 2>/dev/null & n=$((n+1)); done; sleep 3; echo started`, { timeout_s: 60 });
+    assert.equal(many.stdout, 'started\n', JSON.stringify(many).slice(0, 400));
+    const during = hostFiles();
+    const held = findProcs(['sleep', String(k)]).length;
+    const grew = during.used - before.used;
+    // Every descriptor of every process in the session, counted from the
+    // host: no more than the bound, and the holders did hold theirs.
+    const procs = fs.readFileSync(`${cg.pids}/cgroup.procs`, 'utf8').trim().split('\n').filter(Boolean);
+    let fds = 0;
+    for (const p of procs) {
+      try {
+        fds += fs.readdirSync(`/proc/${p}/fd`).length;
+      } catch {}
+    }
+    assert.equal(held, holders, `${held} of ${holders} holders running`);
+    assert.ok(procs.length <= PIDS, `${procs.length} processes in a session limited to ${PIDS}`);
+    assert.ok(fds >= holders * 1000, `the holders hold only ${fds} descriptors: the check is blind`);
+    assert.ok(fds <= PIDS * 1024, `the session holds ${fds} descriptors, over ${PIDS} x 1024`);
+    // The host can still open files; its table is far from full.
+    fs.closeSync(fs.openSync('/proc/self/status', 'r'));
+    assert.ok(during.used < during.max / 2, `the host's file table is at ${during.used} of ${during.max}`);
+    await sh(s.client, sid, `pkill -f 'slee[p] ${k}'; true`);
+    t.diagnostic(`open files: EMFILE at 1024 per process; ${procs.length} processes in the session hold ${fds} descriptors (bound ${PIDS} x 1024 = ${PIDS * 1024}); the host's file table grew by ${grew} meanwhile (other tenants included), to ${during.used} of ${during.max}`);
+  });
+
+  test('queueing socket buffers: TCP connections and UDP sockets on loopback, written and never read, stay within a quarter of the memory limit (v1: memory.kmem.tcp)', { ...T, skip: TOOLS_SKIP || NS_ONLY('a microVM\'s sockets are in its own kernel and RAM') }, async (t) => {
+    const s = await startServer({ fence: true, tools: true, env: { IGN_MCP_MEMORY_MB: 64 } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    await assertSandboxed(s.client, sid);
+    const cg = await sessionCgroups(s.client, sid);
+    const v1 = fs.existsSync(`${cg.memory}/memory.kmem.tcp.limit_in_bytes`);
+    const limit = v1 ? readInt(`${cg.memory}/memory.kmem.tcp.limit_in_bytes`) : readInt(`${cg.memory}/memory.max`);
+    if (v1) assert.equal(limit, (64 << 20) / 4, 'the session\'s TCP buffer limit is not a quarter of its 64 MiB');
+    const sockstat = (proto = 'TCP') => Number(fs.readFileSync('/proc/net/sockstat', 'utf8').match(new RegExp(`^${proto}: .* mem (\\d+)$`, 'm'))[1]) * 4096;
+    const hostBefore = sockstat();
+    // 29 connections, each written without blocking until the kernel says
+    // EAGAIN; the reader never reads.  The writer then holds them open.
+    const py = [
+      'import socket, sys, time',
+      'srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(64)',
+      'conns, total = [], 0',
+      'for i in range(29):',
+      '    c = socket.create_connection(srv.getsockname()); a, _ = srv.accept(); c.setblocking(False); conns.append((c, a))',
+      '    while True:',
+      '        try: total += c.send(b"x" * 65536)',
+      '        except BlockingIOError: break',
+      'print(total, flush=True)',
+      'time.sleep(30)',
+    ].join('\n');
+    await call(s.client, 'write_file', { session_id: sid, path: '/root/flood.py', content_base64: Buffer.from(py).toString('base64') });
+    const r = await run(s.client, sid, 'python3 /root/flood.py > /root/queued & for i in $(seq 200); do [ -s /root/queued ] && break; sleep 0.1; done; cat /root/queued', { timeout_s: 60 });
+    const queued = Number(r.stdout.trim());
+    assert.ok(queued > 0, `the writer queued nothing: ${JSON.stringify(r).slice(0, 400)}`);
+    const hostDuring = sockstat();
+    const peak = v1 ? readInt(`${cg.memory}/memory.kmem.tcp.max_usage_in_bytes`) : readInt(`${cg.memory}/memory.peak`);
+    await sh(s.client, sid, 'pkill -f floo[d].py; true');
+    assert.equal(await sh(s.client, sid, 'echo alive'), 'alive\n');
+    const figure = `${(queued / 1048576).toFixed(1)} MiB queued on 29 unread loopback connections; the session's TCP memory peaked at ${(peak / 1048576).toFixed(1)} MiB of ${(limit / 1048576).toFixed(0)} MiB; host sockstat TCP mem ${(hostBefore / 1048576).toFixed(1)} -> ${(hostDuring / 1048576).toFixed(1)} MiB`;
+    // The kernel still grants each socket a little past the limit (the first
+    // buffer of a send, a FIN: forced charges), so the bound is the limit
+    // plus that much per connection; without the limit the same writer
+    // queues some 4 MiB per connection.
+    const slack = 29 * (128 << 10);
+    assert.ok(queued <= limit + slack, figure);
+    if (v1) assert.ok(peak <= limit + slack, figure);
+
+    // UDP: 400 sockets, each sent datagrams until EAGAIN, never read.  The
+    // datagrams that do not fit are dropped; what is queued counts against
+    // the same limit.  (sockstat's figure is the host's: other tenants add a
+    // little.)
+    const udp = [
+      'import socket, time',
+      'keep = []',
+      'for i in range(400):',
+      '    r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(("127.0.0.1", 0))',
+      '    w = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); w.setblocking(False); keep.append((r, w))',
+      '    for j in range(64):',
+      '        try: w.sendto(b"x" * 8000, r.getsockname())',
+      '        except BlockingIOError: break',
+      'print("sent", flush=True)',
+      'time.sleep(30)',
+    ].join('\n');
+    await call(s.client, 'write_file', { session_id: sid, path: '/root/udp.py', content_base64: Buffer.from(udp).toString('base64') });
+    const udpBefore = sockstat('UDP');
+    const u = await run(s.client, sid, 'python3 /root/udp.py > /root/sent & for i in $(seq 300); do [ -s /root/sent ] && break; sleep 0.1; done; cat /root/sent', { timeout_s: 60 });
+    assert.equal(u.stdout, 'sent\n', JSON.stringify(u).slice(0, 400));
+    const udpDuring = sockstat('UDP');
+    await sh(s.client, sid, 'pkill -f ud[p].py; true');
+    const udpFigure = `UDP: 400 unread sockets queued ${((udpDuring - udpBefore) / 1048576).toFixed(1)} MiB (host sockstat UDP mem ${(udpBefore / 1048576).toFixed(1)} -> ${(udpDuring / 1048576).toFixed(1)} MiB); without the limit each may hold its 208 KiB receive buffer, 81 MiB in all`;
+    assert.ok(udpDuring - udpBefore > 1 << 20, `the UDP sockets queued almost nothing: the check is blind; ${udpFigure}`);
+    if (v1) assert.ok(udpDuring - udpBefore <= limit + (1 << 20), udpFigure);
+    t.diagnostic(`TCP buffers: ${figure}; ${udpFigure}`);
   });
 });

@@ -14,7 +14,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { startServer, startRaw, call, callErr, openSession, run, sh, findProcs, uniqueSleepSecs, waitUntil, sleep, textOf, REPO, IS_NS, IS_VM } from './lib.mjs';
+import { startServer, startRaw, call, callErr, openSession, run, sh, findProcs, uniqueSleepSecs, waitUntil, sleep, textOf, REPO, IS_NS, IS_VM, TOOLS_SKIP } from './lib.mjs';
 
 const T = { timeout: 120_000 };
 const MiB = 1 << 20;
@@ -420,6 +420,52 @@ const ROWS = [
         assert.match(await callErr(c, 'run', { session_id: sid, command: 'pwd', cwd: `${d}x` }), /^run: 'cwd' is 4096 bytes, over its cap of 4095 bytes; use a shorter path$/);
       }),
   },
+  {
+    row: 'open files',
+    run: () =>
+      withServer({}, async (c) => {
+        const sid = await openSession(c);
+        // ns: 1024 soft and hard, set by the agent; vm: the guest kernel's
+        // defaults for its init, 1024 soft.
+        assert.equal(await sh(c, sid, 'ulimit -n'), '1024\n');
+        if (IS_NS) {
+          assert.equal(await sh(c, sid, 'ulimit -Hn'), '1024\n');
+          assert.match((await run(c, sid, 'ulimit -n 1025; echo rc=$?')).stdout, /rc=[1-9]/, 'the limit could be raised');
+        }
+        // Descriptors 0..1023 all open: fine; one more open: EMFILE.
+        const fill = 'i=3; while [ $i -lt 1024 ]; do eval "exec $i</bin/busybox" || break; i=$((i+1)); done; echo filled $i';
+        const r = await run(c, sid, `${fill}; head -c 1 /bin/busybox > /dev/null; echo rc=$?`);
+        assert.match(r.stdout, /^filled 1024\nrc=[1-9]\n$/, JSON.stringify(r).slice(0, 300));
+        assert.match(r.stderr, /Too many open files/);
+        assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+      }),
+  },
+  {
+    row: 'TCP socket buffers',
+    run: async (t) => {
+      if (TOOLS_SKIP) return t.skip(TOOLS_SKIP);
+      // ns: a 64 MiB session, so a 16 MiB limit on v1; vm: the guest's RAM.
+      const s = await startServer({ tools: true, env: IS_NS ? { IGN_MCP_MEMORY_MB: 64 } : {} });
+      try {
+        const c = s.client;
+        const sid = await openSession(c);
+        // 8 loopback connections written without blocking and never read:
+        // the writer gets EAGAIN once the buffers it may have are full.
+        const py = 'import socket\nsrv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(8)\nkeep, total = [], 0\nfor i in range(8):\n    w = socket.create_connection(srv.getsockname()); r, _ = srv.accept(); w.setblocking(False); keep.append((w, r))\n    while True:\n        try: total += w.send(b"x" * 65536)\n        except BlockingIOError: break\nprint(total)\n';
+        const r = await run(c, sid, `python3 -c '${py}'`, { timeout_s: 60 });
+        assert.equal(r.exit_code, 0, JSON.stringify(r).slice(0, 300));
+        const queued = Number(r.stdout.trim());
+        assert.ok(queued > 0, 'nothing was queued: the check is blind');
+        // ns: a quarter of 64 MiB (v1), or within the 64 MiB (v2), plus what
+        // the kernel always grants a socket; vm: the guest's 256 MiB.
+        const bound = (IS_NS ? 16 << 20 : 256 << 20) + 8 * (128 << 10);
+        assert.ok(queued <= bound, `${queued} bytes queued, over ${bound}`);
+        assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+      } finally {
+        await s.close();
+      }
+    },
+  },
 ];
 
 /* The rows of the README's "## Limits" table, by their first cell. */
@@ -439,5 +485,5 @@ describe('limits (README "Limits", one test per row)', () => {
   test('the README table and this file have the same rows', () => {
     assert.deepEqual(readmeRows(), ROWS.map((r) => r.row));
   });
-  for (const r of ROWS) test(`limit: ${r.row}`, T, r.run);
+  for (const r of ROWS) test(`limit: ${r.row}`, T, (t) => r.run(t));
 });

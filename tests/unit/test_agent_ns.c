@@ -1,10 +1,11 @@
 /* test_agent_ns.c: ign-agent --ns, for real.  Like the server's ns backend,
- * each test clones the agent into new mount, pid, net, ipc, uts and cgroup
- * namespaces over a tiny busybox rootfs built in /tmp, then checks from
- * inside what the sandbox shows and refuses: only the rootfs, only its own
- * processes, no capabilities, no mounts or user namespaces, read-only
- * /proc/sys, loopback only, a size-capped overlay, and an end to everything
- * at EOF.
+ * each test clones the agent into new mount, pid, net, ipc and uts
+ * namespaces (the agent makes its cgroup namespace itself) over a tiny
+ * busybox rootfs built in /tmp, then checks from inside what the sandbox
+ * shows and refuses: only the rootfs, only its own processes, no
+ * capabilities, no mounts or user namespaces, read-only /proc/sys, loopback
+ * only, a size-capped overlay, an end to everything at EOF, and every entry
+ * of the seccomp deny list (guest/confine.h) under the live filter.
  *
  * Needs root and Debian's busybox-static; without them it prints one
  * "ok - ... # skip" line and counts it as skipped (tests/run.sh adds up
@@ -17,12 +18,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "guest/confine.h"
 #include "tests/unit/agent_client.h"
 #include "tests/unit/test.h"
 
@@ -45,8 +52,7 @@ static bool sandbox_start_with(struct sandbox *s, const char *rootfs) {
   char agent[PATH_MAX];
   if (!realpath(ac_agent_path(), agent))
     return false;
-  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-               CLONE_NEWCGROUP | SIGCHLD;
+  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
   pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
   if (pid < 0) {
     fprintf(stderr, "  clone: %s\n", strerror(errno));
@@ -136,6 +142,13 @@ static void test_ns_sees_only_the_rootfs(void) {
             "done\n");
   expect_sh(&s, "grep -c ' /proc/sys proc ro,' /proc/mounts", "1\n");
   expect_sh(&s, "grep -c '^overlay / overlay ' /proc/mounts", "1\n");
+  /* No host path in the mount table (the rootfs is under ns_base), and the
+   * cgroup namespace's root is the sandbox's own group. */
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "cat /proc/self/mountinfo /proc/mounts | grep -cF -e '%s' -e /oldroot || true",
+           ns_base);
+  expect_sh(&s, cmd, "0\n");
+  expect_sh(&s, "grep -v ':/$' /proc/self/cgroup; echo done", "done\n");
   STOP(s);
 }
 
@@ -304,6 +317,143 @@ static void test_ns_eof_ends_everything(void) {
     CHECK(ac_pid_dead(pids[i]));
 }
 
+/* The seccomp filter of a command in a live sandbox, read through ptrace
+ * (PTRACE_SECCOMP_GET_FILTER): its instructions in RET (malloc'd), their
+ * count returned, or -1. */
+static long filter_of(pid_t pid, struct sock_filter **ret) {
+  if (ptrace(PTRACE_SEIZE, pid, 0, 0) < 0) {
+    fprintf(stderr, "  PTRACE_SEIZE %d: %s\n", (int)pid, strerror(errno));
+    return -1;
+  }
+  long n = -1;
+  int status;
+  if (ptrace(PTRACE_INTERRUPT, pid, 0, 0) == 0 && waitpid(pid, &status, __WALL) == pid) {
+    n = ptrace(PTRACE_SECCOMP_GET_FILTER, pid, 0, NULL);
+    struct sock_filter *f = n > 0 ? calloc((size_t)n, sizeof *f) : NULL;
+    if (f && ptrace(PTRACE_SECCOMP_GET_FILTER, pid, 0, f) == n)
+      *ret = f;
+    else {
+      fprintf(stderr, "  PTRACE_SECCOMP_GET_FILTER %d: %s\n", (int)pid, strerror(errno));
+      free(f);
+      n = -1;
+    }
+  }
+  ptrace(PTRACE_DETACH, pid, 0, 0);
+  return n;
+}
+
+/* In a child that keeps every capability (so the kernel's own permission
+ * checks pass and only the filter can answer the filter's errno): every
+ * entry of confine.h is probed without the filter, where no probe may get
+ * the filter's errno, then with FILTER loaded.  Exits 0 when both hold. */
+static int probe_rules_in_child(const struct sock_filter *filter, long len) {
+  struct confine_rule rules[CONFINE_MAX_RULES];
+  size_t n = confine_rules(rules, CONFINE_MAX_RULES);
+  if (n == 0 || n > CONFINE_MAX_RULES)
+    return 2;
+  int bad = 0;
+  /* Out of the host's terminal session, mounts and network, in case a
+   * probe did more than fail. */
+  if (setsid() < 0 || unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC) < 0 ||
+      mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    return 3;
+  for (size_t i = 0; i < n; i++) {
+    int got = confine_probe(&rules[i]);
+    if (got == rules[i].err) {
+      fprintf(stderr, "  %s(%s): the probe gets %s without the filter too: it proves nothing\n",
+              rules[i].name, rules[i].what ? rules[i].what : "", strerrorname_np(got));
+      bad++;
+    }
+  }
+  struct sock_fprog prog = {.len = (unsigned short)len, .filter = (struct sock_filter *)filter};
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
+    return 4;
+  for (size_t i = 0; i < n; i++) {
+    int got = confine_probe(&rules[i]);
+    if (got != rules[i].err) {
+      fprintf(stderr, "  %s(%s): the sandbox's filter lets it through (%s, not %s)\n",
+              rules[i].name, rules[i].what ? rules[i].what : "", got ? strerrorname_np(got) : "ok",
+              strerrorname_np(rules[i].err));
+      bad++;
+    }
+  }
+  /* With real arguments too: the host's device events, and vsock. */
+  if (socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT) >= 0 || errno != EPERM ||
+      socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0) >= 0 || errno != EPERM) {
+    fprintf(stderr, "  a uevent or vsock socket was not refused with EPERM\n");
+    bad++;
+  }
+  /* What a sandbox needs still works under it. */
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+  int sv[2];
+  if (fd < 0 || nl < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    fprintf(stderr, "  an allowed socket was refused: %s\n", strerror(errno));
+    bad++;
+  }
+  pid_t p = fork();
+  if (p == 0)
+    _exit(0);
+  if (p < 0 || waitpid(p, NULL, 0) != p) {
+    fprintf(stderr, "  fork under the filter failed: %s\n", strerror(errno));
+    bad++;
+  }
+  return bad ? 1 : 0;
+}
+
+static void test_ns_seccomp_every_rule(void) {
+  START(s);
+  /* A command's filter: the one every command inherits from the agent. */
+  expect_sh(&s, "sleep 300 >/dev/null 2>&1 & echo started", "started\n");
+  pid_t pids[16], sleeper = 0;
+  /* The shell may have returned before the sleep's exec. */
+  for (int tries = 0; tries < 100 && sleeper == 0; tries++, usleep(20000)) {
+    int n = pids_in_ns_of(s.pid, pids, 16);
+    for (int i = 0; i < n; i++) {
+      char path[64], comm[32] = "";
+      snprintf(path, sizeof path, "/proc/%d/comm", (int)pids[i]);
+      FILE *f = fopen(path, "re");
+      if (f && fgets(comm, sizeof comm, f) && strcmp(comm, "sleep\n") == 0)
+        sleeper = pids[i];
+      if (f)
+        fclose(f);
+    }
+  }
+  CHECK(sleeper > 0);
+  struct sock_filter *filter = NULL;
+  long len = sleeper > 0 ? filter_of(sleeper, &filter) : -1;
+  CHECK(len > 0);
+  if (len > 0) {
+    fflush(stderr);
+    pid_t child = fork();
+    if (child == 0)
+      _exit(probe_rules_in_child(filter, len));
+    int status = -1;
+    CHECK(child > 0 && waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      fprintf(stderr, "  the probe child ended with status 0x%x\n", status);
+  }
+  free(filter);
+  STOP(s);
+}
+
+/* A rootfs path with the characters overlayfs splits its options on. */
+static void test_ns_rootfs_path_with_commas(void) {
+  char odd[160];
+  snprintf(odd, sizeof odd, "%s/a,b:c\\d", ns_base);
+  CHECK(symlink("rootfs", odd) == 0 || errno == EEXIST);
+  struct sandbox s;
+  if (!sandbox_start_with(&s, odd)) {
+    CHECK(!"cannot start the sandbox");
+    return;
+  }
+  expect_sh(&s, "test -x /bin/busybox && echo ok", "ok\n");
+  expect_sh(&s, "grep -c 'a,b' /proc/self/mountinfo || true", "0\n");
+  STOP(s);
+  unlink(odd);
+}
+
 static void test_ns_setup_failure_is_reported(void) {
   struct sandbox s;
   CHECK(sandbox_start_with(&s, "/nonexistent/rootfs"));
@@ -373,6 +523,8 @@ int main(void) {
       TEST(test_ns_files_persist),
       TEST(test_ns_overlay_is_capped),
       TEST(test_ns_eof_ends_everything),
+      TEST(test_ns_seccomp_every_rule),
+      TEST(test_ns_rootfs_path_with_commas),
       TEST(test_ns_setup_failure_is_reported),
   };
   const char *skip = geteuid() != 0 ? "needs root" : build_rootfs();
