@@ -254,24 +254,35 @@ describe('before initialize', () => {
 });
 
 describe('message size cap', () => {
-  test('a line over IGN_MCP_MAX_MESSAGE gets -32600 with id null and the server survives', T, async (t) => {
+  test('a line over IGN_MCP_MAX_MESSAGE gets -32600 with its own id (found while it is dropped), and the server survives', T, async (t) => {
     const raw = startRaw({ env: { IGN_MCP_MAX_MESSAGE: 1048576 } });
     t.after(() => raw.close());
     await raw.initialize();
     const from = raw.messages.length;
     const pad = 'a'.repeat(3 * 1024 * 1024);
-    await raw.sendLine(`{"jsonrpc":"2.0","id":77,"method":"ping","params":{"pad":"${pad}"}}`);
+    // The official SDK writes "id" last, after a large "params".
+    await raw.sendLine(`{"jsonrpc":"2.0","method":"ping","params":{"pad":"${pad}","id":5},"id":77}`);
     const e = await raw.waitFor((m) => 'error' in m, { from, what: 'size error' });
     assert.equal(e.error.code, -32600, JSON.stringify(e).slice(0, 300));
-    assert.equal(e.id, null);
-    assert.match(e.error.message, /size|large|long|bytes|limit|exceed|max/i);
+    assert.equal(e.id, 77);
+    assert.match(e.error.message, /message too large: \d+ bytes, over IGN_MCP_MAX_MESSAGE \(1048576 bytes\)/);
+    // A string id, first this time; a string id over the small cap gets null.
+    const from1 = raw.messages.length;
+    await raw.sendLine(`{"id":"big-\\"one\\"","jsonrpc":"2.0","method":"ping","params":{"pad":"${pad}"}}`);
+    const e1 = await raw.waitFor((m) => 'error' in m, { from: from1, what: 'size error (string id)' });
+    assert.equal(e1.id, 'big-"one"');
+    const from2 = raw.messages.length;
+    await raw.sendLine(`{"jsonrpc":"2.0","method":"ping","params":{"pad":"${pad}"},"id":"${'k'.repeat(200)}"}`);
+    const e2 = await raw.waitFor((m) => 'error' in m, { from: from2, what: 'size error (long id)' });
+    assert.equal(e2.id, null);
+    assert.equal(e2.error.code, -32600);
     assert.equal(raw.exited(), null, 'server died');
     assert.deepEqual((await raw.request('ping')).result, {});
     // Just under the cap is still accepted.
     const ok = 'b'.repeat(1024 * 1024 - 200);
-    const from2 = raw.messages.length;
+    const from3 = raw.messages.length;
     await raw.sendLine(`{"jsonrpc":"2.0","id":78,"method":"ping","params":{"pad":"${ok}"}}`);
-    const r = await raw.response(78, { from: from2 });
+    const r = await raw.response(78, { from: from3 });
     assert.deepEqual(r.result, {});
   });
 
@@ -292,7 +303,7 @@ describe('message size cap', () => {
     }
     const from = 0;
     await raw.sendBytes(Buffer.from('"}}\n'));
-    const e = await raw.waitFor((m) => 'error' in m && m.id === null, { from, timeoutMs: 30000, what: 'size error' });
+    const e = await raw.waitFor((m) => 'error' in m && m.id === 5, { from, timeoutMs: 30000, what: 'size error' });
     assert.equal(e.error.code, -32600);
     assert.deepEqual((await raw.request('ping')).result, {});
     const hwm = vmRssKiB(raw.pid, 'VmHWM');
@@ -301,7 +312,7 @@ describe('message size cap', () => {
     t.diagnostic(`RSS before ${before} KiB, peak ${peak} KiB, growth ${growthMiB.toFixed(1)} MiB`);
     assert.ok(growthMiB < 80, `server RSS grew by ${growthMiB.toFixed(1)} MiB for a 100 MiB line`);
     // The request inside the oversize line must not have been executed.
-    assert.equal(raw.messages.filter((m) => m.msg.id === 5).length, 0);
+    assert.equal(raw.messages.filter((m) => m.msg.id === 5 && 'result' in m.msg).length, 0);
   });
 });
 
