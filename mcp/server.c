@@ -433,9 +433,8 @@ static void on_oversize(void *ctx, size_t len, const char *id_json) {
     json_decref(id);
     id = NULL;
   }
-  _cleanup_free_ char *m = xasprintf("message too large: %zu bytes, over IGN_MCP_MAX_MESSAGE "
-                                     "(%zu bytes); it was discarded. Send large files in pieces "
-                                     "(write_file several parts, then join them with run).",
+  _cleanup_free_ char *m = xasprintf("message too large: over %zu bytes (IGN_MCP_MAX_MESSAGE is "
+                                     "%zu); it was discarded. Send large files in pieces.",
                                      len, cfg.max_message);
   send_error(id, RPC_INVALID_REQUEST, m);
   json_decref(id);
