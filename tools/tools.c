@@ -209,7 +209,7 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
   else if (r == -EPROTO)
     out = err_result_free(conn_fault("write_file failed", id, err));
   else if (r == -ECANCELED)
-    out = err_result("the call was cancelled; the file was not written");
+    out = err_result("the call was cancelled; the upload was stopped");
   else if (r < 0)
     out = err_result_free(xasprintf("write_file failed: %s", err ? err : strerror(-r)));
   else
