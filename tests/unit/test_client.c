@@ -430,7 +430,53 @@ static void cancel_returns_while_the_peer_does_not_read(void) {
   peer_stop(&pe, c);
 }
 
+/* A request queued behind an upload goes out right after the frame on the
+ * wire, not after the upload's queued data.  The host's socket buffer is
+ * made as small as it gets, so that what the agent reads first is exactly
+ * the frame the writer was sending when the request came. */
+static void control_frames_go_before_queued_data(void) {
+  struct peer pe = {.stall = true};
+  int sv[2];
+  CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  int small = 1;
+  CHECK_EQ_INT(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  pe.fd = sv[1];
+  pe.script = answer_ping;
+  pthread_create(&pe.thread, NULL, peer_main, &pe);
+  struct agent_conn *c = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(agent_conn_open(sv[0], 5000, &c, &err), 0);
+  free(err);
+  agent_conn_set_write_deadline(c, 600000);
+  struct writer_call w = {.c = c};
+  pthread_t t;
+  pthread_create(&t, NULL, write_big, &w);
+  usleep(300000); /* the upload fills the socket and the queue */
+  struct ping_call pc = {.c = c};
+  pthread_t tp;
+  pthread_create(&tp, NULL, ping_main, &pc);
+  usleep(100000);
+  atomic_store(&pe.resume, true);
+  pthread_join(tp, NULL);
+  CHECK_EQ_INT(pc.r, 0);
+  atomic_store(&w.cancelled, true);
+  pthread_join(t, NULL);
+  size_t ping_at = 0;
+  for (size_t i = 0; i < pe.n_seen && !ping_at; i++)
+    if (pe.seen[i] == PROTO_PING)
+      ping_at = i;
+  CHECK_EQ_INT(pe.seen[0], PROTO_WRITE);
+  /* WRITE, the DATA frame that was on the wire (if one was yet), then the
+   * PING: a queue in arrival order would put the queued DATA frames first. */
+  CHECK(ping_at >= 1 && ping_at <= 2);
+  if (ping_at > 2)
+    fprintf(stderr, "  the PING came after %zu DATA frames\n", ping_at - 1);
+  free(w.err);
+  peer_stop(&pe, c);
+}
+
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
           TEST(guest_errno_is_not_a_host_error), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline),
-          TEST(cancel_returns_while_the_peer_does_not_read))
+          TEST(cancel_returns_while_the_peer_does_not_read),
+          TEST(control_frames_go_before_queued_data))
