@@ -195,6 +195,36 @@ describe('run basics', () => {
   });
 });
 
+describe('commands cannot reach into the agent', () => {
+  /* The agent holds the sandbox's end of the channel. A command that could
+   * trace it, take its fds (pidfd_getfd) or write its memory could answer
+   * the host in its place. In a microVM commands run as root: they lose
+   * CAP_SYS_PTRACE (bounding set included), so PID 1, which keeps all its
+   * capabilities, is out of their reach; on the ns backend they hold no
+   * capability at all and the agent is not dumpable. */
+  test('no CAP_SYS_PTRACE; PID 1\'s fds and executable cannot be looked into', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const r = await run(s.client, sid, [
+      'for k in CapEff CapPrm CapBnd; do echo "$k $(sed -n "s/^$k:[[:space:]]*//p" /proc/self/status)"; done',
+      'readlink /proc/1/exe >/dev/null 2>&1 && echo exe-readable || echo exe-denied',
+      'readlink /proc/1/fd/0 >/dev/null 2>&1 && echo fd-readable || echo fd-denied',
+      // The open is what is checked (a read at offset 0 fails anyway).
+      '(exec 3</proc/1/mem) 2>/dev/null && echo mem-openable || echo mem-denied',
+    ].join('; '));
+    const lines = r.stdout.trim().split('\n');
+    const CAP_SYS_PTRACE = 19n;
+    for (const l of lines.slice(0, 3)) {
+      const [k, hex] = l.split(' ');
+      assert.equal((BigInt(`0x${hex}`) >> CAP_SYS_PTRACE) & 1n, 0n, `${k} ${hex} holds CAP_SYS_PTRACE`);
+    }
+    assert.deepEqual(lines.slice(3), ['exe-denied', 'fd-denied', 'mem-denied'], r.stdout);
+    // The command itself still runs, as root where it did.
+    assert.equal(await sh(s.client, sid, 'id -u'), '0\n');
+  });
+});
+
 describe('output cap setting', () => {
   test('IGN_MCP_OUTPUT_CAP=1000 caps each stream and keeps exact counts', T, async (t) => {
     const s = await startServer({ env: { IGN_MCP_OUTPUT_CAP: 1000 } });
