@@ -6,7 +6,7 @@
  * with its reader thread; the first byte picks the call.
  *
  * Call 6 (first byte 0xfe) is an upload larger than the client's send queue whose call is
- * cancelled from the start: it gives up while waiting for room, takes its
+ * cancelled from the start: it gives up after the WRITE, takes its queued
  * frames back and ends the upload short, whatever the peer answers.
  *
  * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.

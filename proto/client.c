@@ -966,7 +966,7 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   bool end_queued = false;
   for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
     size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
-    r = enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl);
+    r = cancelled(ctl) ? -ECANCELED : enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl);
   }
   if (r == 0 && in) {
     r = enqueue_simple(c, PROTO_STDIN_END, p.id, NULL, 0, false, ctl);
@@ -1014,6 +1014,10 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
     pthread_mutex_unlock(&c->lock);
     if (stop)
       break;
+    if (cancelled(ctl)) {
+      r = -ECANCELED;
+      break;
+    }
     size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
     r = enqueue_simple(c, PROTO_DATA, p.id, d + off, n, false, ctl);
   }
