@@ -5,9 +5,9 @@
  * the input, then hangs up.  The server side is the real client (client.c)
  * with its reader thread; the first byte picks the call.
  *
- * Call 6 (first byte 0xfe) is an upload larger than the client's send queue whose call is
- * cancelled from the start: it gives up after the WRITE, takes its queued
- * frames back and ends the upload short, whatever the peer answers.
+ * Call 6 (first byte 0xfe) is an upload larger than the client's send
+ * queue, cancelled from the start: it gives up after the WRITE, takes its
+ * queued frames back and ends the upload short, whatever the peer answers.
  *
  * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.
  * In both answers a frame header whose id is 0 gets the id of the request it
