@@ -12,6 +12,8 @@
 
 #include "fuzz/fuzz.h"
 #include "mcp/config.h"
+#include <string.h>
+
 #include "mcp/framing.h"
 #include "mcp/log.h"
 #include "mcp/server.h"
@@ -25,9 +27,13 @@ static void on_line(void *ctx, char *line, size_t len) {
   mcp_handle_line(line, len);
 }
 
-static void on_oversize(void *ctx, size_t len) {
+/* The id scan of an oversized line is checked for what it hands on: a
+ * NUL-terminated string of at most LINE_ID_MAX bytes. */
+static void on_oversize(void *ctx, size_t len, const char *id_json) {
   (void)ctx;
   (void)len;
+  if (id_json && strlen(id_json) > LINE_ID_MAX)
+    abort();
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

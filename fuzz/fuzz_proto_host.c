@@ -5,6 +5,10 @@
  * the input, then hangs up.  The server side is the real client (client.c)
  * with its reader thread; the first byte picks the call.
  *
+ * Call 6 (first byte 0xfe) is an upload larger than the client's send
+ * queue, cancelled from the start: it gives up after the WRITE, takes its
+ * queued frames back and ends the upload short, whatever the peer answers.
+ *
  * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.
  * In both answers a frame header whose id is 0 gets the id of the request it
  * answers, so the fuzzer need not guess ids. */
@@ -125,6 +129,12 @@ static void call(struct agent_conn *c, unsigned which) {
     agent_write_file(c, "/tmp/f", 0644, data, sizeof data, &ctl, &err);
     break;
   }
+  case 6: {
+    static const char data[AGENT_QUEUE_MAX * 2] = "file data";
+    atomic_store(&cancelled, true);
+    agent_write_file(c, "/tmp/f", 0644, data, sizeof data, &ctl, &err);
+    break;
+  }
   default:
     agent_setup(c, "0123456789abcdef0123456789abcdef", 32, 1, "fuzz",
                 "0123456789abcdef0123456789abcdef", &err);
@@ -144,7 +154,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 3)
     return 0;
-  unsigned which = data[0] % 6;
+  /* 0xfe picks call 6 (no input of the corpus before it starts so). */
+  unsigned which = data[0] == 0xfe ? 6 : data[0] % 6;
   size_t hello_len = data[1] | (size_t)data[2] << 8;
   data += 3;
   size -= 3;

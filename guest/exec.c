@@ -12,11 +12,14 @@
  * subreaper) every orphan in the sandbox ends up ours. */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,10 +157,35 @@ static void exec_child_say(const char *what, int err) {
       break;
 }
 
+/* A command must not reach into the agent and take over its channel:
+ * ptrace, pidfd_getfd() and /proc/1/mem all need CAP_SYS_PTRACE over a
+ * process whose capabilities are not a subset of the caller's.  In a
+ * microVM commands run as root; they lose that one capability, from the
+ * bounding set too (so no setuid program gives it back), and keep the rest
+ * (tracing their own children still works).  Where the agent holds no
+ * capability (ns) there is nothing to drop and the calls change nothing.
+ * Raw system calls only: this runs between fork() and execve(). */
+static void exec_child_drop_ptrace(void) {
+  syscall(SYS_prctl, PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0);
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {0};
+  if (syscall(SYS_capget, &hdr, data) < 0)
+    return;
+  uint32_t bit = CAP_TO_MASK(CAP_SYS_PTRACE);
+  struct __user_cap_data_struct *d = &data[CAP_TO_INDEX(CAP_SYS_PTRACE)];
+  if (!((d->effective | d->permitted | d->inheritable) & bit))
+    return;
+  d->effective &= ~bit;
+  d->permitted &= ~bit;
+  d->inheritable &= ~bit;
+  syscall(SYS_capset, &hdr, data);
+}
+
 /* Between fork() and execve() only async-signal-safe calls. */
 __attribute__((noreturn)) static void exec_child(int in, int out, int err, const char *cwd,
                                                  char *const argv[], char *const env[]) {
   setpgid(0, 0);
+  exec_child_drop_ptrace();
   /* The agent ignores SIGPIPE and blocks SIGCHLD; commands must not
    * inherit either (ignored dispositions and the mask survive execve). */
   struct sigaction dfl = {.sa_handler = SIG_DFL};

@@ -426,12 +426,21 @@ static void on_line(void *ctx, char *line, size_t len) {
   json_decref(msg);
 }
 
-static void on_oversize(void *ctx, size_t len) {
+/* A line over the cap was dropped; the framing found its top-level id (raw
+ * JSON, a short string or a number) while dropping it, so the client that
+ * sent it learns why at once instead of waiting for its own timeout. */
+static void on_oversize(void *ctx, size_t len, const char *id_json) {
   (void)ctx;
+  json_t *id = id_json ? json_loads(id_json, JSON_DECODE_ANY, NULL) : NULL;
+  if (id && !valid_id(id)) {
+    json_decref(id);
+    id = NULL;
+  }
   _cleanup_free_ char *m = xasprintf("message too large: over %zu bytes (IGN_MCP_MAX_MESSAGE is "
                                      "%zu); it was discarded. Send large files in pieces.",
                                      len, cfg.max_message);
-  send_error(NULL, RPC_INVALID_REQUEST, m);
+  send_error(id, RPC_INVALID_REQUEST, m);
+  json_decref(id);
 }
 
 void mcp_handle_line(char *line, size_t len) { on_line(NULL, line, len); }

@@ -1,16 +1,34 @@
 /* client.c: host side of the agent protocol (see client.h and proto.h).
  *
- * One reader thread per connection reads frames and hands each to the
- * pending call with the same id; calls wait on a shared condition variable
- * with a short tick so they can notice cancellation, send progress and
- * enforce a host-side deadline even if the agent goes silent.  Frames for ids
- * nobody waits for any more (a cancelled call) are dropped.  Writes are
- * serialised by their own mutex so a long file upload never blocks the reader.
- */
+ * Reading: one reader thread reads frames, checks each against the request
+ * it answers (type, every numeric field in range) and hands it to the
+ * pending call with the same id; a frame that breaks the protocol ends the
+ * connection.  Frames for ids nobody waits for any more (a cancelled call)
+ * are dropped.
+ *
+ * Writing: calls never write to the socket themselves.  They queue whole
+ * frames, and one writer thread sends them with non-blocking writes and
+ * poll(), so no call blocks on a guest that stopped reading:
+ *   - control frames (a request's first frame, KILL) go before data frames
+ *     (stdin, file content), so a cancellation is not stuck behind an upload;
+ *     the frames of one request keep their order (its first frame is always
+ *     queued before its data);
+ *   - data frames wait for room (AGENT_QUEUE_MAX) in their call, which stays
+ *     cancellable while it waits;
+ *   - a frame the agent takes no byte of for the write deadline ends the
+ *     connection (a half-sent frame cannot be taken back);
+ *   - a cancelled call takes its queued frames back and queues what tells the
+ *     agent to drop the request (KILL, or the end frame of a short upload),
+ *     then returns at once; the writer finishes or abandons the rest.
+ * Calls wait on a shared condition variable with a short tick so they can
+ * notice cancellation, send progress and enforce a host-side deadline even if
+ * the agent goes silent. */
 #include "proto/client.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -26,6 +44,15 @@
 #define EXEC_GRACE_MS 20000u
 #define FILE_TIMEOUT_MS 300000u
 #define TAIL_SIZE 512u
+/* Longest HELLO_OK info and ERROR message taken from an agent; ours are far
+ * shorter (an error quotes at most a few paths). */
+#define MAX_INFO 256u
+#define MAX_MESSAGE (16u * 1024u)
+/* Slack on a command's duration as the agent reports it, over what the host
+ * measured between sending EXEC and reading EXIT (the clocks differ a little). */
+#define DURATION_SLACK_MS 10000u
+
+_Static_assert(AGENT_QUEUE_MAX >= PROTO_HEADER_SIZE + PROTO_CHUNK, "a chunk fits the queue");
 
 struct pending {
   struct pending *next;
@@ -34,6 +61,7 @@ struct pending {
   bool done;
   int result;     /* 0, or negative errno */
   char *err_msg;
+  uint64_t start_ms;
   /* exec */
   struct agent_exec_res *res;
   size_t out_cap;
@@ -44,20 +72,38 @@ struct pending {
   size_t data_len, data_cap;
   uint64_t size;
   bool eof;
+  /* write: the size announced */
+  uint64_t write_size;
+};
+
+struct out_frame {
+  struct out_frame *next;
+  uint32_t id;
+  uint8_t type;
+  size_t len;
+  uint8_t *bytes; /* header and payload */
+};
+
+struct frame_queue {
+  struct out_frame *head, **tail;
 };
 
 struct agent_conn {
   int fd;
-  pthread_t reader;
-  bool reader_started;
-  pthread_mutex_t lock;       /* pending list, dead flag */
-  pthread_cond_t cond;
-  pthread_mutex_t write_lock; /* whole frames on the wire */
+  pthread_t reader, writer;
+  bool reader_started, writer_started;
+  pthread_mutex_t lock;       /* everything below */
+  pthread_cond_t cond;        /* calls: a frame arrived, room in the queue, death */
+  pthread_cond_t wcond;       /* the writer: a frame was queued, death */
   struct pending *pending;
   uint32_t next_id;
   bool dead;
+  bool fault;                 /* the host ended it: protocol broken or a write stalled */
   char *dead_reason;
   char *info;
+  struct frame_queue ctl_q, data_q;
+  size_t data_queued;         /* bytes in data_q */
+  uint32_t write_deadline_ms;
 };
 
 void agent_exec_res_free(struct agent_exec_res *r) {
@@ -75,25 +121,265 @@ static void set_err(char **ret_err, char *msg) {
   }
 }
 
-static int send_frame(struct agent_conn *c, struct proto_buf *b) {
+static int dead_code(const struct agent_conn *c) { return c->fault ? -EPROTO : -EPIPE; }
+
+/* Marks the connection dead with REASON (taken) unless it already is, and
+ * wakes everyone.  With the lock held.  The caller shuts the socket down. */
+static void mark_dead_locked(struct agent_conn *c, char *reason, bool fault) {
+  if (!c->dead_reason) {
+    c->dead_reason = reason;
+    c->fault = fault;
+  } else {
+    free(reason);
+  }
+  c->dead = true;
+  pthread_cond_broadcast(&c->cond);
+  pthread_cond_broadcast(&c->wcond);
+}
+
+/* ---- the writer ---------------------------------------------------------- */
+
+static void frame_free(struct out_frame *f) {
+  if (f) {
+    free(f->bytes);
+    free(f);
+  }
+}
+
+static void queue_push(struct frame_queue *q, struct out_frame *f) {
+  if (!q->head)
+    q->tail = &q->head;
+  f->next = NULL;
+  *q->tail = f;
+  q->tail = &f->next;
+}
+
+static struct out_frame *queue_pop(struct frame_queue *q) {
+  struct out_frame *f = q->head;
+  if (f) {
+    q->head = f->next;
+    if (!q->head)
+      q->tail = &q->head;
+  }
+  return f;
+}
+
+static void queue_clear(struct frame_queue *q) {
+  struct out_frame *f;
+  while ((f = queue_pop(q)))
+    frame_free(f);
+}
+
+/* Takes the frames of ID out of Q; returns the types taken as a bit mask
+ * (1 << type). */
+static uint64_t queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_bytes) {
+  uint64_t types = 0;
+  size_t bytes = 0;
+  struct out_frame **pp = &q->head, *last = NULL;
+  while (*pp) {
+    struct out_frame *f = *pp;
+    if (f->id == id) {
+      *pp = f->next;
+      types |= 1ull << f->type;
+      bytes += f->len;
+      frame_free(f);
+    } else {
+      last = f;
+      pp = &f->next;
+    }
+  }
+  q->tail = last ? &last->next : &q->head;
+  *ret_bytes = bytes;
+  return types;
+}
+
+/* Sends F whole: non-blocking writes, and poll() while the socket is full.
+ * -ETIMEDOUT when the agent took no byte for DEADLINE_MS. */
+static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) {
+  size_t off = 0;
+  uint64_t last = mono_ms();
+  while (off < f->len) {
+    ssize_t w = send(fd, f->bytes + off, f->len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) {
+      off += (size_t)w;
+      last = mono_ms();
+      continue;
+    }
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+      return -errno;
+    if (w == 0)
+      return -EPIPE;
+    uint64_t waited = mono_ms() - last;
+    if (waited >= deadline_ms)
+      return -ETIMEDOUT;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    uint64_t left = deadline_ms - waited;
+    if (poll(&p, 1, (int)(left < TICK_MS ? left : TICK_MS)) < 0 && errno != EINTR)
+      return -errno;
+  }
+  return 0;
+}
+
+static void *writer_main(void *arg) {
+  struct agent_conn *c = arg;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    while (!c->dead && !c->ctl_q.head && !c->data_q.head)
+      pthread_cond_wait(&c->wcond, &c->lock);
+    if (c->dead)
+      break;
+    struct out_frame *f = queue_pop(&c->ctl_q);
+    if (!f) {
+      f = queue_pop(&c->data_q);
+      c->data_queued -= f->len;
+      pthread_cond_broadcast(&c->cond); /* room for a waiting call */
+    }
+    uint32_t deadline = c->write_deadline_ms;
+    pthread_mutex_unlock(&c->lock);
+    int r = write_frame(c->fd, f, deadline);
+    frame_free(f);
+    pthread_mutex_lock(&c->lock);
+    if (r == -ETIMEDOUT) {
+      mark_dead_locked(c,
+                       xasprintf("the sandbox's agent stopped reading its channel: it took no "
+                                 "byte of a frame for %u ms, so the host gave up on it",
+                                 deadline),
+                       true);
+    } else if (r < 0) {
+      mark_dead_locked(c, r == -EPIPE || r == -ECONNRESET
+                              ? strdup("the sandbox's agent closed the connection")
+                              : xasprintf("writing to the sandbox's agent failed: %s",
+                                          strerror(-r)),
+                       false);
+    }
+    if (r < 0) {
+      /* The reader wakes up too, and nothing more goes out. */
+      shutdown(c->fd, SHUT_RDWR);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+/* A frame ready to queue: B's bytes are taken. */
+static int make_frame(struct proto_buf *b, struct out_frame **ret) {
   int r = proto_frame_finish(b);
   if (r < 0)
     return r;
-  pthread_mutex_lock(&c->write_lock);
-  r = proto_write_all(c->fd, b->data, b->len);
-  pthread_mutex_unlock(&c->write_lock);
-  return r < 0 ? -EPIPE : 0;
+  struct out_frame *f = calloc(1, sizeof *f);
+  if (!f)
+    return -ENOMEM;
+  struct proto_header h;
+  proto_header_decode(b->data, &h);
+  f->id = h.id;
+  f->type = h.type;
+  f->len = b->len;
+  f->bytes = steal_ptr(b->data);
+  proto_buf_free(b);
+  *ret = f;
+  return 0;
 }
 
-static int send_simple(struct agent_conn *c, enum proto_type t, uint32_t id, const void *raw,
-                       size_t n) {
+static bool cancelled(const struct agent_ctl *ctl) {
+  return ctl && ctl->cancelled && atomic_load(ctl->cancelled);
+}
+
+/* Queues B (its bytes are taken).  A data frame waits for room first, while
+ * the call is not cancelled and the connection lives. */
+static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
+                   const struct agent_ctl *ctl) {
+  struct out_frame *f;
+  int r = make_frame(b, &f);
+  if (r < 0)
+    return r;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    if (c->dead) {
+      r = dead_code(c);
+      break;
+    }
+    if (control || c->data_queued == 0 || c->data_queued + f->len <= AGENT_QUEUE_MAX)
+      break;
+    if (cancelled(ctl)) {
+      r = -ECANCELED;
+      break;
+    }
+    struct timespec ts = timespec_in(CLOCK_MONOTONIC, TICK_MS);
+    pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+  }
+  if (r == 0) {
+    queue_push(control ? &c->ctl_q : &c->data_q, f);
+    if (!control)
+      c->data_queued += f->len;
+    pthread_cond_signal(&c->wcond);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (r < 0)
+    frame_free(f);
+  return r;
+}
+
+static int enqueue_simple(struct agent_conn *c, enum proto_type t, uint32_t id, const void *raw,
+                          size_t n, bool control, const struct agent_ctl *ctl) {
   struct proto_buf b = {0};
   proto_frame_begin(&b, t, id);
   proto_put_raw(&b, raw, n);
-  int r = send_frame(c, &b);
+  int r = enqueue(c, &b, control, ctl);
   proto_buf_free(&b);
   return r;
 }
+
+/* A call that gives up (cancelled, timed out, or failed while sending): its
+ * frames still queued are taken back; if the agent already has the request,
+ * KILL_IT queues a KILL (a command), and END_TYPE (STDIN_END, DATA_END; 0:
+ * none) is queued unless it already went, so that the agent stops waiting for
+ * the rest of a stream it will not get.  The agent answers into the void. */
+static void abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uint8_t end_type,
+                            bool end_queued) {
+  struct out_frame *kill_f = NULL, *end_f = NULL;
+  struct proto_buf b = {0};
+  if (kill_it) {
+    proto_frame_begin(&b, PROTO_KILL, id);
+    if (make_frame(&b, &kill_f) < 0)
+      kill_f = NULL;
+  }
+  if (end_type) {
+    proto_frame_begin(&b, (enum proto_type)end_type, id);
+    if (make_frame(&b, &end_f) < 0)
+      end_f = NULL;
+  }
+  proto_buf_free(&b);
+  pthread_mutex_lock(&c->lock);
+  size_t ctl_bytes, data_bytes;
+  uint64_t taken = queue_purge(&c->ctl_q, id, &ctl_bytes);
+  taken |= queue_purge(&c->data_q, id, &data_bytes);
+  c->data_queued -= data_bytes;
+  /* A request whose first frame never left is unknown to the agent. */
+  bool agent_has_it = !(taken & (1ull << PROTO_EXEC | 1ull << PROTO_WRITE | 1ull << PROTO_READ |
+                                 1ull << PROTO_PING | 1ull << PROTO_SETUP | 1ull << PROTO_HELLO));
+  bool end_went = end_queued && !(end_type && (taken & (1ull << end_type)));
+  if (!c->dead && agent_has_it) {
+    if (kill_f) {
+      queue_push(&c->ctl_q, steal_ptr(kill_f));
+    }
+    if (end_f && !end_went) {
+      /* Past the room check: an empty frame, at most one per call. */
+      queue_push(&c->data_q, end_f);
+      c->data_queued += end_f->len;
+      end_f = NULL;
+    }
+    pthread_cond_signal(&c->wcond);
+  }
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  frame_free(kill_f);
+  frame_free(end_f);
+}
+
+/* ---- the reader ---------------------------------------------------------- */
 
 static struct pending *find_pending(struct agent_conn *c, uint32_t id) {
   for (struct pending *p = c->pending; p; p = p->next)
@@ -131,17 +417,97 @@ static void keep_output(struct pending *p, bool is_err, const uint8_t *d, size_t
   }
 }
 
-static char *error_message(const uint8_t *payload, size_t len, int *ret_errno) {
+static const char *type_name(uint8_t t) {
+  switch (t) {
+  case PROTO_HELLO: return "HELLO";
+  case PROTO_HELLO_OK: return "HELLO_OK";
+  case PROTO_ERROR: return "ERROR";
+  case PROTO_PING: return "PING";
+  case PROTO_PONG: return "PONG";
+  case PROTO_EXEC: return "EXEC";
+  case PROTO_STDIN: return "STDIN";
+  case PROTO_STDIN_END: return "STDIN_END";
+  case PROTO_STDOUT: return "STDOUT";
+  case PROTO_STDERR: return "STDERR";
+  case PROTO_EXIT: return "EXIT";
+  case PROTO_KILL: return "KILL";
+  case PROTO_WRITE: return "WRITE";
+  case PROTO_DATA: return "DATA";
+  case PROTO_DATA_END: return "DATA_END";
+  case PROTO_OK: return "OK";
+  case PROTO_READ: return "READ";
+  case PROTO_READ_END: return "READ_END";
+  case PROTO_SETUP: return "SETUP";
+  default: return "unknown";
+  }
+}
+
+/* One field of an agent's frame, checked.  Each returns NULL when fine, or
+ * the protocol error (malloc'd).  REQUIRED: absence is an error too. */
+static char *field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+                       const char *name, bool required, uint32_t lo, uint32_t hi, uint32_t *ret) {
   const uint8_t *v;
-  uint32_t n, e = EIO;
-  if (proto_find(payload, len, TAG_ERRNO, &v, &n) == 1)
-    proto_val_u32(v, n, &e);
-  /* A positive errno as the protocol says; anything else from a guest that
-   * does not follow it would turn an error into a success (or overflow). */
-  *ret_errno = e > 0 && e < 4096 ? (int)e : EIO;
-  if (proto_find(payload, len, TAG_MESSAGE, &v, &n) == 1)
-    return strndup((const char *)v, n);
-  return xasprintf("the agent reported an error (%s)", strerror(*ret_errno));
+  uint32_t n;
+  int r = proto_find(payload, len, tag, &v, &n);
+  if (r < 0)
+    return xasprintf("its %s frame has a TLV record that runs past the payload", type_name(type));
+  if (r == 0)
+    return required ? xasprintf("its %s frame has no %s", type_name(type), name) : NULL;
+  uint32_t u;
+  if (proto_val_u32(v, n, &u) < 0)
+    return xasprintf("its %s frame has a %s of %u bytes, not 4", type_name(type), name, n);
+  if (u < lo || u > hi)
+    return xasprintf("its %s frame has %s %u, outside %u..%u", type_name(type), name, u, lo, hi);
+  *ret = u;
+  return NULL;
+}
+
+static char *field_u64(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+                       const char *name, bool required, uint64_t hi, uint64_t *ret) {
+  const uint8_t *v;
+  uint32_t n;
+  int r = proto_find(payload, len, tag, &v, &n);
+  if (r < 0)
+    return xasprintf("its %s frame has a TLV record that runs past the payload", type_name(type));
+  if (r == 0)
+    return required ? xasprintf("its %s frame has no %s", type_name(type), name) : NULL;
+  uint64_t u;
+  if (proto_val_u64(v, n, &u) < 0)
+    return xasprintf("its %s frame has a %s of %u bytes, not 8", type_name(type), name, n);
+  if (u > hi)
+    return xasprintf("its %s frame has %s %llu, over %llu", type_name(type), name,
+                     (unsigned long long)u, (unsigned long long)hi);
+  *ret = u;
+  return NULL;
+}
+
+static char *field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+                       const char *name, size_t max, char **ret) {
+  const uint8_t *v;
+  uint32_t n;
+  int r = proto_find(payload, len, tag, &v, &n);
+  if (r < 0)
+    return xasprintf("its %s frame has a TLV record that runs past the payload", type_name(type));
+  if (r == 0)
+    return NULL;
+  if (n > max)
+    return xasprintf("its %s frame has a %s of %u bytes, over %zu", type_name(type), name, n, max);
+  *ret = strndup((const char *)v, n);
+  return NULL;
+}
+
+/* An ERROR frame: a positive errno (1..4095) and a message. */
+static char *parse_error(const uint8_t *payload, size_t len, char **ret_msg) {
+  uint32_t e = EIO;
+  char *bad = field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
+  if (bad)
+    return bad;
+  char *msg = NULL;
+  bad = field_str(payload, len, PROTO_ERROR, TAG_MESSAGE, "MESSAGE", MAX_MESSAGE, &msg);
+  if (bad)
+    return bad;
+  *ret_msg = msg ? msg : xasprintf("the agent reported an error (%s)", strerror((int)e));
+  return NULL;
 }
 
 static void finish(struct pending *p, int result) {
@@ -149,79 +515,145 @@ static void finish(struct pending *p, int result) {
   p->result = result;
 }
 
-static void handle_frame(struct agent_conn *c, const struct proto_header *h,
-                         const uint8_t *payload) {
+/* Whether TYPE may answer a request of type REQ. */
+static bool answers(uint8_t req, uint8_t type) {
+  if (type == PROTO_ERROR)
+    return true;
+  switch (req) {
+  case PROTO_HELLO: return type == PROTO_HELLO_OK;
+  case PROTO_PING: return type == PROTO_PONG;
+  case PROTO_EXEC: return type == PROTO_STDOUT || type == PROTO_STDERR || type == PROTO_EXIT;
+  case PROTO_WRITE:
+  case PROTO_SETUP: return type == PROTO_OK;
+  case PROTO_READ: return type == PROTO_DATA || type == PROTO_READ_END;
+  default: return false;
+  }
+}
+
+static char *handle_exit(struct pending *p, const uint8_t *payload, size_t len) {
+  uint32_t code, sig, timed_out;
+  uint64_t dur;
+  /* 64 is SIGRTMAX: the largest signal a Linux process can die of. */
+  char *bad = field_u32(payload, len, PROTO_EXIT, TAG_EXIT_CODE, "EXIT_CODE", true, 0, UINT32_MAX,
+                        &code);
+  if (!bad)
+    bad = field_u32(payload, len, PROTO_EXIT, TAG_SIGNAL, "SIGNAL", true, 0, 64, &sig);
+  if (!bad)
+    bad = field_u32(payload, len, PROTO_EXIT, TAG_TIMED_OUT, "TIMED_OUT", true, 0, 1, &timed_out);
+  if (!bad) {
+    /* The command cannot have run longer than the host waited for it. */
+    uint64_t max_us = (mono_ms() - p->start_ms + DURATION_SLACK_MS) * 1000u;
+    bad = field_u64(payload, len, PROTO_EXIT, TAG_DURATION_US, "DURATION_US", true, max_us, &dur);
+  }
+  if (bad)
+    return bad;
+  int32_t status = (int32_t)code;
+  if (sig == 0 && (status < 0 || status > 255))
+    return xasprintf("its EXIT frame has EXIT_CODE %d for a command that exited (0..255)", status);
+  if (sig != 0 && status != -1)
+    return xasprintf("its EXIT frame has EXIT_CODE %d with SIGNAL %u (a signalled command has "
+                     "EXIT_CODE -1)",
+                     status, sig);
+  struct agent_exec_res *r = p->res;
+  r->exit_code = status;
+  r->signal = (int)sig;
+  r->timed_out = timed_out != 0;
+  r->duration_us = dur;
+  finish(p, 0);
+  return NULL;
+}
+
+static char *handle_read_end(struct pending *p, const uint8_t *payload, size_t len) {
+  uint64_t size, bytes;
+  uint32_t eof;
+  /* A file's size is an off_t. */
+  char *bad = field_u64(payload, len, PROTO_READ_END, TAG_SIZE, "SIZE", true, INT64_MAX, &size);
+  if (!bad)
+    bad = field_u32(payload, len, PROTO_READ_END, TAG_EOF, "EOF", true, 0, 1, &eof);
+  if (!bad)
+    bad = field_u64(payload, len, PROTO_READ_END, TAG_BYTES, "BYTES", true, UINT64_MAX, &bytes);
+  if (bad)
+    return bad;
+  if (bytes != p->data_len)
+    return xasprintf("its READ_END frame says %llu bytes were sent, but %zu came",
+                     (unsigned long long)bytes, p->data_len);
+  p->size = size;
+  p->eof = eof != 0;
+  finish(p, 0);
+  return NULL;
+}
+
+/* Hands one frame to its call.  Returns NULL, or what broke the protocol. */
+static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
+                          const uint8_t *payload) {
+  if (h->id == 0)
+    return xasprintf("it sent a %s frame with request id 0", type_name(h->type));
   struct pending *p = find_pending(c, h->id);
   if (!p || p->done)
-    return;
-  const uint8_t *v;
-  uint32_t n;
+    return NULL; /* a call that gave up: its late frames are dropped */
+  if (!answers(p->type, h->type))
+    return xasprintf("it answered a %s request with a %s frame", type_name(p->type),
+                     type_name(h->type));
+  uint32_t version;
+  char *bad = NULL;
   switch (h->type) {
   case PROTO_STDOUT:
   case PROTO_STDERR:
-    if (p->type == PROTO_EXEC)
-      keep_output(p, h->type == PROTO_STDERR, payload, h->len);
-    break;
+    keep_output(p, h->type == PROTO_STDERR, payload, h->len);
+    return NULL;
   case PROTO_DATA:
-    if (p->type != PROTO_READ)
-      break;
-    if (p->data_len + h->len > p->data_cap) {
-      p->err_msg = xasprintf("the agent sent more data than was asked for");
-      finish(p, -EPROTO);
-      break;
-    }
+    if (p->data_len + h->len > p->data_cap)
+      return xasprintf("it sent more than the %zu bytes of file data asked for", p->data_cap);
     memcpy(p->data + p->data_len, payload, h->len);
     p->data_len += h->len;
-    break;
-  case PROTO_EXIT: {
-    struct agent_exec_res *r = p->res;
-    uint32_t u = 0;
-    uint64_t d = 0;
-    if (!r)
-      break;
-    if (proto_find(payload, h->len, TAG_EXIT_CODE, &v, &n) == 1 && proto_val_u32(v, n, &u) == 0)
-      r->exit_code = (int32_t)u;
-    u = 0;
-    if (proto_find(payload, h->len, TAG_SIGNAL, &v, &n) == 1 && proto_val_u32(v, n, &u) == 0)
-      r->signal = (int)u;
-    u = 0;
-    if (proto_find(payload, h->len, TAG_TIMED_OUT, &v, &n) == 1 && proto_val_u32(v, n, &u) == 0)
-      r->timed_out = u != 0;
-    if (proto_find(payload, h->len, TAG_DURATION_US, &v, &n) == 1 && proto_val_u64(v, n, &d) == 0)
-      r->duration_us = d;
-    finish(p, 0);
-    break;
-  }
-  case PROTO_READ_END: {
-    uint64_t size = 0;
-    uint32_t eof = 0;
-    if (proto_find(payload, h->len, TAG_SIZE, &v, &n) == 1)
-      proto_val_u64(v, n, &size);
-    if (proto_find(payload, h->len, TAG_EOF, &v, &n) == 1)
-      proto_val_u32(v, n, &eof);
-    p->size = size;
-    p->eof = eof != 0;
-    finish(p, 0);
-    break;
-  }
-  case PROTO_HELLO_OK:
+    return NULL;
+  case PROTO_EXIT:
+    return handle_exit(p, payload, h->len);
+  case PROTO_READ_END:
+    return handle_read_end(p, payload, h->len);
+  case PROTO_HELLO_OK: {
+    char *info = NULL;
+    bad = field_u32(payload, h->len, h->type, TAG_VERSION, "VERSION", true, PROTO_VERSION,
+                    PROTO_VERSION, &version);
+    if (!bad)
+      bad = field_str(payload, h->len, h->type, TAG_INFO, "INFO", MAX_INFO, &info);
+    if (bad)
+      return bad;
     free(c->info);
-    c->info = proto_find(payload, h->len, TAG_INFO, &v, &n) == 1 ? strndup((const char *)v, n)
-                                                                 : strdup("ign-agent");
+    c->info = info ? info : strdup("ign-agent");
     finish(p, 0);
-    break;
-  case PROTO_OK:
+    return NULL;
+  }
   case PROTO_PONG:
-    finish(p, 0);
-    break;
+    bad = field_u32(payload, h->len, h->type, TAG_VERSION, "VERSION", false, PROTO_VERSION,
+                    PROTO_VERSION, &version);
+    if (!bad)
+      finish(p, 0);
+    return bad;
+  case PROTO_OK: {
+    uint64_t size = p->write_size;
+    if (p->type == PROTO_WRITE)
+      bad = field_u64(payload, h->len, h->type, TAG_SIZE, "SIZE", false, UINT64_MAX, &size);
+    if (!bad && size != p->write_size)
+      bad = xasprintf("its OK frame says %llu bytes were written, but %llu were sent",
+                      (unsigned long long)size, (unsigned long long)p->write_size);
+    if (!bad)
+      finish(p, 0);
+    return bad;
+  }
   case PROTO_ERROR: {
-    int e;
-    p->err_msg = error_message(payload, h->len, &e);
-    finish(p, -e);
-    break;
+    char *msg = NULL;
+    bad = parse_error(payload, h->len, &msg);
+    if (bad)
+      return bad;
+    p->err_msg = msg;
+    /* The agent's errno stays the agent's: EPIPE from a guest is not the
+     * host's connection dying. */
+    finish(p, -EREMOTEIO);
+    return NULL;
   }
   default:
-    break;
+    return xasprintf("it sent a %s frame, which only the host sends", type_name(h->type));
   }
 }
 
@@ -229,6 +661,7 @@ static void *reader_main(void *arg) {
   struct agent_conn *c = arg;
   uint8_t *payload = malloc(PROTO_MAX_PAYLOAD);
   char *reason = NULL;
+  bool fault = false;
   if (!payload) {
     reason = strdup("out of memory");
   } else {
@@ -236,36 +669,53 @@ static void *reader_main(void *arg) {
       struct proto_header h;
       int r = proto_read_frame(c->fd, &h, payload);
       if (r < 0) {
-        if (r == -ENODATA || r == -ECONNRESET)
+        if (r == -ENODATA || r == -ECONNRESET) {
           reason = strdup("the sandbox's agent closed the connection");
-        else if (r == -EPROTO)
-          reason = strdup("the sandbox's agent sent a malformed frame");
-        else
+        } else if (r == -EPROTO) {
+          reason = strdup("the sandbox's agent broke the protocol: it sent a malformed frame "
+                          "header; the host closed the connection");
+          fault = true;
+        } else {
           reason = xasprintf("reading from the sandbox's agent failed: %s", strerror(-r));
+        }
         break;
       }
       if (h.id == 0 && h.type == PROTO_ERROR) {
-        int e;
-        reason = error_message(payload, h.len, &e);
+        /* The agent gives up on the connection and says why. */
+        char *bad = parse_error(payload, h.len, &reason);
+        if (bad) {
+          reason = xasprintf("the sandbox's agent broke the protocol: %s; the host closed the "
+                             "connection",
+                             bad);
+          free(bad);
+          fault = true;
+        }
         break;
       }
       pthread_mutex_lock(&c->lock);
-      handle_frame(c, &h, payload);
+      char *bad = handle_frame(c, &h, payload);
       pthread_mutex_unlock(&c->lock);
       pthread_cond_broadcast(&c->cond);
+      if (bad) {
+        reason = xasprintf("the sandbox's agent broke the protocol: %s; the host closed the "
+                           "connection",
+                           bad);
+        free(bad);
+        fault = true;
+        break;
+      }
     }
   }
   free(payload);
   pthread_mutex_lock(&c->lock);
-  c->dead = true;
-  if (!c->dead_reason)
-    c->dead_reason = reason;
-  else
-    free(reason);
+  mark_dead_locked(c, reason, fault);
   pthread_mutex_unlock(&c->lock);
-  pthread_cond_broadcast(&c->cond);
+  /* Whatever the agent sends from now on is not read: stop the writer too. */
+  shutdown(c->fd, SHUT_RDWR);
   return NULL;
 }
+
+/* ---- the connection ------------------------------------------------------ */
 
 bool agent_conn_alive(struct agent_conn *c) {
   pthread_mutex_lock(&c->lock);
@@ -276,14 +726,17 @@ bool agent_conn_alive(struct agent_conn *c) {
 
 const char *agent_conn_info(struct agent_conn *c) { return c->info ? c->info : ""; }
 
+void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms) {
+  pthread_mutex_lock(&c->lock);
+  c->write_deadline_ms = ms ? ms : 1;
+  pthread_mutex_unlock(&c->lock);
+}
+
 void agent_conn_shutdown(struct agent_conn *c) {
   pthread_mutex_lock(&c->lock);
-  if (!c->dead_reason)
-    c->dead_reason = strdup("the session was closed");
-  c->dead = true;
+  mark_dead_locked(c, strdup("the session was closed"), false);
   pthread_mutex_unlock(&c->lock);
   shutdown(c->fd, SHUT_RDWR);
-  pthread_cond_broadcast(&c->cond);
 }
 
 void agent_conn_free(struct agent_conn *c) {
@@ -292,16 +745,20 @@ void agent_conn_free(struct agent_conn *c) {
   agent_conn_shutdown(c);
   if (c->reader_started)
     pthread_join(c->reader, NULL);
+  if (c->writer_started)
+    pthread_join(c->writer, NULL);
   close(c->fd);
+  queue_clear(&c->ctl_q);
+  queue_clear(&c->data_q);
   free(c->dead_reason);
   free(c->info);
   pthread_mutex_destroy(&c->lock);
-  pthread_mutex_destroy(&c->write_lock);
   pthread_cond_destroy(&c->cond);
+  pthread_cond_destroy(&c->wcond);
   free(c);
 }
 
-/* Registers P with a fresh id; the caller then sends its frames. */
+/* Registers P with a fresh id; the caller then queues its frames. */
 static int register_pending(struct agent_conn *c, struct pending *p, uint8_t type) {
   pthread_mutex_lock(&c->lock);
   if (c->dead) {
@@ -312,6 +769,7 @@ static int register_pending(struct agent_conn *c, struct pending *p, uint8_t typ
     p->id = ++c->next_id;
   while (p->id == 0);
   p->type = type;
+  p->start_ms = mono_ms();
   p->next = c->pending;
   c->pending = p;
   pthread_mutex_unlock(&c->lock);
@@ -352,8 +810,8 @@ static int wait_pending(struct agent_conn *c, struct pending *p, const struct ag
     if (p->done)
       return p->result;
     if (c->dead)
-      return -EPIPE;
-    if (ctl && ctl->cancelled && atomic_load(ctl->cancelled))
+      return dead_code(c);
+    if (cancelled(ctl))
       return -ECANCELED;
     uint64_t now = mono_ms();
     if (timeout_ms && now - start >= timeout_ms)
@@ -372,11 +830,14 @@ static int wait_pending(struct agent_conn *c, struct pending *p, const struct ag
   }
 }
 
+/* Ends a call: called with c->lock held, returns without it. */
 static int finish_call(struct agent_conn *c, struct pending *p, int r, char **ret_err) {
-  if (r == -EPIPE && !p->done)
+  if ((r == -EPIPE || r == -EPROTO) && !p->done)
     set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
   else if (r == -ETIMEDOUT)
     set_err(ret_err, strdup("the sandbox's agent stopped answering"));
+  else if (r == -ECANCELED)
+    set_err(ret_err, strdup("the call was cancelled"));
   else if (r < 0 && p->err_msg)
     set_err(ret_err, steal_ptr(p->err_msg));
   pthread_mutex_unlock(&c->lock);
@@ -385,19 +846,37 @@ static int finish_call(struct agent_conn *c, struct pending *p, int r, char **re
   return r;
 }
 
+static int dead_error(struct agent_conn *c, char **ret_err) {
+  pthread_mutex_lock(&c->lock);
+  set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
+  int r = dead_code(c);
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
 int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char **ret_err) {
+  int type = 0;
+  socklen_t tlen = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) < 0 || type != SOCK_STREAM) {
+    set_err(ret_err, strdup("the agent channel is not a stream socket"));
+    close(fd);
+    return -ENOTSOCK;
+  }
   struct agent_conn *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
     return -ENOMEM;
   }
   c->fd = fd;
+  c->write_deadline_ms = AGENT_WRITE_DEADLINE_MS;
+  c->ctl_q.tail = &c->ctl_q.head;
+  c->data_q.tail = &c->data_q.head;
   pthread_mutex_init(&c->lock, NULL);
-  pthread_mutex_init(&c->write_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&c->cond, &ca);
+  pthread_cond_init(&c->wcond, &ca);
   pthread_condattr_destroy(&ca);
   if (pthread_create(&c->reader, NULL, reader_main, c) != 0) {
     set_err(ret_err, strdup("cannot start the agent reader thread"));
@@ -405,6 +884,12 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
     return -EAGAIN;
   }
   c->reader_started = true;
+  if (pthread_create(&c->writer, NULL, writer_main, c) != 0) {
+    set_err(ret_err, strdup("cannot start the agent writer thread"));
+    agent_conn_free(c);
+    return -EAGAIN;
+  }
+  c->writer_started = true;
 
   struct pending p = {0};
   int r = register_pending(c, &p, PROTO_HELLO);
@@ -412,7 +897,7 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
     struct proto_buf b = {0};
     proto_frame_begin(&b, PROTO_HELLO, p.id);
     proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
-    r = send_frame(c, &b);
+    r = enqueue(c, &b, true, NULL);
     proto_buf_free(&b);
     pthread_mutex_lock(&c->lock);
     if (r == 0)
@@ -437,23 +922,19 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
 
 int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
   struct pending p = {0};
-  int r = register_pending(c, &p, PROTO_PING);
-  if (r < 0) {
-    set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
-    return r;
-  }
-  r = send_simple(c, PROTO_PING, p.id, NULL, 0);
+  if (register_pending(c, &p, PROTO_PING) < 0)
+    return dead_error(c, ret_err);
+  int r = enqueue_simple(c, PROTO_PING, p.id, NULL, 0, true, NULL);
+  bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
     r = wait_pending(c, &p, NULL, timeout_ms);
+  if (r < 0 && sent && !p.done) {
+    pthread_mutex_unlock(&c->lock);
+    abandon_request(c, p.id, false, 0, false);
+    pthread_mutex_lock(&c->lock);
+  }
   return finish_call(c, &p, r, ret_err);
-}
-
-static int dead_error(struct agent_conn *c, char **ret_err) {
-  pthread_mutex_lock(&c->lock);
-  set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
-  pthread_mutex_unlock(&c->lock);
-  return -EPIPE;
 }
 
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
@@ -472,32 +953,35 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
     proto_put_str(&b, TAG_ENV, req->env[i]);
   proto_put_u32(&b, TAG_TIMEOUT_MS, req->timeout_ms);
   proto_put_u32(&b, TAG_HAS_STDIN, req->stdin_data != NULL);
-  int r = send_frame(c, &b);
+  int r = enqueue(c, &b, true, ctl);
+  proto_buf_free(&b);
   if (r == -EMSGSIZE) {
     pthread_mutex_lock(&c->lock);
     p.err_msg = strdup("the command, cwd and env together are too large for one request; "
                        "put long scripts in a file with write_file and run that");
-    proto_buf_free(&b);
     return finish_call(c, &p, -EMSGSIZE, ret_err);
   }
+  bool sent = r == 0;
   const uint8_t *in = req->stdin_data;
+  bool end_queued = false;
   for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
     size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
-    r = send_simple(c, PROTO_STDIN, p.id, in + off, n);
+    r = cancelled(ctl) ? -ECANCELED : enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl);
   }
-  if (r == 0 && in)
-    r = send_simple(c, PROTO_STDIN_END, p.id, NULL, 0);
-  proto_buf_free(&b);
+  if (r == 0 && in) {
+    r = enqueue_simple(c, PROTO_STDIN_END, p.id, NULL, 0, false, ctl);
+    end_queued = r == 0;
+  }
 
   pthread_mutex_lock(&c->lock);
   if (r == 0) {
     uint32_t limit = req->timeout_ms ? req->timeout_ms + EXEC_GRACE_MS : 0;
     r = wait_pending(c, &p, ctl, limit);
   }
-  if (r == -ECANCELED || r == -ETIMEDOUT) {
+  if (r < 0 && sent && !p.done) {
     /* Kill the command's process group; its EXIT will find no one waiting. */
     pthread_mutex_unlock(&c->lock);
-    send_simple(c, PROTO_KILL, p.id, NULL, 0);
+    abandon_request(c, p.id, true, in ? PROTO_STDIN_END : 0, end_queued);
     pthread_mutex_lock(&c->lock);
   }
   r = finish_call(c, &p, r, ret_err);
@@ -511,7 +995,7 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
 
 int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, const void *data,
                      size_t len, const struct agent_ctl *ctl, char **ret_err) {
-  struct pending p = {0};
+  struct pending p = {.write_size = len};
   if (register_pending(c, &p, PROTO_WRITE) < 0)
     return dead_error(c, ret_err);
   struct proto_buf b = {0};
@@ -519,24 +1003,39 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u32(&b, TAG_MODE, mode);
   proto_put_u64(&b, TAG_SIZE, len);
-  int r = send_frame(c, &b);
+  int r = enqueue(c, &b, true, ctl);
   proto_buf_free(&b);
+  bool sent = r == 0;
   const uint8_t *d = data;
   for (size_t off = 0; r == 0 && off < len; off += PROTO_CHUNK) {
     /* Stop early when the agent already refused (e.g. disk full). */
     pthread_mutex_lock(&c->lock);
-    bool stop = p.done || c->dead || (ctl && ctl->cancelled && atomic_load(ctl->cancelled));
+    bool stop = p.done;
     pthread_mutex_unlock(&c->lock);
     if (stop)
       break;
+    if (cancelled(ctl)) {
+      r = -ECANCELED;
+      break;
+    }
     size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-    r = send_simple(c, PROTO_DATA, p.id, d + off, n);
+    r = enqueue_simple(c, PROTO_DATA, p.id, d + off, n, false, ctl);
   }
-  if (r == 0)
-    r = send_simple(c, PROTO_DATA_END, p.id, NULL, 0);
+  bool end_queued = false;
+  if (r == 0) {
+    r = enqueue_simple(c, PROTO_DATA_END, p.id, NULL, 0, false, ctl);
+    end_queued = r == 0;
+  }
   pthread_mutex_lock(&c->lock);
   if (r == 0)
     r = wait_pending(c, &p, ctl, FILE_TIMEOUT_MS);
+  if (r < 0 && sent && !p.done) {
+    /* A DATA_END short of SIZE makes the agent drop the temporary file: a
+     * cancelled upload never replaces the target. */
+    pthread_mutex_unlock(&c->lock);
+    abandon_request(c, p.id, false, PROTO_DATA_END, end_queued);
+    pthread_mutex_lock(&c->lock);
+  }
   return finish_call(c, &p, r, ret_err);
 }
 
@@ -558,11 +1057,17 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u64(&b, TAG_OFFSET, offset);
   proto_put_u64(&b, TAG_MAX, max);
-  int r = send_frame(c, &b);
+  int r = enqueue(c, &b, true, ctl);
   proto_buf_free(&b);
+  bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
     r = wait_pending(c, &p, ctl, FILE_TIMEOUT_MS);
+  if (r < 0 && sent && !p.done) {
+    pthread_mutex_unlock(&c->lock);
+    abandon_request(c, p.id, false, 0, false);
+    pthread_mutex_lock(&c->lock);
+  }
   r = finish_call(c, &p, r, ret_err);
   if (r < 0) {
     free(p.data);
@@ -590,10 +1095,16 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     proto_put_str(&b, TAG_HOSTNAME, hostname);
   if (machine_id)
     proto_put_str(&b, TAG_MACHINE_ID, machine_id);
-  int r = send_frame(c, &b);
+  int r = enqueue(c, &b, true, NULL);
   proto_buf_free(&b);
+  bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
     r = wait_pending(c, &p, NULL, 10000);
+  if (r < 0 && sent && !p.done) {
+    pthread_mutex_unlock(&c->lock);
+    abandon_request(c, p.id, false, 0, false);
+    pthread_mutex_lock(&c->lock);
+  }
   return finish_call(c, &p, r, ret_err);
 }

@@ -1,7 +1,14 @@
 /* client.h: the host side of the agent protocol.  One agent_conn per
  * sandbox: a reader thread demultiplexes frames to the calls waiting on
- * them, so several calls can use one sandbox at once.  Every call is bounded:
- * output beyond the caller's cap is counted, not kept. */
+ * them, a writer thread puts the calls' frames on the wire, so several calls
+ * can use one sandbox at once.  Every call is bounded: output beyond the
+ * caller's cap is counted, not kept; a frame the agent does not take within
+ * the write deadline ends the connection; a cancelled call returns at once.
+ *
+ * Everything the agent sends is hostile input: a guest's root can replace the
+ * agent.  A frame that breaks the protocol (a type that does not answer the
+ * request, a field out of range, more data than asked for) ends the
+ * connection with a message that says what was wrong. */
 #pragma once
 
 #include <stdatomic.h>
@@ -41,9 +48,19 @@ struct agent_exec_res {
 
 void agent_exec_res_free(struct agent_exec_res *r);
 
-/* Takes ownership of FD (a connected stream to an agent), says HELLO and
- * waits up to TIMEOUT_MS for the answer.  On failure *ret_err explains. */
+/* How long a frame may wait for the agent to take a byte of it before the
+ * connection is declared dead: a guest that stops reading cannot hold a call,
+ * its session or the server's byte budget for longer. */
+#define AGENT_WRITE_DEADLINE_MS 30000u
+/* Bytes of data frames (stdin, file content) queued per connection; a call
+ * with more waits (cancellable) for the writer to make room. */
+#define AGENT_QUEUE_MAX (4u * (64u * 1024u + 12u))
+
+/* Takes ownership of FD (a connected stream socket to an agent), says HELLO
+ * and waits up to TIMEOUT_MS for the answer.  On failure *ret_err explains. */
 int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char **ret_err);
+/* The write deadline (AGENT_WRITE_DEADLINE_MS unless set, e.g. by tests). */
+void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms);
 /* Ends the connection: every waiting call fails with -EPIPE.  Idempotent. */
 void agent_conn_shutdown(struct agent_conn *c);
 /* Shuts down, joins the reader and frees. */
@@ -52,9 +69,15 @@ bool agent_conn_alive(struct agent_conn *c);
 /* The agent's HELLO_OK info string. */
 const char *agent_conn_info(struct agent_conn *c);
 
-/* Each call returns 0, -ECANCELED when ctl->cancelled was set, -EPIPE when the
- * connection died, -ETIMEDOUT when the agent stopped answering, or -EIO/other
- * with *ret_err set to the agent's or our own explanation. */
+/* Each call returns 0, or a negative errno with *ret_err saying why:
+ *   -ECANCELED   ctl->cancelled was set (a running command is killed)
+ *   -EPIPE       the connection ended: the agent hung up or the host closed it
+ *   -EPROTO      the host ended the connection because the agent broke the
+ *                protocol or stopped reading its channel (see above)
+ *   -ETIMEDOUT   the agent stopped answering this call
+ *   -EREMOTEIO   the agent refused the request (ERROR frame); the message is
+ *                the agent's.  A guest's errno never stands for a host error.
+ *   other        a host-side failure (-ENOMEM, -EMSGSIZE, ...) */
 int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err);
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
                struct agent_exec_res *ret, char **ret_err);

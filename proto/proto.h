@@ -31,6 +31,13 @@
  *                                        the agent ignores the rest of the id)
  *   READ{PATH,OFFSET,MAX}             -> DATA* READ_END{SIZE,EOF,BYTES} | ERROR
  *   SETUP{ENTROPY?,TIME_NS?,HOSTNAME?,MACHINE_ID?} -> OK | ERROR
+ *
+ * A host that gives up on a request (cancelled, timed out) sends KILL for a
+ * command (then STDIN_END if its stdin was not finished), or DATA_END before
+ * SIZE bytes for an upload (the agent drops the file); the agent's answers
+ * to it are then dropped.  Every answer must match its request (a HELLO_OK
+ * only answers HELLO) and every numeric field must be in range: the host
+ * ends the connection on a frame that is not.
  */
 #pragma once
 

@@ -507,7 +507,13 @@ static int warm_clone(int fd, uint32_t timeout_ms, char **ret_err) {
       r = proto_write_all(fd, b.data, b.len);
   }
   proto_buf_free(&b);
-  static _Thread_local uint8_t payload[PROTO_MAX_PAYLOAD];
+  /* On the heap, for this call only: a static thread-local buffer would be
+   * carried by every thread of the server. */
+  _cleanup_free_ uint8_t *payload = malloc(PROTO_MAX_PAYLOAD);
+  if (!payload) {
+    *ret_err = strdup("out of memory for the clone's first answer");
+    return -ENOMEM;
+  }
   uint64_t deadline = mono_ms() + timeout_ms;
   while (r == 0) {
     struct pollfd p = {.fd = fd, .events = POLLIN};

@@ -80,6 +80,14 @@ static void on_progress(void *p, const char *last_line, uint64_t elapsed_ms) {
   mcp_progress(call, line);
 }
 
+/* A call whose connection the host ended (the agent broke the protocol or
+ * stopped reading): the session cannot serve any more. */
+static char *conn_fault(const char *what_failed, const char *id, const char *why) {
+  return xasprintf("%s: session '%s' is dead: %s. Call reset('%s') to get a fresh sandbox under "
+                   "the same id, or close it.",
+                   what_failed, id, why ? why : "its agent broke the protocol", id);
+}
+
 static char *signal_name(int sig) {
   const char *abbrev = sigabbrev_np(sig);
   return abbrev ? xasprintf("SIG%s", abbrev) : xasprintf("signal %d", sig);
@@ -122,6 +130,8 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
     json_t *out;
     if (r == -EPIPE)
       out = err_result_free(lease_failure(&l, "run failed"));
+    else if (r == -EPROTO)
+      out = err_result_free(conn_fault("run failed", id, err));
     else if (r == -ECANCELED)
       out = err_result("the call was cancelled; the command was killed");
     else
@@ -143,8 +153,9 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   json_t *o = json_object();
   json_object_set_new(o, "stdout", json_stringn(out, out_len));
   json_object_set_new(o, "stderr", json_stringn(errs, errs_len));
+  /* The client bounds both (signal 0..64, exit code -1..255): no overflow. */
   json_object_set_new(o, "exit_code",
-                      json_integer(res.signal ? 128 + res.signal : res.exit_code));
+                      json_integer(res.signal ? 128 + (json_int_t)res.signal : res.exit_code));
   json_object_set_new(o, "timed_out", json_boolean(res.timed_out));
   if (res.signal) {
     _cleanup_free_ char *name = signal_name(res.signal);
@@ -195,6 +206,10 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
   json_t *out;
   if (r == -EPIPE)
     out = err_result_free(lease_failure(&l, "write_file failed"));
+  else if (r == -EPROTO)
+    out = err_result_free(conn_fault("write_file failed", id, err));
+  else if (r == -ECANCELED)
+    out = err_result("the call was cancelled; the upload was stopped");
   else if (r < 0)
     out = err_result_free(xasprintf("write_file failed: %s", err ? err : strerror(-r)));
   else
@@ -232,6 +247,8 @@ static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
   json_t *out;
   if (r == -EPIPE) {
     out = err_result_free(lease_failure(&l, "read_file failed"));
+  } else if (r == -EPROTO) {
+    out = err_result_free(conn_fault("read_file failed", id, err));
   } else if (r < 0) {
     out = err_result_free(xasprintf("read_file failed: %s", err ? err : strerror(-r)));
   } else {
@@ -314,8 +331,10 @@ size_t tools_result_cost(const char *name, json_t *args) {
      * whole response once more as the line sent. */
     json_t *m = json_object_get(args, "max_bytes");
     long long max = DEFAULT_READ < read_cap() ? DEFAULT_READ : read_cap();
-    if (json_is_integer(m) && json_integer_value(m) > 0 && json_integer_value(m) < max)
-      max = json_integer_value(m);
+    /* Any max_bytes the call may be let through with (up to read_cap()),
+     * not just the default's. */
+    if (json_is_integer(m) && json_integer_value(m) > 0)
+      max = json_integer_value(m) < read_cap() ? json_integer_value(m) : read_cap();
     return (size_t)max * 6;
   }
   if (strcmp(name, "run") == 0)

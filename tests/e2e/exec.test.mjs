@@ -195,6 +195,36 @@ describe('run basics', () => {
   });
 });
 
+describe('commands cannot reach into the agent', () => {
+  /* The agent holds the sandbox's end of the channel. A command that could
+   * trace it, take its fds (pidfd_getfd) or write its memory could answer
+   * the host in its place. In a microVM commands run as root: they lose
+   * CAP_SYS_PTRACE (bounding set included), so PID 1, which keeps all its
+   * capabilities, is out of their reach; on the ns backend they hold no
+   * capability at all and the agent is not dumpable. */
+  test('no CAP_SYS_PTRACE; PID 1\'s fds and executable cannot be looked into', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    const r = await run(s.client, sid, [
+      'for k in CapEff CapPrm CapBnd; do echo "$k $(sed -n "s/^$k:[[:space:]]*//p" /proc/self/status)"; done',
+      'readlink /proc/1/exe >/dev/null 2>&1 && echo exe-readable || echo exe-denied',
+      'readlink /proc/1/fd/0 >/dev/null 2>&1 && echo fd-readable || echo fd-denied',
+      // The open is what is checked (a read at offset 0 fails anyway).
+      '(exec 3</proc/1/mem) 2>/dev/null && echo mem-openable || echo mem-denied',
+    ].join('; '));
+    const lines = r.stdout.trim().split('\n');
+    const CAP_SYS_PTRACE = 19n;
+    for (const l of lines.slice(0, 3)) {
+      const [k, hex] = l.split(' ');
+      assert.equal((BigInt(`0x${hex}`) >> CAP_SYS_PTRACE) & 1n, 0n, `${k} ${hex} holds CAP_SYS_PTRACE`);
+    }
+    assert.deepEqual(lines.slice(3), ['exe-denied', 'fd-denied', 'mem-denied'], r.stdout);
+    // The command itself still runs, as root where it did.
+    assert.equal(await sh(s.client, sid, 'id -u'), '0\n');
+  });
+});
+
 describe('output cap setting', () => {
   test('IGN_MCP_OUTPUT_CAP=1000 caps each stream and keeps exact counts', T, async (t) => {
     const s = await startServer({ env: { IGN_MCP_OUTPUT_CAP: 1000 } });
@@ -298,20 +328,28 @@ describe('progress, cancellation, concurrency', () => {
     assert.equal(await sh(c, sid, 'echo still-serving'), 'still-serving\n');
   });
 
-  test('notifications/cancelled: no response for the cancelled call, command killed (raw)', T, async (t) => {
+  test('notifications/cancelled: no response for the cancelled call, the whole command killed (raw)', T, async (t) => {
     const raw = startRaw();
     t.after(() => raw.close());
     await raw.initialize();
     const o = await raw.tool('open_session', {});
     const n = uniqueSleepSecs();
     const from = raw.messages.length;
-    await raw.send({ jsonrpc: '2.0', id: 'to-cancel', method: 'tools/call', params: { name: 'run', arguments: { session_id: o.session_id, command: `sleep ${n}` } } });
+    // The shell stays (it waits), and the sleep is its child: were only the
+    // shell killed, the sleep would live on.
+    await raw.send({ jsonrpc: '2.0', id: 'to-cancel', method: 'tools/call', params: { name: 'run', arguments: { session_id: o.session_id, command: `sleep ${n} & echo $! > /root/child.pid; wait` } } });
     if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 1, { timeoutMs: 10000 }), 'sleep never started');
     else await sleep(1500);
+    let child;
+    assert.ok(await waitUntil(async () => {
+      child = (await raw.tool('run', { session_id: o.session_id, command: 'cat /root/child.pid 2>/dev/null' })).stdout.trim();
+      return /^\d+$/.test(child);
+    }, { timeoutMs: 10000, intervalMs: 200 }), 'the child never wrote its pid');
+    assert.equal((await raw.tool('run', { session_id: o.session_id, command: `kill -0 ${child} && echo alive` })).stdout, 'alive\n');
     await raw.notify('notifications/cancelled', { requestId: 'to-cancel', reason: 'test' });
     const p = await raw.request('ping', undefined, { id: 'after-cancel' });
     assert.deepEqual(p.result, {});
-    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0, { timeoutMs: 5000 }), 'cancelled sleep still alive');
+    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 0, { timeoutMs: 5000 }), 'the cancelled command\'s child still alive');
     // Inside the sandbox too (the only view on the vm backend); the kill may
     // land a moment after the ping's answer.
     let ps;
@@ -319,7 +357,8 @@ describe('progress, cancellation, concurrency', () => {
       ps = await raw.tool('run', { session_id: o.session_id, command: `ps -o args 2>/dev/null || ps` });
       return !ps.stdout.includes(`sleep ${n}`);
     }, { timeoutMs: 5000, intervalMs: 200 });
-    assert.ok(gone, `cancelled sleep still running in the sandbox:\n${ps.stdout}`);
+    assert.ok(gone, `the cancelled command's child still running in the sandbox:\n${ps.stdout}`);
+    assert.equal((await raw.tool('run', { session_id: o.session_id, command: `kill -0 ${child} 2>/dev/null && echo alive || echo gone` })).stdout, 'gone\n');
     await sleep(500);
     assert.deepEqual(raw.since(from).filter((m) => m.id === 'to-cancel'), [], 'the cancelled request got a response');
   });

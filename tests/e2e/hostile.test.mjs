@@ -28,7 +28,10 @@
 
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startRaw, textOf, vmRssKiB, sleep, IS_VM } from './lib.mjs';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startRaw, textOf, vmRssKiB, sleep, IS_VM, assertNoSanitizerReport } from './lib.mjs';
 
 const T = { timeout: 120_000 };
 const NL = Buffer.from('\n');
@@ -215,12 +218,13 @@ const CASES = [
         if (i % 8 === 0) peak = Math.max(peak, vmRssKiB(raw.pid));
       }
       await raw.sendBytes(Buffer.from('"}}}\n'));
-      const e = await waitEntry((x) => isResponse(x.msg) && x.msg.id === null, from, 'the size error');
+      // Answered with its own id (found while the line was dropped).
+      const e = await waitEntry((x) => isResponse(x.msg) && x.msg.id === 'big', from, 'the size error');
       assert.equal(e.msg.error.code, -32600, e.raw);
       assert.match(e.msg.error.message, new RegExp(`message too large: over \\d+ bytes \\(IGN_MCP_MAX_MESSAGE is ${MAX_MESSAGE}\\).*discarded`));
       assert.match(e.msg.error.message, /in pieces/, 'the error says what to do');
       await assertServing('after the 80 MiB line', from, 1);
-      assert.ok(!raw.messages.some((x) => x.msg.id === 'big'), 'the request inside the oversize line was executed');
+      assert.ok(!raw.messages.some((x) => x.msg.id === 'big' && 'result' in x.msg), 'the request inside the oversize line was executed');
       // The HWM only counts if it was reached now (it is a lifetime maximum).
       const hwm = vmRssKiB(raw.pid, 'VmHWM');
       peak = Math.max(peak, hwm > hwmBefore ? hwm : 0);
@@ -473,5 +477,119 @@ describe(`hostile input: ${CASES.length} cases by hand, ${GENERATED.length} from
         `after it ${rss.afterBig} KiB; after the deep nesting ${rss.afterDeep} KiB; at the end ${rss.end} KiB (growth ${growth.toFixed(1)} MiB); backend ${IS_VM ? 'vm' : 'ns'}`,
     );
     assert.ok(growth < 64, `RSS grew by ${growth.toFixed(1)} MiB over the table (bound 64 MiB)`);
+  });
+});
+
+/* ---- a hostile agent ----
+ *
+ * A guest's root can take the agent's place on the channel and answer the
+ * host itself. Here a fake agent does so: a node script that the ns backend
+ * starts in the agent's place (IGN_MCP_AGENT), speaking the wire protocol
+ * (proto/proto.h) with answers no real agent gives. The server must range-
+ * check every field: a violation ends that session with a message naming
+ * the field, never undefined behaviour (this server is the ASan/UBSan build,
+ * which aborts on any), and a guest's error stays the guest's. */
+
+const FAKE_AGENT = `#!${process.execPath}
+'use strict';
+const fs = require('fs');
+const FD = 3;
+const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, WRITE: 20, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30 };
+const tlv = (tag, v) => { const h = Buffer.alloc(6); h.writeUInt16LE(tag, 0); h.writeUInt32LE(v.length, 2); return Buffer.concat([h, v]); };
+const u32 = (tag, n) => { const b = Buffer.alloc(4); b.writeUInt32LE(n >>> 0); return tlv(tag, b); };
+const u64 = (tag, n) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(n); return tlv(tag, b); };
+const str = (tag, t) => tlv(tag, Buffer.from(t));
+const send = (type, id, ...parts) => {
+  const p = Buffer.concat(parts); const h = Buffer.alloc(12);
+  h.writeUInt32LE(p.length, 0); h[4] = type; h.writeUInt32LE(id, 8);
+  fs.writeSync(FD, Buffer.concat([h, p]));
+};
+const field = (p, want) => { for (let o = 0; o + 6 <= p.length;) { const t = p.readUInt16LE(o), n = p.readUInt32LE(o + 2); if (t === want) return p.subarray(o + 6, o + 6 + n); o += 6 + n; } return null; };
+const exit = (id, { code = 0, sig = 0, dur = 1000n } = {}) => send(T.EXIT, id, u32(15, code), u32(16, sig), u32(17, 0), u64(18, dur));
+function answer(type, id, p) {
+  if (type === T.HELLO) return send(T.HELLO_OK, id, u32(1, 1), str(2, 'fake agent'));
+  if (type === T.SETUP) return send(T.OK, id);
+  if (type === T.PING) return send(T.PONG, id, u32(1, 1));
+  if (type === T.EXEC) {
+    const cmd = field(p, 10).toString();
+    if (cmd === 'signal') return exit(id, { code: -1, sig: 0x7fffffff });
+    if (cmd === 'duration') return exit(id, { dur: 2n ** 64n - 1n });
+    if (cmd === 'hello') return send(T.HELLO_OK, id, u32(1, 1));
+    send(T.STDOUT, id, Buffer.from('fine\\n'));
+    return exit(id);
+  }
+  if (type === T.READ) return send(T.READ_END, id, u64(22, 2n ** 64n - 1n), u32(25, 1), u64(26, 0n));
+  if (type === T.WRITE) return send(T.ERROR, id, u32(3, 32 /* EPIPE */), str(4, 'cannot write: Broken pipe (from the guest)'));
+}
+let buf = Buffer.alloc(0);
+const chunk = Buffer.alloc(1 << 16);
+for (;;) {
+  let n;
+  try { n = fs.readSync(FD, chunk); } catch (e) { if (e.code === 'EAGAIN') continue; break; }
+  if (n === 0) break;
+  buf = Buffer.concat([buf, chunk.subarray(0, n)]);
+  while (buf.length >= 12 && buf.length >= 12 + buf.readUInt32LE(0)) {
+    const len = buf.readUInt32LE(0);
+    answer(buf[4], buf.readUInt32LE(8), buf.subarray(12, 12 + len));
+    buf = buf.subarray(12 + len);
+  }
+}
+`;
+
+describe('a hostile agent (a fake one in the agent\'s place, ns backend)', { skip: IS_VM && 'the ns backend starts IGN_MCP_AGENT itself; the client code is the same for both' }, () => {
+  let hraw;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-fake-agent-'));
+  const agent = path.join(dir, 'fake-agent');
+  before(async () => {
+    fs.writeFileSync(agent, FAKE_AGENT, { mode: 0o755 });
+    fs.chmodSync(dir, 0o755);
+    hraw = startRaw({ env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: agent, ASAN_OPTIONS: ASAN } });
+    await hraw.initialize();
+  });
+  after(async () => {
+    if (hraw) await hraw.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  const open = async () => (await hraw.tool('open_session', {}, { timeoutMs: 60_000 })).session_id;
+  const toolErr = async (name, args) => {
+    const r = await hraw.callTool(name, args, { timeoutMs: 60_000 });
+    assert.ok(r.result, JSON.stringify(r.error));
+    assert.equal(r.result.isError, true, `${name} should fail: ${JSON.stringify(r.result).slice(0, 400)}`);
+    return textOf(r.result);
+  };
+  const dead = (tool, sid, what) => new RegExp(`^${tool} failed: session '${sid}' is dead: the sandbox's agent broke the protocol: ${what}; the host closed the connection\\. Call reset\\('${sid}'\\)`);
+
+  const cases = [
+    { name: 'EXIT with SIGNAL 0x7fffffff', tool: 'run', args: { command: 'signal' }, says: 'its EXIT frame has SIGNAL 2147483647, outside 0\\.\\.64' },
+    { name: 'EXIT with DURATION 2^64-1', tool: 'run', args: { command: 'duration' }, says: 'its EXIT frame has DURATION_US 18446744073709551615, over \\d+' },
+    { name: 'READ_END with SIZE 2^64-1', tool: 'read_file', args: { path: '/f' }, says: 'its READ_END frame has SIZE 18446744073709551615, over 9223372036854775807' },
+    { name: 'HELLO_OK for a running command', tool: 'run', args: { command: 'hello' }, says: 'it answered a EXEC request with a HELLO_OK frame' },
+  ];
+  for (const c of cases) {
+    test(`${c.name}: the session ends with a message naming it; the server lives`, T, async () => {
+      const sid = await open();
+      assert.deepEqual((await hraw.tool('run', { session_id: sid, command: 'ok' })).stdout, 'fine\n');
+      const e = await toolErr(c.tool, { session_id: sid, ...c.args });
+      assert.match(e, dead(c.tool, sid, c.says), e);
+      // The session stays dead with the same reason; the server serves on.
+      const again = await toolErr('run', { session_id: sid, command: 'ok' });
+      assert.match(again, dead('run', sid, c.says), again);
+      assert.deepEqual((await hraw.request('ping')).result, {});
+      await hraw.tool('close', { session_id: sid });
+      assert.equal(hraw.exited(), null, 'server died');
+      assertNoSanitizerReport(hraw.stderrText(), 'server');
+    });
+  }
+
+  test('a guest ERROR with errno EPIPE is the guest\'s: the call fails with its message, the session lives', T, async () => {
+    const sid = await open();
+    const e = await toolErr('write_file', { session_id: sid, path: '/root/x', content_base64: 'aGk=' });
+    assert.equal(e, 'write_file failed: cannot write: Broken pipe (from the guest)');
+    assert.deepEqual((await hraw.tool('run', { session_id: sid, command: 'ok' })).stdout, 'fine\n');
+    const l = (await hraw.tool('list_sessions', {})).sessions.find((x) => x.session_id === sid);
+    assert.equal(l.alive, true);
+    await hraw.tool('close', { session_id: sid });
+    assertNoSanitizerReport(hraw.stderrText(), 'server');
   });
 });

@@ -4,7 +4,9 @@
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { LoggingMessageNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
-import { startRaw, startServer, TOOL_NAMES, vmRssKiB, sleep, textOf, UNDER_VALGRIND } from './lib.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startRaw, startServer, TOOL_NAMES, vmRssKiB, sleep, textOf, UNDER_VALGRIND, REPO } from './lib.mjs';
 
 const T = { timeout: 60_000 };
 
@@ -254,24 +256,35 @@ describe('before initialize', () => {
 });
 
 describe('message size cap', () => {
-  test('a line over IGN_MCP_MAX_MESSAGE gets -32600 with id null and the server survives', T, async (t) => {
+  test('a line over IGN_MCP_MAX_MESSAGE gets -32600 with its own id (found while it is dropped), and the server survives', T, async (t) => {
     const raw = startRaw({ env: { IGN_MCP_MAX_MESSAGE: 1048576 } });
     t.after(() => raw.close());
     await raw.initialize();
     const from = raw.messages.length;
     const pad = 'a'.repeat(3 * 1024 * 1024);
-    await raw.sendLine(`{"jsonrpc":"2.0","id":77,"method":"ping","params":{"pad":"${pad}"}}`);
+    // The official SDK writes "id" last, after a large "params".
+    await raw.sendLine(`{"jsonrpc":"2.0","method":"ping","params":{"pad":"${pad}","id":5},"id":77}`);
     const e = await raw.waitFor((m) => 'error' in m, { from, what: 'size error' });
     assert.equal(e.error.code, -32600, JSON.stringify(e).slice(0, 300));
-    assert.equal(e.id, null);
-    assert.match(e.error.message, /size|large|long|bytes|limit|exceed|max/i);
+    assert.equal(e.id, 77);
+    assert.match(e.error.message, /^message too large: over \d+ bytes \(IGN_MCP_MAX_MESSAGE is 1048576\); it was discarded\. Send large files in pieces\.$/);
+    // A string id, first this time; a string id over the small cap gets null.
+    const from1 = raw.messages.length;
+    await raw.sendLine(`{"id":"big-\\"one\\"","jsonrpc":"2.0","method":"ping","params":{"pad":"${pad}"}}`);
+    const e1 = await raw.waitFor((m) => 'error' in m, { from: from1, what: 'size error (string id)' });
+    assert.equal(e1.id, 'big-"one"');
+    const from2 = raw.messages.length;
+    await raw.sendLine(`{"jsonrpc":"2.0","method":"ping","params":{"pad":"${pad}"},"id":"${'k'.repeat(200)}"}`);
+    const e2 = await raw.waitFor((m) => 'error' in m, { from: from2, what: 'size error (long id)' });
+    assert.equal(e2.id, null);
+    assert.equal(e2.error.code, -32600);
     assert.equal(raw.exited(), null, 'server died');
     assert.deepEqual((await raw.request('ping')).result, {});
     // Just under the cap is still accepted.
     const ok = 'b'.repeat(1024 * 1024 - 200);
-    const from2 = raw.messages.length;
+    const from3 = raw.messages.length;
     await raw.sendLine(`{"jsonrpc":"2.0","id":78,"method":"ping","params":{"pad":"${ok}"}}`);
-    const r = await raw.response(78, { from: from2 });
+    const r = await raw.response(78, { from: from3 });
     assert.deepEqual(r.result, {});
   });
 
@@ -292,7 +305,7 @@ describe('message size cap', () => {
     }
     const from = 0;
     await raw.sendBytes(Buffer.from('"}}\n'));
-    const e = await raw.waitFor((m) => 'error' in m && m.id === null, { from, timeoutMs: 30000, what: 'size error' });
+    const e = await raw.waitFor((m) => 'error' in m && m.id === 5, { from, timeoutMs: 30000, what: 'size error' });
     assert.equal(e.error.code, -32600);
     assert.deepEqual((await raw.request('ping')).result, {});
     const hwm = vmRssKiB(raw.pid, 'VmHWM');
@@ -301,7 +314,7 @@ describe('message size cap', () => {
     t.diagnostic(`RSS before ${before} KiB, peak ${peak} KiB, growth ${growthMiB.toFixed(1)} MiB`);
     assert.ok(growthMiB < 80, `server RSS grew by ${growthMiB.toFixed(1)} MiB for a 100 MiB line`);
     // The request inside the oversize line must not have been executed.
-    assert.equal(raw.messages.filter((m) => m.msg.id === 5).length, 0);
+    assert.equal(raw.messages.filter((m) => m.msg.id === 5 && 'result' in m.msg).length, 0);
   });
 });
 
@@ -338,5 +351,30 @@ describe('logging', () => {
     await sleep(300);
     const low = raw.since(from).filter((m) => m.method === 'notifications/message' && ['debug', 'info', 'notice'].includes(m.params?.level));
     assert.deepEqual(low, []);
+  });
+});
+
+describe('threads', () => {
+  /* Every thread (one per call, two per session) gets a copy of the
+   * thread-local block; a buffer there costs its size per thread. */
+  test('the server binaries carry no large thread-local storage', () => {
+    // The builds themselves (under valgrind the test server is a wrapper).
+    const build = path.resolve(REPO, process.env.BUILD || 'build');
+    const bins = [path.join(build, 'ignition-mcp'), path.join(build, 'san/ignition-mcp')].filter((f) => fs.existsSync(f));
+    assert.ok(bins.length > 0, `no server binary in ${build}`);
+    for (const bin of bins) {
+      const elf = fs.readFileSync(bin);
+      assert.equal(elf.readUInt32BE(0), 0x7f454c46, `${bin} is not an ELF file`);
+      assert.equal(elf[4], 2, `${bin} is not a 64-bit ELF file`);
+      const phoff = Number(elf.readBigUInt64LE(0x20));
+      const phentsize = elf.readUInt16LE(0x36);
+      const phnum = elf.readUInt16LE(0x38);
+      let tls = 0;
+      for (let i = 0; i < phnum; i++) {
+        const ph = phoff + i * phentsize;
+        if (elf.readUInt32LE(ph) === 7 /* PT_TLS */) tls += Number(elf.readBigUInt64LE(ph + 0x28));
+      }
+      assert.ok(tls <= 16 * 1024, `${bin} has ${tls} bytes of thread-local storage per thread`);
+    }
   });
 });

@@ -73,6 +73,29 @@ static void tlv_bounds(void) {
   CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), -EPROTO);
   proto_tlv_init(&it, p, 0);
   CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 0);
+  /* The exact edge: a value that fills the rest of the payload (len ==
+   * left - 6) is taken whole; one byte more (left - 5) is refused. */
+  uint8_t e[6 + 4] = {TAG_PATH, 0, 4, 0, 0, 0, 'w', 'x', 'y', 'z'};
+  proto_tlv_init(&it, e, sizeof e);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 1);
+  CHECK_EQ_INT(tag, TAG_PATH);
+  CHECK_EQ_INT(n, 4);
+  CHECK(v == e + 6 && memcmp(v, "wxyz", 4) == 0);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 0);
+  e[2] = 5;
+  proto_tlv_init(&it, e, sizeof e);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), -EPROTO);
+  /* The same edge for a second record after a first one. */
+  uint8_t f[6 + 1 + 6 + 2] = {1, 0, 1, 0, 0, 0, 'a', 2, 0, 2, 0, 0, 0, 'b', 'c'};
+  proto_tlv_init(&it, f, sizeof f);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 1);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 1);
+  CHECK_EQ_INT(n, 2);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 0);
+  f[9] = 3;
+  proto_tlv_init(&it, f, sizeof f);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), 1);
+  CHECK_EQ_INT(proto_tlv_next(&it, &tag, &v, &n), -EPROTO);
 }
 
 static void oversize_payload_refused(void) {

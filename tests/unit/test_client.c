@@ -1,0 +1,482 @@
+/* test_client.c: the host side of the agent protocol (proto/client.c)
+ * against a hostile or stuck agent.  The client is the real one, with its
+ * reader and writer threads; the agent is a fake peer on a socketpair that
+ * answers each request with what a script says, or stops reading. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "proto/client.h"
+#include "proto/proto.h"
+#include "test.h"
+
+struct peer;
+/* Answers one frame from the host (not HELLO, which the peer answers). */
+typedef void (*script_fn)(struct peer *pe, const struct proto_header *h, const uint8_t *payload);
+
+struct peer {
+  int fd;
+  script_fn script;
+  uint64_t arg;
+  /* Stop reading after HELLO until `resume` is set. */
+  bool stall;
+  atomic_bool resume;
+  /* What the peer saw after HELLO, in order (types), and how many. */
+  uint8_t seen[4096];
+  size_t n_seen;
+  uint64_t data_bytes;
+  pthread_t thread;
+};
+
+static void send_frame(int fd, struct proto_buf *b) {
+  if (proto_frame_finish(b) == 0)
+    proto_write_all(fd, b->data, b->len);
+  proto_buf_free(b);
+}
+
+static void *peer_main(void *arg) {
+  struct peer *pe = arg;
+  uint8_t *payload = malloc(PROTO_MAX_PAYLOAD);
+  struct proto_header h;
+  while (proto_read_frame(pe->fd, &h, payload) == 0) {
+    if (h.type == PROTO_HELLO) {
+      struct proto_buf b = {0};
+      proto_frame_begin(&b, PROTO_HELLO_OK, h.id);
+      proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+      proto_put_str(&b, TAG_INFO, "fake agent");
+      send_frame(pe->fd, &b);
+      while (pe->stall && !atomic_load(&pe->resume))
+        usleep(10000);
+      continue;
+    }
+    if (pe->n_seen < sizeof pe->seen)
+      pe->seen[pe->n_seen++] = h.type;
+    if (h.type == PROTO_DATA)
+      pe->data_bytes += h.len;
+    if (pe->script)
+      pe->script(pe, &h, payload);
+  }
+  free(payload);
+  return NULL;
+}
+
+static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
+  int sv[2];
+  CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pe->fd = sv[1];
+  pe->script = script;
+  pe->arg = arg;
+  pthread_create(&pe->thread, NULL, peer_main, pe);
+  struct agent_conn *c = NULL;
+  char *err = NULL;
+  int r = agent_conn_open(sv[0], 5000, &c, &err);
+  CHECK_EQ_INT(r, 0);
+  free(err);
+  return c;
+}
+
+static void peer_stop(struct peer *pe, struct agent_conn *c) {
+  atomic_store(&pe->resume, true);
+  agent_conn_free(c);
+  pthread_join(pe->thread, NULL);
+  close(pe->fd);
+}
+
+/* ---- answers ------------------------------------------------------------- */
+
+/* EXIT with the fields in pe->arg's pattern: 0 normal, 1 SIGNAL=0x7fffffff,
+ * 2 DURATION=2^64-1, 3 EXIT_CODE 300, 4 signal with an exit code, 5 no
+ * SIGNAL, 6 TIMED_OUT=2, 7 EXIT_CODE -1 and SIGNAL 9 (a good kill). */
+static void answer_exit(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  if (h->type != PROTO_EXEC)
+    return;
+  uint32_t code = 0, sig = 0, to = 0;
+  uint64_t dur = 1000;
+  switch (pe->arg) {
+  case 1: code = (uint32_t)-1; sig = 0x7fffffff; break;
+  case 2: dur = UINT64_MAX; break;
+  case 3: code = 300; break;
+  case 4: code = 3; sig = 9; break;
+  case 6: to = 2; break;
+  case 7: code = (uint32_t)-1; sig = 9; break;
+  default: break;
+  }
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_STDOUT, h->id);
+  proto_put_raw(&b, "out\n", 4);
+  send_frame(pe->fd, &b);
+  proto_frame_begin(&b, PROTO_EXIT, h->id);
+  proto_put_u32(&b, TAG_EXIT_CODE, code);
+  if (pe->arg != 5)
+    proto_put_u32(&b, TAG_SIGNAL, sig);
+  proto_put_u32(&b, TAG_TIMED_OUT, to);
+  proto_put_u64(&b, TAG_DURATION_US, dur);
+  send_frame(pe->fd, &b);
+}
+
+static int run_exec(struct agent_conn *c, struct agent_exec_res *res, char **err) {
+  const struct agent_exec_req req = {.command = "true", .timeout_ms = 5000, .out_cap = 1024};
+  return agent_exec(c, &req, NULL, res, err);
+}
+
+static void exit_fields_are_range_checked(void) {
+  static const struct {
+    uint64_t pattern;
+    const char *says;
+  } bad[] = {
+      {1, "SIGNAL 2147483647, outside 0..64"},
+      {2, "DURATION_US 18446744073709551615, over"},
+      {3, "EXIT_CODE 300 for a command that exited"},
+      {4, "EXIT_CODE 3 with SIGNAL 9"},
+      {5, "no SIGNAL"},
+      {6, "TIMED_OUT 2, outside 0..1"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_exit, bad[i].pattern);
+    struct agent_exec_res res = {0};
+    char *err = NULL;
+    CHECK_EQ_INT(run_exec(c, &res, &err), -EPROTO);
+    CHECK(err && strstr(err, "broke the protocol") && strstr(err, bad[i].says));
+    if (err && !strstr(err, bad[i].says))
+      fprintf(stderr, "  pattern %llu: %s\n", (unsigned long long)bad[i].pattern, err);
+    CHECK(!agent_conn_alive(c));
+    free(err);
+    err = NULL;
+    /* Every later call says the same, not "the sandbox exited". */
+    CHECK_EQ_INT(agent_ping(c, 1000, &err), -EPROTO);
+    CHECK(err && strstr(err, bad[i].says));
+    free(err);
+    peer_stop(&pe, c);
+  }
+  /* The good ones pass, with their values. */
+  for (uint64_t pattern = 0; pattern <= 7; pattern += 7) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_exit, pattern);
+    struct agent_exec_res res = {0};
+    char *err = NULL;
+    CHECK_EQ_INT(run_exec(c, &res, &err), 0);
+    CHECK_EQ_INT(res.exit_code, pattern ? -1 : 0);
+    CHECK_EQ_INT(res.signal, pattern ? 9 : 0);
+    CHECK_EQ_INT(res.duration_us, 1000);
+    CHECK_EQ_INT(res.out_total, 4);
+    CHECK(agent_conn_alive(c));
+    agent_exec_res_free(&res);
+    free(err);
+    peer_stop(&pe, c);
+  }
+}
+
+/* READ: DATA of pe->arg & 0xff bytes, then READ_END per pattern (arg >> 8):
+ * 0 good, 1 SIZE=2^64-1, 2 BYTES that disagree, 3 EOF=7. */
+static void answer_read(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  if (h->type != PROTO_READ)
+    return;
+  uint8_t data[255];
+  size_t n = pe->arg & 0xff;
+  memset(data, 'r', sizeof data);
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_DATA, h->id);
+  proto_put_raw(&b, data, n);
+  send_frame(pe->fd, &b);
+  unsigned pattern = (unsigned)(pe->arg >> 8);
+  proto_frame_begin(&b, PROTO_READ_END, h->id);
+  proto_put_u64(&b, TAG_SIZE, pattern == 1 ? UINT64_MAX : 100);
+  proto_put_u32(&b, TAG_EOF, pattern == 3 ? 7 : 1);
+  proto_put_u64(&b, TAG_BYTES, pattern == 2 ? n + 1 : n);
+  send_frame(pe->fd, &b);
+}
+
+static int run_read(struct agent_conn *c, uint64_t max, size_t *ret_len, uint64_t *ret_size,
+                    char **err) {
+  void *data = NULL;
+  bool eof;
+  int r = agent_read_file(c, "/f", 0, max, NULL, &data, ret_len, ret_size, &eof, err);
+  free(data);
+  return r;
+}
+
+static void read_end_fields_are_range_checked(void) {
+  static const struct {
+    uint64_t arg;
+    uint64_t max;
+    const char *says;
+  } bad[] = {
+      {1 << 8 | 10, 100, "SIZE 18446744073709551615, over 9223372036854775807"},
+      {2 << 8 | 10, 100, "says 11 bytes were sent, but 10 came"},
+      {3 << 8 | 10, 100, "EOF 7, outside 0..1"},
+      {0 << 8 | 200, 100, "more than the 100 bytes of file data asked for"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_read, bad[i].arg);
+    size_t len = 0;
+    uint64_t size = 0;
+    char *err = NULL;
+    CHECK_EQ_INT(run_read(c, bad[i].max, &len, &size, &err), -EPROTO);
+    CHECK(err && strstr(err, bad[i].says));
+    if (err && !strstr(err, bad[i].says))
+      fprintf(stderr, "  %s\n", err);
+    free(err);
+    peer_stop(&pe, c);
+  }
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_read, 10);
+  size_t len = 0;
+  uint64_t size = 0;
+  char *err = NULL;
+  CHECK_EQ_INT(run_read(c, 100, &len, &size, &err), 0);
+  CHECK_EQ_INT(len, 10);
+  CHECK_EQ_INT(size, 100);
+  free(err);
+  peer_stop(&pe, c);
+}
+
+/* Every request refused with ERROR{ERRNO=pe->arg}. */
+static void answer_error(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  if (h->type != PROTO_WRITE && h->type != PROTO_EXEC && h->type != PROTO_PING)
+    return;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_ERROR, h->id);
+  proto_put_u32(&b, TAG_ERRNO, (uint32_t)pe->arg);
+  if (pe->arg == EPIPE)
+    proto_put_str(&b, TAG_MESSAGE, "guest says: broken pipe");
+  send_frame(pe->fd, &b);
+}
+
+static void guest_errno_is_not_a_host_error(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_error, EPIPE);
+  char *err = NULL;
+  static const char data[100000];
+  /* A guest's EPIPE is the guest's: the call fails with its message, the
+   * connection (and so the session) lives on. */
+  CHECK_EQ_INT(agent_write_file(c, "/f", 0644, data, sizeof data, NULL, &err), -EREMOTEIO);
+  CHECK_STREQ(err, "guest says: broken pipe");
+  CHECK(agent_conn_alive(c));
+  free(err);
+  err = NULL;
+  struct agent_exec_res res = {0};
+  CHECK_EQ_INT(run_exec(c, &res, &err), -EREMOTEIO);
+  CHECK(agent_conn_alive(c));
+  free(err);
+  peer_stop(&pe, c);
+
+  /* ERRNO outside 1..4095 is a protocol error. */
+  for (uint32_t e = 0; e <= 5000; e += 5000) {
+    struct peer pe2 = {0};
+    c = peer_start(&pe2, answer_error, e);
+    err = NULL;
+    CHECK_EQ_INT(agent_ping(c, 5000, &err), -EPROTO);
+    CHECK(err && strstr(err, "ERRNO") && strstr(err, "outside 1..4095"));
+    free(err);
+    peer_stop(&pe2, c);
+  }
+}
+
+/* Answers any request with a frame of type pe->arg & 0xff, id pe->arg >> 8
+ * (0: the request's). */
+static void answer_wrong(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  if (h->type == PROTO_DATA || h->type == PROTO_DATA_END)
+    return;
+  struct proto_buf b = {0};
+  uint32_t id = (uint32_t)(pe->arg >> 8);
+  proto_frame_begin(&b, (enum proto_type)(pe->arg & 0xff), id == 0xffff ? 0 : id ? id : h->id);
+  proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+  send_frame(pe->fd, &b);
+}
+
+static void answers_must_fit_the_request(void) {
+  static const struct {
+    uint64_t arg;
+    const char *says;
+  } bad[] = {
+      {PROTO_HELLO_OK, "answered a PING request with a HELLO_OK frame"},
+      {PROTO_OK, "answered a PING request with a OK frame"},
+      {PROTO_EXIT, "answered a PING request with a EXIT frame"},
+      {PROTO_STDOUT | 0xffffull << 8, "a STDOUT frame with request id 0"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_wrong, bad[i].arg);
+    char *err = NULL;
+    CHECK_EQ_INT(agent_ping(c, 5000, &err), -EPROTO);
+    CHECK(err && strstr(err, bad[i].says));
+    if (err && !strstr(err, bad[i].says))
+      fprintf(stderr, "  %s\n", err);
+    free(err);
+    peer_stop(&pe, c);
+  }
+  /* HELLO_OK for a pending WRITE, too. */
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_wrong, PROTO_HELLO_OK);
+  char *err = NULL;
+  CHECK_EQ_INT(agent_write_file(c, "/f", 0644, "x", 1, NULL, &err), -EPROTO);
+  CHECK(err && strstr(err, "answered a WRITE request with a HELLO_OK frame"));
+  free(err);
+  peer_stop(&pe, c);
+}
+
+/* ---- a peer that stops reading ------------------------------------------ */
+
+#define BIG (8u << 20)
+
+struct writer_call {
+  struct agent_conn *c;
+  atomic_bool cancelled;
+  int r;
+  char *err;
+};
+
+static void *write_big(void *arg) {
+  struct writer_call *w = arg;
+  uint8_t *data = calloc(1, BIG);
+  const struct agent_ctl ctl = {.cancelled = &w->cancelled};
+  w->r = agent_write_file(w->c, "/big", 0644, data, BIG, &ctl, &w->err);
+  free(data);
+  return NULL;
+}
+
+static void stalled_write_hits_its_deadline(void) {
+  struct peer pe = {.stall = true};
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  agent_conn_set_write_deadline(c, 300);
+  struct writer_call w = {.c = c};
+  write_big(&w);
+  CHECK_EQ_INT(w.r, -EPROTO);
+  CHECK(w.err && strstr(w.err, "stopped reading its channel"));
+  CHECK(!agent_conn_alive(c));
+  free(w.err);
+  peer_stop(&pe, c);
+}
+
+/* Answers PING with PONG. */
+static void answer_ping(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  if (h->type != PROTO_PING)
+    return;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_PONG, h->id);
+  send_frame(pe->fd, &b);
+}
+
+struct ping_call {
+  struct agent_conn *c;
+  int r;
+};
+
+static void *ping_main(void *arg) {
+  struct ping_call *p = arg;
+  char *err = NULL;
+  p->r = agent_ping(p->c, 60000, &err);
+  free(err);
+  return NULL;
+}
+
+static void cancel_returns_while_the_peer_does_not_read(void) {
+  struct peer pe = {.stall = true};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  /* Far past the test's own timeout: only the cancellation can end it. */
+  agent_conn_set_write_deadline(c, 600000);
+  struct writer_call w = {.c = c};
+  pthread_t t;
+  pthread_create(&t, NULL, write_big, &w);
+  /* Let the upload fill the socket and the queue. */
+  usleep(300000);
+  struct ping_call pc = {.c = c};
+  pthread_t tp;
+  pthread_create(&tp, NULL, ping_main, &pc);
+  usleep(100000);
+  atomic_store(&w.cancelled, true);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(w.r, -ECANCELED);
+  CHECK(agent_conn_alive(c));
+  free(w.err);
+  /* The agent reads again: the connection is whole (every frame it gets
+   * parses), the PING queued during the upload went before the upload's
+   * queued data, the upload ends short (so the agent drops it) and the
+   * PING is answered. */
+  atomic_store(&pe.resume, true);
+  pthread_join(tp, NULL);
+  CHECK_EQ_INT(pc.r, 0);
+  CHECK(agent_conn_alive(c));
+  char *err = NULL;
+  CHECK_EQ_INT(agent_ping(c, 5000, &err), 0);
+  free(err);
+  size_t ping_at = 0, end_at = 0, n_data = 0;
+  for (size_t i = 0; i < pe.n_seen; i++) {
+    if (pe.seen[i] == PROTO_PING && !ping_at)
+      ping_at = i;
+    if (pe.seen[i] == PROTO_DATA_END)
+      end_at = i;
+    if (pe.seen[i] == PROTO_DATA && !ping_at)
+      n_data++;
+  }
+  CHECK_EQ_INT(pe.seen[0], PROTO_WRITE);
+  CHECK(ping_at > 0 && end_at > 0);
+  CHECK(pe.data_bytes < BIG);
+  /* Before the PING, at most what the socket and the queue held. */
+  CHECK(n_data < BIG / PROTO_CHUNK);
+  peer_stop(&pe, c);
+}
+
+/* A request queued behind an upload goes out right after the frame on the
+ * wire, not after the upload's queued data.  The host's socket buffer is
+ * made as small as it gets, so that what the agent reads first is exactly
+ * the frame the writer was sending when the request came. */
+static void control_frames_go_before_queued_data(void) {
+  struct peer pe = {.stall = true};
+  int sv[2];
+  CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  int small = 1;
+  CHECK_EQ_INT(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  pe.fd = sv[1];
+  pe.script = answer_ping;
+  pthread_create(&pe.thread, NULL, peer_main, &pe);
+  struct agent_conn *c = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(agent_conn_open(sv[0], 5000, &c, &err), 0);
+  free(err);
+  agent_conn_set_write_deadline(c, 600000);
+  struct writer_call w = {.c = c};
+  pthread_t t;
+  pthread_create(&t, NULL, write_big, &w);
+  usleep(300000); /* the upload fills the socket and the queue */
+  struct ping_call pc = {.c = c};
+  pthread_t tp;
+  pthread_create(&tp, NULL, ping_main, &pc);
+  usleep(100000);
+  atomic_store(&pe.resume, true);
+  pthread_join(tp, NULL);
+  CHECK_EQ_INT(pc.r, 0);
+  atomic_store(&w.cancelled, true);
+  pthread_join(t, NULL);
+  size_t ping_at = 0;
+  for (size_t i = 0; i < pe.n_seen && !ping_at; i++)
+    if (pe.seen[i] == PROTO_PING)
+      ping_at = i;
+  CHECK_EQ_INT(pe.seen[0], PROTO_WRITE);
+  /* WRITE, the DATA frame that was on the wire (if one was yet), then the
+   * PING: a queue in arrival order would put the queued DATA frames first. */
+  CHECK(ping_at >= 1 && ping_at <= 2);
+  if (ping_at > 2)
+    fprintf(stderr, "  the PING came after %zu DATA frames\n", ping_at - 1);
+  free(w.err);
+  peer_stop(&pe, c);
+}
+
+TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
+          TEST(guest_errno_is_not_a_host_error), TEST(answers_must_fit_the_request),
+          TEST(stalled_write_hits_its_deadline),
+          TEST(cancel_returns_while_the_peer_does_not_read),
+          TEST(control_frames_go_before_queued_data))
