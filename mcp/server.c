@@ -81,6 +81,10 @@ static unsigned n_calls;
  * client cannot make the server hold every request it sends, nor every
  * result it does not read. */
 static size_t calls_bytes;
+/* Calls whose result is being written: they no longer count against the
+ * caps above (a client that has the result may send its next call at
+ * once), but shutdown still waits for them. */
+static unsigned n_sending;
 /* The size of the line being handled (the main thread's). */
 static size_t line_bytes;
 
@@ -161,10 +165,9 @@ static void call_free(struct call *c) {
 static void *call_main(void *arg) {
   struct call *c = arg;
   json_t *result = tools_call(c->tool, c->args, &c->ctx);
-  if (!atomic_load(&c->ctx.cancelled))
-    send_result(c->ctx.id, result);
-  else
-    json_decref(result);
+  /* The call's share of the caps is given back before its result goes
+   * out: a client that read the result and sends its next call at once
+   * must not find this one still counted. */
   pthread_mutex_lock(&calls_lock);
   for (struct call **pp = &calls; *pp; pp = &(*pp)->next)
     if (*pp == c) {
@@ -173,6 +176,14 @@ static void *call_main(void *arg) {
     }
   n_calls--;
   calls_bytes -= c->bytes;
+  n_sending++;
+  pthread_mutex_unlock(&calls_lock);
+  if (!atomic_load(&c->ctx.cancelled))
+    send_result(c->ctx.id, result);
+  else
+    json_decref(result);
+  pthread_mutex_lock(&calls_lock);
+  n_sending--;
   pthread_cond_broadcast(&calls_cond);
   pthread_mutex_unlock(&calls_lock);
   call_free(c);
@@ -448,11 +459,11 @@ void mcp_handle_line(char *line, size_t len) { on_line(NULL, line, len); }
 unsigned mcp_wait_calls(uint64_t timeout_ms) {
   uint64_t deadline = mono_ms() + timeout_ms;
   pthread_mutex_lock(&calls_lock);
-  while (n_calls > 0 && mono_ms() < deadline) {
+  while (n_calls + n_sending > 0 && mono_ms() < deadline) {
     struct timespec ts = timespec_in(CLOCK_REALTIME, 50);
     pthread_cond_timedwait(&calls_cond, &calls_lock, &ts);
   }
-  unsigned left = n_calls;
+  unsigned left = n_calls + n_sending;
   pthread_mutex_unlock(&calls_lock);
   return left;
 }

@@ -196,6 +196,16 @@ const ROWS = [
         assert.deepEqual(done.map((r) => r.stdout), ['1\n', '2\n', '3\n'], 'the calls in progress were not disturbed');
         assert.equal((await run(c, sid, 'echo again')).stdout, 'again\n', 'once they finish, calls run again');
       });
+      // A call's share is given back before its result is sent: a client
+      // that sends its next call the moment it has a result is never told
+      // the server is busy with the call it just got.
+      await withServer({ IGN_MCP_MAX_CALLS: 1 }, async (c) => {
+        const sid = await openSession(c);
+        for (let i = 0; i < 40; i++) {
+          const r = await c.callTool({ name: i % 2 ? 'list_sessions' : 'run', arguments: i % 2 ? {} : { session_id: sid, command: 'true' } });
+          assert.ok(!r.isError, `call ${i} right after the previous result: ${textOf(r)}`);
+        }
+      });
       // By bytes: IGN_MCP_MAX_MESSAGE=65536 lets calls hold 262144 bytes of
       // requests and results. A run counts its request (60000 bytes of stdin
       // here) and its output at the cap, escaped, in two copies (24 x
