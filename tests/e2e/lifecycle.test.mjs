@@ -9,6 +9,7 @@ import {
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
   vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport,
 } from './lib.mjs';
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -336,4 +337,33 @@ describe('a QEMU\'s state directory belongs to its uid', () => {
     }
     assert.ok(!s.stderrText().includes(token), 'the server logged the linked file');
   });
+
+  test('a tree QEMU made in its state directory, however deep, with FIFOs and links in it, is removed on close', { ...T, skip: IS_VM ? false : 'vm only: QEMU state directories' }, async (t) => {
+    // What a compromised QEMU can make in its state directory, made here as
+    // root: a chain of directories deeper than any fixed limit, with a file,
+    // a FIFO and a link to a directory outside at every level.
+    const precious = fs.mkdtempSync('/run/ign-e2e-precious-');
+    t.after(() => fs.rmSync(precious, { recursive: true, force: true }));
+    fs.writeFileSync(path.join(precious, 'keep'), 'x');
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const dirs = vmStateDirs(s.pid);
+    assert.equal(dirs.length, 1, `state directories: ${dirs}`);
+    const [dir] = dirs;
+    let p = dir;
+    for (let i = 0; i < 40; i++) {
+      p = path.join(p, `d${i}`);
+      fs.mkdirSync(p);
+      fs.writeFileSync(path.join(p, 'f'), 'x');
+      execFileSync('mkfifo', [path.join(p, 'fifo')]);
+      fs.symlinkSync(precious, path.join(p, 'link'));
+    }
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    await call(c, 'close', { session_id: sid });
+    assert.ok(await waitUntil(() => !fs.existsSync(dir)), `the state directory ${dir} is left; server said:\n${s.stderrText().slice(-2000)}`);
+    assert.ok(fs.existsSync(path.join(precious, 'keep')), 'removing the state directory followed a link');
+  });
+
 });
