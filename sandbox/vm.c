@@ -129,8 +129,19 @@ static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
 #define REMOVE_MAX_DEPTH 8
 #define REMOVE_MAX_PASSES 100000u
 
+/* NAME for a log line: QEMU chose it, so no control characters (a newline
+ * would forge a line of the server's log), and not all of it. */
+static void printable_name(const char *name, char *buf, size_t size) {
+  size_t i = 0;
+  for (; name[i] && i + 1 < size; i++)
+    buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+  buf[i] = '\0';
+}
+
 static void remove_warn(const char *name, unsigned depth, int err) {
-  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", name, strerror(err));
+  char shown[80];
+  printable_name(name, shown, sizeof shown);
+  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", shown, strerror(err));
 }
 
 /* Removes NAME under PARENT (an fd of a directory in the tree whose top is

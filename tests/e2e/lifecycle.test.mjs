@@ -366,4 +366,29 @@ describe('a QEMU\'s state directory belongs to its uid', () => {
     assert.ok(fs.existsSync(path.join(precious, 'keep')), 'removing the state directory followed a link');
   });
 
+  test('the names QEMU gave what it left in its state directory cannot forge lines of the server\'s log', { ...T, skip: IS_VM ? false : 'vm only: QEMU state directories' }, async (t) => {
+    // A removal that fails logs the name: a newline in it must not start a
+    // line of its own.  (An immutable file, set here as root, is a removal
+    // that fails.)
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const [dir] = vmStateDirs(s.pid);
+    const odd = path.join(dir, 'x\nFORGED ignition-mcp error: a line the server never wrote\x1b[2K');
+    fs.mkdirSync(odd);
+    fs.writeFileSync(path.join(odd, 'f'), 'x');
+    execFileSync('chattr', ['+i', path.join(odd, 'f')]);
+    try {
+      await call(c, 'close', { session_id: sid });
+      assert.ok(await waitUntil(() => /session \S+ closed/.test(s.stderrText())), s.stderrText().slice(-2000));
+      const err = s.stderrText();
+      assert.match(err, /cannot remove/, 'the failed removal was not logged');
+      assert.doesNotMatch(err, /^FORGED/m, `a name from the state directory started a log line:\n${err.slice(-2000)}`);
+      assert.ok(!err.includes('\x1b'), 'a control character from the state directory reached the log');
+    } finally {
+      execFileSync('chattr', ['-i', path.join(odd, 'f')]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });
