@@ -1689,7 +1689,9 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   (void)session_id;
   pthread_mutex_lock(&vmb.lock);
   uint64_t deadline = mono_ms() + BASE_WAIT_MS;
-  while (!vmb.init_done && mono_ms() < deadline) {
+  /* Shutdown ends the wait: the server answers this call and exits without
+   * waiting for a base that may take minutes. */
+  while (!vmb.init_done && !vmb.stopping && mono_ms() < deadline) {
     struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
@@ -1706,6 +1708,12 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
       struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
       pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
     }
+  }
+  if (vmb.stopping) {
+    /* No QEMU is started once the pool is drained for shutdown. */
+    pthread_mutex_unlock(&vmb.lock);
+    *ret_err = strdup("the server is shutting down");
+    return -ESHUTDOWN;
   }
   if (!vmb.init_done || vmb.init_error) {
     *ret_err = vmb.init_error ? xasprintf("the microVM backend cannot start sessions: %s%s",

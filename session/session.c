@@ -600,9 +600,10 @@ void sessions_shutdown(void) {
     vm_backend_shutdown();
   /* Then wait for every open and reset still making one, so none is left
    * behind when the server exits.  Those whose sandbox exists were killed
-   * and end at once; one still inside the backend's create (a vm create
-   * waits for the warm base to be made) may take longer than a shutdown
-   * should: that wait is bounded. */
+   * and end at once, and a vm create waiting for the warm base gives up
+   * when the backend stops; one that is itself making a base again (its
+   * inputs changed) may take longer than a shutdown should: that wait is
+   * bounded. */
   uint64_t deadline = mono_ms() + SHUTDOWN_MAKING_WAIT_MS;
   pthread_mutex_lock(&lock);
   if (n_making > 0)

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
-  vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport,
+  vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport, tempStore,
 } from './lib.mjs';
 import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
@@ -219,6 +219,40 @@ describe('shutdown', () => {
       for (const l of left) hardKill(l.pid);
       assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], 'processes of the sandbox being started survived');
       assert.deepEqual(newLeftovers(before).cgroups, [], 'the cgroup of the sandbox being started was left behind');
+      assertNoSanitizerReport(raw.stderrText());
+    } finally {
+      hardKill(raw.pid);
+    }
+  });
+
+  test('an open_session waiting for the warm base at EOF is answered, and the server does not wait for the base', { timeout: 240_000, skip: IS_VM ? false : 'vm only: the warm base' }, async (t) => {
+    // A golden VM that never boots (QEMU started paused, -S): the base is
+    // being made until its boot times out, and an open waits for it.
+    const dir = fs.mkdtempSync('/tmp/e2e-paused-qemu-');
+    fs.chmodSync(dir, 0o755);
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const qemu = path.join(dir, 'qemu');
+    fs.writeFileSync(qemu, '#!/bin/sh\ncase " $* " in\n*" -kernel "*) exec qemu-system-x86_64 "$@" -S ;;\nesac\nexec qemu-system-x86_64 "$@"\n', { mode: 0o755 });
+    const store = tempStore();
+    t.after(() => store.remove());
+    const raw = startRaw({ env: { IGN_MCP_QEMU: qemu, IGN_MCP_STORE: store.dir, IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    try {
+      await raw.initialize();
+      assert.ok(await waitUntil(() => qemuChildren(raw.pid).length > 0, { timeoutMs: 30000 }), `no golden QEMU started; stderr:\n${raw.stderrText()}`);
+      await raw.send({ jsonrpc: '2.0', id: 'opening', method: 'tools/call', params: { name: 'open_session', arguments: {} } });
+      // Time for the call to reach the wait for the base (had it not, it
+      // would be refused at once and the test would pass without the wait).
+      await sleep(1500);
+      raw.endStdin();
+      const ex = await raw.waitExit(150000);
+      assert.ok(ex, 'the server did not exit');
+      assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${raw.stderrText().slice(-2000)}`);
+      const open = raw.messages.find((m) => m.msg.id === 'opening');
+      assert.ok(open, `the open_session waiting for the base got no response; stderr:\n${raw.stderrText().slice(-2000)}`);
+      assert.equal(open.msg.result?.isError, true, JSON.stringify(open.msg));
+      assert.match(textOf(open.msg.result), /shutting down/, JSON.stringify(open.msg));
+      assert.doesNotMatch(raw.stderrText(), /still being started|still running/, raw.stderrText().slice(-2000));
+      await assertNoVmLeftovers(raw.pid);
       assertNoSanitizerReport(raw.stderrText());
     } finally {
       hardKill(raw.pid);
