@@ -191,7 +191,9 @@ static void remove_tree(const char *dir) {
   _cleanup_close_ int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (top < 0) {
     /* Not a directory (or a link to one): only the name goes. */
-    if (errno != ENOENT && unlinkat(AT_FDCWD, dir, 0) < 0 && errno != ENOENT)
+    if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(AT_FDCWD, dir, 0) == 0)
+      return;
+    if (errno != ENOENT)
       log_warn("cannot remove %s: %s", dir, strerror(errno));
     return;
   }
