@@ -627,7 +627,7 @@ static char *vm_log_tail(const struct vm *v) {
     return NULL;
   buf[n] = '\0';
   for (char *p = buf; *p; p++)
-    if (*p == '\n' || *p == '\r' || (unsigned char)*p < 0x20)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = ' ';
   while (n > 0 && buf[n - 1] == ' ')
     buf[--n] = '\0';
@@ -1839,6 +1839,11 @@ static char *vm_log_panic(const struct vm *v) {
   if (!p)
     return NULL;
   p[strcspn(p, "\r\n")] = '\0';
+  /* The guest wrote it: quoted to the client, but no terminal escape or
+   * other control character with it (as vm_log_tail). */
+  for (char *c = p; *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f)
+      *c = ' ';
   return strndup(p, 200);
 }
 

@@ -425,4 +425,23 @@ describe('a QEMU\'s state directory belongs to its uid', () => {
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });
+
+  test('a panic line in the VM\'s log is quoted without the control characters the guest put in it', { ...T, skip: IS_VM ? false : 'vm only: QEMU\'s log' }, async (t) => {
+    // The guest writes its console (the log) as it likes: what it wrote is
+    // quoted to the client, but no terminal escape or other control
+    // character with it.  (Appended here as root, as the guest's console
+    // output would be.)
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const [dir] = vmStateDirs(s.pid);
+    const [q] = qemuChildren(s.pid);
+    fs.appendFileSync(path.join(dir, 'qemu.log'), '\nKernel panic - not syncing: forged\x1b[2J\x1b]0;title\x07\x08\x7fend\n');
+    process.kill(q.pid, 'SIGKILL');
+    const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+    assert.match(e, /the guest kernel panicked \(Kernel panic - not syncing: forged/, e);
+    assert.match(e, /end\)/, e);
+    assert.doesNotMatch(e, /[\x00-\x1f\x7f]/, `control characters from the log reached the client: ${JSON.stringify(e)}`);
+  });
 });
