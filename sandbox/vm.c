@@ -118,42 +118,105 @@ const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "micr
 
 static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
 
-/* Removes NAME under the directory PARENT (an fd, or AT_FDCWD), and all in
- * it when it is a directory.  A state directory belongs to QEMU's uid, which
- * may have put links, FIFOs and directories there: every step is relative to
- * an fd of the directory it is in and nothing is followed, so a link is
- * removed, never what it points to.  Past a depth no state directory has,
- * what is left stays (and is logged). */
+/* Removing a state directory.  It belongs to QEMU's uid, which may have put
+ * links, FIFOs and directories there, nested as deep as it liked: every step
+ * is relative to an fd of the directory it is in and nothing is followed, so
+ * a link is removed, never what it points to.  The walk descends at most
+ * REMOVE_MAX_DEPTH directories (as many fds); a directory found deeper is
+ * moved up to the top of the tree (renamed, which follows nothing either)
+ * and removed in a later pass, so that no depth leaves the tree behind.
+ * REMOVE_MAX_PASSES bounds the work should something keep adding to it. */
 #define REMOVE_MAX_DEPTH 8
+#define REMOVE_MAX_PASSES 100000u
 
-static void remove_at(int parent, const char *name, unsigned depth) {
+/* NAME for a log line: QEMU chose it, so no control characters (a newline
+ * would forge a line of the server's log), and not all of it. */
+static void printable_name(const char *name, char *buf, size_t size) {
+  size_t i = 0;
+  for (; name[i] && i + 1 < size; i++)
+    buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+  buf[i] = '\0';
+}
+
+static void remove_warn(const char *name, unsigned depth, int err) {
+  char shown[80];
+  printable_name(name, shown, sizeof shown);
+  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", shown, strerror(err));
+}
+
+/* Removes NAME under PARENT (an fd of a directory in the tree whose top is
+ * the fd TOP), and all in it when it is a directory; sets *RET_MOVED when
+ * it moved a directory up to TOP instead. */
+static void remove_at(int top, int parent, const char *name, unsigned depth, bool *ret_moved) {
   if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
     return;
-  if (errno != EISDIR)
-    goto fail;
+  if (errno != EISDIR) {
+    remove_warn(name, depth, errno);
+    return;
+  }
   if (depth >= REMOVE_MAX_DEPTH) {
-    errno = ELOOP;
-    goto fail;
+    static _Atomic unsigned moves;
+    for (int tries = 0; tries < 16; tries++) {
+      char up[32];
+      snprintf(up, sizeof up, ".ign-deep-%u", ++moves);
+      if (renameat2(parent, name, top, up, RENAME_NOREPLACE) == 0) {
+        *ret_moved = true;
+        return;
+      }
+      if (errno != EEXIST)
+        break;
+    }
+    remove_warn(name, depth, errno);
+    return;
   }
   int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
   if (!d) {
+    int e = errno;
     if (fd >= 0)
       close(fd);
-    goto fail;
+    remove_warn(name, depth, e);
+    return;
   }
   struct dirent *e;
   while ((e = readdir(d)))
     if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-      remove_at(dirfd(d), e->d_name, depth + 1);
+      remove_at(top, dirfd(d), e->d_name, depth + 1, ret_moved);
   closedir(d);
-  if (unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
-    return;
-fail:
-  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", name, strerror(errno));
+  if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+    remove_warn(name, depth, errno);
 }
 
-static void remove_tree(const char *dir) { remove_at(AT_FDCWD, dir, 0); }
+static void remove_tree(const char *dir) {
+  _cleanup_close_ int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (top < 0) {
+    /* Not a directory (or a link to one): only the name goes. */
+    if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(AT_FDCWD, dir, 0) == 0)
+      return;
+    if (errno != ENOENT)
+      log_warn("cannot remove %s: %s", dir, strerror(errno));
+    return;
+  }
+  bool moved = true;
+  for (unsigned pass = 0; moved && pass < REMOVE_MAX_PASSES; pass++) {
+    moved = false;
+    /* A fresh fd per pass: the DIR owns it, and reads from the start. */
+    int fd = openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+      if (fd >= 0)
+        close(fd);
+      break;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+        remove_at(top, dirfd(d), e->d_name, 1, &moved);
+    closedir(d);
+  }
+  if (rmdir(dir) < 0 && errno != ENOENT)
+    log_warn("cannot remove %s: %s", dir, strerror(errno));
+}
 
 static int mkdir_p(const char *path, mode_t mode) {
   _cleanup_free_ char *p = strdup(path);
@@ -570,7 +633,7 @@ static char *vm_log_tail(const struct vm *v) {
     return NULL;
   buf[n] = '\0';
   for (char *p = buf; *p; p++)
-    if (*p == '\n' || *p == '\r' || (unsigned char)*p < 0x20)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = ' ';
   while (n > 0 && buf[n - 1] == ' ')
     buf[--n] = '\0';
@@ -1634,7 +1697,9 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   (void)session_id;
   pthread_mutex_lock(&vmb.lock);
   uint64_t deadline = mono_ms() + BASE_WAIT_MS;
-  while (!vmb.init_done && mono_ms() < deadline) {
+  /* Shutdown ends the wait: the server answers this call and exits without
+   * waiting for a base that may take minutes. */
+  while (!vmb.init_done && !vmb.stopping && mono_ms() < deadline) {
     struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
     pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
   }
@@ -1651,6 +1716,12 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
       struct timespec ts = timespec_in(CLOCK_REALTIME, 1000);
       pthread_cond_timedwait(&vmb.cond, &vmb.lock, &ts);
     }
+  }
+  if (vmb.stopping) {
+    /* No QEMU is started once the pool is drained for shutdown. */
+    pthread_mutex_unlock(&vmb.lock);
+    *ret_err = strdup("the server is shutting down");
+    return -ESHUTDOWN;
   }
   if (!vmb.init_done || vmb.init_error) {
     *ret_err = vmb.init_error ? xasprintf("the microVM backend cannot start sessions: %s%s",
@@ -1774,6 +1845,11 @@ static char *vm_log_panic(const struct vm *v) {
   if (!p)
     return NULL;
   p[strcspn(p, "\r\n")] = '\0';
+  /* The guest wrote it: quoted to the client, but no terminal escape or
+   * other control character with it (as vm_log_tail). */
+  for (char *c = p; *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f)
+      *c = ' ';
   return strndup(p, 200);
 }
 

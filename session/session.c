@@ -313,6 +313,14 @@ int session_open(json_t **ret, char **ret_err) {
   return 0;
 }
 
+/* For a call that found S in the table and waited for its reset, only to
+ * find it gone: what happened to it, not that the id is unknown. */
+static char *removed_while_waiting(const struct session *s) {
+  return xasprintf("session '%s' was %s while this call waited for its reset. Call open_session "
+                   "for a new session.",
+                   s->id, s->removed_why);
+}
+
 /* Waits, with the lock, until S (found in the table) is not being reset.
  * The waiter holds a reference while it sleeps: a close during the reset
  * drops the table's, and the reset then drops its own.  Returns S with that
@@ -330,10 +338,10 @@ int session_acquire(const char *id, struct lease *ret, char **ret_err) {
   if (s)
     wait_reset_locked(s);
   if (!s || s->removed || !s->h) {
+    *ret_err = s && s->removed ? removed_while_waiting(s) : unknown_id(id);
     if (s)
       session_unref_locked(s);
     pthread_mutex_unlock(&lock);
-    *ret_err = unknown_id(id);
     return -ENOENT;
   }
   /* The reference taken while waiting is the lease's. */
@@ -388,10 +396,10 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
   if (s)
     wait_reset_locked(s);
   if (!s || s->removed) {
+    *ret_err = s ? removed_while_waiting(s) : unknown_id(id);
     if (s)
       session_unref_locked(s);
     pthread_mutex_unlock(&lock);
-    *ret_err = unknown_id(id);
     return -ENOENT;
   }
   /* The reference taken while waiting is the reset's. */
@@ -600,9 +608,10 @@ void sessions_shutdown(void) {
     vm_backend_shutdown();
   /* Then wait for every open and reset still making one, so none is left
    * behind when the server exits.  Those whose sandbox exists were killed
-   * and end at once; one still inside the backend's create (a vm create
-   * waits for the warm base to be made) may take longer than a shutdown
-   * should: that wait is bounded. */
+   * and end at once, and a vm create waiting for the warm base gives up
+   * when the backend stops; one that is itself making a base again (its
+   * inputs changed) may take longer than a shutdown should: that wait is
+   * bounded. */
   uint64_t deadline = mono_ms() + SHUTDOWN_MAKING_WAIT_MS;
   pthread_mutex_lock(&lock);
   if (n_making > 0)

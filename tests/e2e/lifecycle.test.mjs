@@ -7,8 +7,9 @@ import assert from 'node:assert/strict';
 import {
   startRaw, descendants, survivors, waitGone, findProcs, uniqueSleepSecs, waitUntil,
   leftovers, newLeftovers, hardKill, IS_NS, IS_VM, NS_ONLY, sleep, assertNoVmLeftovers, qemuChildren,
-  vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport,
+  vmStateDirs, startServer, openSession, sh, call, callErr, AGENT, textOf, assertNoSanitizerReport, tempStore,
 } from './lib.mjs';
+import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -224,6 +225,40 @@ describe('shutdown', () => {
     }
   });
 
+  test('an open_session waiting for the warm base at EOF is answered, and the server does not wait for the base', { timeout: 240_000, skip: IS_VM ? false : 'vm only: the warm base' }, async (t) => {
+    // A golden VM that never boots (QEMU started paused, -S): the base is
+    // being made until its boot times out, and an open waits for it.
+    const dir = fs.mkdtempSync('/tmp/e2e-paused-qemu-');
+    fs.chmodSync(dir, 0o755);
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const qemu = path.join(dir, 'qemu');
+    fs.writeFileSync(qemu, '#!/bin/sh\ncase " $* " in\n*" -kernel "*) exec qemu-system-x86_64 "$@" -S ;;\nesac\nexec qemu-system-x86_64 "$@"\n', { mode: 0o755 });
+    const store = tempStore();
+    t.after(() => store.remove());
+    const raw = startRaw({ env: { IGN_MCP_QEMU: qemu, IGN_MCP_STORE: store.dir, IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    try {
+      await raw.initialize();
+      assert.ok(await waitUntil(() => qemuChildren(raw.pid).length > 0, { timeoutMs: 30000 }), `no golden QEMU started; stderr:\n${raw.stderrText()}`);
+      await raw.send({ jsonrpc: '2.0', id: 'opening', method: 'tools/call', params: { name: 'open_session', arguments: {} } });
+      // Time for the call to reach the wait for the base (had it not, it
+      // would be refused at once and the test would pass without the wait).
+      await sleep(1500);
+      raw.endStdin();
+      const ex = await raw.waitExit(150000);
+      assert.ok(ex, 'the server did not exit');
+      assert.equal(ex.code, 0, `exit ${JSON.stringify(ex)}; stderr:\n${raw.stderrText().slice(-2000)}`);
+      const open = raw.messages.find((m) => m.msg.id === 'opening');
+      assert.ok(open, `the open_session waiting for the base got no response; stderr:\n${raw.stderrText().slice(-2000)}`);
+      assert.equal(open.msg.result?.isError, true, JSON.stringify(open.msg));
+      assert.match(textOf(open.msg.result), /shutting down/, JSON.stringify(open.msg));
+      assert.doesNotMatch(raw.stderrText(), /still being started|still running/, raw.stderrText().slice(-2000));
+      await assertNoVmLeftovers(raw.pid);
+      assertNoSanitizerReport(raw.stderrText());
+    } finally {
+      hardKill(raw.pid);
+    }
+  });
+
   test(IS_VM ? 'closed sessions leave no QEMU or state directory while the server runs' : 'closed sessions leave no cgroup or /tmp entries while the server runs', T, async () => {
     const before = leftovers();
     // vm: no pool and no spares, so that every QEMU is a session's.
@@ -335,5 +370,78 @@ describe('a QEMU\'s state directory belongs to its uid', () => {
       assert.ok(fs.existsSync(secret), `${how}: removing the state directory removed the linked file`);
     }
     assert.ok(!s.stderrText().includes(token), 'the server logged the linked file');
+  });
+
+  test('a tree QEMU made in its state directory, however deep, with FIFOs and links in it, is removed on close', { ...T, skip: IS_VM ? false : 'vm only: QEMU state directories' }, async (t) => {
+    // What a compromised QEMU can make in its state directory, made here as
+    // root: a chain of directories deeper than any fixed limit, with a file,
+    // a FIFO and a link to a directory outside at every level.
+    const precious = fs.mkdtempSync('/run/ign-e2e-precious-');
+    t.after(() => fs.rmSync(precious, { recursive: true, force: true }));
+    fs.writeFileSync(path.join(precious, 'keep'), 'x');
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const dirs = vmStateDirs(s.pid);
+    assert.equal(dirs.length, 1, `state directories: ${dirs}`);
+    const [dir] = dirs;
+    let p = dir;
+    for (let i = 0; i < 40; i++) {
+      p = path.join(p, `d${i}`);
+      fs.mkdirSync(p);
+      fs.writeFileSync(path.join(p, 'f'), 'x');
+      execFileSync('mkfifo', [path.join(p, 'fifo')]);
+      fs.symlinkSync(precious, path.join(p, 'link'));
+    }
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    await call(c, 'close', { session_id: sid });
+    assert.ok(await waitUntil(() => !fs.existsSync(dir)), `the state directory ${dir} is left; server said:\n${s.stderrText().slice(-2000)}`);
+    assert.ok(fs.existsSync(path.join(precious, 'keep')), 'removing the state directory followed a link');
+  });
+
+  test('the names QEMU gave what it left in its state directory cannot forge lines of the server\'s log', { ...T, skip: IS_VM ? false : 'vm only: QEMU state directories' }, async (t) => {
+    // A removal that fails logs the name: a newline in it must not start a
+    // line of its own.  (An immutable file, set here as root, is a removal
+    // that fails.)
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const [dir] = vmStateDirs(s.pid);
+    const odd = path.join(dir, 'x\nFORGED ignition-mcp error: a line the server never wrote\x1b[2K');
+    fs.mkdirSync(odd);
+    fs.writeFileSync(path.join(odd, 'f'), 'x');
+    execFileSync('chattr', ['+i', path.join(odd, 'f')]);
+    try {
+      await call(c, 'close', { session_id: sid });
+      assert.ok(await waitUntil(() => /session \S+ closed/.test(s.stderrText())), s.stderrText().slice(-2000));
+      const err = s.stderrText();
+      assert.match(err, /cannot remove/, 'the failed removal was not logged');
+      assert.doesNotMatch(err, /^FORGED/m, `a name from the state directory started a log line:\n${err.slice(-2000)}`);
+      assert.ok(!err.includes('\x1b'), 'a control character from the state directory reached the log');
+    } finally {
+      execFileSync('chattr', ['-i', path.join(odd, 'f')]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('a panic line in the VM\'s log is quoted without the control characters the guest put in it', { ...T, skip: IS_VM ? false : 'vm only: QEMU\'s log' }, async (t) => {
+    // The guest writes its console (the log) as it likes: what it wrote is
+    // quoted to the client, but no terminal escape or other control
+    // character with it.  (Appended here as root, as the guest's console
+    // output would be.)
+    const s = await startServer({ env: { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const [dir] = vmStateDirs(s.pid);
+    const [q] = qemuChildren(s.pid);
+    fs.appendFileSync(path.join(dir, 'qemu.log'), '\nKernel panic - not syncing: forged\x1b[2J\x1b]0;title\x07\x08\x7fend\n');
+    process.kill(q.pid, 'SIGKILL');
+    const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+    assert.match(e, /the guest kernel panicked \(Kernel panic - not syncing: forged/, e);
+    assert.match(e, /end\)/, e);
+    assert.doesNotMatch(e, /[\x00-\x1f\x7f]/, `control characters from the log reached the client: ${JSON.stringify(e)}`);
   });
 });

@@ -5,9 +5,10 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, writeFile, textOf, descendants, qemuChildren, isAlive,
+  findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, NS_ONLY, AGENT, writeFile, textOf, descendants, qemuChildren, isAlive,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
@@ -147,6 +148,35 @@ describe('reset and close', () => {
     // The server is still whole (s.close() also checks its stderr for a sanitizer report).
     const sid = await openSession(c);
     assert.equal(await sh(c, sid, 'echo alive'), 'alive\n');
+  });
+  test('a run waiting on a reset that fails is told what became of the session, not that its id is unknown', { ...T, skip: NS_ONLY('the new sandbox\'s failure is made with an agent wrapper') }, async (t) => {
+    // An agent that, while HOLD exists, waits for it to go and then fails:
+    // the reset is held until the run is waiting on it.
+    const dir = fs.mkdtempSync('/tmp/e2e-held-agent-');
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const hold = path.join(dir, 'hold');
+    const wrapper = path.join(dir, 'agent');
+    fs.writeFileSync(wrapper, `#!/bin/sh\nif [ -e ${hold} ]; then\n  while [ -e ${hold} ]; do sleep 0.1; done\n  echo 'agent: cannot start (a test)' >&2\n  exit 1\nfi\nexec ${AGENT} "$@"\n`, { mode: 0o755 });
+    const s = await startServer({ env: { IGN_MCP_AGENT: wrapper } });
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    fs.writeFileSync(hold, '');
+    const reset = c.callTool({ name: 'reset', arguments: { session_id: sid } }, undefined, { timeout: 60000 });
+    assert.ok(await waitUntil(async () => (await call(c, 'list_sessions', {})).sessions.some((x) => x.session_id === sid && x.isolation === '(resetting)'), { timeoutMs: 20000 }), 'the reset did not start');
+    const runP = c.callTool({ name: 'run', arguments: { session_id: sid, command: 'true' } }, undefined, { timeout: 60000 });
+    // Time for the run to reach the wait (had it not, it would find the id
+    // unknown after the reset failed, and the test fails falsely, never
+    // passes falsely).
+    await sleep(2000);
+    fs.rmSync(hold);
+    const [rr, ru] = await Promise.all([reset, runP]);
+    assert.equal(rr.isError, true, `the reset should fail: ${textOf(rr)}`);
+    assert.match(textOf(rr), /agent: cannot start \(a test\)/);
+    assert.equal(ru.isError, true, `the run should fail: ${textOf(ru)}`);
+    assert.ok(textOf(ru).includes(`session '${sid}' was lost (its reset failed) while this call waited for its reset`), textOf(ru));
+    const l = await call(c, 'list_sessions', {});
+    assert.ok(!l.sessions.some((x) => x.session_id === sid), `${sid} still listed after its reset failed`);
   });
   test('close after the sandbox died on its own never signals the process that took its pid', { ...T, skip: process.getuid() === 0 ? false : 'needs root to steer pid reuse (/proc/sys/kernel/ns_last_pid)' }, async (t) => {
     // vm: no pool and no spares, so that the only QEMU is the session's.

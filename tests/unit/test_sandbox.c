@@ -2,6 +2,7 @@
  * warm base is tried again, whether a failed QEMU ran), the kill/reap
  * mechanics of a sandbox's process (sandbox_proc), and, as root, an ns
  * sandbox whose agent dies at once asked why by several calls. */
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -158,6 +159,12 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
     CHECK_EQ_INT(r, 0);
     if (r < 0)
       break;
+    /* Ask once its channel has closed, as the calls that fail do: the
+     * agent has then exited (had it not, the answer would depend on how
+     * fast the host ran it). */
+    char c;
+    struct pollfd pfd = {.fd = sb->fd, .events = POLLIN};
+    CHECK(poll(&pfd, 1, -1) == 1 && read(sb->fd, &c, 1) == 0);
     if (round == 0) {
       /* One after the other: the second must not find the pipe emptied. */
       _cleanup_free_ char *a = sb->ops->death_reason(sb);
