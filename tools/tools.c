@@ -51,6 +51,10 @@ static json_t *ok_result(json_t *structured) {
 }
 
 static json_t *err_result(const char *msg) {
+  /* Only a failed allocation leaves a failure without its message. */
+  if (!msg)
+    msg = "the server ran out of memory for this call; try again, or close sessions you no "
+          "longer need";
   return json_pack("{s:o, s:b}", "content", text_block(msg), "isError", 1);
 }
 
