@@ -12,7 +12,9 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "proto/client.h"
 
@@ -70,15 +72,19 @@ static inline unsigned sandbox_overlay_mb(unsigned memory_mb, unsigned overlay_m
  * ignores SIGPIPE; both would pass through execve, and real-time signals
  * sent to a process that blocks them queue up against the sending uid's
  * RLIMIT_SIGPENDING (for a root server, every root process on the host).
- * Only async-signal-safe calls; a signal the kernel refuses (SIGKILL,
- * SIGSTOP, the C library's own) is left as it is. */
+ * Only async-signal-safe calls. */
 static inline void sandbox_child_reset_signals(void) {
-  struct sigaction dfl = {.sa_handler = SIG_DFL};
-  for (int sig = 1; sig < NSIG; sig++)
-    sigaction(sig, &dfl, NULL);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
+  /* Raw system calls: glibc's sigaction() refuses the two real-time signals
+   * it keeps for itself (32 and 33), and the server's parent may have left
+   * those ignored too. */
+  struct {
+    unsigned long handler, flags, restorer, mask;
+  } dfl = {0}; /* SIG_DFL, no flags, nothing masked */
+  for (int sig = 1; sig <= 64; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
+  unsigned long none = 0;
+  syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, sizeof none);
 }
 
 /* Runs FN(ARG) on the long-lived spawner thread and returns its result.

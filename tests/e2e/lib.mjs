@@ -567,12 +567,14 @@ function fencedServerPid(scriptPid) {
  * outputSchema; default true). */
 /* With fence: true the server runs inside tests/fence.sh (see above); pid is
  * then the server's own pid on the host, and fence describes the fence. */
-export async function startServer({ env = {}, tools = false, listTools = true, fence = false } = {}) {
+/* With launcher: [program, args...] the server is started as
+ * `program args... SERVER` (a program that execs its last arguments). */
+export async function startServer({ env = {}, tools = false, listTools = true, fence = false, launcher = null } = {}) {
   const f = fence ? newFence() : null;
   const wrap = f && !f.outer;
   const transport = new StdioClientTransport({
-    command: wrap ? '/bin/bash' : SERVER,
-    args: wrap ? [FENCE_SCRIPT, f.name, String(FENCE_PIDS), String(FENCE_MEMORY_MB), '--', SERVER] : [],
+    command: wrap ? '/bin/bash' : launcher ? launcher[0] : SERVER,
+    args: wrap ? [FENCE_SCRIPT, f.name, String(FENCE_PIDS), String(FENCE_MEMORY_MB), '--', SERVER] : launcher ? [...launcher.slice(1), SERVER] : [],
     env: serverEnv({ env, tools }),
     stderr: 'pipe',
     cwd: REPO,

@@ -12,6 +12,7 @@ import {
 import { execFileSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 
 const T = { timeout: 90_000 };
@@ -327,6 +328,62 @@ describe('sandbox processes start with a clean signal state', () => {
     assert.equal(blk & (bit(15) | bit(1) | bit(2)), 0n, `QEMU blocks SIGTERM/SIGHUP/SIGINT: SigBlk ${blk.toString(16)}`);
     // (QEMU blocks SIGBUS, SIGUSR1, SIGALRM and SIGIO itself, for its signalfd.)
     assert.equal(ign & ~(bit(25) | bit(13)), 0n, `QEMU ignores signals it inherited: SigIgn ${ign.toString(16)}`);
+  });
+});
+
+/* A launcher that starts the server with signals ignored and blocked, as a
+ * careless parent might: 32 and 33 (the C library's own, which its
+ * sigaction() will not touch) to 40 and SIGUSR1 ignored, 41-64 blocked.
+ * Built with the host's compiler (raw system calls for 32 and 33). */
+function buildSignalLauncher() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-siglaunch-'));
+  const src = path.join(dir, 'l.c'), bin = path.join(dir, 'l');
+  fs.writeFileSync(src, `#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+  struct { unsigned long h, f, r, m; } ign = {1, 0, 0, 0};
+  for (int s = 32; s <= 40; s++) syscall(SYS_rt_sigaction, s, &ign, 0, 8);
+  syscall(SYS_rt_sigaction, SIGUSR1, &ign, 0, 8);
+  unsigned long rt = ~0UL << 40;
+  syscall(SYS_rt_sigprocmask, SIG_BLOCK, &rt, 0, 8);
+  if (argc < 2) return 2;
+  execv(argv[1], argv + 1);
+  return 127;
+}
+`);
+  try {
+    execFileSync('gcc', ['-O1', '-o', bin, src], { stdio: ['ignore', 'ignore', 'pipe'] });
+  } catch (e) {
+    fs.rmSync(dir, { recursive: true, force: true });
+    return { skip: `cannot build the launcher with gcc: ${String(e.stderr || e.message).split('\n')[0]}` };
+  }
+  fs.chmodSync(dir, 0o755);
+  return { bin, dir };
+}
+
+describe('what the server inherited does not reach its sandboxes', () => {
+  test('a server started with signals ignored (even 32 and 33) and real-time signals blocked hands none of that to the ns agent or a QEMU', T, async (t) => {
+    const l = buildSignalLauncher();
+    if (l.skip) return t.skip(l.skip);
+    t.after(() => fs.rmSync(l.dir, { recursive: true, force: true }));
+    const s = await startServer({ launcher: [l.bin], env: IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {} });
+    t.after(() => s.close());
+    const mine = sigMasks(fs.readFileSync(`/proc/${s.pid}/status`, 'utf8'));
+    assert.ok(mine.ign & bit(32), `the launcher did not leave signal 32 ignored in the server: SigIgn ${mine.ign.toString(16)}`);
+    const sid = await openSession(s.client);
+    let st;
+    if (IS_NS) {
+      st = await sh(s.client, sid, 'cat /proc/1/status');
+    } else {
+      const qs = qemuChildren(s.pid);
+      assert.equal(qs.length, 1, `QEMUs under the server: ${JSON.stringify(qs)}`);
+      st = fs.readFileSync(`/proc/${qs[0].pid}/status`, 'utf8');
+    }
+    const { blk, ign } = sigMasks(st);
+    t.diagnostic(`server SigIgn ${mine.ign.toString(16)}; sandbox process SigBlk ${blk.toString(16)} SigIgn ${ign.toString(16)}`);
+    assert.equal(ign & ~(bit(13) | bit(25)), 0n, `the sandbox process ignores signals the server inherited: SigIgn ${ign.toString(16)}`);
+    assert.equal(blk & RT_BITS, 0n, `the sandbox process blocks real-time signals the server inherited blocked: SigBlk ${blk.toString(16)}`);
   });
 });
 
