@@ -30,9 +30,24 @@ struct vm_spawn_req {
 
 int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err);
 /* vm_spawn's child exits with a code in this range when it fails before QEMU
- * runs (127: execve failed). */
-#define VM_SPAWN_EXIT_MIN 118
-#define VM_SPAWN_EXIT_MAX 127
+ * runs, after writing which step failed to the VM's log. */
+enum {
+  VM_SPAWN_EXIT_MIN = 115,
+  VM_SPAWN_EXIT_PROC = VM_SPAWN_EXIT_MIN, /* mounting QEMU's /proc */
+  VM_SPAWN_EXIT_HIDE,     /* hiding /home, /root, /run/user; showing the state dir again */
+  VM_SPAWN_EXIT_USERNS,   /* writing the user namespace's uid and gid maps */
+  VM_SPAWN_EXIT_BIND,     /* a bind mount into the state directory */
+  VM_SPAWN_EXIT_FDS,      /* dup2, close_range */
+  VM_SPAWN_EXIT_PARENT,   /* the server died before QEMU ran */
+  VM_SPAWN_EXIT_LANDLOCK,
+  VM_SPAWN_EXIT_NNP,
+  VM_SPAWN_EXIT_UID,
+  VM_SPAWN_EXIT_MOUNT,    /* making the mounts private */
+  VM_SPAWN_EXIT_EXEC,     /* execve of QEMU */
+  VM_SPAWN_EXIT_MAX = VM_SPAWN_EXIT_EXEC,
+};
+/* Whether QEMUs are confined in a user namespace (the server is not root). */
+bool vm_spawn_userns(void);
 /* Whether a QEMU that ended with wait STATUS ran at all (it exited or was
  * killed), as opposed to its spawn failing first: only a QEMU that ran says
  * anything about the guest or the accelerator. */
