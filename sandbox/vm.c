@@ -67,10 +67,6 @@
 #define KVM_BOOT_TIMEOUT_MS 20000
 #define RESTORE_TIMEOUT_MS 20000
 #define BASE_WAIT_MS 180000
-/* QEMUs run as uid VM_UID_BASE + n (n < VM_UID_SPAN) and gid VM_GID. */
-#define VM_UID_BASE 0x49474e00u
-#define VM_UID_SPAN 4096u
-#define VM_GID VM_UID_BASE
 #define TB_SIZE_MB 128
 #define FINGERPRINT_VERSION 3
 
@@ -113,7 +109,9 @@ static struct {
   unsigned seq;
   gid_t kvm_gid;
   int base_lock_fd;         /* shared flock on the base in use */
-} vmb = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .base_lock_fd = -1};
+  struct vm_uids uids;      /* a root server's QEMU uids */
+} vmb = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .base_lock_fd = -1,
+       .uids = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
 const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "microvm"; }
 
@@ -369,9 +367,20 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
                  kind == VM_CLONE},
                 {kind == VM_CLONE ? NULL : cfg.initramfs, "initramfs", false}},
       .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
-      .uid = VM_UID_BASE + seq % VM_UID_SPAN, .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
+      .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
   };
-  int r = vm_spawn(&req, &v->base.pid, ret_err);
+  int r = 0;
+  if (getuid() == 0 && (r = vm_uid_alloc(&vmb.uids, vm_uid_process_alive, &req.uid)) < 0)
+    *ret_err = xasprintf("all %u QEMU uids (%u-%u) are in use by live QEMUs: close sessions or "
+                         "lower IGN_MCP_MAX_SESSIONS and IGN_MCP_POOL",
+                         VM_UID_SPAN, VM_UID_BASE, VM_UID_BASE + VM_UID_SPAN - 1);
+  if (r == 0) {
+    r = vm_spawn(&req, &v->base.pid, ret_err);
+    if (r < 0)
+      vm_uid_release(&vmb.uids, req.uid);
+    else
+      vm_uid_started(&vmb.uids, req.uid, v->base.pid);
+  }
   close(qsv[1]);
   close(asv[1]);
   if (r < 0) {

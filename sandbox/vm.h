@@ -3,6 +3,7 @@
  * one confined QEMU). */
 #pragma once
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -32,20 +33,39 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err);
 /* vm_spawn's child exits with a code in this range when it fails before QEMU
  * runs, after writing which step failed to the VM's log. */
 enum {
-  VM_SPAWN_EXIT_MIN = 115,
+  VM_SPAWN_EXIT_MIN = 118,
   VM_SPAWN_EXIT_PROC = VM_SPAWN_EXIT_MIN, /* mounting QEMU's /proc */
   VM_SPAWN_EXIT_HIDE,     /* hiding /home, /root, /run/user; showing the state dir again */
   VM_SPAWN_EXIT_USERNS,   /* writing the user namespace's uid and gid maps */
-  VM_SPAWN_EXIT_BIND,     /* a bind mount into the state directory */
+  VM_SPAWN_EXIT_BIND,     /* private mounts, a bind mount into the state directory */
   VM_SPAWN_EXIT_FDS,      /* dup2, close_range */
   VM_SPAWN_EXIT_PARENT,   /* the server died before QEMU ran */
   VM_SPAWN_EXIT_LANDLOCK,
   VM_SPAWN_EXIT_NNP,
   VM_SPAWN_EXIT_UID,
-  VM_SPAWN_EXIT_MOUNT,    /* making the mounts private */
   VM_SPAWN_EXIT_EXEC,     /* execve of QEMU */
   VM_SPAWN_EXIT_MAX = VM_SPAWN_EXIT_EXEC,
 };
+/* The uids of a root server's QEMUs (vm_uid.c): VM_UID_BASE + n, n <
+ * VM_UID_SPAN, group VM_GID. */
+#define VM_UID_BASE 0x49474e00u
+#define VM_UID_SPAN 4096u
+#define VM_GID VM_UID_BASE
+struct vm_uids {
+  pthread_mutex_t lock;
+  bool taken[VM_UID_SPAN];
+  pid_t pid[VM_UID_SPAN];   /* the QEMU that has it; 0 while it is being started */
+  unsigned next;
+};
+void vm_uids_init(struct vm_uids *u);
+/* A uid no QEMU that is ALIVE (not yet reaped) has; -EAGAIN when all are. */
+int vm_uid_alloc(struct vm_uids *u, bool (*alive)(uid_t uid, pid_t pid), uid_t *ret_uid);
+/* UID's QEMU started as PID: the uid is free again once PID is reaped. */
+void vm_uid_started(struct vm_uids *u, uid_t uid, pid_t pid);
+/* UID's QEMU never started. */
+void vm_uid_release(struct vm_uids *u, uid_t uid);
+/* Whether a process PID exists (a zombie too) with real uid UID. */
+bool vm_uid_process_alive(uid_t uid, pid_t pid);
 /* Whether QEMUs are confined in a user namespace (the server is not root). */
 bool vm_spawn_userns(void);
 /* Whether a QEMU that ended with wait STATUS ran at all (it exited or was

@@ -151,7 +151,7 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
     child_fail(log_fd, "dup2", VM_SPAWN_EXIT_FDS);
   log_fd = 2;
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-    child_fail(log_fd, "making the mounts private", VM_SPAWN_EXIT_MOUNT);
+    child_fail(log_fd, "making the mounts private", VM_SPAWN_EXIT_BIND);
   for (int i = 0; i < j->n_binds; i++) {
     if (mount(j->bind_src[i], j->bind_dst[i], NULL, MS_BIND, NULL) < 0)
       child_fail(log_fd, j->bind_dst[i], VM_SPAWN_EXIT_BIND);
