@@ -169,11 +169,25 @@ static char *kvm_open_why(char **ret_fix) {
   if (fd < 0 && errno == ENOENT)
     return strdup("/dev/kvm does not exist (the host offers no hardware virtualisation to this "
                   "machine, or the kvm module is not loaded)");
-  if (fd < 0) {
-    if (errno == EACCES)
-      *ret_fix = strdup("usermod -aG kvm \"$USER\" (then log in again)");
-    return xasprintf("/dev/kvm cannot be opened: %s", strerror(errno));
+  if (fd < 0 && errno == EACCES) {
+    /* Say which: a device only root may use, or a group this user is not in. */
+    struct stat st;
+    struct group *g = getgrnam("kvm");
+    bool kvm_group = stat("/dev/kvm", &st) == 0 && g && st.st_gid == g->gr_gid &&
+                     (st.st_mode & 0060) == 0060;
+    if (kvm_group) {
+      *ret_fix = strdup("sudo usermod -aG kvm \"$USER\" (then log in again)");
+      return strdup("/dev/kvm cannot be opened: Permission denied (it belongs to group kvm, "
+                    "which this user is not in)");
+    }
+    *ret_fix = strdup("sudo chgrp kvm /dev/kvm && sudo chmod 0660 /dev/kvm && sudo usermod -aG kvm "
+                      "\"$USER\" (then log in again); or run the server as root");
+    return xasprintf("/dev/kvm cannot be opened: Permission denied (mode %03o, owner %u, group %u: "
+                     "only root may use KVM on this host, so as a user it is not usable)",
+                     (unsigned)(st.st_mode & 0777), (unsigned)st.st_uid, (unsigned)st.st_gid);
   }
+  if (fd < 0)
+    return xasprintf("/dev/kvm cannot be opened: %s", strerror(errno));
   if (ioctl(fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION)
     return strdup("/dev/kvm speaks another KVM API version");
   int vm = ioctl(fd, KVM_CREATE_VM, 0);
@@ -1446,6 +1460,62 @@ static bool kvm_reachable(char **ret_why, char **ret_fix) {
   return false;
 }
 
+/* The KVM probe runs once per process (the doctor and the backend ask the
+ * same question), under this lock. */
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool probe_ran;
+static int probe_rc;
+static struct vm_kvm_probe probe_res;
+static char *probe_err;
+
+bool vm_kvm_probe_last(struct vm_kvm_probe *ret, char **ret_err) {
+  pthread_mutex_lock(&probe_lock);
+  bool ran = probe_ran;
+  if (ran && probe_rc == 0)
+    *ret = probe_res;
+  if (ran && probe_rc < 0 && ret_err)
+    *ret_err = strdup(probe_err);
+  pthread_mutex_unlock(&probe_lock);
+  return ran && probe_rc == 0;
+}
+
+char *vm_kvm_probe_text(void) {
+  struct vm_kvm_probe p;
+  _cleanup_free_ char *err = NULL;
+  if (!vm_kvm_probe_last(&p, &err))
+    return err ? xasprintf("the KVM probe could not run: %s", err) : NULL;
+  if (p.finished)
+    return xasprintf("KVM probe: a guest in kernel mode ran %u loop iterations in %.2f ms (budget "
+                     "%u ms; VM set up in %.2f ms)",
+                     p.loops, p.run_ns / 1e6, p.budget_ms, p.setup_ns / 1e6);
+  return xasprintf("KVM probe: a guest in kernel mode did not finish %u loop iterations in %u ms%s "
+                   "(real KVM takes about 1 ms; VM set up in %.2f ms)",
+                   p.loops, p.budget_ms, p.stuck ? ", and its vCPU did not come back when stopped" : "",
+                   p.setup_ns / 1e6);
+}
+
+/* Why KVM does not help on this host (it runs guest kernel code far slower
+ * than TCG would), or NULL when it does. */
+static char *kvm_slow_why(char **ret_fix) {
+  pthread_mutex_lock(&probe_lock);
+  if (!probe_ran) {
+    probe_rc = vm_kvm_probe(KVM_PROBE_LOOPS, KVM_PROBE_BUDGET_MS, &probe_res, &probe_err);
+    probe_ran = true;
+  }
+  int rc = probe_rc;
+  struct vm_kvm_probe p = probe_res;
+  pthread_mutex_unlock(&probe_lock);
+  if (rc == 0 && p.finished)
+    return NULL;
+  _cleanup_free_ char *text = vm_kvm_probe_text();
+  *ret_fix = strdup("nothing to do: TCG is faster here (IGN_MCP_ACCEL=kvm would insist on KVM)");
+  if (rc < 0)
+    return xasprintf("KVM opens but cannot run a guest: %s", text);
+  return xasprintf("KVM does not help on this host: %s, so guest kernels would run far slower "
+                   "than under TCG (a paravirtual or nested hypervisor)",
+                   text);
+}
+
 const char *vm_probe_accel(char **ret_why, char **ret_fix) {
   *ret_why = *ret_fix = NULL;
   if (strcmp(cfg.accel, "tcg") == 0) {
@@ -1453,6 +1523,15 @@ const char *vm_probe_accel(char **ret_why, char **ret_fix) {
     return "tcg";
   }
   char *why = kvm_open_why(ret_fix);
+  if (!why) {
+    why = kvm_slow_why(ret_fix);
+    /* IGN_MCP_ACCEL=kvm insists on a KVM that works, however slow. */
+    if (why && strcmp(cfg.accel, "kvm") == 0) {
+      log_warn("%s; using it anyway (IGN_MCP_ACCEL=kvm)", why);
+      free(steal_ptr(why));
+      free(steal_ptr(*ret_fix));
+    }
+  }
   if (!why)
     kvm_reachable(&why, ret_fix);
   /* A guest that failed under KVM once is not retried (IGN_MCP_ACCEL=kvm
@@ -1477,8 +1556,12 @@ static int pick_accel(char **ret_err) {
                          fix ? "; fix: " : "", fix ? fix : "");
     return -ENODEV;
   }
-  if (why && strcmp(cfg.accel, "auto") == 0)
-    log_info("not using KVM: %s", why);
+  /* What was decided and why, for whoever reads the log later. */
+  _cleanup_free_ char *probe = vm_kvm_probe_text();
+  if (strcmp(accel, "kvm") == 0)
+    log_info("accelerator: kvm (%s)", probe ? probe : "/dev/kvm works");
+  else
+    log_info("accelerator: tcg (not KVM: %s)", why);
   vmb.accel = accel;
   snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/%s", vmb.accel);
   struct group *g = getgrnam("kvm");
@@ -1573,6 +1656,72 @@ int vm_make_base(bool force, char **ret_err) {
   r = ensure_base_any_accel(force, false, &fault, ret_err);
   if (r == 0)
     printf("warm base ready: %s (%s)\n", vmb.base_dir, vmb.accel);
+  return r;
+}
+
+/* What `doctor` asks before it says the backend is ready: a QEMU started
+ * the way a session's is (same confinement, same accelerator), restored
+ * from the warm base when there is one and cold-booted when not, whose
+ * agent answers HELLO and runs a command.  Nothing is left behind. */
+int vm_trial_session(char **ret_how, char **ret_err) {
+  int r = prepare(ret_err);
+  if (r < 0)
+    return r;
+  uint64_t t0 = mono_ms();
+  bool complete = false;
+  _cleanup_free_ char *base = strcmp(cfg.base, "none") == 0 ? NULL : vm_base_path(vmb.accel, &complete);
+  _cleanup_free_ char *ram = complete ? xasprintf("%s/ram", base) : NULL;
+  struct vm *v = NULL;
+  const char *how = complete ? "restored from the warm base" : "cold-booted (no warm base yet)";
+  if (complete) {
+    r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, ret_err);
+    if (r == 0)
+      r = vm_restore(v, base, ret_err);
+    if (r == 0)
+      r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    if (r < 0 && v) {
+      add_log_tail(v, ret_err);
+      sandbox_vm_ops.destroy(&v->base);
+      v = NULL;
+    }
+    if (r < 0) {
+      char *m = xasprintf("restoring a clone of the warm base %s failed: %s", base, *ret_err);
+      free(*ret_err);
+      *ret_err = m;
+      return r;
+    }
+  } else {
+    r = vm_start(VM_COLD, vmb.accel, NULL, NULL, &v, NULL, ret_err);
+    if (r < 0)
+      return r;
+  }
+  struct agent_conn *conn = NULL;
+  uint32_t timeout = complete ? RESTORE_TIMEOUT_MS
+                     : strcmp(vmb.accel, "kvm") == 0 ? KVM_BOOT_TIMEOUT_MS
+                                                     : COLD_BOOT_TIMEOUT_MS;
+  r = agent_conn_open(v->agent_fd, timeout, &conn, ret_err);
+  v->agent_fd = -1; /* the connection owns it now */
+  struct agent_exec_res res = {0};
+  if (r == 0) {
+    struct agent_exec_req req = {.command = "echo ready", .timeout_ms = 10000, .out_cap = 64};
+    r = agent_exec(conn, &req, NULL, &res, ret_err);
+    if (r == 0 && (res.exit_code != 0 || res.out_len != 6 || memcmp(res.out, "ready\n", 6) != 0)) {
+      *ret_err = xasprintf("the agent ran `echo ready` but it exited %d with %zu bytes of output",
+                           res.exit_code, res.out_len);
+      r = -EPROTO;
+    }
+    agent_exec_res_free(&res);
+  }
+  if (r < 0) {
+    char *m = xasprintf("the guest's agent did not answer: %s", *ret_err);
+    free(*ret_err);
+    *ret_err = m;
+    add_log_tail(v, ret_err);
+  }
+  agent_conn_free(conn);
+  sandbox_vm_ops.destroy(&v->base);
+  if (r == 0)
+    *ret_how = xasprintf("%s, under %s, in %" PRIu64 " ms", how, vmb.accel, mono_ms() - t0);
   return r;
 }
 

@@ -66,6 +66,26 @@ void vm_uid_started(struct vm_uids *u, uid_t uid, pid_t pid);
 void vm_uid_release(struct vm_uids *u, uid_t uid);
 /* Whether a process PID exists (a zombie too) with real uid UID. */
 bool vm_uid_process_alive(uid_t uid, pid_t pid);
+/* Does KVM help here (accel.c): a tiny guest in long mode at ring 0 runs
+ * LOOPS iterations of a countdown loop under KVM, given BUDGET_MS. */
+#define KVM_PROBE_LOOPS 1000000u
+#define KVM_PROBE_BUDGET_MS 100u
+struct vm_kvm_probe {
+  uint32_t loops;
+  unsigned budget_ms;
+  bool finished;            /* the loop ended within the budget */
+  bool stuck;               /* the vCPU did not even come back when kicked */
+  uint64_t run_ns;          /* the loop's time (the budget when it did not finish) */
+  uint64_t setup_ns;        /* creating the VM and vCPU */
+};
+/* 0 and *RET, or a negative errno and *RET_ERR when KVM cannot even run
+ * the probe (no /dev/kvm, no permission, an ioctl refused). */
+int vm_kvm_probe(uint32_t loops, unsigned budget_ms, struct vm_kvm_probe *ret, char **ret_err);
+/* The probe vm_probe_accel ran in this process: false when it did not run
+ * (no /dev/kvm, say) or could not (then *RET_ERR, when given, says why). */
+bool vm_kvm_probe_last(struct vm_kvm_probe *ret, char **ret_err);
+/* What the probe measured, as a phrase, or NULL when it did not run. */
+char *vm_kvm_probe_text(void);
 /* Whether QEMUs are confined in a user namespace (the server is not root). */
 bool vm_spawn_userns(void);
 /* Whether a QEMU that ended with wait STATUS ran at all (it exited or was
@@ -88,6 +108,10 @@ void vm_backend_shutdown(void);
 const char *vm_isolation(void);
 
 /* What `ignition-mcp doctor` asks; nothing here changes anything. */
+/* Starts one QEMU as a session's is started (restored from the warm base
+ * when it is there, else cold-booted) and has its agent run a command; *RET_HOW
+ * says how and how long, *RET_ERR what failed. */
+int vm_trial_session(char **ret_how, char **ret_err);
 /* The accelerator the backend would pick now: "kvm", or "tcg" with *ret_why
  * saying why not KVM (no /dev/kvm, no permission, QEMU's uid cannot reach it,
  * a guest failed under it before), or NULL when IGN_MCP_ACCEL=kvm cannot be
