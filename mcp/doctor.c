@@ -6,8 +6,11 @@
  * warm base's fingerprint come from the vm backend (sandbox/vm.c), the
  * cgroup check makes a real group through sandbox/cgroup.c, and the
  * namespace check really clones a process into the namespaces the ns backend
- * uses.  No base is built and nothing is installed; only the cgroup check
- * changes the host.  It makes a test group, ign-mcp-<pid>-doctor, with the
+ * uses, and the session check starts one real QEMU as a session does (its
+ * state directory, in the server's runtime directory, which it makes when it
+ * is missing, is removed again).  No base is built, no store is made and
+ * nothing is installed; besides that, only the cgroup check changes the
+ * host.  It makes a test group, ign-mcp-<pid>-doctor, with the
  * session limits and removes it again; but cgroup.c first prepares the
  * parent the way the server does, and that stays.  On cgroup v2 it may move
  * this process into a new leaf group <own group>/ign-mcp-<pid>-server and

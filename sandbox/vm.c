@@ -1589,14 +1589,16 @@ int vm_check_reachable(const char *path, const char *what, char **ret_err) {
   return 0;
 }
 
-static int prepare(char **ret_err) {
+/* MAKE_STORE: create the store when it is not there (not for doctor's
+ * trial session, which only reads a base that is there). */
+static int prepare_store(bool make_store, char **ret_err) {
   int r = check_inputs(ret_err);
   if (r < 0)
     return r;
   /* The golden VM writes its RAM file in the store by path. */
   if ((r = vm_check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
-  if ((r = mkdir_p(cfg.store, 0755)) < 0) {
+  if (make_store && (r = mkdir_p(cfg.store, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
                          strerror(-r));
     return r;
@@ -1626,6 +1628,8 @@ static int prepare(char **ret_err) {
     closedir(d);
   return 0;
 }
+
+static int prepare(char **ret_err) { return prepare_store(true, ret_err); }
 
 int vm_backend_init(char **ret_err) {
   int r = prepare(ret_err);
@@ -1664,7 +1668,7 @@ int vm_make_base(bool force, char **ret_err) {
  * from the warm base when there is one and cold-booted when not, whose
  * agent answers HELLO and runs a command.  Nothing is left behind. */
 int vm_trial_session(char **ret_how, char **ret_err) {
-  int r = prepare(ret_err);
+  int r = prepare_store(false, ret_err);
   if (r < 0)
     return r;
   uint64_t t0 = mono_ms();
