@@ -1589,6 +1589,36 @@ int vm_check_reachable(const char *path, const char *what, char **ret_err) {
   return 0;
 }
 
+/* The directory of the per-VM state directories: /run/ignition-mcp as root;
+ * as a user $XDG_RUNTIME_DIR/ignition-mcp when that directory is there and
+ * the user's, else /tmp/ignition-mcp-UID.  A user's must be a directory of
+ * the user's own that nobody else may write to: in /tmp another user may
+ * have made it (or a symlink) first. */
+static int make_run_dir(char **ret_err) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  struct stat st;
+  bool xdg_ok = xdg && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
+                st.st_uid == getuid();
+  free(vmb.run_dir);
+  vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
+                : xdg_ok      ? xasprintf("%s/ignition-mcp", xdg)
+                              : xasprintf("/tmp/ignition-mcp-%u", getuid());
+  int r = mkdir_p(vmb.run_dir, 0711);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
+    return r;
+  }
+  if (getuid() != 0 && (lstat(vmb.run_dir, &st) < 0 || !S_ISDIR(st.st_mode) ||
+                        st.st_uid != getuid() || (st.st_mode & 0022))) {
+    *ret_err = xasprintf("%s, where the QEMUs' state directories go, is not a directory of this "
+                         "user's that only it may write to (another user may have made it): "
+                         "remove it, or set XDG_RUNTIME_DIR to a directory of your own",
+                         vmb.run_dir);
+    return -EPERM;
+  }
+  return 0;
+}
+
 /* MAKE_STORE: create the store when it is not there (not for doctor's
  * trial session, which only reads a base that is there). */
 static int prepare_store(bool make_store, char **ret_err) {
@@ -1606,14 +1636,8 @@ static int prepare_store(bool make_store, char **ret_err) {
   if ((r = pick_accel(ret_err)) < 0)
     return r;
   vmb.tsc_khz = host_tsc_khz();
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
-                : xdg && *xdg ? xasprintf("%s/ignition-mcp", xdg)
-                              : xasprintf("/tmp/ignition-mcp-%u", getuid());
-  if ((r = mkdir_p(vmb.run_dir, 0711)) < 0) {
-    *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
+  if ((r = make_run_dir(ret_err)) < 0)
     return r;
-  }
   /* State directories of servers that died without cleaning up. */
   DIR *d = opendir(vmb.run_dir);
   struct dirent *e;

@@ -15,7 +15,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  startServer, startRaw, call, openSession, run, sh, sleep, waitUntil, uniq, uniqueSleepSecs,
+  startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil, uniq, uniqueSleepSecs,
   VM_ONLY, VM_DIR, VM_RUN_DIR, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore, tempKernel,
   hardKill,
 } from './lib.mjs';
@@ -330,6 +330,25 @@ describe('QEMU confinement, from the outside', () => {
     }));
     const leaked = Object.entries(fds).filter(([, v]) => v === leak || v === HOME);
     assert.deepEqual(leaked, [], `QEMU holds fds it inherited: ${JSON.stringify(fds)}`);
+  });
+});
+
+describe('the state directories of a user\'s server', () => {
+  test('a runtime directory others may write to is refused, and open_session says so', {
+    ...T,
+    skip: SKIP || (AS_ROOT && 'a user\'s server only: as root the state directories are in /run/ignition-mcp'),
+  }, async (t) => {
+    // Another user could make /tmp/ignition-mcp-UID first, or a group could
+    // write to it: then it is not the user's alone, and it is not used.
+    const runtime = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-runtime-'));
+    t.after(() => fs.rmSync(runtime, { recursive: true, force: true }));
+    fs.mkdirSync(path.join(runtime, 'ignition-mcp'));
+    fs.chmodSync(path.join(runtime, 'ignition-mcp'), 0o777);
+    const s = await startServer({ env: { ...NO_POOL, XDG_RUNTIME_DIR: runtime } });
+    t.after(() => s.close());
+    const e = await callErr(s.client, 'open_session', {});
+    assert.match(e, new RegExp(`${path.join(runtime, 'ignition-mcp')}, where the QEMUs' state directories go, is not a directory of this user's that only it may write to`));
+    assert.deepEqual(fs.readdirSync(path.join(runtime, 'ignition-mcp')), [], 'the server used it');
   });
 });
 
