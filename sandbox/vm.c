@@ -375,7 +375,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
       .ram_file_writable = kind == VM_CLONE ? ram_path : NULL,
-      .needed = {cfg.qemu},
+      .needed = {cfg.qemu}, .hide = vmb.run_dir,
       .binds = {{cfg.vm_image, "image", false},
                 {kind == VM_CLONE ? ram_file : cfg.kernel, kind == VM_CLONE ? "ram" : "kernel",
                  kind == VM_CLONE},

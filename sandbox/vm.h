@@ -16,6 +16,7 @@ struct vm_spawn_req {
   const char *dir;               /* state directory: logs; the only writable place */
   const char *ram_file_writable; /* the golden RAM file (QEMU 7.2 opens it O_RDWR) */
   const char *needed[4];         /* paths QEMU reads by their own name: never hidden */
+  const char *hide;              /* hidden too: where the other QEMUs' state directories are */
   /* Files QEMU reads through its state directory: each SRC is bind-mounted
    * (read-only unless WRITABLE) onto DIR/NAME in QEMU's mount namespace, so
    * the unprivileged QEMU needs no access to the directories above them. */

@@ -43,7 +43,10 @@
 
 #define SERIAL_LOG_MAX (1 << 20)
 
+/* Hidden in every QEMU's mount namespace, with the directory of all the
+ * server's state directories (vm_spawn_req.hide) as the last. */
 static const char *const hidden_dirs[] = {"/home", "/root", "/run/user"};
+#define N_HIDDEN (ARRAY_SIZE(hidden_dirs) + 1)
 
 struct spawn_job {
   const char *qemu;
@@ -54,7 +57,8 @@ struct spawn_job {
   unsigned long clone_flags;
   bool userns;              /* the confinement is built in a user namespace of its own */
   char uid_map[48], gid_map[48];
-  bool hide[ARRAY_SIZE(hidden_dirs)];
+  const char *hidden[N_HIDDEN];
+  bool hide[N_HIDDEN];
   int reveal_in;            /* the hidden dir the state directory is under, or -1 */
   char reveal[4096];        /* the state directory, shown again inside it */
   uid_t uid;
@@ -169,10 +173,10 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   if (j->reveal_in >= 0 &&
       (tree = (int)syscall(SYS_open_tree, AT_FDCWD, j->reveal, OPEN_TREE_CLONE | AT_RECURSIVE | O_CLOEXEC)) < 0)
     child_fail(log_fd, j->reveal, VM_SPAWN_EXIT_HIDE);
-  for (size_t i = 0; i < ARRAY_SIZE(hidden_dirs); i++) {
+  for (size_t i = 0; i < N_HIDDEN; i++) {
     if (!j->hide[i])
       continue;
-    const char *d = hidden_dirs[i];
+    const char *d = j->hidden[i];
     bool reveal = j->reveal_in == (int)i;
     unsigned long fl = MS_NOSUID | MS_NODEV | MS_NOEXEC;
     if (mount("tmpfs", d, "tmpfs", fl | (reveal ? 0 : MS_RDONLY), "size=16k,mode=0755") < 0)
@@ -362,15 +366,20 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
     j.bind_flags[i] = bind_flags(b.src);
     j.n_binds++;
   }
-  for (size_t i = 0; i < ARRAY_SIZE(hidden_dirs); i++) {
+  for (size_t i = 0; i < N_HIDDEN; i++) {
     struct stat st;
+    const char *h = j.hidden[i] = i < ARRAY_SIZE(hidden_dirs) ? hidden_dirs[i] : req->hide;
     /* Never hide what QEMU itself must read by its own name (its binary);
      * its state directory, where everything else is, is shown again. */
-    j.hide[i] = stat(hidden_dirs[i], &st) == 0 && S_ISDIR(st.st_mode);
+    j.hide[i] = h && stat(h, &st) == 0 && S_ISDIR(st.st_mode);
     for (size_t k = 0; j.hide[i] && k < ARRAY_SIZE(req->needed) && req->needed[k]; k++)
-      if (path_under(req->needed[k], hidden_dirs[i]))
+      if (path_under(req->needed[k], h))
         j.hide[i] = false;
-    if (j.hide[i] && path_under(dir, hidden_dirs[i]) && strcmp(dir, hidden_dirs[i]) != 0) {
+    /* Under a directory hidden already: nothing more to hide. */
+    for (size_t k = 0; j.hide[i] && k < i; k++)
+      if (j.hide[k] && path_under(h, j.hidden[k]))
+        j.hide[i] = false;
+    if (j.hide[i] && path_under(dir, h) && strcmp(dir, h) != 0) {
       j.reveal_in = (int)i;
       strcpy(j.reveal, dir);
     }

@@ -271,6 +271,13 @@ describe('QEMU confinement, from the outside', () => {
       assert.notEqual(ns(both[0].pid, 'user'), ns(both[1].pid, 'user'), 'two QEMUs share a user namespace');
     }
     assert.notEqual(ns(both[0].pid, 'pid'), ns(both[1].pid, 'pid'), 'two QEMUs share a pid namespace');
+    // Neither sees the other's state directory (its console log, its
+    // sockets' peer files): where they all are, each sees only its own.
+    for (const x of both) {
+      const own = path.dirname(fs.readlinkSync(`/proc/${x.pid}/fd/1`));
+      assert.equal(path.dirname(own), VM_RUN_DIR);
+      assert.deepEqual(fs.readdirSync(`/proc/${x.pid}/root${VM_RUN_DIR}`), [path.basename(own)], `QEMU ${x.pid} sees other state directories`);
+    }
   });
 
   test('a store and state directory under hidden directories: QEMU sees only its state directory there', { ...T, timeout: 300_000 }, async (t) => {
