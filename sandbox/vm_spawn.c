@@ -164,8 +164,12 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
       child_fail(log_fd, j->bind_dst[i], VM_SPAWN_EXIT_BIND);
   }
   /* A /proc of QEMU's own pid namespace: the host's would show every other
-   * process, other QEMUs of the same uid among them. */
-  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+   * process, other QEMUs of the same uid among them.  Where the kernel
+   * refuses a new proc in a user namespace (a host whose /proc has parts
+   * masked, as in some containers), an empty one: QEMU runs without it. */
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 &&
+      mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+            "size=4k,mode=0555") < 0)
     child_fail(log_fd, "mounting /proc for QEMU's pid namespace", VM_SPAWN_EXIT_PROC);
   /* The state directory with the binds in it, taken before its parents are
    * hidden. */
