@@ -2,23 +2,31 @@
  *
  * Every QEMU the vm backend starts runs:
  *   - with QEMU's own seccomp sandbox (-sandbox on,obsolete=deny,...);
- *   - with no_new_privs;
+ *   - with no_new_privs and no capabilities;
+ *   - as PID 1 of a pid namespace of its own, with a /proc of that
+ *     namespace, so that it cannot see or name any other process;
  *   - in a network namespace of its own with no interfaces (unless
  *     IGN_MCP_NET asks for user-mode networking);
- *   - in a mount namespace where /home, /root and /run/user are empty
- *     tmpfs mounts, so the host's home directories and credentials are not
- *     visible;
- *   - as an unprivileged uid of its own when the server runs as root (one
- *     uid per QEMU, so one escaped QEMU cannot ptrace another), in the group
- *     that may open the golden RAM file;
+ *   - in a mount namespace where /home, /root, /run/user and the directory
+ *     of all the server's state directories are empty tmpfs mounts, so the
+ *     host's home directories, credentials and the other QEMUs' state are
+ *     not visible; its own state directory is mounted back in its place
+ *     when it lies under one of them (a user's store in ~/.cache);
+ *   - as root: as an unprivileged uid of its own (one uid per QEMU, so one
+ *     escaped QEMU cannot signal or ptrace another), in the group that may
+ *     open the golden RAM file;
+ *   - as a user (no root): inside a user namespace of its own, which owns
+ *     the namespaces above and maps only the user's uid and gid, so that
+ *     they can be made at all and QEMU keeps no capability after execve;
  *   - with Landlock confining its writes to its state directory and the
  *     golden RAM file (which QEMU 7.2 opens read-write even for a private
  *     mapping), where the kernel has Landlock;
  *   - with RLIMIT_FSIZE bounding the serial log it writes.
  * Its QMP monitor and agent channel are sockets we pass as fds 3 and 4, so
- * there are no socket files to leave behind.  The fork happens on the
- * spawner thread (PR_SET_PDEATHSIG), and between fork and execve only raw
- * system calls run: everything is prepared beforehand. */
+ * there are no socket files to leave behind.  The clone happens on the
+ * spawner thread (PR_SET_PDEATHSIG), and between clone and execve only raw
+ * system calls run: everything is prepared beforehand.  A step that fails
+ * there is written to the VM's log, which the server's error quotes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
