@@ -93,20 +93,21 @@ static size_t str_len(const char *s) {
   return n;
 }
 
-/* "ignition-mcp: cannot confine QEMU: WHAT: errno N (NAME)" into the VM's
- * log, then exit with CODE: the server adds the log's tail to its error, so
- * the client learns which step failed instead of "no QMP greeting". */
 static void put(int fd, const char *s) {
   ssize_t r = write(fd, s, str_len(s));
   (void)r; /* nothing to do about a log that cannot be written */
 }
 
-static _Noreturn void child_fail(int log_fd, const char *what, int code) {
+/* "ignition-mcp: cannot WHAT [PATH]: errno N (NAME)" into the VM's log,
+ * then exit with CODE: the server quotes the log's tail in its error, so the
+ * client learns which step failed instead of "no QMP greeting". */
+static _Noreturn void child_fail(int log_fd, const char *what, const char *path, int code) {
   int e = errno;
   static const char *const names[] = {[EPERM] = "EPERM",   [ENOENT] = "ENOENT",
                                       [EACCES] = "EACCES", [EBUSY] = "EBUSY",
                                       [EINVAL] = "EINVAL", [ENOSPC] = "ENOSPC",
-                                      [ENOSYS] = "ENOSYS", [EROFS] = "EROFS"};
+                                      [ENOSYS] = "ENOSYS", [EROFS] = "EROFS",
+                                      [ENOEXEC] = "ENOEXEC"};
   char num[16];
   size_t n = sizeof num - 1;
   num[n] = '\0';
@@ -115,8 +116,12 @@ static _Noreturn void child_fail(int log_fd, const char *what, int code) {
     num[--n] = (char)('0' + v % 10);
   while ((v /= 10) && n > 0);
   const char *name = (size_t)e < ARRAY_SIZE(names) ? names[e] : NULL;
-  put(log_fd, "ignition-mcp: cannot confine QEMU: ");
+  put(log_fd, "ignition-mcp: cannot ");
   put(log_fd, what);
+  if (path) {
+    put(log_fd, " ");
+    put(log_fd, path);
+  }
   put(log_fd, ": errno ");
   put(log_fd, num + n);
   if (name) {
@@ -157,19 +162,20 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   if (j->userns &&
       (write_file("/proc/self/setgroups", "deny") < 0 || write_file("/proc/self/uid_map", j->uid_map) < 0 ||
        write_file("/proc/self/gid_map", j->gid_map) < 0))
-    child_fail(log_fd, "mapping the server's uid into QEMU's user namespace", VM_SPAWN_EXIT_USERNS);
+    child_fail(log_fd, "map the server's uid and gid into QEMU's user namespace", NULL,
+               VM_SPAWN_EXIT_USERNS);
   if (dup2(j->null_fd, 0) < 0 || dup2(j->log_fd, 1) < 0 || dup2(j->log_fd, 2) < 0 ||
       dup2(j->qmp_fd, 3) < 0 || dup2(j->agent_fd, 4) < 0)
-    child_fail(log_fd, "dup2", VM_SPAWN_EXIT_FDS);
+    child_fail(log_fd, "give QEMU its stdio and channels (dup2)", NULL, VM_SPAWN_EXIT_FDS);
   log_fd = 2;
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-    child_fail(log_fd, "making the mounts private", VM_SPAWN_EXIT_BIND);
+    child_fail(log_fd, "make QEMU's mounts private", NULL, VM_SPAWN_EXIT_BIND);
   for (int i = 0; i < j->n_binds; i++) {
     if (mount(j->bind_src[i], j->bind_dst[i], NULL, MS_BIND, NULL) < 0)
-      child_fail(log_fd, j->bind_dst[i], VM_SPAWN_EXIT_BIND);
+      child_fail(log_fd, "bind-mount an input of QEMU onto", j->bind_dst[i], VM_SPAWN_EXIT_BIND);
     if (j->bind_ro[i] && mount(NULL, j->bind_dst[i], NULL,
                                MS_BIND | MS_REMOUNT | MS_RDONLY | j->bind_flags[i], NULL) < 0)
-      child_fail(log_fd, j->bind_dst[i], VM_SPAWN_EXIT_BIND);
+      child_fail(log_fd, "bind-mount an input of QEMU onto", j->bind_dst[i], VM_SPAWN_EXIT_BIND);
   }
   /* A /proc of QEMU's own pid namespace: the host's would show every other
    * process, other QEMUs of the same uid among them.  Where the kernel
@@ -178,13 +184,13 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 &&
       mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
             "size=4k,mode=0555") < 0)
-    child_fail(log_fd, "mounting /proc for QEMU's pid namespace", VM_SPAWN_EXIT_PROC);
+    child_fail(log_fd, "mount a /proc for QEMU's pid namespace", NULL, VM_SPAWN_EXIT_PROC);
   /* The state directory with the binds in it, taken before its parents are
    * hidden. */
   int tree = -1;
   if (j->reveal_in >= 0 &&
       (tree = (int)syscall(SYS_open_tree, AT_FDCWD, j->reveal, OPEN_TREE_CLONE | AT_RECURSIVE | O_CLOEXEC)) < 0)
-    child_fail(log_fd, j->reveal, VM_SPAWN_EXIT_HIDE);
+    child_fail(log_fd, "show QEMU its state directory", j->reveal, VM_SPAWN_EXIT_HIDE);
   for (size_t i = 0; i < N_HIDDEN; i++) {
     if (!j->hide[i])
       continue;
@@ -192,7 +198,7 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
     bool reveal = j->reveal_in == (int)i;
     unsigned long fl = MS_NOSUID | MS_NODEV | MS_NOEXEC;
     if (mount("tmpfs", d, "tmpfs", fl | (reveal ? 0 : MS_RDONLY), "size=16k,mode=0755") < 0)
-      child_fail(log_fd, d, VM_SPAWN_EXIT_HIDE);
+      child_fail(log_fd, "hide from QEMU", d, VM_SPAWN_EXIT_HIDE);
     if (!reveal)
       continue;
     /* Its path inside the empty tmpfs, the state directory mounted there,
@@ -203,30 +209,30 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
         int r = mkdir(j->reveal, 0755);
         *s = '/';
         if (r < 0 && errno != EEXIST)
-          child_fail(log_fd, j->reveal, VM_SPAWN_EXIT_HIDE);
+          child_fail(log_fd, "show QEMU its state directory", j->reveal, VM_SPAWN_EXIT_HIDE);
       }
     if ((mkdir(j->reveal, 0755) < 0 && errno != EEXIST) ||
         syscall(SYS_move_mount, tree, "", AT_FDCWD, j->reveal, MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
         mount(NULL, d, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | fl, NULL) < 0)
-      child_fail(log_fd, j->reveal, VM_SPAWN_EXIT_HIDE);
+      child_fail(log_fd, "show QEMU its state directory", j->reveal, VM_SPAWN_EXIT_HIDE);
   }
   if (j->drop_uid) {
     if (setgroups((size_t)j->n_groups, j->groups) < 0 || setresgid(j->gid, j->gid, j->gid) < 0 ||
         setresuid(j->uid, j->uid, j->uid) < 0)
-      child_fail(log_fd, "changing to QEMU's uid", VM_SPAWN_EXIT_UID);
+      child_fail(log_fd, "change to QEMU's uid", NULL, VM_SPAWN_EXIT_UID);
     /* A uid change clears the death signal: armed again, and the server
      * that died in between is seen through its pidfd. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || server_gone(j->server_pidfd))
       _exit(VM_SPAWN_EXIT_PARENT);
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-    child_fail(log_fd, "no_new_privs", VM_SPAWN_EXIT_NNP);
+    child_fail(log_fd, "set no_new_privs", NULL, VM_SPAWN_EXIT_NNP);
   if (j->ll_ruleset >= 0 && syscall(SYS_landlock_restrict_self, j->ll_ruleset, 0) < 0)
-    child_fail(log_fd, "Landlock", VM_SPAWN_EXIT_LANDLOCK);
+    child_fail(log_fd, "confine QEMU with Landlock", NULL, VM_SPAWN_EXIT_LANDLOCK);
   /* Nothing the server holds (client files, other sandboxes' fds) may
    * reach QEMU; fds below 5 are its stdio, QMP and agent channel. */
   if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
-    child_fail(log_fd, "close_range", VM_SPAWN_EXIT_FDS);
+    child_fail(log_fd, "close the server's other fds (close_range)", NULL, VM_SPAWN_EXIT_FDS);
   struct rlimit rl = {SERIAL_LOG_MAX, SERIAL_LOG_MAX};
   if (j->limit_fsize)
     setrlimit(RLIMIT_FSIZE, &rl);
@@ -234,7 +240,7 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   struct sigaction sa = {.sa_handler = SIG_IGN};
   sigaction(SIGXFSZ, &sa, NULL);
   execve(j->qemu, j->argv, j->envp);
-  child_fail(log_fd, j->qemu, VM_SPAWN_EXIT_EXEC);
+  child_fail(log_fd, "execute QEMU", j->qemu, VM_SPAWN_EXIT_EXEC);
 }
 
 /* QEMU starts in new pid, mount and (unless IGN_MCP_NET) network

@@ -268,6 +268,25 @@ describe('the store is full', () => {
   });
 });
 
+describe('QEMU cannot be started', () => {
+  test('a QEMU binary that cannot be executed: open_session says which step failed and why, not just "no QMP greeting"', { ...T, skip: VM_ONLY('QEMU') }, async (t) => {
+    // An executable file whose interpreter does not exist: it passes the
+    // server's check (it is executable) and fails at execve in the child,
+    // after every confinement step, as a step of the spawn would.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-bad-qemu-'));
+    fs.chmodSync(dir, 0o755);
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const qemu = path.join(dir, 'qemu-system-x86_64');
+    fs.writeFileSync(qemu, '#!/nonexistent/interpreter\n', { mode: 0o755 });
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_QEMU: qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const e = await callErr(s.client, 'open_session', {});
+    assert.ok(e.includes(`ignition-mcp: cannot execute QEMU ${qemu}: errno 2 (ENOENT)`), e);
+  });
+});
+
 describe('the guest cannot boot', () => {
   test('a warm base that fails for the guest\'s reason is not made again on every open_session; changed images are tried at once', { ...T, skip: VM_ONLY('warm bases') }, async (t) => {
     const store = tempStore();
