@@ -397,14 +397,16 @@ static void check_session(struct report *r, bool wanted) {
         strdup("fix the vm checks marked missing or fail above"));
     return;
   }
-  _cleanup_free_ char *how = NULL, *err = NULL;
+  _cleanup_free_ char *how = NULL, *base_err = NULL, *err = NULL;
   r->vm_tried = true;
-  if (vm_trial_session(&how, &err) == 0) {
-    add(r, FOR_VM, "session", ST_OK,
-        xasprintf("a QEMU started as a session's (%s) and its agent answered: %s",
+  if (vm_trial_session(&how, &base_err, &err) == 0) {
+    /* A damaged base does not stop sessions (they make it again first),
+     * but each server would spend a base build on it. */
+    add(r, FOR_VM, "session", base_err ? ST_WARN : ST_OK,
+        xasprintf("a QEMU started as a session's (%s) and its agent answered: %s%s%s",
                   vm_spawn_userns() ? "confined in a user namespace of its own" : "as a uid of its own",
-                  how),
-        NULL);
+                  how, base_err ? "; but " : "", base_err ? base_err : ""),
+        base_err ? xasprintf("%s/ignition-mcp make-base --force", config_exe_dir()) : NULL);
     return;
   }
   bool userns = vm_spawn_userns() && (strstr(err, "user namespace") || strstr(err, "uid_map"));

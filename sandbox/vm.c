@@ -1691,7 +1691,7 @@ int vm_make_base(bool force, char **ret_err) {
  * the way a session's is (same confinement, same accelerator), restored
  * from the warm base when there is one and cold-booted when not, whose
  * agent answers HELLO and runs a command.  Nothing is left behind. */
-int vm_trial_session(char **ret_how, char **ret_err) {
+int vm_trial_session(char **ret_how, char **ret_base_err, char **ret_err) {
   int r = prepare_store(false, ret_err);
   if (r < 0)
     return r;
@@ -1701,6 +1701,7 @@ int vm_trial_session(char **ret_how, char **ret_err) {
   _cleanup_free_ char *ram = complete ? xasprintf("%s/ram", base) : NULL;
   struct vm *v = NULL;
   const char *how = complete ? "restored from the warm base" : "cold-booted (no warm base yet)";
+  _cleanup_free_ char *restore_err = NULL;
   if (complete) {
     r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, ret_err);
     if (r == 0)
@@ -1713,12 +1714,17 @@ int vm_trial_session(char **ret_how, char **ret_err) {
       v = NULL;
     }
     if (r < 0) {
-      char *m = xasprintf("restoring a clone of the warm base %s failed: %s", base, *ret_err);
-      free(*ret_err);
-      *ret_err = m;
-      return r;
+      /* A session would check the base and make it again: what must work
+       * then is a boot, tried next. */
+      restore_err = xasprintf("the warm base %s did not restore (%s), so sessions would make it "
+                              "again first",
+                              base, *ret_err);
+      free(steal_ptr(*ret_err));
+      complete = false;
+      how = "cold-booted";
     }
-  } else {
+  }
+  if (!complete) {
     r = vm_start(VM_COLD, vmb.accel, NULL, NULL, &v, NULL, ret_err);
     if (r < 0)
       return r;
@@ -1748,8 +1754,10 @@ int vm_trial_session(char **ret_how, char **ret_err) {
   }
   agent_conn_free(conn);
   sandbox_vm_ops.destroy(&v->base);
-  if (r == 0)
+  if (r == 0) {
     *ret_how = xasprintf("%s, under %s, in %" PRIu64 " ms", how, vmb.accel, mono_ms() - t0);
+    *ret_base_err = steal_ptr(restore_err);
+  }
   return r;
 }
 

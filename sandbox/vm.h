@@ -111,8 +111,10 @@ const char *vm_isolation(void);
 /* What `ignition-mcp doctor` asks; nothing here changes anything. */
 /* Starts one QEMU as a session's is started (restored from the warm base
  * when it is there, else cold-booted) and has its agent run a command; *RET_HOW
- * says how and how long, *RET_ERR what failed. */
-int vm_trial_session(char **ret_how, char **ret_err);
+ * says how and how long, *RET_ERR what failed.  A warm base that is there but
+ * does not restore (damaged: sessions would make it again) is tried past with
+ * a boot, and *RET_BASE_ERR says what was wrong with it (NULL otherwise). */
+int vm_trial_session(char **ret_how, char **ret_base_err, char **ret_err);
 /* The accelerator the backend would pick now: "kvm", or "tcg" with *ret_why
  * saying why not KVM (no /dev/kvm, no permission, QEMU's uid cannot reach it,
  * a guest failed under it before), or NULL when IGN_MCP_ACCEL=kvm cannot be

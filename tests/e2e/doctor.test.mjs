@@ -238,6 +238,23 @@ describe('doctor tells the truth about the vm backend', () => {
     assert.match(text, /kernel/);
   });
 
+  test('a damaged warm base: the trial boots past it, so the backend is still ready, and the session check warns with the fix', VT, (t) => {
+    const store = tempStore('e2e-doctor-damaged');
+    t.after(() => store.remove());
+    const env = { IGN_MCP_BACKEND: 'vm', IGN_MCP_STORE: store.dir };
+    const mk = spawnSync(SERVER, ['make-base'], { env: serverEnv({ env }), encoding: 'utf8', timeout: 200_000 });
+    assert.equal(mk.status, 0, mk.stderr);
+    const base = fs.readdirSync(store.dir).find((n) => /^small-base-[0-9a-f]{16}$/.test(n));
+    assert.ok(base, `make-base made no base in ${store.dir}`);
+    fs.truncateSync(path.join(store.dir, base, 'state'), 100);
+    const r = doctor(env);
+    assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
+    const line = checkLine(r.stdout, 'session');
+    assert.equal(line.status, 'warn', r.stdout);
+    assert.match(line.rest, /its agent answered: cold-booted, .*; but the warm base .* did not restore .*; fix: \S+ make-base --force$/);
+    assert.match(r.stdout, /^vm: ready: /m);
+  });
+
   test('the KVM decision and its reason: in doctor --json, and the same in the server\'s startup log', VT, async (t) => {
     const j = JSON.parse(doctor({ IGN_MCP_BACKEND: 'vm' }, ['--json']).stdout);
     assert.ok(['kvm', 'tcg'].includes(j.accel.decision), JSON.stringify(j.accel));
