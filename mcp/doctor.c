@@ -6,8 +6,11 @@
  * warm base's fingerprint come from the vm backend (sandbox/vm.c), the
  * cgroup check makes a real group through sandbox/cgroup.c, and the
  * namespace check really clones a process into the namespaces the ns backend
- * uses.  No base is built and nothing is installed; only the cgroup check
- * changes the host.  It makes a test group, ign-mcp-<pid>-doctor, with the
+ * uses, and the session check starts one real QEMU as a session does (its
+ * state directory, in the server's runtime directory, which it makes when it
+ * is missing, is removed again).  No base is built, no store is made and
+ * nothing is installed; besides that, only the cgroup check changes the
+ * host.  It makes a test group, ign-mcp-<pid>-doctor, with the
  * session limits and removes it again; but cgroup.c first prepares the
  * parent the way the server does, and that stays.  On cgroup v2 it may move
  * this process into a new leaf group <own group>/ign-mcp-<pid>-server and
@@ -72,6 +75,8 @@ struct report {
   size_t n;
   bool vm_ready, ns_ready;
   const char *accel;        /* what microVMs would run under, or NULL */
+  char *accel_why;          /* why not KVM, when not */
+  bool vm_tried;            /* a trial session ran (see check_session) */
 };
 
 /* Takes FOUND and FIX (either may be NULL). */
@@ -87,6 +92,7 @@ static void add(struct report *r, unsigned for_backends, const char *name, enum 
 }
 
 static void report_free(struct report *r) {
+  free(r->accel_why);
   for (size_t i = 0; i < r->n; i++) {
     free(r->c[i].found);
     free(r->c[i].fix);
@@ -227,15 +233,24 @@ static void check_qemu(struct report *r) {
 static void check_kvm(struct report *r) {
   _cleanup_free_ char *why = NULL, *fix = NULL;
   r->accel = vm_probe_accel(&why, &fix);
+  r->accel_why = why ? strdup(why) : NULL;
+  _cleanup_free_ char *probe = vm_kvm_probe_text();
+  struct vm_kvm_probe p;
+  bool slow = vm_kvm_probe_last(&p, NULL) && !p.finished;
   if (!r->accel)
     add(r, FOR_VM, "kvm", ST_FAIL, xasprintf("IGN_MCP_ACCEL=kvm but KVM cannot be used: %s", why),
         fix ? steal_ptr(fix) : strdup("unset IGN_MCP_ACCEL (to fall back to TCG)"));
   else if (strcmp(r->accel, "kvm") == 0)
-    add(r, FOR_VM, "kvm", ST_OK, strdup("/dev/kvm opens and creates VMs: microVMs run under KVM"),
+    add(r, FOR_VM, "kvm", ST_OK,
+        xasprintf("microVMs run under KVM: /dev/kvm opens and creates VMs%s%s", probe ? "; " : "",
+                  probe ? probe : ""),
         NULL);
   else if (strcmp(cfg.accel, "tcg") == 0)
     add(r, FOR_VM, "kvm", ST_OK, strdup("not used (IGN_MCP_ACCEL=tcg): microVMs run under TCG"),
         NULL);
+  else if (slow)
+    /* Nothing to fix: TCG is the faster choice on this host. */
+    add(r, FOR_VM, "kvm", ST_OK, xasprintf("not used: %s; microVMs run under TCG", why), NULL);
   else
     add(r, FOR_VM, "kvm", ST_WARN,
         xasprintf("not usable: %s; microVMs run under TCG (slower, still a VM)", why),
@@ -359,6 +374,46 @@ static void check_landlock(struct report *r) {
                   "sandbox, namespaces and own uid still apply)",
                   strerror(errno)),
         strdup("boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in its lsm= list"));
+}
+
+/* Ready means a session really starts: one QEMU, confined as a session's,
+ * whose agent answers (vm_trial_session).  Only when every other vm check
+ * passed and the vm backend is wanted; it takes a few seconds (a restore,
+ * or a cold boot when there is no warm base yet). */
+static void check_session(struct report *r, bool wanted) {
+  bool blocked = false;
+  for (size_t i = 0; i < r->n; i++)
+    if ((r->c[i].for_backends & FOR_VM) && (r->c[i].status == ST_MISSING || r->c[i].status == ST_FAIL))
+      blocked = true;
+  if (!wanted) {
+    add(r, FOR_VM, "session", ST_WARN,
+        xasprintf("not tried (IGN_MCP_BACKEND=%s): whether a microVM session starts is not known",
+                  config_backend_name()),
+        strdup("IGN_MCP_BACKEND=vm ignition-mcp doctor (to try one)"));
+    return;
+  }
+  if (blocked) {
+    add(r, FOR_VM, "session", ST_WARN, strdup("not tried: the checks above are not all met"),
+        strdup("fix the vm checks marked missing or fail above"));
+    return;
+  }
+  _cleanup_free_ char *how = NULL, *base_err = NULL, *err = NULL;
+  r->vm_tried = true;
+  if (vm_trial_session(&how, &base_err, &err) == 0) {
+    /* A damaged base does not stop sessions (they make it again first),
+     * but each server would spend a base build on it. */
+    add(r, FOR_VM, "session", base_err ? ST_WARN : ST_OK,
+        xasprintf("a QEMU started as a session's (%s) and its agent answered: %s%s%s",
+                  vm_spawn_userns() ? "confined in a user namespace of its own" : "as a uid of its own",
+                  how, base_err ? "; but " : "", base_err ? base_err : ""),
+        base_err ? xasprintf("%s/ignition-mcp make-base --force", config_exe_dir()) : NULL);
+    return;
+  }
+  bool userns = vm_spawn_userns() && (strstr(err, "user namespace") || strstr(err, "uid_map"));
+  add(r, FOR_VM, "session", ST_FAIL, xasprintf("a trial session did not start: %s", err),
+      userns ? strdup("allow unprivileged user namespaces (sysctl -w kernel.unprivileged_userns_clone=1 "
+                      "user.max_user_namespaces=15000), or run the server as root")
+             : strdup("fix what the error above names, then run ignition-mcp doctor again"));
 }
 
 /* ---- the ns backend ---- */
@@ -499,7 +554,9 @@ static bool backend_wanted(unsigned backends) {
          (cfg.backend == BACKEND_NS && (backends & FOR_NS));
 }
 
-static void run_checks(struct report *r) {
+/* TRY: start a trial session of the vm backend (doctor itself, not the
+ * explanation added to a failed open_session, which must answer soon). */
+static void run_checks(struct report *r, bool try) {
   memset(r, 0, sizeof *r);
   check_qemu(r);
   check_kvm(r);
@@ -514,6 +571,8 @@ static void run_checks(struct report *r) {
   check_namespaces(r);
   check_cgroups(r);
   check_seccomp(r);
+  if (try)
+    check_session(r, backend_wanted(FOR_VM));
   r->vm_ready = r->ns_ready = true;
   for (size_t i = 0; i < r->n; i++) {
     if (blocks(&r->c[i], FOR_VM))
@@ -521,6 +580,9 @@ static void run_checks(struct report *r) {
     if (blocks(&r->c[i], FOR_NS))
       r->ns_ready = false;
   }
+  /* Ready only once a session has really started. */
+  if (try && !r->vm_tried)
+    r->vm_ready = false;
 }
 
 /* The backend sessions would open on, or NULL. */
@@ -563,8 +625,11 @@ static void print_text(const struct report *r) {
   _cleanup_free_ char *vm_missing = not_ready_list(r, FOR_VM);
   _cleanup_free_ char *ns_missing = not_ready_list(r, FOR_NS);
   if (r->vm_ready)
-    printf("vm: ready: sessions are QEMU microVMs under %s (isolation microvm/%s)\n",
+    printf("vm: ready: sessions are QEMU microVMs under %s (isolation microvm/%s); a trial "
+           "session started\n",
            strcmp(r->accel, "kvm") == 0 ? "KVM" : "TCG", r->accel);
+  else if (!backend_wanted(FOR_VM))
+    printf("vm: not tried (IGN_MCP_BACKEND=%s)\n", config_backend_name());
   else
     printf("vm: cannot open sessions: fix %s above\n", vm_missing);
   if (r->ns_ready)
@@ -592,9 +657,28 @@ static void print_json(const struct report *r) {
     json_array_append_new(checks, o);
   }
   const char *chosen = chosen_backend(r);
-  json_t *out = json_pack("{s:s, s:s, s:s, s:o, s:{s:b, s:b}, s:o, s:b}", "version", IGN_VERSION,
-                          "backend_setting", config_backend_name(), "rootfs", cfg.rootfs_spec,
-                          "checks", checks, "ready", "vm", r->vm_ready, "ns", r->ns_ready,
+  /* What microVMs run under, why, and what the KVM probe measured. */
+  struct vm_kvm_probe p;
+  _cleanup_free_ char *probe_err = NULL, *probe_text = vm_kvm_probe_text();
+  json_t *probe = json_null();
+  if (vm_kvm_probe_last(&p, &probe_err))
+    probe = json_pack("{s:i, s:i, s:b, s:b, s:f, s:f}", "loops", (json_int_t)p.loops, "budget_ms",
+                      (json_int_t)p.budget_ms, "finished", p.finished, "stuck", p.stuck, "run_ms",
+                      p.run_ns / 1e6, "setup_ms", p.setup_ns / 1e6);
+  else if (probe_err)
+    probe = json_pack("{s:s}", "error", probe_err);
+  json_t *accel = json_pack("{s:o, s:o, s:o, s:o}", "decision",
+                            r->accel ? json_string(r->accel) : json_null(), "reason",
+                            json_string(r->accel && strcmp(r->accel, "kvm") == 0
+                                            ? (probe_text ? probe_text : "/dev/kvm works")
+                                        : r->accel_why ? r->accel_why
+                                                       : "KVM cannot be used"),
+                            "why_not_kvm", r->accel_why ? json_string(r->accel_why) : json_null(),
+                            "kvm_probe", probe);
+  json_t *out = json_pack("{s:s, s:s, s:s, s:o, s:o, s:{s:b, s:b}, s:o, s:b}", "version",
+                          IGN_VERSION, "backend_setting", config_backend_name(), "rootfs",
+                          cfg.rootfs_spec, "checks", checks, "accel", accel, "ready", "vm",
+                          r->vm_ready, "ns", r->ns_ready,
                           "backend", chosen ? json_string(chosen) : json_null(),
                           "sessions_can_open", chosen != NULL);
   char *s = json_dumps(out, JSON_INDENT(2));
@@ -606,7 +690,7 @@ static void print_json(const struct report *r) {
 
 int doctor_main(bool as_json) {
   struct report r;
-  run_checks(&r);
+  run_checks(&r, true);
   if (as_json)
     print_json(&r);
   else
@@ -620,7 +704,7 @@ int doctor_main(bool as_json) {
 char *doctor_explain(void) {
   log_debug("running the doctor's checks to explain why no sandbox backend can run");
   struct report r;
-  run_checks(&r);
+  run_checks(&r, false);
   char *text = xasprintf("What `ignition-mcp doctor` finds for IGN_MCP_BACKEND=%s:",
                          config_backend_name());
   size_t shown = 0;
