@@ -451,6 +451,7 @@ int sessions_init(char **ret_err) {
   sb_cfg = (struct sandbox_config){
       .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb,
       .pids = cfg.pids, .overlay_mb = cfg.overlay_mb, .net = cfg.net,
+      .ns_uid_base = cfg.ns_uid_base,
   };
   int r = 0;
   if (cfg.backend != BACKEND_NS) {
