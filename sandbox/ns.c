@@ -18,7 +18,7 @@
  *     the kernel (inotify instances, fanotify groups, mqueue bytes, pipe
  *     pages, keys, processes, pending signals) is charged to that uid: not to
  *     host root, not to another session.  A slot is held with an flock on
- *     /run/ignition-mcp/ns-uids/<slot>, so no two live sandboxes of any
+ *     /run/ignition-mcp-uids/<slot>, so no two live sandboxes of any
  *     server on this host share a uid; the lock is released only after the
  *     sandbox's PID 1 is reaped, which is after every process of its pid
  *     namespace is gone (a killed server's locks go with it, and its
@@ -74,8 +74,9 @@
 #include "mcp/log.h"
 #include "sandbox/sandbox.h"
 
-#define NS_UID_LOCK_PARENT "/run/ignition-mcp"
-#define NS_UID_LOCK_DIR NS_UID_LOCK_PARENT "/ns-uids"
+/* Host-wide (not the server's run directory, which tests/fence.sh gives
+ * each fenced server a private copy of). */
+#define NS_UID_LOCK_DIR "/run/ignition-mcp-uids"
 #define NS_ROOTFS_FD 4            /* the idmapped rootfs in the agent */
 
 struct ns_sandbox {
@@ -95,6 +96,7 @@ struct clone_args_ns {
   int err_fd;               /* write end of the stderr pipe */
   int sync_fd;              /* child's end: released (and the rootfs) once mapped */
   int null_fd;
+  uid_t owner;              /* the user namespace's owner (root), or -1 */
   bool clear_groups;        /* setgroups(0): root wrote the gid map */
   unsigned long nproc;      /* RLIMIT_NPROC for the sandbox, 0 for none */
   pid_t ret_pid;
@@ -108,9 +110,27 @@ struct clone_args_ns {
  * system calls only. */
 static int clone_agent(void *p) {
   struct clone_args_ns *a = p;
+  /* The kernel charges the per-user counts of a user namespace (RLIMIT_*
+   * ucounts, inotify instances) to its owner as well, and the owner is the
+   * euid that creates it: as root, create it as the block's first uid.  On
+   * this thread only: raw syscalls change one thread's credentials (glibc's
+   * wrappers would change every thread's), and ruid and suid stay 0 so the
+   * capabilities come back with euid 0. */
+  bool as_owner = a->owner != (uid_t)-1;
+  if (as_owner && (syscall(SYS_setresgid, -1, a->owner, -1) < 0 ||
+                   syscall(SYS_setresuid, -1, a->owner, -1) < 0)) {
+    int e = errno;
+    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+      abort(); /* the spawner would go on as another user */
+    return -e;
+  }
   pid_t pid = (pid_t)syscall(SYS_clone, NS_CLONE_FLAGS | SIGCHLD, NULL, NULL, NULL, NULL);
+  int clone_errno = errno;
+  if (pid != 0 && as_owner &&
+      (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0))
+    abort();
   if (pid < 0)
-    return -errno;
+    return -clone_errno;
   if (pid == 0) {
     char c = 0;
     int tree_fd = -1;
@@ -172,8 +192,7 @@ bool ns_as_root(void) { return geteuid() == 0; }
  * sandbox is reaped. */
 static int ns_uid_take(unsigned base, unsigned *ret_uid, int *ret_fd, char **ret_err) {
   static _Atomic unsigned next;
-  if ((mkdir(NS_UID_LOCK_PARENT, 0755) < 0 && errno != EEXIST) ||
-      (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST)) {
+  if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
     int r = -errno;
     *ret_err = xasprintf("cannot create %s for the sandboxes' uid blocks: %s", NS_UID_LOCK_DIR,
                          strerror(errno));
@@ -398,7 +417,8 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
       .agent = cfg->agent, .argv = argv, .envp = envp, .chan_fd = sv[1], .err_fd = errp[1],
-      .sync_fd = syncp[1], .null_fd = null_fd, .clear_groups = root, .nproc = nproc,
+      .sync_fd = syncp[1], .null_fd = null_fd, .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root,
+      .nproc = nproc,
   };
   r = spawner_call(clone_agent, &a);
   close(sv[1]);

@@ -70,6 +70,11 @@ export const TOOLS_SKIP = HAVE_TOOLS_ROOTFS
  * reason shows in the test output. */
 export const NS_ONLY = (why) => (IS_NS ? false : `ns only: ${why}`);
 export const VM_ONLY = (why) => (IS_VM ? false : `vm only: ${why}`);
+/* The suite runs as root (CI) and as an unprivileged user (IGN_TEST_USER,
+ * e.g. through runuser): what only a root server can give is skipped as a
+ * user, with the reason. */
+export const AS_ROOT = process.getuid() === 0;
+export const ROOT_ONLY = (why) => (AS_ROOT ? false : `root only (the suite runs as uid ${process.getuid()}): ${why}`);
 
 /* The store of warm bases the vm servers use unless a test gives its own
  * (tests/run.sh makes a fresh one per run); empty: the server's default. */
