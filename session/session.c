@@ -479,8 +479,16 @@ int sessions_init(char **ret_err) {
                               cfg.rootfs_spec);
     r = -ENOENT;
   } else {
-    backend = &sandbox_ns_ops;
-    cgroup_cleanup_stale();
+    /* A user namespace first: as a user, whether the host allows one is
+     * the first thing that decides whether the backend can run. */
+    _cleanup_free_ char *err = NULL;
+    r = ns_probe(&err);
+    if (r < 0) {
+      backend_error = xasprintf("the namespace backend cannot run: %s", err);
+    } else {
+      backend = &sandbox_ns_ops;
+      cgroup_cleanup_stale();
+    }
   }
 started:
   if (r < 0 && ret_err)

@@ -19,7 +19,7 @@ import path from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
-  REPO, SERVER, BACKEND, IS_VM, TOOL_NAMES, serverEnv, startServer, callErr, call, textOf,
+  REPO, SERVER, BACKEND, IS_VM, TOOL_NAMES, AS_ROOT, ROOTFS_SMALL, serverEnv, startServer, callErr, call, textOf,
   tempStore, descendants, waitGone, waitUntil, procStart, assertNoVmLeftovers, assertNoSanitizerReport,
 } from './lib.mjs';
 
@@ -27,7 +27,7 @@ const T = { timeout: 60_000 };
 
 /* Every check doctor makes, by the name it prints. */
 const CHECKS = ['qemu', 'kvm', 'kernel', 'initramfs', 'image', 'store', 'warm base', 'landlock',
-  'agent', 'rootfs', 'namespaces', 'cgroups', 'seccomp'];
+  'agent', 'rootfs', 'namespaces', 'cgroups', 'sandbox', 'seccomp'];
 
 function doctor(env = {}, args = []) {
   const r = spawnSync(SERVER, ['doctor', ...args], {
@@ -65,7 +65,7 @@ describe('doctor on this host', () => {
     }
     assert.match(r.stdout, new RegExp(`sessions can open: IGN_MCP_BACKEND=${BACKEND} uses the ${BACKEND} backend`));
     // The pass's backend is the one whose parts are all there.
-    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'seccomp']) {
+    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'sandbox', 'seccomp']) {
       assert.equal(checkLine(r.stdout, name).status, 'ok', `${name} should be ok here:\n${r.stdout}`);
     }
   });
@@ -182,6 +182,45 @@ describe('doctor names what is missing and its fix', () => {
       assert.match(l2.rest, new RegExp(`^${top} \\(IGN_MCP_STORE\\) does not exist and / is not writable`));
     }
     assert.ok(!fs.existsSync(top), `doctor made ${top}: it should only check`);
+  });
+
+  test('ns is ready only when a sandbox really starts: one whose agent cannot set up fails the sandbox check', T, (t) => {
+    // Every part is there (an agent, a rootfs directory with /bin/sh, the
+    // namespaces), but the agent refuses a rootfs path with a ',' in it
+    // (overlayfs would split its options there): only starting a sandbox
+    // shows that.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-doctor-rootfs,'));
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    fs.chmodSync(dir, 0o755);
+    fs.cpSync(ROOTFS_SMALL, dir, { recursive: true, verbatimSymlinks: true });
+    const r = doctor({ IGN_MCP_BACKEND: 'ns', IGN_MCP_ROOTFS: dir });
+    assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+    for (const name of ['agent', 'rootfs', 'namespaces']) assert.equal(checkLine(r.stdout, name).status, 'ok', r.stdout);
+    const line = checkLine(r.stdout, 'sandbox');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /does not work: .*must be an absolute path without ','/);
+    assert.match(r.stdout, /^ns: cannot open sessions: fix sandbox above$/m);
+  });
+
+  test(`the sandbox check starts one and says which uid and limits it got (as ${AS_ROOT ? 'root' : 'a user'})`, { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    const r = doctor({ IGN_MCP_BACKEND: 'ns' });
+    const line = checkLine(r.stdout, 'sandbox');
+    assert.equal(line.status, 'ok', r.stdout);
+    if (AS_ROOT) {
+      assert.match(line.rest, /as host uid (\d+), rootfs idmapped\) and ran a command in it; limits: /);
+      assert.ok(Number(line.rest.match(/host uid (\d+)/)[1]) >= 0x70000000, line.rest);
+      assert.match(checkLine(r.stdout, 'namespaces').rest, /each session gets host uids of its own/);
+    } else {
+      assert.match(line.rest, new RegExp(`as host uid ${process.getuid()}\\) and ran a command in it; limits: `));
+      assert.match(checkLine(r.stdout, 'namespaces').rest, new RegExp(`uid 0 in a session is your uid ${process.getuid()}`));
+    }
+    // What is not enforced is said, in the sandbox line and the cgroups line.
+    if (checkLine(r.stdout, 'cgroups').status !== 'ok') {
+      assert.match(line.rest, /memory not enforced/);
+      assert.match(checkLine(r.stdout, 'cgroups').rest, /without a memory limit \(not enforced\)/);
+    } else {
+      assert.match(line.rest, /limits: memory \d+ MiB, pids \d+/);
+    }
   });
 
   test('with auto, one backend missing a piece leaves the other: exit 0', T, () => {
