@@ -379,8 +379,10 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   snprintf(cg_name, sizeof cg_name, "ign-mcp-%d-%u", getpid(), ++seq);
   _cleanup_free_ char *cg_err = NULL;
   /* The overlay's tmpfs pages are charged to the sandbox's memory cgroup:
-   * with a memory limit it is at most half of it (sandbox_overlay_mb). */
-  unsigned overlay_mb = cfg->overlay_mb;
+   * it is at most half the memory limit (sandbox_overlay_mb), and without a
+   * cgroup too: the same size either way, and less of the host's memory
+   * that nothing accounts for. */
+  unsigned overlay_mb = sandbox_overlay_mb(cfg->memory_mb, cfg->overlay_mb);
   unsigned long nproc = 0;
   if (cgroup_create(cg_name, cfg->memory_mb, cfg->pids, &sb->cg, &cg_err) < 0) {
     /* RLIMIT_NPROC counts the processes of our uid in the sandbox's user
@@ -393,7 +395,6 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
              "pids %u (RLIMIT_NPROC), overlay %u MiB; memory not enforced (no cgroup)",
              cfg->pids, overlay_mb);
   } else {
-    overlay_mb = sandbox_overlay_mb(cfg->memory_mb, cfg->overlay_mb);
     snprintf(sb->base.limits, sizeof sb->base.limits, "memory %u MiB, pids %u, overlay %u MiB%s",
              cfg->memory_mb, cfg->pids, overlay_mb,
              overlay_mb < cfg->overlay_mb ? " (at most half the memory limit)" : "");

@@ -192,7 +192,9 @@ describe('doctor names what is missing and its fix', () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-doctor-rootfs,'));
     t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
     fs.chmodSync(dir, 0o755);
-    fs.cpSync(ROOTFS_SMALL, dir, { recursive: true, verbatimSymlinks: true });
+    fs.mkdirSync(path.join(dir, 'bin'));
+    fs.copyFileSync(path.join(ROOTFS_SMALL, 'bin/busybox'), path.join(dir, 'bin/busybox'));
+    fs.symlinkSync('busybox', path.join(dir, 'bin/sh'));
     const r = doctor({ IGN_MCP_BACKEND: 'ns', IGN_MCP_ROOTFS: dir });
     assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
     for (const name of ['agent', 'rootfs', 'namespaces']) assert.equal(checkLine(r.stdout, name).status, 'ok', r.stdout);
@@ -351,6 +353,11 @@ describe('make install', () => {
     // With no variable set the server wants the tools rootfs.
     if (!fs.lstatSync(path.join(REPO, 'build/rootfs/tools/bin/sh'), { throwIfNoEntry: false })) {
       return t.skip('the tools rootfs is not built (make rootfs-tools): an installed server without it has no default rootfs');
+    }
+    try {
+      fs.readdirSync(path.join(REPO, 'build/rootfs/tools/root'));
+    } catch (e) {
+      return t.skip(`make install copies the rootfs trees with cp -a, and this user cannot read them (${e.code}: built by root)`);
     }
     const haveVm = fs.existsSync(path.join(REPO, 'build/vm/vmlinux'));
     root = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-install-'));

@@ -459,6 +459,22 @@ function ownCgroup(controller) {
 
 export const CGROUP_V2 = fs.existsSync(`${CG}/cgroup.controllers`);
 
+/* Can a server started by this process give its ns sessions cgroups (root,
+ * or a user with a delegated group)?  Without, their limits say "no cgroup":
+ * pids by RLIMIT_NPROC, memory not enforced. */
+function writableDir(d) {
+  try {
+    fs.accessSync(d, fs.constants.W_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+export const SESSION_CGROUPS = process.getuid() === 0 ||
+  (CGROUP_V2 ? writableDir(ownCgroup('') ?? '/nonexistent')
+    : ['pids', 'memory'].every((c) => writableDir(ownCgroup(c) ?? '/nonexistent')));
+export const NEEDS_CGROUPS = (why) => (SESSION_CGROUPS ? false : `needs cgroups for the sessions, which this user cannot make here (cgroup v1, or v2 without delegation): ${why}`);
+
 /* Where fence NAME's groups will be (what tests/fence.sh makes): v1 one per
  * controller, v2 one (its processes in NAME/server). */
 function fenceDirs(name) {
