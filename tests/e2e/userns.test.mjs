@@ -115,6 +115,11 @@ describe('the ns sandbox is a user namespace of its own', { skip: SKIP }, () => 
       assert.equal(await sh(c, sid, 'stat -c "%u:%g" /etc/passwd /bin/busybox /root'), '0:0\n0:0\n0:0\n');
       assert.equal(await sh(c, sid, 'echo "extra:x:5000:5000::/:/bin/sh" >> /etc/passwd && tail -n 1 /etc/passwd'), 'extra:x:5000:5000::/:/bin/sh\n');
       assert.equal(await sh(c, sid, 'mkdir -p /usr/local/new && echo hi > /usr/local/new/f && cat /usr/local/new/f && rm /bin/true && test ! -e /bin/true && echo gone'), 'hi\ngone\n');
+      // Overlay keeps its metadata in user.* xattrs here (userxattr): a
+      // directory of the rootfs removed and made again is empty (opaque), and
+      // one renamed keeps its files (redirect).
+      assert.equal(await sh(c, sid, 'rm -rf /var && mkdir /var && ls -A /var | wc -l'), '0\n');
+      assert.equal(await sh(c, sid, 'mv /etc /etc2 && test ! -e /etc && cat /etc2/passwd | head -n 1 | cut -d: -f1'), 'root\n');
       // A device node made inside cannot be opened (nodev, no CAP_MKNOD).
       const d = await run(c, sid, 'mknod /tmp/mem c 1 1 2>&1; echo rc=$?');
       assert.match(d.stdout, /rc=[1-9]/, `mknod worked in the sandbox: ${d.stdout}`);
