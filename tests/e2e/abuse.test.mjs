@@ -202,7 +202,8 @@ describe('abusive guests', () => {
       assert.match(await sh(c, sid, 'cat /proc/self/limits'), /^Max processes\s+1024\s+1024\s+processes/m);
       // The server's descendants: every session's processes, the neighbour's included.
       assert.ok(peak <= 1024 + 16, `${peak} processes under the server with a session limited to 1024`);
-      assert.ok(peak > 100, `the bomb never grew (peak ${peak}): the check is blind`);
+      // The limit itself refused forks (the peak above is only sampled).
+      assert.match(n.result.stderr, /can't fork|Resource temporarily unavailable/, `the bomb never reached the limit: ${n.result.stderr.slice(0, 300)}`);
       figure = `fork bomb (ns, no cgroup): held by RLIMIT_NPROC 1024 (peak ${peak} processes under the server), host pids +${hostPeak - hostBefore} at most`;
     } else if (IS_NS) {
       const max = readInt(`${cg.pids}/pids.max`);
