@@ -117,6 +117,9 @@ static int clone_agent(void *p) {
    * wrappers would change every thread's), and ruid and suid stay 0 so the
    * capabilities come back with euid 0. */
   bool as_owner = a->owner != (uid_t)-1;
+  /* A change of euid also makes the whole process undumpable: put back what
+   * it was. */
+  int dumpable = as_owner ? prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) : -1;
   if (as_owner && (syscall(SYS_setresgid, -1, a->owner, -1) < 0 ||
                    syscall(SYS_setresuid, -1, a->owner, -1) < 0)) {
     int e = errno;
@@ -126,9 +129,12 @@ static int clone_agent(void *p) {
   }
   pid_t pid = (pid_t)syscall(SYS_clone, NS_CLONE_FLAGS | SIGCHLD, NULL, NULL, NULL, NULL);
   int clone_errno = errno;
-  if (pid != 0 && as_owner &&
-      (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0))
-    abort();
+  if (pid != 0 && as_owner) {
+    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+      abort();
+    if (dumpable == 1)
+      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  }
   if (pid < 0)
     return -clone_errno;
   if (pid == 0) {
