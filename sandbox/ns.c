@@ -37,8 +37,13 @@
  *   - The server runs as a user: one mapping, uid and gid 0 inside = the
  *     user's own uid and gid (setgroups denied, as the kernel requires of an
  *     unprivileged writer).  Per-user counts are the user's, shared by the
- *     user's processes and every session of the user (newuidmap and
- *     subordinate ranges are not used).  An idmapped mount needs host root,
+ *     user's processes and every session of the user.  newuidmap and a
+ *     subordinate range are not used: a user can only create user
+ *     namespaces it owns, and the kernel charges the ucounts-based counts
+ *     (RLIMIT_NPROC, RLIMIT_MSGQUEUE, RLIMIT_SIGPENDING, inotify) to the
+ *     owner as well, so mapping root inside to a subordinate uid would
+ *     separate little (pipe pages, keys) and would leave a rootfs the user
+ *     owns unmapped, hence read-only.  An idmapped mount needs host root,
  *     so files of the rootfs owned by another uid (a rootfs built by root)
  *     show as nobody and cannot be changed; the agent then gives the
  *     sandbox a fresh /root and /tmp on the overlay's tmpfs (see

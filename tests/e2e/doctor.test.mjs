@@ -204,6 +204,30 @@ describe('doctor names what is missing and its fix', () => {
     assert.match(r.stdout, /^ns: cannot open sessions: fix sandbox above$/m);
   });
 
+  test('a host that lets nobody make user namespaces: the namespaces check fails and names the sysctls; the server says why at start', { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    // A user namespace of our own where at most one more may be made (the
+    // limit is per namespace), then one inside it for a user (uid 1001 there,
+    // so the server takes the unprivileged path): the server's own cannot be
+    // made, as on a host with user.max_user_namespaces=0.
+    const wrap = (args, input) => spawnSync('unshare', ['-Ur', '--', 'sh', '-c',
+      'echo 1 > /proc/sys/user/max_user_namespaces && exec unshare --map-user=1001 --map-group=1001 -- "$@"', 'wrap', ...args], {
+      env: serverEnv({ env: { IGN_MCP_BACKEND: 'ns' } }), cwd: '/', encoding: 'utf8', timeout: 60_000, input,
+    });
+    const r = wrap([SERVER, 'doctor']);
+    assertNoSanitizerReport(r.stderr ?? '', 'doctor');
+    assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+    const line = checkLine(r.stdout, 'namespaces');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /cannot create user, mount, pid, net, ipc, uts and cgroup namespaces: No space left on device \(this host does not let users create user namespaces: see \/proc\/sys\/user\/max_user_namespaces/);
+    assert.match(line.rest, /fix: let users create user namespaces: sudo sysctl -w user.max_user_namespaces=/);
+    assert.equal(checkLine(r.stdout, 'sandbox').status, 'warn');
+    assert.match(r.stdout, /^ns: cannot open sessions: fix namespaces above$/m);
+    // The server starts, says why at once, and exits at the end of its input.
+    const srv = wrap([SERVER], '');
+    assertNoSanitizerReport(srv.stderr ?? '', 'server');
+    assert.match(srv.stderr, /no sandbox backend can run \(IGN_MCP_BACKEND=ns\): the namespace backend cannot run: cannot create user, mount/);
+  });
+
   test(`the sandbox check starts one and says which uid and limits it got (as ${AS_ROOT ? 'root' : 'a user'})`, { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
     const r = doctor({ IGN_MCP_BACKEND: 'ns' });
     const line = checkLine(r.stdout, 'sandbox');
