@@ -15,12 +15,15 @@
 
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
-  startServer, call, run, sh, writeFile, descendants, REPO, IS_NS, AS_ROOT, ROOT_ONLY,
+  startServer, call, run, sh, writeFile, descendants, serverEnv, assertNoSanitizerReport,
+  REPO, SERVER, IS_NS, AS_ROOT, ROOT_ONLY,
 } from './lib.mjs';
 
 const T = { timeout: 120_000 };
@@ -248,5 +251,55 @@ describe('limits without a cgroup', { skip: SKIP }, () => {
     } finally {
       await s.close();
     }
+  });
+});
+
+/* CI runs as root: the unprivileged path is tested there too, with a server
+ * started as IGN_TEST_USER (an account without privileges, e.g. made for
+ * the tests; runuser needs root).  Run as that user, the whole suite covers
+ * it instead. */
+const TEST_USER = process.env.IGN_TEST_USER || '';
+const USER_SKIP = SKIP || (!AS_ROOT ? 'the suite runs as a user already: every test above is the unprivileged path'
+  : !TEST_USER ? 'IGN_TEST_USER is not set: name an unprivileged account to test a server run without root'
+    : false);
+
+describe(`a server run as IGN_TEST_USER (${TEST_USER || 'unset'}) from a root suite`, { skip: USER_SKIP }, () => {
+  const uid = () => Number(execFileSync('id', ['-u', TEST_USER], { encoding: 'utf8' }).trim());
+
+  test('doctor as the user: the sandbox check runs one as the user\'s uid and says memory is not enforced without a cgroup', T, () => {
+    const r = spawnSync('runuser', ['-u', TEST_USER, '--', SERVER, 'doctor'], {
+      env: serverEnv({ env: { IGN_MCP_BACKEND: 'ns' } }), cwd: '/', encoding: 'utf8', timeout: 60_000,
+    });
+    assertNoSanitizerReport(r.stderr ?? '', 'doctor');
+    assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
+    assert.match(r.stdout, /running as a user/);
+    assert.match(r.stdout, new RegExp(`^  ok +sandbox +started one as open_session does \\(as host uid ${uid()}\\) and ran a command in it; limits: `, 'm'));
+    assert.match(r.stdout, new RegExp(`^  ok +namespaces +.*uid 0 in a session is your uid ${uid()}`, 'm'));
+    if (/^  warn +cgroups /m.test(r.stdout)) {
+      assert.match(r.stdout, /^  warn +cgroups +.*without a memory limit \(not enforced\)/m);
+      assert.match(r.stdout, /^  ok +sandbox +.*limits: pids \d+ \(RLIMIT_NPROC\), overlay \d+ MiB; memory not enforced \(no cgroup\)$/m);
+    }
+  });
+
+  test('a session of the user\'s server: root inside is the user\'s uid, /root and /tmp writable, limits say what is enforced', T, async () => {
+    const transport = new StdioClientTransport({
+      command: 'runuser', args: ['-u', TEST_USER, '--', SERVER],
+      env: serverEnv({ env: { IGN_MCP_BACKEND: 'ns' } }), stderr: 'pipe', cwd: '/',
+    });
+    let stderr = '';
+    transport.stderr.on('data', (d) => { stderr += d.toString('utf8'); });
+    const client = new Client({ name: 'ign-e2e-user', version: '0.0.1' }, { capabilities: {} });
+    await client.connect(transport);
+    try {
+      const o = await call(client, 'open_session', {});
+      assert.equal(o.host_uid, uid());
+      assert.equal(await sh(client, o.session_id, 'id -u; cat /proc/self/uid_map | tr -s " " | sed "s/^ //"'), `0\n0 ${uid()} 1\n`);
+      assert.equal(await sh(client, o.session_id, 'echo a > /root/f && echo b > /tmp/f && cat /root/f /tmp/f'), 'a\nb\n');
+      if (/no cgroup/.test(o.limits)) assert.match(o.limits, /^pids \d+ \(RLIMIT_NPROC\), overlay \d+ MiB; memory not enforced \(no cgroup\)$/);
+      else assert.match(o.limits, /^memory \d+ MiB, pids \d+/);
+    } finally {
+      await client.close();
+    }
+    assertNoSanitizerReport(stderr, 'server');
   });
 });
