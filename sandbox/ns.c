@@ -32,8 +32,11 @@
  *     host uid base + slot * 65536 + k, i.e. uid k inside: the sandbox sees
  *     the rootfs exactly as before and may change any file (copy-up).  The
  *     mount travels to the child with SCM_RIGHTS on the socket that releases
- *     it, as fd 4 of the agent (--rootfs-fd).  A rootfs on a file system
- *     that cannot be idmapped is an error that says so.
+ *     it, as fd 4 of the agent (--rootfs-fd).  Where no idmapped mount can
+ *     be made (a file system without support for it, a kernel before 5.12,
+ *     a valgrind that does not know the syscalls) the session runs without
+ *     one, as for a server run as a user (below): the rootfs's files
+ *     read-only, a fresh /root and /tmp; its limits say "rootfs read-only".
  *   - The server runs as a user: one mapping, uid and gid 0 inside = the
  *     user's own uid and gid (setgroups denied, as the kernel requires of an
  *     unprivileged writer).  Per-user counts are the user's, shared by the
@@ -95,7 +98,8 @@ struct ns_sandbox {
 
 struct clone_args_ns {
   const char *agent;
-  char *const *argv;
+  char **argv;              /* ends "--rootfs-fd", "4", NULL: cut when no mount came */
+  size_t rootfs_fd_arg;     /* index of "--rootfs-fd" in argv */
   char *const *envp;
   int chan_fd;              /* child's end of the socketpair */
   int err_fd;               /* write end of the stderr pipe */
@@ -178,6 +182,8 @@ static int clone_agent(void *p) {
     }
     if (tree_fd >= 0 && (tree_fd = fcntl(tree_fd, F_DUPFD, 10)) < 0)
       _exit(126);
+    if (tree_fd < 0)
+      a->argv[a->rootfs_fd_arg] = NULL; /* our own copy of the array */
     if (dup2(a->null_fd, 0) < 0 || dup2(a->null_fd, 1) < 0 || dup2(a->err_fd, 2) < 0 ||
         dup2(a->chan_fd, 3) < 0 || (tree_fd >= 0 && dup2(tree_fd, NS_ROOTFS_FD) < 0))
       _exit(126);
@@ -424,11 +430,10 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   snprintf(overlay, sizeof overlay, "%u", overlay_mb);
   snprintf(rootfs_fd, sizeof rootfs_fd, "%d", NS_ROOTFS_FD);
   char *argv[] = {"ign-agent", "--ns", "--rootfs", (char *)cfg->rootfs, "--overlay-mb", overlay,
-                  "--hostname", (char *)session_id, root ? "--rootfs-fd" : NULL, rootfs_fd,
-                  NULL};
+                  "--hostname", (char *)session_id, "--rootfs-fd", rootfs_fd, NULL};
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
-      .agent = cfg->agent, .argv = argv, .envp = envp, .chan_fd = sv[1], .err_fd = errp[1],
+      .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = ARRAY_SIZE(argv) - 3, .envp = envp, .chan_fd = sv[1], .err_fd = errp[1],
       .sync_fd = syncp[1], .null_fd = null_fd, .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root,
       .nproc = nproc,
   };
@@ -447,9 +452,24 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->base.pid = a.ret_pid;
   sb->err_fd = steal_fd(errp[0]);
 
-  if ((r = ns_write_maps(a.ret_pid, host_uid, ret_err)) < 0 ||
-      (root && (r = ns_idmapped_rootfs(cfg->rootfs, a.ret_pid, &tree_fd, ret_err)) < 0))
+  if ((r = ns_write_maps(a.ret_pid, host_uid, ret_err)) < 0)
     goto fail_child;
+  if (root) {
+    /* Without an idmapped mount the session still works, with the rootfs's
+     * files read-only (their owner is not mapped) and a fresh /root and
+     * /tmp: said in its limits, and logged once per server. */
+    static _Atomic bool warned;
+    _cleanup_free_ char *why = NULL;
+    if (ns_idmapped_rootfs(cfg->rootfs, a.ret_pid, &tree_fd, &why) < 0) {
+      if (!warned) {
+        warned = true;
+        log_warn("%s; namespace sessions see the rootfs's files read-only", why);
+      }
+      size_t n = strlen(sb->base.limits);
+      snprintf(sb->base.limits + n, sizeof sb->base.limits - n,
+               "; rootfs read-only (no idmapped mount)");
+    }
+  }
   if (sb->cg && (r = cgroup_attach(sb->cg, a.ret_pid)) < 0)
     log_warn("cannot move the sandbox of session %s into its cgroup: %s", session_id,
              strerror(-r));
