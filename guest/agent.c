@@ -463,7 +463,8 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, int *re
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ign-agent --serve-fd N\n"
-          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--overlay-mb N] [--hostname NAME]\n"
+          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--overlay-mb N]\n"
+          "                 [--hostname NAME]\n"
           "Serves the ignition-mcp agent protocol (version %u) on a channel fd.\n",
           PROTO_VERSION);
 }

@@ -417,7 +417,8 @@ static void check_rootfs(struct report *r) {
 /* The first account of the host with a uid in the sessions' blocks, or
  * NULL: such an account would share a uid with a sandbox. */
 static char *account_in_blocks(void) {
-  unsigned long long lo = cfg.ns_uid_base, hi = lo + (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK;
+  unsigned long long lo = cfg.ns_uid_base;
+  unsigned long long hi = lo + (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK;
   char *found = NULL;
   setpwent();
   for (struct passwd *pw; !found && (pw = getpwent());)
@@ -521,8 +522,9 @@ static void check_sandbox(struct report *r, bool parts_ok) {
   if (rc == 0)
     rc = sb->ops->ready(sb, conn, &err);
   if (rc == 0) {
-    struct agent_exec_req req = {.command = "id -u && echo ok > /root/.ign-doctor && cat /root/.ign-doctor",
-                                 .timeout_ms = 30000, .out_cap = 4096};
+    struct agent_exec_req req = {
+        .command = "id -u && echo ok > /root/.ign-doctor && cat /root/.ign-doctor",
+        .timeout_ms = 30000, .out_cap = 4096};
     rc = agent_exec(conn, &req, &(struct agent_ctl){0}, &res, &err);
     if (rc == 0 && (res.exit_code != 0 || res.out_len != 5 || memcmp(res.out, "0\nok\n", 5) != 0)) {
       err = xasprintf("a command in it did not run as root with a writable /root: exit %d, "

@@ -433,9 +433,9 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                   "--hostname", (char *)session_id, "--rootfs-fd", rootfs_fd, NULL};
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
-      .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = ARRAY_SIZE(argv) - 3, .envp = envp, .chan_fd = sv[1], .err_fd = errp[1],
-      .sync_fd = syncp[1], .null_fd = null_fd, .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root,
-      .nproc = nproc,
+      .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = ARRAY_SIZE(argv) - 3, .envp = envp,
+      .chan_fd = sv[1], .err_fd = errp[1], .sync_fd = syncp[1], .null_fd = null_fd,
+      .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root, .nproc = nproc,
   };
   r = spawner_call(clone_agent, &a);
   close(sv[1]);
@@ -474,9 +474,10 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
     log_warn("cannot move the sandbox of session %s into its cgroup: %s", session_id,
              strerror(-r));
   if ((r = ns_release(syncp[0], tree_fd)) < 0) {
-    *ret_err = xasprintf("the sandbox's first process did not become root of its user namespace "
-                         "(%s)",
-                         strerror(-r));
+    *ret_err = r == -EPIPE || r == -ECHILD
+                   ? strdup("the sandbox's first process exited before it became root of its "
+                            "user namespace (setresuid or setgroups failed)")
+                   : xasprintf("cannot release the sandbox's first process: %s", strerror(-r));
     goto fail_child;
   }
   ns_close_pair(syncp);
