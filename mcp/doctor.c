@@ -485,9 +485,9 @@ static void check_cgroups(struct report *r) {
     return;
   }
   add(r, FOR_NS, "cgroups", ST_WARN,
-      xasprintf("%s: %s; namespace sessions would run without a memory limit (not enforced), "
-                "their processes limited by RLIMIT_NPROC in their user namespace instead of a "
-                "pids cgroup",
+      xasprintf("%s: %s; namespace sessions would run without a memory limit (not enforced: "
+                "only each process's data is limited, by RLIMIT_DATA), their processes limited "
+                "by RLIMIT_NPROC in their user namespace instead of a pids cgroup",
                 version ? version : "no cgroup file system at /sys/fs/cgroup", err),
       getuid() != 0 ? (v2 ? strdup("start the server in a delegated cgroup: systemd-run --user "
                                    "--scope -p Delegate=yes ignition-mcp, or run it as root")
@@ -708,6 +708,10 @@ static void print_json(const struct report *r) {
 }
 
 int doctor_main(bool as_json) {
+  /* The sandbox check talks to an agent that may die at any moment (that
+   * is what it checks): a write to its socket must fail with EPIPE, not
+   * kill us.  The server ignores SIGPIPE for the same reason. */
+  signal(SIGPIPE, SIG_IGN);
   struct report r;
   run_checks(&r);
   if (as_json)

@@ -108,6 +108,7 @@ struct clone_args_ns {
   uid_t owner;              /* the user namespace's owner (root), or -1 */
   bool clear_groups;        /* setgroups(0): root wrote the gid map */
   unsigned long nproc;      /* RLIMIT_NPROC for the sandbox, 0 for none */
+  unsigned long data;       /* RLIMIT_DATA in bytes for each process, 0 for none */
   pid_t ret_pid;
 };
 
@@ -178,6 +179,11 @@ static int clone_agent(void *p) {
     if (a->nproc) {
       struct rlimit rl = {.rlim_cur = a->nproc, .rlim_max = a->nproc};
       if (syscall(SYS_prlimit64, 0, RLIMIT_NPROC, &rl, NULL) < 0)
+        _exit(125);
+    }
+    if (a->data) {
+      struct rlimit rl = {.rlim_cur = a->data, .rlim_max = a->data};
+      if (syscall(SYS_prlimit64, 0, RLIMIT_DATA, &rl, NULL) < 0)
         _exit(125);
     }
     if (tree_fd >= 0 && (tree_fd = fcntl(tree_fd, F_DUPFD, 10)) < 0)
@@ -400,17 +406,23 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
    * cgroup too: the same size either way, and less of the host's memory
    * that nothing accounts for. */
   unsigned overlay_mb = sandbox_overlay_mb(cfg->memory_mb, cfg->overlay_mb);
-  unsigned long nproc = 0;
+  unsigned long nproc = 0, data = 0;
   if (cgroup_create(cg_name, cfg->memory_mb, cfg->pids, &sb->cg, &cg_err) < 0) {
     /* RLIMIT_NPROC counts the processes of our uid in the sandbox's user
-     * namespace: a pids limit of its own, which memory has no equivalent of. */
+     * namespace: a pids limit of its own.  Memory has no equivalent: the
+     * session's total is not limited, only each process's data (heap and
+     * private writable mappings; reservations without access, as Go and
+     * V8 make, do not count) to the memory limit, so that one runaway
+     * process gets ENOMEM before the host runs short. */
     nproc = cfg->pids;
-    log_warn("session %s runs without a cgroup (memory is not limited; pids %u by "
-             "RLIMIT_NPROC): %s",
+    data = (unsigned long)cfg->memory_mb << 20;
+    log_warn("session %s runs without a cgroup (memory is not limited but per process; pids %u "
+             "by RLIMIT_NPROC): %s",
              session_id, cfg->pids, cg_err);
     snprintf(sb->base.limits, sizeof sb->base.limits,
-             "pids %u (RLIMIT_NPROC), overlay %u MiB; memory not enforced (no cgroup)",
-             cfg->pids, overlay_mb);
+             "pids %u (RLIMIT_NPROC), overlay %u MiB; memory not enforced (no cgroup; %u MiB "
+             "data per process)",
+             cfg->pids, overlay_mb, cfg->memory_mb);
   } else {
     snprintf(sb->base.limits, sizeof sb->base.limits, "memory %u MiB, pids %u, overlay %u MiB%s",
              cfg->memory_mb, cfg->pids, overlay_mb,
@@ -436,6 +448,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
       .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = ARRAY_SIZE(argv) - 3, .envp = envp,
       .chan_fd = sv[1], .err_fd = errp[1], .sync_fd = syncp[1], .null_fd = null_fd,
       .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root, .nproc = nproc,
+      .data = data,
   };
   r = spawner_call(clone_agent, &a);
   close(sv[1]);

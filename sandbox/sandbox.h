@@ -47,7 +47,7 @@ struct sandbox {
   int fd;                   /* stream to the agent; moved to agent_conn */
   pid_t pid;                /* the process that holds the sandbox */
   const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
-  char limits[128];         /* human summary of the limits in force */
+  char limits[192];         /* human summary of the limits in force */
   json_t *info;             /* extra open_session fields (path, phases), or NULL */
 };
 

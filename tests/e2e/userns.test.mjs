@@ -300,8 +300,8 @@ describe(`a server run as IGN_TEST_USER (${TEST_USER || 'unset'}) from a root su
     assert.match(r.stdout, new RegExp(`^  ok +sandbox +started one as open_session does \\(as host uid ${uid()}\\) and ran a command in it; limits: `, 'm'));
     assert.match(r.stdout, new RegExp(`^  ok +namespaces +.*uid 0 in a session is your uid ${uid()}`, 'm'));
     if (/^  warn +cgroups /m.test(r.stdout)) {
-      assert.match(r.stdout, /^  warn +cgroups +.*without a memory limit \(not enforced\)/m);
-      assert.match(r.stdout, /^  ok +sandbox +.*limits: pids \d+ \(RLIMIT_NPROC\), overlay \d+ MiB; memory not enforced \(no cgroup\)$/m);
+      assert.match(r.stdout, /^  warn +cgroups +.*without a memory limit \(not enforced: only each process.s data is limited, by RLIMIT_DATA\)/m);
+      assert.match(r.stdout, /^  ok +sandbox +.*limits: pids \d+ \(RLIMIT_NPROC\), overlay \d+ MiB; memory not enforced \(no cgroup; \d+ MiB data per process\)$/m);
     }
   });
 
@@ -319,7 +319,7 @@ describe(`a server run as IGN_TEST_USER (${TEST_USER || 'unset'}) from a root su
       assert.equal(o.host_uid, uid());
       assert.equal(await sh(client, o.session_id, 'id -u; cat /proc/self/uid_map | tr -s " " | sed "s/^ //"'), `0\n0 ${uid()} 1\n`);
       assert.equal(await sh(client, o.session_id, 'echo a > /root/f && echo b > /tmp/f && cat /root/f /tmp/f'), 'a\nb\n');
-      if (/no cgroup/.test(o.limits)) assert.match(o.limits, /^pids \d+ \(RLIMIT_NPROC\), overlay \d+ MiB; memory not enforced \(no cgroup\)$/);
+      if (/no cgroup/.test(o.limits)) assert.match(o.limits, /^pids \d+ \(RLIMIT_NPROC\), overlay \d+ MiB; memory not enforced \(no cgroup; \d+ MiB data per process\)$/);
       else assert.match(o.limits, /^memory \d+ MiB, pids \d+/);
     } finally {
       await client.close();
