@@ -4,11 +4,16 @@
  *
  * The checks ask the same code the server runs: the KVM decision and the
  * warm base's fingerprint come from the vm backend (sandbox/vm.c), the
- * cgroup check makes a real group through sandbox/cgroup.c, and the
- * namespace check really clones a process into the namespaces the ns backend
- * uses, and the session check starts one real QEMU as a session does (its
- * state directory, in the server's runtime directory, which it makes when it
- * is missing, is removed again).  No base is built, no store is made and
+ * cgroup check makes a real group through sandbox/cgroup.c, the namespace
+ * check really clones a process into the namespaces the ns backend uses
+ * (a user namespace first), the sandbox check starts a real ns sandbox
+ * through sandbox/ns.c, exactly as open_session does, runs a command in it
+ * and removes it (the ns backend is ready only when that worked; as root
+ * that sandbox holds one of the sessions' uid blocks while it runs, made on
+ * first use: /run/ignition-mcp-uids and its lock files, which stay), and the
+ * session check starts one real QEMU as a session does (its state
+ * directory, in the server's runtime directory, which it makes when it is
+ * missing, is removed again).  No base is built, no store is made and
  * nothing is installed; besides that, only the cgroup check changes the
  * host.  It makes a test group, ign-mcp-<pid>-doctor, with the
  * session limits and removes it again; but cgroup.c first prepares the
@@ -34,6 +39,7 @@
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -463,29 +469,59 @@ static void check_rootfs(struct report *r) {
   }
 }
 
-/* Clones a child into the namespaces the ns backend makes; it exits at once. */
+/* The first account of the host with a uid in the sessions' blocks, or
+ * NULL: such an account would share a uid with a sandbox. */
+static char *account_in_blocks(void) {
+  unsigned long long lo = cfg.ns_uid_base;
+  unsigned long long hi = lo + (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK;
+  char *found = NULL;
+  setpwent();
+  for (struct passwd *pw; !found && (pw = getpwent());)
+    if (pw->pw_uid >= lo && pw->pw_uid < hi)
+      found = xasprintf("%s (uid %u)", pw->pw_name, (unsigned)pw->pw_uid);
+  endpwent();
+  return found;
+}
+
+/* Clones a child into the namespaces the ns backend makes (a user namespace
+ * first); it exits at once. */
 static void check_namespaces(struct report *r) {
-  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-               CLONE_NEWCGROUP | SIGCHLD;
-  pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
-  if (pid == 0)
-    _exit(0);
-  if (pid < 0) {
-    int e = errno;
-    bool perm = e == EPERM || e == EACCES;
-    add(r, FOR_NS, "namespaces", ST_FAIL,
-        xasprintf("cannot create mount, pid, net, ipc, uts and cgroup namespaces: %s%s",
-                  strerror(e),
-                  perm ? " (the ns backend needs root: it uses no user namespace)" : ""),
-        perm ? strdup("run ignition-mcp as root (e.g. register `sudo ignition-mcp` with the client)")
-             : strdup("boot a kernel with CONFIG_NAMESPACES (pid, net, ipc, uts, cgroup)"));
+  _cleanup_free_ char *why = NULL;
+  if (ns_probe(&why) < 0) {
+    add(r, FOR_NS, "namespaces", ST_FAIL, steal_ptr(why),
+        ns_as_root() ? strdup("run ignition-mcp outside the container or seccomp profile that "
+                              "forbids namespaces")
+                     : strdup("let users create user namespaces: sudo sysctl -w "
+                              "user.max_user_namespaces=15000 (and on Debian/Ubuntu: "
+                              "kernel.unprivileged_userns_clone=1, "
+                              "kernel.apparmor_restrict_unprivileged_userns=0), or run "
+                              "ignition-mcp as root"));
     return;
   }
-  int status;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-    ;
+  if (!ns_as_root()) {
+    add(r, FOR_NS, "namespaces", ST_OK,
+        xasprintf("user, mount, pid, net, ipc, uts and cgroup namespaces can be made; uid 0 in a "
+                  "session is your uid %u, so per-user kernel counts (processes, inotify, "
+                  "message queues, pipes) are shared by your sessions and your other processes",
+                  (unsigned)geteuid()),
+        NULL);
+    return;
+  }
+  unsigned long long last = cfg.ns_uid_base + (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK - 1;
+  _cleanup_free_ char *account = account_in_blocks();
+  if (account) {
+    add(r, FOR_NS, "namespaces", ST_WARN,
+        xasprintf("the account %s has a uid in the sessions' uid blocks %u-%llu: a session "
+                  "would share it",
+                  account, cfg.ns_uid_base, last),
+        strdup("set IGN_MCP_NS_UID_BASE to the start of 256 x 65536 uids no account uses"));
+    return;
+  }
   add(r, FOR_NS, "namespaces", ST_OK,
-      strdup("mount, pid, net, ipc, uts and cgroup namespaces can be made"), NULL);
+      xasprintf("user, mount, pid, net, ipc, uts and cgroup namespaces can be made; each session "
+                "gets host uids of its own (a block of %u from %u-%llu, no account there)",
+                NS_UID_BLOCK, cfg.ns_uid_base, last),
+      NULL);
 }
 
 /* Makes and removes a real group with the session limits. */
@@ -504,12 +540,74 @@ static void check_cgroups(struct report *r) {
     return;
   }
   add(r, FOR_NS, "cgroups", ST_WARN,
-      xasprintf("%s: %s; namespace sessions would run without memory and pids limits",
+      xasprintf("%s: %s; namespace sessions would run without a memory limit (not enforced: "
+                "only each process's data is limited, by RLIMIT_DATA), their processes limited "
+                "by RLIMIT_NPROC in their user namespace instead of a pids cgroup",
                 version ? version : "no cgroup file system at /sys/fs/cgroup", err),
-      getuid() != 0 ? strdup("run ignition-mcp as root")
+      getuid() != 0 ? (v2 ? strdup("start the server in a delegated cgroup: systemd-run --user "
+                                   "--scope -p Delegate=yes ignition-mcp, or run it as root")
+                          : strdup("run ignition-mcp as root (cgroup v1 is not delegated to "
+                                   "users)"))
       : v2 ? strdup("start the server in a delegated cgroup: systemd-run --scope -p Delegate=yes "
                     "ignition-mcp")
            : strdup("mount the memory and pids cgroup controllers under /sys/fs/cgroup"));
+}
+
+/* Starts a sandbox exactly as open_session does and runs a command in it:
+ * what the checks above cannot see (the agent's setup in the namespaces, the
+ * idmapped rootfs, the overlay) shows here. */
+static void check_sandbox(struct report *r, bool parts_ok) {
+  if (!parts_ok) {
+    add(r, FOR_NS, "sandbox", ST_WARN,
+        strdup("not tried: the agent, the rootfs or the namespaces above are not all there"),
+        strdup("fix what is marked above"));
+    return;
+  }
+  struct sandbox_config sc = {
+      .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb, .pids = cfg.pids,
+      .overlay_mb = cfg.overlay_mb, .net = cfg.net, .ns_uid_base = cfg.ns_uid_base,
+  };
+  struct sandbox *sb = NULL;
+  struct agent_conn *conn = NULL;
+  _cleanup_free_ char *err = NULL, *why = NULL;
+  struct agent_exec_res res = {0};
+  int rc = sandbox_ns_ops.create(&sc, "doctor", &sb, &err);
+  if (rc == 0)
+    rc = agent_conn_open(sb->fd, 30000, &conn, &err);
+  if (rc == 0)
+    rc = sb->ops->ready(sb, conn, &err);
+  if (rc == 0) {
+    struct agent_exec_req req = {
+        .command = "id -u && echo ok > /root/.ign-doctor && cat /root/.ign-doctor",
+        .timeout_ms = 30000, .out_cap = 4096};
+    rc = agent_exec(conn, &req, &(struct agent_ctl){0}, &res, &err);
+    if (rc == 0 && (res.exit_code != 0 || res.out_len != 5 || memcmp(res.out, "0\nok\n", 5) != 0)) {
+      err = xasprintf("a command in it did not run as root with a writable /root: exit %d, "
+                      "stdout '%.*s', stderr '%.*s'",
+                      res.exit_code, (int)res.out_len, res.out, (int)res.err_len, res.err);
+      rc = -EIO;
+    }
+  }
+  if (rc < 0 && sb && sb->ops->death_reason)
+    why = sb->ops->death_reason(sb);
+  if (rc < 0) {
+    add(r, FOR_NS, "sandbox", ST_FAIL,
+        xasprintf("a sandbox started as open_session would start one does not work: %s%s%s",
+                  err ? err : strerror(-rc), why ? "; " : "", why ? why : ""),
+        strdup("see the message; `IGN_MCP_LOG=debug ignition-mcp doctor` shows more"));
+  } else {
+    json_t *uid = json_object_get(sb->info, "host_uid");
+    add(r, FOR_NS, "sandbox", ST_OK,
+        xasprintf("started one as open_session does (as host uid %lld%s) and ran a command in it; "
+                  "limits: %s",
+                  uid ? (long long)json_integer_value(uid) : -1LL,
+                  ns_as_root() ? ", rootfs idmapped" : "", sb->limits),
+        NULL);
+  }
+  agent_exec_res_free(&res);
+  agent_conn_free(conn);
+  if (sb)
+    sb->ops->destroy(sb);
 }
 
 /* ---- both ---- */
@@ -566,10 +664,15 @@ static void run_checks(struct report *r, bool try) {
   check_store(r);
   check_base(r, inputs && cfg.qemu);
   check_landlock(r);
+  size_t first_ns = r->n;
   check_agent(r);
   check_rootfs(r);
   check_namespaces(r);
+  bool ns_parts = true;
+  for (size_t i = first_ns; i < r->n; i++)
+    ns_parts &= !blocks(&r->c[i], FOR_NS);
   check_cgroups(r);
+  check_sandbox(r, ns_parts);
   check_seccomp(r);
   if (try)
     check_session(r, backend_wanted(FOR_VM));
@@ -689,6 +792,10 @@ static void print_json(const struct report *r) {
 }
 
 int doctor_main(bool as_json) {
+  /* The sandbox check talks to an agent that may die at any moment (that
+   * is what it checks): a write to its socket must fail with EPIPE, not
+   * kill us.  The server ignores SIGPIPE for the same reason. */
+  signal(SIGPIPE, SIG_IGN);
   struct report r;
   run_checks(&r, true);
   if (as_json)

@@ -20,14 +20,15 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
   REPO, SERVER, BACKEND, IS_VM, TOOL_NAMES, serverEnv, startServer, callErr, call, textOf,
-  tempStore, tempKernel, run, VM_ONLY, descendants, waitGone, waitUntil, procStart, assertNoVmLeftovers, assertNoSanitizerReport,
+  tempStore, tempKernel, run, VM_ONLY, descendants, waitGone, waitUntil, procStart,
+  assertNoVmLeftovers, assertNoSanitizerReport, AS_ROOT, ROOTFS_SMALL,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
 
 /* Every check doctor makes, by the name it prints. */
 const CHECKS = ['qemu', 'kvm', 'kernel', 'initramfs', 'image', 'store', 'warm base', 'landlock',
-  'agent', 'rootfs', 'namespaces', 'cgroups', 'seccomp', 'session'];
+  'agent', 'rootfs', 'namespaces', 'cgroups', 'sandbox', 'seccomp', 'session'];
 
 function doctor(env = {}, args = []) {
   const r = spawnSync(SERVER, ['doctor', ...args], {
@@ -65,7 +66,7 @@ describe('doctor on this host', () => {
     }
     assert.match(r.stdout, new RegExp(`sessions can open: IGN_MCP_BACKEND=${BACKEND} uses the ${BACKEND} backend`));
     // The pass's backend is the one whose parts are all there.
-    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'seccomp']) {
+    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'sandbox', 'seccomp']) {
       assert.equal(checkLine(r.stdout, name).status, 'ok', `${name} should be ok here:\n${r.stdout}`);
     }
   });
@@ -184,10 +185,84 @@ describe('doctor names what is missing and its fix', () => {
     assert.ok(!fs.existsSync(top), `doctor made ${top}: it should only check`);
   });
 
-  test('with auto, one backend missing a piece leaves the other: exit 0', {
-    ...T,
-    skip: process.getuid() !== 0 && 'root only: the ns backend, which is left when the vm backend lacks a piece, needs root',
-  }, () => {
+  test('ns is ready only when a sandbox really starts: one whose commands cannot run fails the sandbox check', T, (t) => {
+    // Every part is there (an agent, a rootfs directory whose /bin/sh is a
+    // name, the namespaces), but /bin/sh leads nowhere: the agent starts and
+    // answers, and only running a command in the sandbox shows it is broken.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-doctor-rootfs-'));
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    fs.chmodSync(dir, 0o755);
+    fs.mkdirSync(path.join(dir, 'bin'));
+    fs.symlinkSync('nowhere', path.join(dir, 'bin/sh'));
+    const r = doctor({ IGN_MCP_BACKEND: 'ns', IGN_MCP_ROOTFS: dir });
+    assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+    for (const name of ['agent', 'rootfs', 'namespaces']) assert.equal(checkLine(r.stdout, name).status, 'ok', r.stdout);
+    const line = checkLine(r.stdout, 'sandbox');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /does not work: /);
+    assert.match(r.stdout, /^ns: cannot open sessions: fix sandbox above$/m);
+  });
+
+  test('a host that lets nobody make user namespaces: the namespaces check fails and names the sysctls; the server says why at start', { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    // A user namespace of our own where at most one more may be made (the
+    // limit is per namespace), then one inside it for a user (uid 1001 there,
+    // so the server takes the unprivileged path): the server's own cannot be
+    // made, as on a host with user.max_user_namespaces=0.
+    const wrap = (args, input) => spawnSync('unshare', ['-Ur', '--', 'sh', '-c',
+      'echo 1 > /proc/sys/user/max_user_namespaces && exec unshare --map-user=1001 --map-group=1001 -- "$@"', 'wrap', ...args], {
+      env: serverEnv({ env: { IGN_MCP_BACKEND: 'ns' } }), cwd: '/', encoding: 'utf8', timeout: 60_000, input,
+    });
+    const r = wrap([SERVER, 'doctor']);
+    assertNoSanitizerReport(r.stderr ?? '', 'doctor');
+    assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+    const line = checkLine(r.stdout, 'namespaces');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /cannot create user, mount, pid, net, ipc, uts and cgroup namespaces: No space left on device \(this host does not let users create user namespaces: see \/proc\/sys\/user\/max_user_namespaces/);
+    assert.match(line.rest, /fix: let users create user namespaces: sudo sysctl -w user.max_user_namespaces=/);
+    assert.equal(checkLine(r.stdout, 'sandbox').status, 'warn');
+    assert.match(r.stdout, /^ns: cannot open sessions: fix namespaces above$/m);
+    // The server starts, says why at once, and exits at the end of its input.
+    const srv = wrap([SERVER], '');
+    assertNoSanitizerReport(srv.stderr ?? '', 'server');
+    assert.match(srv.stderr, /no sandbox backend can run \(IGN_MCP_BACKEND=ns\): the namespace backend cannot run: cannot create user, mount/);
+  });
+
+  test('an agent that dies at once fails the sandbox check; it never kills doctor (SIGPIPE)', { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    // /bin/true as the agent: the sandbox's first process exits while doctor
+    // says HELLO, so the write to its socket races with its end (EPIPE).
+    // Thirty tries, for the race to go the bad way at least once.
+    for (let i = 0; i < 30; i++) {
+      const r = doctor({ IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: '/bin/true' });
+      assert.equal(r.signal, null, `doctor was killed by ${r.signal} on try ${i + 1}`);
+      assert.equal(r.status, 1, `${r.stdout}\n${r.stderr}`);
+      const line = checkLine(r.stdout, 'sandbox');
+      assert.equal(line.status, 'fail', r.stdout);
+      assert.match(line.rest, /does not work: .*exited with status 0/);
+    }
+  });
+
+  test(`the sandbox check starts one and says which uid and limits it got (as ${AS_ROOT ? 'root' : 'a user'})`, { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    const r = doctor({ IGN_MCP_BACKEND: 'ns' });
+    const line = checkLine(r.stdout, 'sandbox');
+    assert.equal(line.status, 'ok', r.stdout);
+    if (AS_ROOT) {
+      assert.match(line.rest, /as host uid (\d+), rootfs idmapped\) and ran a command in it; limits: /);
+      assert.ok(Number(line.rest.match(/host uid (\d+)/)[1]) >= 0x70000000, line.rest);
+      assert.match(checkLine(r.stdout, 'namespaces').rest, /each session gets host uids of its own/);
+    } else {
+      assert.match(line.rest, new RegExp(`as host uid ${process.getuid()}\\) and ran a command in it; limits: `));
+      assert.match(checkLine(r.stdout, 'namespaces').rest, new RegExp(`uid 0 in a session is your uid ${process.getuid()}`));
+    }
+    // What is not enforced is said, in the sandbox line and the cgroups line.
+    if (checkLine(r.stdout, 'cgroups').status !== 'ok') {
+      assert.match(line.rest, /memory not enforced/);
+      assert.match(checkLine(r.stdout, 'cgroups').rest, /without a memory limit \(not enforced: only each process.s data is limited, by RLIMIT_DATA\)/);
+    } else {
+      assert.match(line.rest, /limits: memory \d+ MiB, pids \d+/);
+    }
+  });
+
+  test('with auto, one backend missing a piece leaves the other: exit 0', T, () => {
     const r = doctor({ IGN_MCP_BACKEND: 'auto', IGN_MCP_QEMU: '/nonexistent/qemu' });
     assert.equal(r.status, 0, r.stdout);
     assert.match(r.stdout, /^vm: cannot open sessions: fix qemu above$/m);
@@ -418,6 +493,11 @@ describe('make install', () => {
     // With no variable set the server wants the tools rootfs.
     if (!fs.lstatSync(path.join(REPO, 'build/rootfs/tools/bin/sh'), { throwIfNoEntry: false })) {
       return t.skip('the tools rootfs is not built (make rootfs-tools): an installed server without it has no default rootfs');
+    }
+    try {
+      fs.readdirSync(path.join(REPO, 'build/rootfs/tools/root'));
+    } catch (e) {
+      return t.skip(`make install copies the rootfs trees with cp -a, and this user cannot read them (${e.code}: built by root)`);
     }
     const haveVm = fs.existsSync(path.join(REPO, 'build/vm/vmlinux'));
     root = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-install-'));
