@@ -2,10 +2,11 @@
  *
  * Modes (command line):
  *   --serve-fd N   serve the protocol on fd N with no setup (tests, benchmarks)
- *   --ns --rootfs DIR --overlay-mb N --hostname H
- *                  PID 1 of a namespace sandbox the server has cloned: build
- *                  the sandbox (ns_setup.c), drop privileges (confine.c), serve
- *                  on fd 3
+ *   --ns --rootfs DIR [--rootfs-fd N] --overlay-mb N --hostname H
+ *                  PID 1 of a namespace sandbox the server has cloned (root
+ *                  of its own user namespace): build the sandbox (ns_setup.c)
+ *                  from the rootfs tree, or from the idmapped mount of it on
+ *                  fd N, drop privileges (confine.c), serve on fd 3
  *   (as PID 1, without --ns)
  *                  PID 1 of a microVM (vm_init.c): mount the rootfs disk under
  *                  an overlay, serve on the virtio-serial port "agent".  A
@@ -462,7 +463,8 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, int *re
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ign-agent --serve-fd N\n"
-          "       ign-agent --ns --rootfs ABS_DIR [--overlay-mb N] [--hostname NAME]\n"
+          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--overlay-mb N]\n"
+          "                 [--hostname NAME]\n"
           "Serves the ignition-mcp agent protocol (version %u) on a channel fd.\n",
           PROTO_VERSION);
 }
@@ -482,6 +484,7 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     OPT_SERVE_FD = 256,
     OPT_NS,
     OPT_ROOTFS,
+    OPT_ROOTFS_FD,
     OPT_OVERLAY_MB,
     OPT_HOSTNAME,
     OPT_HELP,
@@ -491,6 +494,7 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
       {"serve-fd", required_argument, NULL, OPT_SERVE_FD},
       {"ns", no_argument, NULL, OPT_NS},
       {"rootfs", required_argument, NULL, OPT_ROOTFS},
+      {"rootfs-fd", required_argument, NULL, OPT_ROOTFS_FD},
       {"overlay-mb", required_argument, NULL, OPT_OVERLAY_MB},
       {"hostname", required_argument, NULL, OPT_HOSTNAME},
       {"help", no_argument, NULL, OPT_HELP},
@@ -500,7 +504,7 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
   struct agent_options o = {
       .mode = AGENT_MODE_FD,
       .fd = -1,
-      .ns = {.overlay_mb = 1024, .hostname = "sandbox"},
+      .ns = {.rootfs_fd = -1, .overlay_mb = 1024, .hostname = "sandbox"},
   };
   bool ns = false;
   unsigned long v;
@@ -519,6 +523,14 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
       break;
     case OPT_ROOTFS:
       o.ns.rootfs = optarg;
+      break;
+    case OPT_ROOTFS_FD:
+      if (parse_uint(optarg, INT_MAX, &v) < 0 || v < 3) {
+        agent_log("--rootfs-fd wants the number of an inherited mount fd (3 or more), got '%s'",
+                  optarg);
+        return -EINVAL;
+      }
+      o.ns.rootfs_fd = (int)v;
       break;
     case OPT_OVERLAY_MB:
       if (parse_uint(optarg, 1u << 20, &v) < 0 || v == 0) {

@@ -169,6 +169,7 @@ void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, 
 /* ns_setup.c */
 struct ns_options {
   const char *rootfs; /* absolute path of the rootfs tree on the host */
+  int rootfs_fd;      /* the server's idmapped mount of it (root server), or -1 */
   unsigned overlay_mb;
   const char *hostname;
 };

@@ -1,14 +1,24 @@
 /* ns_setup.c: the filesystem and identity of a namespace sandbox (--ns).
  *
- * The server clones us into new mount, pid, net, ipc and uts namespaces
- * (the cgroup namespace we make ourselves, see ns_mount_proc); we are PID 1
- * and still see the host's filesystem.  Following bubblewrap's technique:
+ * The server clones us into new user, mount, pid, net, ipc and uts
+ * namespaces (the cgroup namespace we make ourselves, see ns_mount_proc) and
+ * maps uid 0 of ours to a host uid of the sandbox's own (a root server) or to
+ * the user's (a server run as a user); we are PID 1, root of our user
+ * namespace, and still see the host's filesystem.  Following bubblewrap's
+ * technique:
  *   1. make every mount private, so nothing we do propagates to the host;
  *   2. mount a tmpfs of --overlay-mb MiB on /tmp and pivot_root into it, so
  *      the host's root sits at /oldroot (with its real /tmp, where a test's
  *      rootfs may live);
  *   3. overlay the read-only rootfs tree (lower) with upper and work dirs on
- *      that tmpfs, whose size caps what the sandbox can write (ENOSPC);
+ *      that tmpfs, whose size caps what the sandbox can write (ENOSPC).  A
+ *      root server hands us the tree as an idmapped mount (--rootfs-fd), in
+ *      which its files belong to our uids, so every file can be changed
+ *      (copied up); without it (a server run as a user) files owned by an
+ *      unmapped uid cannot be, and /root and /tmp, which must be writable,
+ *      become fresh directories on the tmpfs when they are not.  Overlay
+ *      keeps its own metadata in user.* xattrs (userxattr): a user
+ *      namespace may not write trusted.* ones;
  *   4. build /proc (masked like Docker's defaults) and a minimal /dev with
  *      device nodes bound from the host's /dev; no sysfs;
  *   5. detach /oldroot and pivot_root into the overlay: nothing of the host
@@ -126,7 +136,7 @@ static int ns_enter_tmpfs(unsigned overlay_mb) {
     return r;
   if (chdir("/tmp") < 0)
     return ns_fail("cannot enter the new tmpfs");
-  static const char *const dirs[] = {"newroot", "oldroot", "upper", "work"};
+  static const char *const dirs[] = {"newroot", "oldroot", "upper", "work", "lower", "scratch"};
   for (size_t i = 0; i < ARRAY_SIZE(dirs); i++)
     if (mkdir(dirs[i], 0755) < 0)
       return ns_fail("cannot create /tmp/%s", dirs[i]);
@@ -137,9 +147,24 @@ static int ns_enter_tmpfs(unsigned overlay_mb) {
   return 0;
 }
 
+/* Are we in a user namespace other than the host's?  (Its uid_map is then
+ * not the identity over every uid.) */
+static bool ns_in_userns(void) {
+  char map[128] = "";
+  int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return true;
+  ssize_t n = read(fd, map, sizeof map - 1);
+  close(fd);
+  unsigned long in, out, count;
+  return n <= 0 || sscanf(map, "%lu %lu %lu", &in, &out, &count) != 3 || in != 0 || out != 0 ||
+         count != 4294967295ul;
+}
+
 /* Step 3: the rootfs tree under a writable overlay at /newroot. */
-static int ns_mount_overlay(const char *rootfs) {
-  char lower[PATH_MAX];
+static int ns_mount_overlay(const struct ns_options *o) {
+  const char *rootfs = o->rootfs;
+  char lower[PATH_MAX], opts[PATH_MAX + 64];
   struct stat st;
   /* Any absolute path: it reaches overlayfs as /lower, not in its options
    * (which split on ',', ':' and '\\'). */
@@ -147,10 +172,21 @@ static int ns_mount_overlay(const char *rootfs) {
     errno = EINVAL;
     return ns_fail("rootfs '%s' must be an absolute path", rootfs);
   }
-  int n = snprintf(lower, sizeof lower, "/oldroot%s", rootfs);
-  if (n < 0 || (size_t)n >= sizeof lower) {
-    errno = ENAMETOOLONG;
-    return ns_fail("rootfs '%s'", rootfs);
+  if (o->rootfs_fd >= 0) {
+    /* The server's idmapped mount of the tree, attached where overlay can
+     * take it as its lower layer. */
+    int r = move_mount(o->rootfs_fd, "", AT_FDCWD, "/lower", MOVE_MOUNT_F_EMPTY_PATH);
+    if (r < 0)
+      return ns_fail("cannot attach the idmapped mount of rootfs '%s' (fd %d)", rootfs,
+                     o->rootfs_fd);
+    close(o->rootfs_fd);
+    strcpy(lower, "/lower");
+  } else {
+    int n = snprintf(lower, sizeof lower, "/oldroot%s", rootfs);
+    if (n < 0 || (size_t)n >= sizeof lower) {
+      errno = ENAMETOOLONG;
+      return ns_fail("rootfs '%s'", rootfs);
+    }
   }
   if (stat(lower, &st) < 0)
     return ns_fail("cannot use rootfs '%s'", rootfs);
@@ -159,16 +195,42 @@ static int ns_mount_overlay(const char *rootfs) {
     return ns_fail("rootfs '%s'", rootfs);
   }
   /* The overlay's options are shown in /proc/self/mountinfo: the rootfs is
-   * bound at /lower first, so that they name it and not its host path.  The
-   * bind goes with the setup tmpfs at the end; the overlay keeps its own
-   * reference to the layer. */
-  if (mkdir("/lower", 0755) < 0)
-    return ns_fail("cannot create /lower");
-  int r = ns_bind(lower, "/lower");
-  if (r < 0)
+   * at /lower (the server's idmapped mount, or bound there), so that they
+   * name it and not its host path.  /lower goes with the setup tmpfs at the
+   * end; the overlay keeps its own reference to the layer. */
+  if (o->rootfs_fd < 0) {
+    int r = ns_bind(lower, "/lower");
+    if (r < 0)
+      return r;
+  }
+  snprintf(opts, sizeof opts, "lowerdir=/lower,upperdir=/upper,workdir=/work%s",
+           ns_in_userns() ? ",userxattr" : "");
+  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV, opts);
+}
+
+/* PATH (a directory of the rootfs the sandbox must be able to write in) is
+ * left as it is when a file can be made in it.  When its owner is a uid our
+ * user namespace does not map (a rootfs of host root's, a server run as a
+ * user), overlayfs cannot copy it up: it becomes a fresh directory on the
+ * setup tmpfs (/scratch/NAME, the same size cap), owned by our root. */
+static int ns_writable_dir(const char *path, const char *name, mode_t mode) {
+  char probe[PATH_MAX], scratch[PATH_MAX];
+  snprintf(probe, sizeof probe, "%s/.ign-write-probe", path);
+  if (mkdir(probe, 0700) == 0) {
+    if (rmdir(probe) < 0)
+      return ns_fail("cannot remove %s", probe);
+    return 0;
+  }
+  if (errno != EOVERFLOW && errno != EACCES && errno != EPERM)
+    return ns_fail("cannot write in %s", path);
+  agent_log("ns setup: %s of the rootfs cannot be written in this user namespace (%s: its owner "
+            "is not mapped here); it is a fresh empty directory instead",
+            path + strlen("/newroot"), strerror(errno));
+  snprintf(scratch, sizeof scratch, "/scratch/%s", name);
+  int r;
+  if ((r = ns_ensure_dir(scratch, mode)) < 0)
     return r;
-  return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV,
-                  "lowerdir=/lower,upperdir=/upper,workdir=/work");
+  return ns_bind(scratch, path);
 }
 
 /* Step 4a: a fresh proc for our pid namespace, with Docker's masks and a
@@ -279,11 +341,13 @@ int ns_setup(const struct ns_options *o) {
    * reached from the sandbox (/dev/tty, TIOCSTI). */
   if (setsid() < 0)
     return ns_fail("cannot start a new session");
-  if ((r = ns_enter_tmpfs(o->overlay_mb)) < 0 || (r = ns_mount_overlay(o->rootfs)) < 0)
+  if ((r = ns_enter_tmpfs(o->overlay_mb)) < 0 || (r = ns_mount_overlay(o)) < 0)
     return r;
   /* A minimal rootfs may lack these. */
   if ((r = ns_ensure_dir("/newroot/tmp", 01777)) < 0 ||
-      (r = ns_ensure_dir("/newroot/root", 0700)) < 0)
+      (r = ns_ensure_dir("/newroot/root", 0700)) < 0 ||
+      (r = ns_writable_dir("/newroot/tmp", "tmp", 01777)) < 0 ||
+      (r = ns_writable_dir("/newroot/root", "root", 0700)) < 0)
     return r;
   if ((r = ns_mount_proc()) < 0 || (r = ns_mount_dev(o->overlay_mb)) < 0 ||
       (r = ns_enter_newroot()) < 0)

@@ -7,7 +7,9 @@
 # in C (devtmpfs/proc/sys, insmod in modules.order order, /dev/vda read-only,
 # tmpfs + overlay, switch_root), followed by a tiny command loop on the
 # virtio-serial port named "agent". Then a Python driver (QMP, SCM_RIGHTS)
-# measures, for each accelerator that works here (TCG always, KVM if usable):
+# measures, for each accelerator that works here (TCG always, KVM if usable:
+# /dev/kvm opens, the server's KVM probe finishes in time when the server is
+# built, and a test boot answers):
 #
 #   cold      cold boot to the agent answering (uncompressed vs gzip initramfs)
 #   snapshot  warm snapshot: x-ignore-shared, stop, migrate to an fd (getfd)
@@ -205,6 +207,7 @@ ap.add_argument('--image'); ap.add_argument('--format-image', action='append', d
 ap.add_argument('--tsc-khz', type=int); ap.add_argument('--runs', type=int)
 ap.add_argument('--sections'); ap.add_argument('--accel', default='')
 ap.add_argument('--mem', type=int); ap.add_argument('--append', default='')
+ap.add_argument('--root')
 A = ap.parse_args()
 SECTIONS = set(A.sections.split(','))
 PIDS = os.path.join(A.work, 'pids')
@@ -607,11 +610,33 @@ def has(vm, prog):
 
 # --- sections ----------------------------------------------------------------
 
+def kvm_probe():
+    """The server's own answer to "does KVM help here" (sandbox/accel.c: a
+    long-mode guest at ring 0 counting down a million-iteration loop, given
+    100 ms), from `ignition-mcp doctor --json` with the ns backend (so that it
+    starts no trial microVM); None when the server is not built."""
+    server = os.path.join(A.root, 'build', 'ignition-mcp')
+    if not os.access(server, os.X_OK):
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith('IGN_MCP_')}
+    env['IGN_MCP_BACKEND'] = 'ns'
+    r = subprocess.run([server, 'doctor', '--json'], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        return json.loads(r.stdout)['accel'].get('kvm_probe')
+    except (ValueError, KeyError):
+        return None
+
 def kvm_usable():
     if not os.path.exists('/dev/kvm'):
         return False, '/dev/kvm does not exist'
     if not os.access('/dev/kvm', os.R_OK | os.W_OK):
         return False, '/dev/kvm is not read-writable by this user'
+    p = kvm_probe()
+    if p and 'finished' in p:
+        log('KVM probe: %d loop iterations in guest kernel mode: %s (budget %d ms, VM setup %.2f ms)'
+            % (p['loops'], '%.2f ms' % p['run_ms'] if p['finished'] else 'not finished', p['budget_ms'], p['setup_ms']))
+        if not p['finished']:
+            return False, 'the KVM probe did not finish its loop in %d ms: KVM does not help here' % p['budget_ms']
     try:
         vm, t = cold_boot('kvm-check', accel='kvm', timeout=20)
     except ProbeError as e:
@@ -945,7 +970,7 @@ say "running the probe (this takes a few minutes under TCG)"
 python3 "$work/probe.py" --qemu "$qemu" --work "$work" --shm "$shm_prefix" \
 	--kernel "$(realpath "$vmdir/vmlinux")" --initrd "$work/initrd" --initrd-gz "$work/initrd.gz" \
 	--image "$(realpath "$image")" --tsc-khz "$tsc_khz" --runs "$runs" --sections "$sections" \
-	--accel "$accel" --mem "$mem" --append "$append" ${fi_args[@]+"${fi_args[@]}"} &
+	--accel "$accel" --mem "$mem" --append "$append" --root "$root" ${fi_args[@]+"${fi_args[@]}"} &
 py=$!
 trap 'kill -TERM "$py" 2>/dev/null; wait "$py"; exit 130' INT TERM
 wait "$py"

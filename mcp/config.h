@@ -22,6 +22,7 @@ struct config {
   unsigned pids;
   unsigned overlay_mb;
   bool net;
+  unsigned ns_uid_base;  /* IGN_MCP_NS_UID_BASE: the ns sandboxes' uid blocks (root) */
   /* vm backend */
   char *qemu;            /* resolved qemu-system-x86_64, or NULL */
   char *kernel;          /* vmlinux (IGN_MCP_KERNEL) */

@@ -4,10 +4,18 @@
  *
  * The checks ask the same code the server runs: the KVM decision and the
  * warm base's fingerprint come from the vm backend (sandbox/vm.c), the
- * cgroup check makes a real group through sandbox/cgroup.c, and the
- * namespace check really clones a process into the namespaces the ns backend
- * uses.  No base is built and nothing is installed; only the cgroup check
- * changes the host.  It makes a test group, ign-mcp-<pid>-doctor, with the
+ * cgroup check makes a real group through sandbox/cgroup.c, the namespace
+ * check really clones a process into the namespaces the ns backend uses
+ * (a user namespace first), the sandbox check starts a real ns sandbox
+ * through sandbox/ns.c, exactly as open_session does, runs a command in it
+ * and removes it (the ns backend is ready only when that worked; as root
+ * that sandbox holds one of the sessions' uid blocks while it runs, made on
+ * first use: /run/ignition-mcp-uids and its lock files, which stay), and the
+ * session check starts one real QEMU as a session does (its state
+ * directory, in the server's runtime directory, which it makes when it is
+ * missing, is removed again).  No base is built, no store is made and
+ * nothing is installed; besides that, only the cgroup check changes the
+ * host.  It makes a test group, ign-mcp-<pid>-doctor, with the
  * session limits and removes it again; but cgroup.c first prepares the
  * parent the way the server does, and that stays.  On cgroup v2 it may move
  * this process into a new leaf group <own group>/ign-mcp-<pid>-server and
@@ -31,6 +39,7 @@
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -72,6 +81,8 @@ struct report {
   size_t n;
   bool vm_ready, ns_ready;
   const char *accel;        /* what microVMs would run under, or NULL */
+  char *accel_why;          /* why not KVM, when not */
+  bool vm_tried;            /* a trial session ran (see check_session) */
 };
 
 /* Takes FOUND and FIX (either may be NULL). */
@@ -87,6 +98,7 @@ static void add(struct report *r, unsigned for_backends, const char *name, enum 
 }
 
 static void report_free(struct report *r) {
+  free(r->accel_why);
   for (size_t i = 0; i < r->n; i++) {
     free(r->c[i].found);
     free(r->c[i].fix);
@@ -227,15 +239,24 @@ static void check_qemu(struct report *r) {
 static void check_kvm(struct report *r) {
   _cleanup_free_ char *why = NULL, *fix = NULL;
   r->accel = vm_probe_accel(&why, &fix);
+  r->accel_why = why ? strdup(why) : NULL;
+  _cleanup_free_ char *probe = vm_kvm_probe_text();
+  struct vm_kvm_probe p;
+  bool slow = vm_kvm_probe_last(&p, NULL) && !p.finished;
   if (!r->accel)
     add(r, FOR_VM, "kvm", ST_FAIL, xasprintf("IGN_MCP_ACCEL=kvm but KVM cannot be used: %s", why),
         fix ? steal_ptr(fix) : strdup("unset IGN_MCP_ACCEL (to fall back to TCG)"));
   else if (strcmp(r->accel, "kvm") == 0)
-    add(r, FOR_VM, "kvm", ST_OK, strdup("/dev/kvm opens and creates VMs: microVMs run under KVM"),
+    add(r, FOR_VM, "kvm", ST_OK,
+        xasprintf("microVMs run under KVM: /dev/kvm opens and creates VMs%s%s", probe ? "; " : "",
+                  probe ? probe : ""),
         NULL);
   else if (strcmp(cfg.accel, "tcg") == 0)
     add(r, FOR_VM, "kvm", ST_OK, strdup("not used (IGN_MCP_ACCEL=tcg): microVMs run under TCG"),
         NULL);
+  else if (slow)
+    /* Nothing to fix: TCG is the faster choice on this host. */
+    add(r, FOR_VM, "kvm", ST_OK, xasprintf("not used: %s; microVMs run under TCG", why), NULL);
   else
     add(r, FOR_VM, "kvm", ST_WARN,
         xasprintf("not usable: %s; microVMs run under TCG (slower, still a VM)", why),
@@ -361,6 +382,46 @@ static void check_landlock(struct report *r) {
         strdup("boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in its lsm= list"));
 }
 
+/* Ready means a session really starts: one QEMU, confined as a session's,
+ * whose agent answers (vm_trial_session).  Only when every other vm check
+ * passed and the vm backend is wanted; it takes a few seconds (a restore,
+ * or a cold boot when there is no warm base yet). */
+static void check_session(struct report *r, bool wanted) {
+  bool blocked = false;
+  for (size_t i = 0; i < r->n; i++)
+    if ((r->c[i].for_backends & FOR_VM) && (r->c[i].status == ST_MISSING || r->c[i].status == ST_FAIL))
+      blocked = true;
+  if (!wanted) {
+    add(r, FOR_VM, "session", ST_WARN,
+        xasprintf("not tried (IGN_MCP_BACKEND=%s): whether a microVM session starts is not known",
+                  config_backend_name()),
+        strdup("IGN_MCP_BACKEND=vm ignition-mcp doctor (to try one)"));
+    return;
+  }
+  if (blocked) {
+    add(r, FOR_VM, "session", ST_WARN, strdup("not tried: the checks above are not all met"),
+        strdup("fix the vm checks marked missing or fail above"));
+    return;
+  }
+  _cleanup_free_ char *how = NULL, *base_err = NULL, *err = NULL;
+  r->vm_tried = true;
+  if (vm_trial_session(&how, &base_err, &err) == 0) {
+    /* A damaged base does not stop sessions (they make it again first),
+     * but each server would spend a base build on it. */
+    add(r, FOR_VM, "session", base_err ? ST_WARN : ST_OK,
+        xasprintf("a QEMU started as a session's (%s) and its agent answered: %s%s%s",
+                  vm_spawn_userns() ? "confined in a user namespace of its own" : "as a uid of its own",
+                  how, base_err ? "; but " : "", base_err ? base_err : ""),
+        base_err ? xasprintf("%s/ignition-mcp make-base --force", config_exe_dir()) : NULL);
+    return;
+  }
+  bool userns = vm_spawn_userns() && (strstr(err, "user namespace") || strstr(err, "uid_map"));
+  add(r, FOR_VM, "session", ST_FAIL, xasprintf("a trial session did not start: %s", err),
+      userns ? strdup("allow unprivileged user namespaces (sysctl -w kernel.unprivileged_userns_clone=1 "
+                      "user.max_user_namespaces=15000), or run the server as root")
+             : strdup("fix what the error above names, then run ignition-mcp doctor again"));
+}
+
 /* ---- the ns backend ---- */
 
 static void check_agent(struct report *r) {
@@ -408,29 +469,59 @@ static void check_rootfs(struct report *r) {
   }
 }
 
-/* Clones a child into the namespaces the ns backend makes; it exits at once. */
+/* The first account of the host with a uid in the sessions' blocks, or
+ * NULL: such an account would share a uid with a sandbox. */
+static char *account_in_blocks(void) {
+  unsigned long long lo = cfg.ns_uid_base;
+  unsigned long long hi = lo + (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK;
+  char *found = NULL;
+  setpwent();
+  for (struct passwd *pw; !found && (pw = getpwent());)
+    if (pw->pw_uid >= lo && pw->pw_uid < hi)
+      found = xasprintf("%s (uid %u)", pw->pw_name, (unsigned)pw->pw_uid);
+  endpwent();
+  return found;
+}
+
+/* Clones a child into the namespaces the ns backend makes (a user namespace
+ * first); it exits at once. */
 static void check_namespaces(struct report *r) {
-  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-               CLONE_NEWCGROUP | SIGCHLD;
-  pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
-  if (pid == 0)
-    _exit(0);
-  if (pid < 0) {
-    int e = errno;
-    bool perm = e == EPERM || e == EACCES;
-    add(r, FOR_NS, "namespaces", ST_FAIL,
-        xasprintf("cannot create mount, pid, net, ipc, uts and cgroup namespaces: %s%s",
-                  strerror(e),
-                  perm ? " (the ns backend needs root: it uses no user namespace)" : ""),
-        perm ? strdup("run ignition-mcp as root (e.g. register `sudo ignition-mcp` with the client)")
-             : strdup("boot a kernel with CONFIG_NAMESPACES (pid, net, ipc, uts, cgroup)"));
+  _cleanup_free_ char *why = NULL;
+  if (ns_probe(&why) < 0) {
+    add(r, FOR_NS, "namespaces", ST_FAIL, steal_ptr(why),
+        ns_as_root() ? strdup("run ignition-mcp outside the container or seccomp profile that "
+                              "forbids namespaces")
+                     : strdup("let users create user namespaces: sudo sysctl -w "
+                              "user.max_user_namespaces=15000 (and on Debian/Ubuntu: "
+                              "kernel.unprivileged_userns_clone=1, "
+                              "kernel.apparmor_restrict_unprivileged_userns=0), or run "
+                              "ignition-mcp as root"));
     return;
   }
-  int status;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-    ;
+  if (!ns_as_root()) {
+    add(r, FOR_NS, "namespaces", ST_OK,
+        xasprintf("user, mount, pid, net, ipc, uts and cgroup namespaces can be made; uid 0 in a "
+                  "session is your uid %u, so per-user kernel counts (processes, inotify, "
+                  "message queues, pipes) are shared by your sessions and your other processes",
+                  (unsigned)geteuid()),
+        NULL);
+    return;
+  }
+  unsigned long long last = cfg.ns_uid_base + (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK - 1;
+  _cleanup_free_ char *account = account_in_blocks();
+  if (account) {
+    add(r, FOR_NS, "namespaces", ST_WARN,
+        xasprintf("the account %s has a uid in the sessions' uid blocks %u-%llu: a session "
+                  "would share it",
+                  account, cfg.ns_uid_base, last),
+        strdup("set IGN_MCP_NS_UID_BASE to the start of 256 x 65536 uids no account uses"));
+    return;
+  }
   add(r, FOR_NS, "namespaces", ST_OK,
-      strdup("mount, pid, net, ipc, uts and cgroup namespaces can be made"), NULL);
+      xasprintf("user, mount, pid, net, ipc, uts and cgroup namespaces can be made; each session "
+                "gets host uids of its own (a block of %u from %u-%llu, no account there)",
+                NS_UID_BLOCK, cfg.ns_uid_base, last),
+      NULL);
 }
 
 /* Makes and removes a real group with the session limits. */
@@ -449,12 +540,74 @@ static void check_cgroups(struct report *r) {
     return;
   }
   add(r, FOR_NS, "cgroups", ST_WARN,
-      xasprintf("%s: %s; namespace sessions would run without memory and pids limits",
+      xasprintf("%s: %s; namespace sessions would run without a memory limit (not enforced: "
+                "only each process's data is limited, by RLIMIT_DATA), their processes limited "
+                "by RLIMIT_NPROC in their user namespace instead of a pids cgroup",
                 version ? version : "no cgroup file system at /sys/fs/cgroup", err),
-      getuid() != 0 ? strdup("run ignition-mcp as root")
+      getuid() != 0 ? (v2 ? strdup("start the server in a delegated cgroup: systemd-run --user "
+                                   "--scope -p Delegate=yes ignition-mcp, or run it as root")
+                          : strdup("run ignition-mcp as root (cgroup v1 is not delegated to "
+                                   "users)"))
       : v2 ? strdup("start the server in a delegated cgroup: systemd-run --scope -p Delegate=yes "
                     "ignition-mcp")
            : strdup("mount the memory and pids cgroup controllers under /sys/fs/cgroup"));
+}
+
+/* Starts a sandbox exactly as open_session does and runs a command in it:
+ * what the checks above cannot see (the agent's setup in the namespaces, the
+ * idmapped rootfs, the overlay) shows here. */
+static void check_sandbox(struct report *r, bool parts_ok) {
+  if (!parts_ok) {
+    add(r, FOR_NS, "sandbox", ST_WARN,
+        strdup("not tried: the agent, the rootfs or the namespaces above are not all there"),
+        strdup("fix what is marked above"));
+    return;
+  }
+  struct sandbox_config sc = {
+      .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb, .pids = cfg.pids,
+      .overlay_mb = cfg.overlay_mb, .net = cfg.net, .ns_uid_base = cfg.ns_uid_base,
+  };
+  struct sandbox *sb = NULL;
+  struct agent_conn *conn = NULL;
+  _cleanup_free_ char *err = NULL, *why = NULL;
+  struct agent_exec_res res = {0};
+  int rc = sandbox_ns_ops.create(&sc, "doctor", &sb, &err);
+  if (rc == 0)
+    rc = agent_conn_open(sb->fd, 30000, &conn, &err);
+  if (rc == 0)
+    rc = sb->ops->ready(sb, conn, &err);
+  if (rc == 0) {
+    struct agent_exec_req req = {
+        .command = "id -u && echo ok > /root/.ign-doctor && cat /root/.ign-doctor",
+        .timeout_ms = 30000, .out_cap = 4096};
+    rc = agent_exec(conn, &req, &(struct agent_ctl){0}, &res, &err);
+    if (rc == 0 && (res.exit_code != 0 || res.out_len != 5 || memcmp(res.out, "0\nok\n", 5) != 0)) {
+      err = xasprintf("a command in it did not run as root with a writable /root: exit %d, "
+                      "stdout '%.*s', stderr '%.*s'",
+                      res.exit_code, (int)res.out_len, res.out, (int)res.err_len, res.err);
+      rc = -EIO;
+    }
+  }
+  if (rc < 0 && sb && sb->ops->death_reason)
+    why = sb->ops->death_reason(sb);
+  if (rc < 0) {
+    add(r, FOR_NS, "sandbox", ST_FAIL,
+        xasprintf("a sandbox started as open_session would start one does not work: %s%s%s",
+                  err ? err : strerror(-rc), why ? "; " : "", why ? why : ""),
+        strdup("see the message; `IGN_MCP_LOG=debug ignition-mcp doctor` shows more"));
+  } else {
+    json_t *uid = json_object_get(sb->info, "host_uid");
+    add(r, FOR_NS, "sandbox", ST_OK,
+        xasprintf("started one as open_session does (as host uid %lld%s) and ran a command in it; "
+                  "limits: %s",
+                  uid ? (long long)json_integer_value(uid) : -1LL,
+                  ns_as_root() ? ", rootfs idmapped" : "", sb->limits),
+        NULL);
+  }
+  agent_exec_res_free(&res);
+  agent_conn_free(conn);
+  if (sb)
+    sb->ops->destroy(sb);
 }
 
 /* ---- both ---- */
@@ -499,7 +652,9 @@ static bool backend_wanted(unsigned backends) {
          (cfg.backend == BACKEND_NS && (backends & FOR_NS));
 }
 
-static void run_checks(struct report *r) {
+/* TRY: start a trial session of the vm backend (doctor itself, not the
+ * explanation added to a failed open_session, which must answer soon). */
+static void run_checks(struct report *r, bool try) {
   memset(r, 0, sizeof *r);
   check_qemu(r);
   check_kvm(r);
@@ -509,11 +664,18 @@ static void run_checks(struct report *r) {
   check_store(r);
   check_base(r, inputs && cfg.qemu);
   check_landlock(r);
+  size_t first_ns = r->n;
   check_agent(r);
   check_rootfs(r);
   check_namespaces(r);
+  bool ns_parts = true;
+  for (size_t i = first_ns; i < r->n; i++)
+    ns_parts &= !blocks(&r->c[i], FOR_NS);
   check_cgroups(r);
+  check_sandbox(r, ns_parts);
   check_seccomp(r);
+  if (try)
+    check_session(r, backend_wanted(FOR_VM));
   r->vm_ready = r->ns_ready = true;
   for (size_t i = 0; i < r->n; i++) {
     if (blocks(&r->c[i], FOR_VM))
@@ -521,6 +683,9 @@ static void run_checks(struct report *r) {
     if (blocks(&r->c[i], FOR_NS))
       r->ns_ready = false;
   }
+  /* Ready only once a session has really started. */
+  if (try && !r->vm_tried)
+    r->vm_ready = false;
 }
 
 /* The backend sessions would open on, or NULL. */
@@ -563,8 +728,11 @@ static void print_text(const struct report *r) {
   _cleanup_free_ char *vm_missing = not_ready_list(r, FOR_VM);
   _cleanup_free_ char *ns_missing = not_ready_list(r, FOR_NS);
   if (r->vm_ready)
-    printf("vm: ready: sessions are QEMU microVMs under %s (isolation microvm/%s)\n",
+    printf("vm: ready: sessions are QEMU microVMs under %s (isolation microvm/%s); a trial "
+           "session started\n",
            strcmp(r->accel, "kvm") == 0 ? "KVM" : "TCG", r->accel);
+  else if (!backend_wanted(FOR_VM))
+    printf("vm: not tried (IGN_MCP_BACKEND=%s)\n", config_backend_name());
   else
     printf("vm: cannot open sessions: fix %s above\n", vm_missing);
   if (r->ns_ready)
@@ -592,9 +760,28 @@ static void print_json(const struct report *r) {
     json_array_append_new(checks, o);
   }
   const char *chosen = chosen_backend(r);
-  json_t *out = json_pack("{s:s, s:s, s:s, s:o, s:{s:b, s:b}, s:o, s:b}", "version", IGN_VERSION,
-                          "backend_setting", config_backend_name(), "rootfs", cfg.rootfs_spec,
-                          "checks", checks, "ready", "vm", r->vm_ready, "ns", r->ns_ready,
+  /* What microVMs run under, why, and what the KVM probe measured. */
+  struct vm_kvm_probe p;
+  _cleanup_free_ char *probe_err = NULL, *probe_text = vm_kvm_probe_text();
+  json_t *probe = json_null();
+  if (vm_kvm_probe_last(&p, &probe_err))
+    probe = json_pack("{s:i, s:i, s:b, s:b, s:f, s:f}", "loops", (json_int_t)p.loops, "budget_ms",
+                      (json_int_t)p.budget_ms, "finished", p.finished, "stuck", p.stuck, "run_ms",
+                      p.run_ns / 1e6, "setup_ms", p.setup_ns / 1e6);
+  else if (probe_err)
+    probe = json_pack("{s:s}", "error", probe_err);
+  json_t *accel = json_pack("{s:o, s:o, s:o, s:o}", "decision",
+                            r->accel ? json_string(r->accel) : json_null(), "reason",
+                            json_string(r->accel && strcmp(r->accel, "kvm") == 0
+                                            ? (probe_text ? probe_text : "/dev/kvm works")
+                                        : r->accel_why ? r->accel_why
+                                                       : "KVM cannot be used"),
+                            "why_not_kvm", r->accel_why ? json_string(r->accel_why) : json_null(),
+                            "kvm_probe", probe);
+  json_t *out = json_pack("{s:s, s:s, s:s, s:o, s:o, s:{s:b, s:b}, s:o, s:b}", "version",
+                          IGN_VERSION, "backend_setting", config_backend_name(), "rootfs",
+                          cfg.rootfs_spec, "checks", checks, "accel", accel, "ready", "vm",
+                          r->vm_ready, "ns", r->ns_ready,
                           "backend", chosen ? json_string(chosen) : json_null(),
                           "sessions_can_open", chosen != NULL);
   char *s = json_dumps(out, JSON_INDENT(2));
@@ -605,8 +792,12 @@ static void print_json(const struct report *r) {
 }
 
 int doctor_main(bool as_json) {
+  /* The sandbox check talks to an agent that may die at any moment (that
+   * is what it checks): a write to its socket must fail with EPIPE, not
+   * kill us.  The server ignores SIGPIPE for the same reason. */
+  signal(SIGPIPE, SIG_IGN);
   struct report r;
-  run_checks(&r);
+  run_checks(&r, true);
   if (as_json)
     print_json(&r);
   else
@@ -620,7 +811,7 @@ int doctor_main(bool as_json) {
 char *doctor_explain(void) {
   log_debug("running the doctor's checks to explain why no sandbox backend can run");
   struct report r;
-  run_checks(&r);
+  run_checks(&r, false);
   char *text = xasprintf("What `ignition-mcp doctor` finds for IGN_MCP_BACKEND=%s:",
                          config_backend_name());
   size_t shown = 0;

@@ -43,6 +43,8 @@ static void usage(void) {
          "  IGN_MCP_MAX_STDIN     largest run stdin in bytes [8388608]\n"
          "  IGN_MCP_MEMORY_MB     memory limit per session [1024]\n"
          "  IGN_MCP_PIDS          process limit per session [1024]\n"
+         "  IGN_MCP_NS_UID_BASE   ns as root: first host uid of the sessions' 256 blocks\n"
+         "                        of 65536 uids [1879048192]\n"
          "  IGN_MCP_OVERLAY_MB    writable disk per session [1024]\n"
          "  IGN_MCP_NET           set to give microVMs user-mode networking [unset]\n"
          "  IGN_MCP_STORE         where warm bases live [/var/lib/ignition-mcp as root,\n"

@@ -1,11 +1,61 @@
 /* ns.c: the namespace backend.
  *
- * A sandbox is ign-agent running as PID 1 of fresh mount, pid, net, ipc, uts
- * and cgroup namespaces, in a cgroup with memory and pids limits.  The
- * server only clones the process and places it in its cgroup; the agent
- * itself (guest/ns_setup.c) builds the root: the rootfs tree read-only under
- * a size-capped tmpfs overlay, a fresh /proc and a minimal /dev, loopback
- * only, then drops every capability and installs its seccomp filter.
+ * A sandbox is ign-agent running as PID 1 of fresh user, mount, pid, net,
+ * ipc, uts and cgroup namespaces, in a cgroup with memory and pids limits
+ * where the host lets us make one.  The server clones the process, maps its
+ * user namespace, places it in its cgroup and, as root, hands it an idmapped
+ * copy of the rootfs; the agent itself (guest/ns_setup.c) builds the root:
+ * the rootfs tree read-only under a size-capped tmpfs overlay, a fresh /proc
+ * and a minimal /dev, loopback only, then drops every capability and
+ * installs its seccomp filter.
+ *
+ * Who the sandbox is on the host (the user namespace):
+ *   - The server runs as root: each sandbox gets a block of 65536 host uids
+ *     and gids of its own, base + slot * 65536 (base IGN_MCP_NS_UID_BASE,
+ *     default 0x70000000 = 1879048192, 256 slots: above the container ranges
+ *     systemd hands out and below 2^31, away from the QEMUs' 0x49474e00
+ *     range), uid 0 inside = the block's first uid.  Every per-user count of
+ *     the kernel (inotify instances, fanotify groups, mqueue bytes, pipe
+ *     pages, keys, processes, pending signals) is charged to that uid: not to
+ *     host root, not to another session.  A slot is held with an flock on
+ *     /run/ignition-mcp-uids/<slot>, so no two live sandboxes of any
+ *     server on this host share a uid; the lock is released only after the
+ *     sandbox's PID 1 is reaped, which is after every process of its pid
+ *     namespace is gone (a killed server's locks go with it, and its
+ *     sandboxes die with it through PR_SET_PDEATHSIG).  The server writes
+ *     uid_map and gid_map (setgroups stays allowed: root wrote the maps).
+ *     The rootfs tree belongs to host root, which is unmapped inside: its
+ *     files would show as nobody and overlayfs refuses to copy up files
+ *     whose owner is unmapped.  So the server makes an idmapped mount of the
+ *     tree (open_tree + mount_setattr(MOUNT_ATTR_IDMAP) with the sandbox's
+ *     user namespace, read-only, nosuid, nodev) in which on-disk uid k is
+ *     host uid base + slot * 65536 + k, i.e. uid k inside: the sandbox sees
+ *     the rootfs exactly as before and may change any file (copy-up).  The
+ *     mount travels to the child with SCM_RIGHTS on the socket that releases
+ *     it, as fd 4 of the agent (--rootfs-fd).  Where no idmapped mount can
+ *     be made (a file system without support for it, a kernel before 5.12,
+ *     a valgrind that does not know the syscalls) the session runs without
+ *     one, as for a server run as a user (below): the rootfs's files
+ *     read-only, a fresh /root and /tmp; its limits say "rootfs read-only".
+ *   - The server runs as a user: one mapping, uid and gid 0 inside = the
+ *     user's own uid and gid (setgroups denied, as the kernel requires of an
+ *     unprivileged writer).  Per-user counts are the user's, shared by the
+ *     user's processes and every session of the user.  newuidmap and a
+ *     subordinate range are not used: a user can only create user
+ *     namespaces it owns, and the kernel charges the ucounts-based counts
+ *     (RLIMIT_NPROC, RLIMIT_MSGQUEUE, RLIMIT_SIGPENDING, inotify) to the
+ *     owner as well, so mapping root inside to a subordinate uid would
+ *     separate little (pipe pages, keys) and would leave a rootfs the user
+ *     owns unmapped, hence read-only.  An idmapped mount needs host root,
+ *     so files of the rootfs owned by another uid (a rootfs built by root)
+ *     show as nobody and cannot be changed; the agent then gives the
+ *     sandbox a fresh /root and /tmp on the overlay's tmpfs (see
+ *     ns_setup.c).  A rootfs the user owns is fully writable.  Without
+ *     delegated cgroups (cgroup v1, or v2 without systemd's delegation) the
+ *     pids limit is RLIMIT_NPROC, set in the child: counted per user
+ *     namespace since Linux 5.14, it counts the sandbox's own processes and
+ *     not the user's others; memory is then not enforced, and the limits
+ *     string says so.
  *
  * Life and death: the agent's channel is one end of a socketpair whose other
  * end only the server holds, and the agent exits when it reads EOF; it also
@@ -19,7 +69,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -29,6 +82,11 @@
 #include "common/util.h"
 #include "mcp/log.h"
 #include "sandbox/sandbox.h"
+
+/* Host-wide (not the server's run directory, which tests/fence.sh gives
+ * each fenced server a private copy of). */
+#define NS_UID_LOCK_DIR "/run/ignition-mcp-uids"
+#define NS_ROOTFS_FD 4            /* the idmapped rootfs in the agent */
 
 struct ns_sandbox {
   struct sandbox base;
@@ -41,18 +99,27 @@ struct ns_sandbox {
   int err_fd;               /* read end of the agent's stderr, or -1 */
   char err_msg[1024];
   size_t err_len;
+  int uid_lock_fd;          /* flock held on the uid block's slot file, or -1 */
 };
 
 struct clone_args_ns {
   const char *agent;
-  char *const *argv;
+  char **argv;              /* ends "--rootfs-fd", "4", NULL: cut when no mount came */
+  size_t rootfs_fd_arg;     /* index of "--rootfs-fd" in argv */
   char *const *envp;
   int chan_fd;              /* child's end of the socketpair */
   int err_fd;               /* write end of the stderr pipe */
-  int sync_fd;              /* read end: released once in its cgroup */
+  int sync_fd;              /* child's end: released (and the rootfs) once mapped */
   int null_fd;
+  uid_t owner;              /* the user namespace's owner (root), or -1 */
+  bool clear_groups;        /* setgroups(0): root wrote the gid map */
+  unsigned long nproc;      /* RLIMIT_NPROC for the sandbox, 0 for none */
+  unsigned long data;       /* RLIMIT_DATA in bytes for each process, 0 for none */
   pid_t ret_pid;
 };
+
+#define NS_CLONE_FLAGS                                                                       \
+  (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
 
 /* Runs on the spawner thread.  Between clone and execve the child makes raw
  * system calls only. */
@@ -60,20 +127,82 @@ static int clone_agent(void *p) {
   struct clone_args_ns *a = p;
   /* No CLONE_NEWCGROUP: the agent makes its cgroup namespace once it is in
    * the session's groups (guest/ns_setup.c). */
-  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
-  pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+  /* The kernel charges the per-user counts of a user namespace (RLIMIT_*
+   * ucounts, inotify instances) to its owner as well, and the owner is the
+   * euid that creates it: as root, create it as the block's first uid.  On
+   * this thread only: raw syscalls change one thread's credentials (glibc's
+   * wrappers would change every thread's), and ruid and suid stay 0 so the
+   * capabilities come back with euid 0. */
+  bool as_owner = a->owner != (uid_t)-1;
+  /* A change of euid also makes the whole process undumpable: put back what
+   * it was. */
+  int dumpable = as_owner ? prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) : -1;
+  if (as_owner && (syscall(SYS_setresgid, -1, a->owner, -1) < 0 ||
+                   syscall(SYS_setresuid, -1, a->owner, -1) < 0)) {
+    int e = errno;
+    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+      abort(); /* the spawner would go on as another user */
+    return -e;
+  }
+  pid_t pid = (pid_t)syscall(SYS_clone, NS_CLONE_FLAGS | SIGCHLD, NULL, NULL, NULL, NULL);
+  int clone_errno = errno;
+  if (pid != 0 && as_owner) {
+    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+      abort();
+    if (dumpable == 1)
+      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  }
   if (pid < 0)
-    return -errno;
+    return -clone_errno;
   if (pid == 0) {
-    char c;
+    char c = 0;
+    int tree_fd = -1;
+    union {
+      struct cmsghdr h;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct iovec iov = {.iov_base = &c, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf};
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (read(a->sync_fd, &c, 1) != 1)
+    /* The server writes our uid and gid maps, then releases us; the message
+     * carries the idmapped rootfs when there is one. */
+    if (recvmsg(a->sync_fd, &mh, MSG_CMSG_CLOEXEC) != 1 || c != 'x')
       _exit(126);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+      memcpy(&tree_fd, CMSG_DATA(cm), sizeof tree_fd);
+    /* Until now we were the server's host uid, unmapped in here: become
+     * root of the namespace (the block's first uid, or the user's own). */
+    if (syscall(SYS_setresgid, 0, 0, 0) < 0 ||
+        (a->clear_groups && syscall(SYS_setgroups, 0, NULL) < 0) ||
+        syscall(SYS_setresuid, 0, 0, 0) < 0)
+      _exit(125);
+    /* A change of uid clears the death signal: set it again, then tell the
+     * server, which is then known to be alive (else EPIPE). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (send(a->sync_fd, "y", 1, MSG_NOSIGNAL) != 1)
+      _exit(126);
+    if (a->nproc) {
+      struct rlimit rl = {.rlim_cur = a->nproc, .rlim_max = a->nproc};
+      if (syscall(SYS_prlimit64, 0, RLIMIT_NPROC, &rl, NULL) < 0)
+        _exit(125);
+    }
+    if (a->data) {
+      struct rlimit rl = {.rlim_cur = a->data, .rlim_max = a->data};
+      if (syscall(SYS_prlimit64, 0, RLIMIT_DATA, &rl, NULL) < 0)
+        _exit(125);
+    }
+    if (tree_fd >= 0 && (tree_fd = fcntl(tree_fd, F_DUPFD, 10)) < 0)
+      _exit(126);
+    if (tree_fd < 0)
+      a->argv[a->rootfs_fd_arg] = NULL; /* our own copy of the array */
     if (dup2(a->null_fd, 0) < 0 || dup2(a->null_fd, 1) < 0 || dup2(a->err_fd, 2) < 0 ||
-        dup2(a->chan_fd, 3) < 0)
+        dup2(a->chan_fd, 3) < 0 || (tree_fd >= 0 && dup2(tree_fd, NS_ROOTFS_FD) < 0))
       _exit(126);
-    /* Only fds 0-3 reach the sandbox, whatever the server inherited. */
-    if (syscall(SYS_close_range, 4, ~0U, 0) < 0)
+    /* Only fds 0-3 (and the rootfs) reach the sandbox, whatever the server
+     * inherited. */
+    if (syscall(SYS_close_range, tree_fd >= 0 ? NS_ROOTFS_FD + 1 : 4, ~0U, 0) < 0)
       _exit(126);
     sandbox_child_reset_signals();
     execve(a->agent, a->argv, a->envp);
@@ -84,6 +213,170 @@ static int clone_agent(void *p) {
   }
   a->ret_pid = pid;
   return 0;
+}
+
+/* ---- uids ---- */
+
+bool ns_as_root(void) { return geteuid() == 0; }
+
+/* Takes a free uid block: an flock on its slot file, held until the
+ * sandbox is reaped. */
+static int ns_uid_take(unsigned base, unsigned *ret_uid, int *ret_fd, char **ret_err) {
+  static _Atomic unsigned next;
+  if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot create %s for the sandboxes' uid blocks: %s", NS_UID_LOCK_DIR,
+                         strerror(errno));
+    return r;
+  }
+  unsigned start = (unsigned)getpid() * 7 + next++;
+  for (unsigned i = 0; i < NS_UID_SLOTS; i++) {
+    unsigned slot = (start + i) % NS_UID_SLOTS;
+    char path[128];
+    snprintf(path, sizeof path, NS_UID_LOCK_DIR "/%u", slot);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      int r = -errno;
+      *ret_err = xasprintf("cannot open %s: %s", path, strerror(errno));
+      return r;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      *ret_uid = base + slot * NS_UID_BLOCK;
+      *ret_fd = fd;
+      return 0;
+    }
+    close(fd);
+  }
+  *ret_err = xasprintf("all %u uid blocks for namespace sandboxes (from IGN_MCP_NS_UID_BASE=%u) "
+                       "are held by running sessions on this host (" NS_UID_LOCK_DIR "): close "
+                       "some sessions",
+                       NS_UID_SLOTS, base);
+  return -EBUSY;
+}
+
+static int ns_write_proc(pid_t pid, const char *name, const char *text, char **ret_err) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
+  _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot write %s to %s: %s", text, path, strerror(errno));
+    return r;
+  }
+  return 0;
+}
+
+/* Maps uid and gid 0 of the child's user namespace: to the block from
+ * UID as root, to our own uid and gid otherwise. */
+static int ns_write_maps(pid_t pid, unsigned uid, char **ret_err) {
+  char map[64];
+  int r;
+  if (ns_as_root()) {
+    snprintf(map, sizeof map, "0 %u %u\n", uid, NS_UID_BLOCK);
+    if ((r = ns_write_proc(pid, "uid_map", map, ret_err)) < 0 ||
+        (r = ns_write_proc(pid, "gid_map", map, ret_err)) < 0)
+      return r;
+    return 0;
+  }
+  snprintf(map, sizeof map, "0 %u 1\n", (unsigned)geteuid());
+  if ((r = ns_write_proc(pid, "uid_map", map, ret_err)) < 0 ||
+      (r = ns_write_proc(pid, "setgroups", "deny", ret_err)) < 0)
+    return r;
+  snprintf(map, sizeof map, "0 %u 1\n", (unsigned)getegid());
+  return ns_write_proc(pid, "gid_map", map, ret_err);
+}
+
+/* A detached, read-only mount of ROOTFS in which host uid k shows as uid k
+ * of the child's user namespace. */
+static int ns_idmapped_rootfs(const char *rootfs, pid_t pid, int *ret_fd, char **ret_err) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+  _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
+  if (userns < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open %s: %s", path, strerror(errno));
+    return r;
+  }
+  _cleanup_close_ int tree = open_tree(AT_FDCWD, rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tree < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot make a mount of the rootfs %s (open_tree: %s); Linux 5.12 or "
+                         "later is needed",
+                         rootfs, strerror(errno));
+    return r;
+  }
+  struct mount_attr attr = {
+      .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+      .userns_fd = (uint64_t)userns,
+  };
+  if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot make an idmapped mount of the rootfs %s (mount_setattr: %s): "
+                         "its file system does not support idmapped mounts on this kernel; put "
+                         "the rootfs on ext4, xfs or btrfs (or tmpfs with Linux 6.3 or later)",
+                         rootfs, strerror(errno));
+    return r;
+  }
+  *ret_fd = steal_fd(tree);
+  return 0;
+}
+
+int ns_probe(char **ret_err) {
+  pid_t pid = (pid_t)syscall(SYS_clone, NS_CLONE_FLAGS | SIGCHLD, NULL, NULL, NULL, NULL);
+  if (pid == 0)
+    _exit(0);
+  if (pid < 0) {
+    int e = errno;
+    bool perm = e == EPERM || e == EACCES || e == ENOSPC;
+    *ret_err = xasprintf(
+        "cannot create user, mount, pid, net, ipc, uts and cgroup namespaces: %s%s", strerror(e),
+        !perm ? ""
+        : ns_as_root()
+            ? " (something forbids namespaces to root here, e.g. a seccomp filter of a container)"
+            : " (this host does not let users create user namespaces: see "
+              "/proc/sys/user/max_user_namespaces, /proc/sys/kernel/unprivileged_userns_clone "
+              "and /proc/sys/kernel/apparmor_restrict_unprivileged_userns)");
+    return -e;
+  }
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+    ;
+  return 0;
+}
+
+static void ns_close_pair(int fds[2]) {
+  for (int i = 0; i < 2; i++)
+    if (fds[i] >= 0) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+}
+
+/* Releases the child (with the rootfs mount, or none) and waits for it to
+ * say it is root of its namespace. */
+static int ns_release(int sync_fd, int tree_fd) {
+  char c = 'x';
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {.iov_base = &c, .iov_len = 1};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (tree_fd >= 0) {
+    mh.msg_control = u.buf;
+    mh.msg_controllen = sizeof u.buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &tree_fd, sizeof tree_fd);
+  }
+  if (sendmsg(sync_fd, &mh, MSG_NOSIGNAL) != 1)
+    return -errno;
+  ssize_t n;
+  while ((n = read(sync_fd, &c, 1)) < 0 && errno == EINTR)
+    ;
+  return n == 1 && c == 'y' ? 0 : n < 0 ? -errno : -ECHILD;
 }
 
 static int ns_create(const struct sandbox_config *cfg, const char *session_id,
@@ -106,87 +399,131 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->err_fd = -1;
   sandbox_proc_init(&sb->proc);
   pthread_mutex_init(&sb->err_lock, NULL);
+  sb->uid_lock_fd = -1;
+
+  bool root = ns_as_root();
+  unsigned host_uid = (unsigned)geteuid();
+  _cleanup_close_ int tree_fd = -1;
+  int r;
+  if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, &sb->uid_lock_fd, ret_err)) < 0)
+    return r;
 
   char cg_name[64];
   snprintf(cg_name, sizeof cg_name, "ign-mcp-%d-%u", getpid(), ++seq);
   _cleanup_free_ char *cg_err = NULL;
   /* The overlay's tmpfs pages are charged to the sandbox's memory cgroup:
-   * with a memory limit it is at most half of it (sandbox_overlay_mb). */
-  unsigned overlay_mb = cfg->overlay_mb;
+   * it is at most half the memory limit (sandbox_overlay_mb), and without a
+   * cgroup too: the same size either way, and less of the host's memory
+   * that nothing accounts for. */
+  unsigned overlay_mb = sandbox_overlay_mb(cfg->memory_mb, cfg->overlay_mb);
+  unsigned long nproc = 0, data = 0;
   if (cgroup_create(cg_name, cfg->memory_mb, cfg->pids, &sb->cg, &cg_err) < 0) {
-    log_warn("session %s runs without memory and pids limits: %s", session_id, cg_err);
-    snprintf(sb->base.limits, sizeof sb->base.limits, "overlay %u MiB; no cgroup limits",
-             overlay_mb);
+    /* RLIMIT_NPROC counts the processes of our uid in the sandbox's user
+     * namespace: a pids limit of its own.  Memory has no equivalent: the
+     * session's total is not limited, only each process's data (heap and
+     * private writable mappings; reservations without access, as Go and
+     * V8 make, do not count) to the memory limit, so that one runaway
+     * process gets ENOMEM before the host runs short. */
+    nproc = cfg->pids;
+    data = (unsigned long)cfg->memory_mb << 20;
+    log_warn("session %s runs without a cgroup (memory is not limited but per process; pids %u "
+             "by RLIMIT_NPROC): %s",
+             session_id, cfg->pids, cg_err);
+    snprintf(sb->base.limits, sizeof sb->base.limits,
+             "pids %u (RLIMIT_NPROC), overlay %u MiB; memory not enforced (no cgroup; %u MiB "
+             "data per process)",
+             cfg->pids, overlay_mb, cfg->memory_mb);
   } else {
-    overlay_mb = sandbox_overlay_mb(cfg->memory_mb, cfg->overlay_mb);
     snprintf(sb->base.limits, sizeof sb->base.limits, "memory %u MiB, pids %u, overlay %u MiB%s",
              cfg->memory_mb, cfg->pids, overlay_mb,
              overlay_mb < cfg->overlay_mb ? " (at most half the memory limit)" : "");
   }
 
-  int sv[2], errp[2], syncp[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
-    int r = -errno;
-    *ret_err = xasprintf("socketpair: %s", strerror(errno));
-    cgroup_destroy(sb->cg);
-    return r;
-  }
-  if (pipe2(errp, O_CLOEXEC) < 0) {
-    int r = -errno;
-    close(sv[0]);
-    close(sv[1]);
-    cgroup_destroy(sb->cg);
-    *ret_err = xasprintf("pipe: %s", strerror(-r));
-    return r;
-  }
-  if (pipe2(syncp, O_CLOEXEC) < 0) {
-    int r = -errno;
-    close(sv[0]);
-    close(sv[1]);
-    close(errp[0]);
-    close(errp[1]);
-    cgroup_destroy(sb->cg);
-    *ret_err = xasprintf("pipe: %s", strerror(-r));
-    return r;
-  }
+  int sv[2] = {-1, -1}, errp[2] = {-1, -1}, syncp[2] = {-1, -1};
   _cleanup_close_ int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || pipe2(errp, O_CLOEXEC) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, syncp) < 0 || null_fd < 0) {
+    r = -errno;
+    *ret_err = xasprintf("cannot make the sandbox's channel: %s", strerror(errno));
+    goto fail;
+  }
 
-  char overlay[16];
+  char overlay[16], rootfs_fd[16];
   snprintf(overlay, sizeof overlay, "%u", overlay_mb);
+  snprintf(rootfs_fd, sizeof rootfs_fd, "%d", NS_ROOTFS_FD);
   char *argv[] = {"ign-agent", "--ns", "--rootfs", (char *)cfg->rootfs, "--overlay-mb", overlay,
-                  "--hostname", (char *)session_id, NULL};
+                  "--hostname", (char *)session_id, "--rootfs-fd", rootfs_fd, NULL};
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
-      .agent = cfg->agent, .argv = argv, .envp = envp, .chan_fd = sv[1],
-      .err_fd = errp[1], .sync_fd = syncp[0], .null_fd = null_fd,
+      .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = ARRAY_SIZE(argv) - 3, .envp = envp,
+      .chan_fd = sv[1], .err_fd = errp[1], .sync_fd = syncp[1], .null_fd = null_fd,
+      .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root, .nproc = nproc,
+      .data = data,
   };
-  int r = spawner_call(clone_agent, &a);
+  r = spawner_call(clone_agent, &a);
   close(sv[1]);
   close(errp[1]);
-  close(syncp[0]);
+  close(syncp[1]);
+  sv[1] = errp[1] = syncp[1] = -1;
   if (r < 0) {
-    close(sv[0]);
-    close(errp[0]);
-    close(syncp[1]);
-    cgroup_destroy(sb->cg);
-    *ret_err = xasprintf("cannot create the namespaces (clone: %s); the ns backend needs root "
-                         "or CAP_SYS_ADMIN",
-                         strerror(-r));
-    return r;
+    _cleanup_free_ char *why = NULL;
+    ns_probe(&why);
+    *ret_err = why ? steal_ptr(why)
+                   : xasprintf("cannot create the namespaces (clone: %s)", strerror(-r));
+    goto fail;
   }
   sandbox_proc_set(&sb->proc, a.ret_pid);
+  sb->err_fd = steal_fd(errp[0]);
+
+  if ((r = ns_write_maps(a.ret_pid, host_uid, ret_err)) < 0)
+    goto fail_child;
+  if (root) {
+    /* Without an idmapped mount the session still works, with the rootfs's
+     * files read-only (their owner is not mapped) and a fresh /root and
+     * /tmp: said in its limits, and logged once per server. */
+    static _Atomic bool warned;
+    _cleanup_free_ char *why = NULL;
+    if (ns_idmapped_rootfs(cfg->rootfs, a.ret_pid, &tree_fd, &why) < 0) {
+      if (!warned) {
+        warned = true;
+        log_warn("%s; namespace sessions see the rootfs's files read-only", why);
+      }
+      size_t n = strlen(sb->base.limits);
+      snprintf(sb->base.limits + n, sizeof sb->base.limits - n,
+               "; rootfs read-only (no idmapped mount)");
+    }
+  }
   if (sb->cg && (r = cgroup_attach(sb->cg, a.ret_pid)) < 0)
     log_warn("cannot move the sandbox of session %s into its cgroup: %s", session_id,
              strerror(-r));
-  /* Release the child. */
-  if (write(syncp[1], "x", 1) != 1)
-    log_warn("cannot release the sandbox process of session %s", session_id);
-  close(syncp[1]);
+  if ((r = ns_release(syncp[0], tree_fd)) < 0) {
+    *ret_err = r == -EPIPE || r == -ECHILD
+                   ? strdup("the sandbox's first process exited before it became root of its "
+                            "user namespace (setresuid or setgroups failed)")
+                   : xasprintf("cannot release the sandbox's first process: %s", strerror(-r));
+    goto fail_child;
+  }
+  ns_close_pair(syncp);
 
+  sb->base.info = json_pack("{s:I}", "host_uid", (json_int_t)host_uid);
   sb->base.fd = sv[0];
-  sb->err_fd = errp[0];
   *ret = &steal_ptr(sb)->base;
   return 0;
+
+fail_child:
+  sandbox_proc_kill_wait(&sb->proc);
+fail:
+  sandbox_proc_fini(&sb->proc);
+  pthread_mutex_destroy(&sb->err_lock);
+  ns_close_pair(sv);
+  ns_close_pair(errp);
+  ns_close_pair(syncp);
+  if (sb->err_fd >= 0)
+    close(sb->err_fd);
+  cgroup_destroy(sb->cg);
+  if (sb->uid_lock_fd >= 0)
+    close(sb->uid_lock_fd);
+  return r;
 }
 
 static int ns_ready(struct sandbox *base, struct agent_conn *conn, char **ret_err) {
@@ -214,6 +551,9 @@ static void ns_destroy(struct sandbox *base) {
   if (sb->err_fd >= 0)
     close(sb->err_fd);
   pthread_mutex_destroy(&sb->err_lock);
+  /* Reaped: nothing runs under the uid block any more. */
+  if (sb->uid_lock_fd >= 0)
+    close(sb->uid_lock_fd);
   json_decref(sb->base.info);
   free(sb);
 }

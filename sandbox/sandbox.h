@@ -25,6 +25,7 @@ struct sandbox_config {
   unsigned pids;
   unsigned overlay_mb;
   bool net;
+  unsigned ns_uid_base;     /* first host uid of the ns sandboxes' blocks (root) */
 };
 
 struct sandbox;
@@ -53,11 +54,23 @@ struct sandbox {
   const struct sandbox_ops *ops;
   int fd;                   /* stream to the agent; moved to agent_conn */
   const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
-  char limits[128];         /* human summary of the limits in force */
+  char limits[192];         /* human summary of the limits in force */
   json_t *info;             /* extra open_session fields (path, phases), or NULL */
 };
 
 extern const struct sandbox_ops sandbox_ns_ops;
+
+/* The ns backend's uid blocks: NS_UID_SLOTS blocks of NS_UID_BLOCK host
+ * uids (and gids) from IGN_MCP_NS_UID_BASE, one per sandbox of a root server. */
+#define NS_UID_BLOCK 65536u
+#define NS_UID_SLOTS 256u
+#define NS_UID_BASE_DEFAULT 0x70000000u
+/* Does the ns backend run as root here (a uid block and an idmapped rootfs
+ * per sandbox), or as a user (the user's own uid, no idmapping)? */
+bool ns_as_root(void);
+/* Can this process make the namespaces of a sandbox?  0, or a negative
+ * errno with *ret_err saying why not. */
+int ns_probe(char **ret_err);
 
 /* The size of a sandbox's overlay.  It is a tmpfs whose pages cannot be
  * swapped or reclaimed (guest RAM for a VM, the memory cgroup's charge for

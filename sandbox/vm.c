@@ -67,10 +67,6 @@
 #define KVM_BOOT_TIMEOUT_MS 20000
 #define RESTORE_TIMEOUT_MS 20000
 #define BASE_WAIT_MS 180000
-/* QEMUs run as uid VM_UID_BASE + n (n < VM_UID_SPAN) and gid VM_GID. */
-#define VM_UID_BASE 0x49474e00u
-#define VM_UID_SPAN 4096u
-#define VM_GID VM_UID_BASE
 #define TB_SIZE_MB 128
 #define FINGERPRINT_VERSION 3
 
@@ -83,6 +79,7 @@ struct vm {
   /* QEMU: killed and reaped only through this (spawn.c), as several calls
    * may ask why a VM died at once (death_reason) while a close kills it. */
   struct sandbox_proc proc;
+  uid_t uid;                /* a root server's QEMU uid, given back once it is reaped; or 0 */
   char path[8];             /* "pool", "restore", "cold" */
   char *ram;                /* the RAM file it maps (a spare fits only its base) */
   dev_t ram_dev;            /* ... and that file's identity when it started: a base */
@@ -110,7 +107,9 @@ static struct {
   unsigned seq;
   gid_t kvm_gid;
   int base_lock_fd;         /* shared flock on the base in use */
-} vmb = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .base_lock_fd = -1};
+  struct vm_uids uids;      /* a root server's QEMU uids */
+} vmb = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .base_lock_fd = -1,
+       .uids = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
 const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "microvm"; }
 
@@ -254,11 +253,25 @@ static char *kvm_open_why(char **ret_fix) {
   if (fd < 0 && errno == ENOENT)
     return strdup("/dev/kvm does not exist (the host offers no hardware virtualisation to this "
                   "machine, or the kvm module is not loaded)");
-  if (fd < 0) {
-    if (errno == EACCES)
-      *ret_fix = strdup("usermod -aG kvm \"$USER\" (then log in again)");
-    return xasprintf("/dev/kvm cannot be opened: %s", strerror(errno));
+  if (fd < 0 && errno == EACCES) {
+    /* Say which: a device only root may use, or a group this user is not in. */
+    struct stat st;
+    struct group *g = getgrnam("kvm");
+    bool kvm_group = stat("/dev/kvm", &st) == 0 && g && st.st_gid == g->gr_gid &&
+                     (st.st_mode & 0060) == 0060;
+    if (kvm_group) {
+      *ret_fix = strdup("sudo usermod -aG kvm \"$USER\" (then log in again)");
+      return strdup("/dev/kvm cannot be opened: Permission denied (it belongs to group kvm, "
+                    "which this user is not in)");
+    }
+    *ret_fix = strdup("sudo chgrp kvm /dev/kvm && sudo chmod 0660 /dev/kvm && sudo usermod -aG kvm "
+                      "\"$USER\" (then log in again); or run the server as root");
+    return xasprintf("/dev/kvm cannot be opened: Permission denied (mode %03o, owner %u, group %u: "
+                     "only root may use KVM on this host, so as a user it is not usable)",
+                     (unsigned)(st.st_mode & 0777), (unsigned)st.st_uid, (unsigned)st.st_gid);
   }
+  if (fd < 0)
+    return xasprintf("/dev/kvm cannot be opened: %s", strerror(errno));
   if (ioctl(fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION)
     return strdup("/dev/kvm speaks another KVM API version");
   int vm = ioctl(fd, KVM_CREATE_VM, 0);
@@ -446,16 +459,29 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
       .ram_file_writable = kind == VM_CLONE ? ram_path : NULL,
-      .needed = {cfg.qemu, v->dir},
+      .needed = {cfg.qemu}, .hide = vmb.run_dir,
       .binds = {{cfg.vm_image, "image", false},
                 {kind == VM_CLONE ? ram_file : cfg.kernel, kind == VM_CLONE ? "ram" : "kernel",
                  kind == VM_CLONE},
                 {kind == VM_CLONE ? NULL : cfg.initramfs, "initramfs", false}},
       .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
-      .uid = VM_UID_BASE + seq % VM_UID_SPAN, .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
+      .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
   };
   pid_t pid = 0;
-  int r = vm_spawn(&req, &pid, ret_err);
+  int r = 0;
+  if (getuid() == 0 && (r = vm_uid_alloc(&vmb.uids, vm_uid_process_alive, &req.uid)) < 0)
+    *ret_err = xasprintf("all %u QEMU uids (%u-%u) are in use by live QEMUs: close sessions or "
+                         "lower IGN_MCP_MAX_SESSIONS and IGN_MCP_POOL",
+                         VM_UID_SPAN, VM_UID_BASE, VM_UID_BASE + VM_UID_SPAN - 1);
+  if (r == 0) {
+    r = vm_spawn(&req, &pid, ret_err);
+    if (r < 0)
+      vm_uid_release(&vmb.uids, req.uid);
+    else {
+      vm_uid_started(&vmb.uids, req.uid, pid);
+      v->uid = req.uid;
+    }
+  }
   close(qsv[1]);
   close(asv[1]);
   if (r < 0) {
@@ -1546,6 +1572,62 @@ static bool kvm_reachable(char **ret_why, char **ret_fix) {
   return false;
 }
 
+/* The KVM probe runs once per process (the doctor and the backend ask the
+ * same question), under this lock. */
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool probe_ran;
+static int probe_rc;
+static struct vm_kvm_probe probe_res;
+static char *probe_err;
+
+bool vm_kvm_probe_last(struct vm_kvm_probe *ret, char **ret_err) {
+  pthread_mutex_lock(&probe_lock);
+  bool ran = probe_ran;
+  if (ran && probe_rc == 0)
+    *ret = probe_res;
+  if (ran && probe_rc < 0 && ret_err)
+    *ret_err = strdup(probe_err);
+  pthread_mutex_unlock(&probe_lock);
+  return ran && probe_rc == 0;
+}
+
+char *vm_kvm_probe_text(void) {
+  struct vm_kvm_probe p;
+  _cleanup_free_ char *err = NULL;
+  if (!vm_kvm_probe_last(&p, &err))
+    return err ? xasprintf("the KVM probe could not run: %s", err) : NULL;
+  if (p.finished)
+    return xasprintf("KVM probe: a guest in kernel mode ran %u loop iterations in %.2f ms (budget "
+                     "%u ms; VM set up in %.2f ms)",
+                     p.loops, p.run_ns / 1e6, p.budget_ms, p.setup_ns / 1e6);
+  return xasprintf("KVM probe: a guest in kernel mode did not finish %u loop iterations in %u ms%s "
+                   "(real KVM takes about 1 ms; VM set up in %.2f ms)",
+                   p.loops, p.budget_ms, p.stuck ? ", and its vCPU did not come back when stopped" : "",
+                   p.setup_ns / 1e6);
+}
+
+/* Why KVM does not help on this host (it runs guest kernel code far slower
+ * than TCG would), or NULL when it does. */
+static char *kvm_slow_why(char **ret_fix) {
+  pthread_mutex_lock(&probe_lock);
+  if (!probe_ran) {
+    probe_rc = vm_kvm_probe(KVM_PROBE_LOOPS, KVM_PROBE_BUDGET_MS, &probe_res, &probe_err);
+    probe_ran = true;
+  }
+  int rc = probe_rc;
+  struct vm_kvm_probe p = probe_res;
+  pthread_mutex_unlock(&probe_lock);
+  if (rc == 0 && p.finished)
+    return NULL;
+  _cleanup_free_ char *text = vm_kvm_probe_text();
+  *ret_fix = strdup("nothing to do: TCG is faster here (IGN_MCP_ACCEL=kvm would insist on KVM)");
+  if (rc < 0)
+    return xasprintf("KVM opens but cannot run a guest: %s", text);
+  return xasprintf("KVM does not help on this host: %s, so guest kernels would run far slower "
+                   "than under TCG (a paravirtual or nested hypervisor)",
+                   text);
+}
+
 const char *vm_probe_accel(char **ret_why, char **ret_fix) {
   *ret_why = *ret_fix = NULL;
   if (strcmp(cfg.accel, "tcg") == 0) {
@@ -1553,6 +1635,15 @@ const char *vm_probe_accel(char **ret_why, char **ret_fix) {
     return "tcg";
   }
   char *why = kvm_open_why(ret_fix);
+  if (!why) {
+    why = kvm_slow_why(ret_fix);
+    /* IGN_MCP_ACCEL=kvm insists on a KVM that works, however slow. */
+    if (why && strcmp(cfg.accel, "kvm") == 0) {
+      log_warn("%s; using it anyway (IGN_MCP_ACCEL=kvm)", why);
+      free(steal_ptr(why));
+      free(steal_ptr(*ret_fix));
+    }
+  }
   if (!why)
     kvm_reachable(&why, ret_fix);
   /* A guest that failed under KVM once is not retried (IGN_MCP_ACCEL=kvm
@@ -1577,8 +1668,12 @@ static int pick_accel(char **ret_err) {
                          fix ? "; fix: " : "", fix ? fix : "");
     return -ENODEV;
   }
-  if (why && strcmp(cfg.accel, "auto") == 0)
-    log_info("not using KVM: %s", why);
+  /* What was decided and why, for whoever reads the log later. */
+  _cleanup_free_ char *probe = vm_kvm_probe_text();
+  if (strcmp(accel, "kvm") == 0)
+    log_info("accelerator: kvm (%s)", probe ? probe : "/dev/kvm works");
+  else
+    log_info("accelerator: tcg (not KVM: %s)", why);
   vmb.accel = accel;
   snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/%s", vmb.accel);
   struct group *g = getgrnam("kvm");
@@ -1606,14 +1701,46 @@ int vm_check_reachable(const char *path, const char *what, char **ret_err) {
   return 0;
 }
 
-static int prepare(char **ret_err) {
+/* The directory of the per-VM state directories: /run/ignition-mcp as root;
+ * as a user $XDG_RUNTIME_DIR/ignition-mcp when that directory is there and
+ * the user's, else /tmp/ignition-mcp-UID.  A user's must be a directory of
+ * the user's own that nobody else may write to: in /tmp another user may
+ * have made it (or a symlink) first. */
+static int make_run_dir(char **ret_err) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  struct stat st;
+  bool xdg_ok = xdg && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) &&
+                st.st_uid == getuid();
+  free(vmb.run_dir);
+  vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
+                : xdg_ok      ? xasprintf("%s/ignition-mcp", xdg)
+                              : xasprintf("/tmp/ignition-mcp-%u", getuid());
+  int r = mkdir_p(vmb.run_dir, 0711);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
+    return r;
+  }
+  if (getuid() != 0 && (lstat(vmb.run_dir, &st) < 0 || !S_ISDIR(st.st_mode) ||
+                        st.st_uid != getuid() || (st.st_mode & 0022))) {
+    *ret_err = xasprintf("%s, where the QEMUs' state directories go, is not a directory of this "
+                         "user's that only it may write to (another user may have made it): "
+                         "remove it, or set XDG_RUNTIME_DIR to a directory of your own",
+                         vmb.run_dir);
+    return -EPERM;
+  }
+  return 0;
+}
+
+/* MAKE_STORE: create the store when it is not there (not for doctor's
+ * trial session, which only reads a base that is there). */
+static int prepare_store(bool make_store, char **ret_err) {
   int r = check_inputs(ret_err);
   if (r < 0)
     return r;
   /* The golden VM writes its RAM file in the store by path. */
   if ((r = vm_check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
-  if ((r = mkdir_p(cfg.store, 0755)) < 0) {
+  if (make_store && (r = mkdir_p(cfg.store, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
                          strerror(-r));
     return r;
@@ -1621,14 +1748,8 @@ static int prepare(char **ret_err) {
   if ((r = pick_accel(ret_err)) < 0)
     return r;
   vmb.tsc_khz = host_tsc_khz();
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
-                : xdg && *xdg ? xasprintf("%s/ignition-mcp", xdg)
-                              : xasprintf("/tmp/ignition-mcp-%u", getuid());
-  if ((r = mkdir_p(vmb.run_dir, 0711)) < 0) {
-    *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
+  if ((r = make_run_dir(ret_err)) < 0)
     return r;
-  }
   /* State directories of servers that died without cleaning up. */
   DIR *d = opendir(vmb.run_dir);
   struct dirent *e;
@@ -1643,6 +1764,8 @@ static int prepare(char **ret_err) {
     closedir(d);
   return 0;
 }
+
+static int prepare(char **ret_err) { return prepare_store(true, ret_err); }
 
 int vm_backend_init(char **ret_err) {
   int r = prepare(ret_err);
@@ -1673,6 +1796,80 @@ int vm_make_base(bool force, char **ret_err) {
   r = ensure_base_any_accel(force, false, &fault, ret_err);
   if (r == 0)
     printf("warm base ready: %s (%s)\n", vmb.base_dir, vmb.accel);
+  return r;
+}
+
+/* What `doctor` asks before it says the backend is ready: a QEMU started
+ * the way a session's is (same confinement, same accelerator), restored
+ * from the warm base when there is one and cold-booted when not, whose
+ * agent answers HELLO and runs a command.  Nothing is left behind. */
+int vm_trial_session(char **ret_how, char **ret_base_err, char **ret_err) {
+  int r = prepare_store(false, ret_err);
+  if (r < 0)
+    return r;
+  uint64_t t0 = mono_ms();
+  bool complete = false;
+  _cleanup_free_ char *base = strcmp(cfg.base, "none") == 0 ? NULL : vm_base_path(vmb.accel, &complete);
+  _cleanup_free_ char *ram = complete ? xasprintf("%s/ram", base) : NULL;
+  struct vm *v = NULL;
+  const char *how = complete ? "restored from the warm base" : "cold-booted (no warm base yet)";
+  _cleanup_free_ char *restore_err = NULL;
+  if (complete) {
+    r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, ret_err);
+    if (r == 0)
+      r = vm_restore(v, base, ret_err);
+    if (r == 0)
+      r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    if (r < 0 && v) {
+      add_log_tail(v, ret_err);
+      sandbox_vm_ops.destroy(&v->base);
+      v = NULL;
+    }
+    if (r < 0) {
+      /* A session would check the base and make it again: what must work
+       * then is a boot, tried next. */
+      restore_err = xasprintf("the warm base %s did not restore (%s), so sessions would make it "
+                              "again first",
+                              base, *ret_err);
+      free(steal_ptr(*ret_err));
+      complete = false;
+      how = "cold-booted";
+    }
+  }
+  if (!complete) {
+    r = vm_start(VM_COLD, vmb.accel, NULL, NULL, &v, NULL, ret_err);
+    if (r < 0)
+      return r;
+  }
+  struct agent_conn *conn = NULL;
+  uint32_t timeout = complete ? RESTORE_TIMEOUT_MS
+                     : strcmp(vmb.accel, "kvm") == 0 ? KVM_BOOT_TIMEOUT_MS
+                                                     : COLD_BOOT_TIMEOUT_MS;
+  r = agent_conn_open(v->agent_fd, timeout, &conn, ret_err);
+  v->agent_fd = -1; /* the connection owns it now */
+  struct agent_exec_res res = {0};
+  if (r == 0) {
+    struct agent_exec_req req = {.command = "echo ready", .timeout_ms = 10000, .out_cap = 64};
+    r = agent_exec(conn, &req, NULL, &res, ret_err);
+    if (r == 0 && (res.exit_code != 0 || res.out_len != 6 || memcmp(res.out, "ready\n", 6) != 0)) {
+      *ret_err = xasprintf("the agent ran `echo ready` but it exited %d with %zu bytes of output",
+                           res.exit_code, res.out_len);
+      r = -EPROTO;
+    }
+    agent_exec_res_free(&res);
+  }
+  if (r < 0) {
+    char *m = xasprintf("the guest's agent did not answer: %s", *ret_err);
+    free(*ret_err);
+    *ret_err = m;
+    add_log_tail(v, ret_err);
+  }
+  agent_conn_free(conn);
+  sandbox_vm_ops.destroy(&v->base);
+  if (r == 0) {
+    *ret_how = xasprintf("%s, under %s, in %" PRIu64 " ms", how, vmb.accel, mono_ms() - t0);
+    *ret_base_err = steal_ptr(restore_err);
+  }
   return r;
 }
 
@@ -1812,6 +2009,9 @@ static void vm_kill(struct sandbox *sb) { sandbox_proc_kill(&((struct vm *)sb)->
 static void vm_destroy(struct sandbox *sb) {
   struct vm *v = (struct vm *)sb;
   sandbox_proc_kill_wait(&v->proc);
+  /* Reaped: no live process has the uid now. */
+  if (v->uid)
+    vm_uid_release(&vmb.uids, v->uid);
   qmp_free(v->qmp);
   free(v->ram);
   if (v->agent_fd >= 0)

@@ -3,6 +3,7 @@
  * one confined QEMU). */
 #pragma once
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -15,6 +16,7 @@ struct vm_spawn_req {
   const char *dir;               /* state directory: logs; the only writable place */
   const char *ram_file_writable; /* the golden RAM file (QEMU 7.2 opens it O_RDWR) */
   const char *needed[4];         /* paths QEMU reads by their own name: never hidden */
+  const char *hide;              /* hidden too: where the other QEMUs' state directories are */
   /* Files QEMU reads through its state directory: each SRC is bind-mounted
    * (read-only unless WRITABLE) onto DIR/NAME in QEMU's mount namespace, so
    * the unprivileged QEMU needs no access to the directories above them. */
@@ -30,9 +32,63 @@ struct vm_spawn_req {
 
 int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err);
 /* vm_spawn's child exits with a code in this range when it fails before QEMU
- * runs (127: execve failed). */
-#define VM_SPAWN_EXIT_MIN 118
-#define VM_SPAWN_EXIT_MAX 127
+ * runs, after writing which step failed to the VM's log. */
+enum {
+  VM_SPAWN_EXIT_MIN = 118,
+  VM_SPAWN_EXIT_PROC = VM_SPAWN_EXIT_MIN, /* mounting QEMU's /proc */
+  VM_SPAWN_EXIT_HIDE,     /* hiding /home, /root, /run/user; showing the state dir again */
+  VM_SPAWN_EXIT_USERNS,   /* writing the user namespace's uid and gid maps */
+  VM_SPAWN_EXIT_BIND,     /* private mounts, a bind mount into the state directory */
+  VM_SPAWN_EXIT_FDS,      /* dup2, close_range */
+  VM_SPAWN_EXIT_PARENT,   /* the server died before QEMU ran */
+  VM_SPAWN_EXIT_LANDLOCK,
+  VM_SPAWN_EXIT_NNP,
+  VM_SPAWN_EXIT_UID,
+  VM_SPAWN_EXIT_EXEC,     /* execve of QEMU */
+  VM_SPAWN_EXIT_MAX = VM_SPAWN_EXIT_EXEC,
+};
+/* The uids of a root server's QEMUs (vm_uid.c): VM_UID_BASE + n, n <
+ * VM_UID_SPAN, group VM_GID. */
+#define VM_UID_BASE 0x49474e00u
+#define VM_UID_SPAN 4096u
+#define VM_GID VM_UID_BASE
+struct vm_uids {
+  pthread_mutex_t lock;
+  bool taken[VM_UID_SPAN];
+  pid_t pid[VM_UID_SPAN];   /* the QEMU that has it; 0 while it is being started */
+  unsigned next;
+};
+void vm_uids_init(struct vm_uids *u);
+/* A uid no QEMU that is ALIVE (not yet reaped) has; -EAGAIN when all are. */
+int vm_uid_alloc(struct vm_uids *u, bool (*alive)(uid_t uid, pid_t pid), uid_t *ret_uid);
+/* UID's QEMU started as PID: the uid is free again once PID is reaped. */
+void vm_uid_started(struct vm_uids *u, uid_t uid, pid_t pid);
+/* UID's QEMU never started. */
+void vm_uid_release(struct vm_uids *u, uid_t uid);
+/* Whether a process PID exists (a zombie too) with real uid UID. */
+bool vm_uid_process_alive(uid_t uid, pid_t pid);
+/* Does KVM help here (accel.c): a tiny guest in long mode at ring 0 runs
+ * LOOPS iterations of a countdown loop under KVM, given BUDGET_MS. */
+#define KVM_PROBE_LOOPS 1000000u
+#define KVM_PROBE_BUDGET_MS 100u
+struct vm_kvm_probe {
+  uint32_t loops;
+  unsigned budget_ms;
+  bool finished;            /* the loop ended within the budget */
+  bool stuck;               /* the vCPU did not even come back when kicked */
+  uint64_t run_ns;          /* the loop's time (the budget when it did not finish) */
+  uint64_t setup_ns;        /* creating the VM and vCPU */
+};
+/* 0 and *RET, or a negative errno and *RET_ERR when KVM cannot even run
+ * the probe (no /dev/kvm, no permission, an ioctl refused). */
+int vm_kvm_probe(uint32_t loops, unsigned budget_ms, struct vm_kvm_probe *ret, char **ret_err);
+/* The probe vm_probe_accel ran in this process: false when it did not run
+ * (no /dev/kvm, say) or could not (then *RET_ERR, when given, says why). */
+bool vm_kvm_probe_last(struct vm_kvm_probe *ret, char **ret_err);
+/* What the probe measured, as a phrase, or NULL when it did not run. */
+char *vm_kvm_probe_text(void);
+/* Whether QEMUs are confined in a user namespace (the server is not root). */
+bool vm_spawn_userns(void);
 /* Whether a QEMU that ended with wait STATUS ran at all (it exited or was
  * killed), as opposed to its spawn failing first: only a QEMU that ran says
  * anything about the guest or the accelerator. */
@@ -53,6 +109,12 @@ void vm_backend_shutdown(void);
 const char *vm_isolation(void);
 
 /* What `ignition-mcp doctor` asks; nothing here changes anything. */
+/* Starts one QEMU as a session's is started (restored from the warm base
+ * when it is there, else cold-booted) and has its agent run a command; *RET_HOW
+ * says how and how long, *RET_ERR what failed.  A warm base that is there but
+ * does not restore (damaged: sessions would make it again) is tried past with
+ * a boot, and *RET_BASE_ERR says what was wrong with it (NULL otherwise). */
+int vm_trial_session(char **ret_how, char **ret_base_err, char **ret_err);
 /* The accelerator the backend would pick now: "kvm", or "tcg" with *ret_why
  * saying why not KVM (no /dev/kvm, no permission, QEMU's uid cannot reach it,
  * a guest failed under it before), or NULL when IGN_MCP_ACCEL=kvm cannot be

@@ -543,6 +543,7 @@ int sessions_init(char **ret_err) {
   sb_cfg = (struct sandbox_config){
       .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb,
       .pids = cfg.pids, .overlay_mb = cfg.overlay_mb, .net = cfg.net,
+      .ns_uid_base = cfg.ns_uid_base,
   };
   int r = 0;
   if (cfg.backend != BACKEND_NS) {
@@ -570,8 +571,16 @@ int sessions_init(char **ret_err) {
                               cfg.rootfs_spec);
     r = -ENOENT;
   } else {
-    backend = &sandbox_ns_ops;
-    cgroup_cleanup_stale();
+    /* A user namespace first: as a user, whether the host allows one is
+     * the first thing that decides whether the backend can run. */
+    _cleanup_free_ char *err = NULL;
+    r = ns_probe(&err);
+    if (r < 0) {
+      backend_error = xasprintf("the namespace backend cannot run: %s", err);
+    } else {
+      backend = &sandbox_ns_ops;
+      cgroup_cleanup_stale();
+    }
   }
 started:
   if (r < 0 && ret_err)

@@ -16,6 +16,15 @@
 #     state directories of the host's servers for a dead server's nor mix its
 #     own (named after its pid, 1) with another fenced server's.
 #
+# Run by a user who may not make cgroups (cgroup v1, or v2 without
+# delegation), the fence is a user namespace of its own with the pid
+# namespace: root there makes the mounts, then a nested user namespace maps
+# the user's own uid back (the server must not think it is root), and
+# RLIMIT_NPROC PIDS_MAX is set inside it: counted per user namespace, it
+# bounds the server and all its sandboxes (theirs are nested) and nothing
+# else of the user's.  Memory is then not fenced; the tests that need a
+# memory limit skip as such a user.
+#
 # stdin and stdout pass through to the server.  SIGTERM and SIGINT are
 # passed on to it.  When it has exited, the script removes the cgroup (after
 # killing anything left in it) and the run directory, and exits with the
@@ -51,9 +60,21 @@ own_group() {
 	return 1
 }
 
+# can_fence_cgroups: may we make the fence's groups here?
+can_fence_cgroups() {
+	((EUID == 0)) && return 0
+	if [[ -f $cg/cgroup.controllers ]]; then
+		[[ -w $(own_group '') ]]
+	else
+		[[ -w $(own_group pids) && -w $(own_group memory) ]]
+	fi
+}
+userns=()
+if ! can_fence_cgroups; then
+	userns=(--user --map-root-user)
 # The script's own moves must not be blocked by its own limits; they come
 # after the groups are made.
-if [[ -f $cg/cgroup.controllers ]]; then
+elif [[ -f $cg/cgroup.controllers ]]; then
 	# v2: a group with processes cannot hand controllers to its children,
 	# so the fence is NAME (limits) with the processes in NAME/server.
 	parent=$(own_group '')
@@ -123,8 +144,9 @@ trap '[[ -n $child ]] && kill -INT "$child" 2>/dev/null' INT
 # inside, which handles them) by its pid in our namespace.  The explicit <&0
 # keeps stdin: a background job's stdin would be /dev/null.
 # shellcheck disable=SC2016 # expanded by the inner sh
-unshare --pid --fork --mount-proc --kill-child=SIGKILL -- \
-	/bin/sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' fence "$mine" "$run" "$@" <&0 &
+unshare "${userns[@]}" --pid --fork --mount-proc --kill-child=SIGKILL -- \
+	/bin/sh -c 'mount --bind "$1" "$2" && n=$3 && u=$4 && g=$5 && shift 5 && if [ -n "$n" ]; then exec unshare --map-user="$u" --map-group="$g" -- prlimit --nproc="$n" -- "$@"; fi; exec "$@"' \
+	fence "$mine" "$run" "${userns:+$pids_max}" "$(id -u)" "$(id -g)" "$@" <&0 &
 ushare=$!
 # The server: unshare's child.
 for _ in $(seq 200); do

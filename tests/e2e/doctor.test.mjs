@@ -20,14 +20,15 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
   REPO, SERVER, BACKEND, IS_VM, TOOL_NAMES, serverEnv, startServer, callErr, call, textOf,
-  tempStore, descendants, waitGone, waitUntil, procStart, assertNoVmLeftovers, assertNoSanitizerReport,
+  tempStore, tempKernel, run, VM_ONLY, descendants, waitGone, waitUntil, procStart,
+  assertNoVmLeftovers, assertNoSanitizerReport, AS_ROOT, ROOTFS_SMALL,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
 
 /* Every check doctor makes, by the name it prints. */
 const CHECKS = ['qemu', 'kvm', 'kernel', 'initramfs', 'image', 'store', 'warm base', 'landlock',
-  'agent', 'rootfs', 'namespaces', 'cgroups', 'seccomp'];
+  'agent', 'rootfs', 'namespaces', 'cgroups', 'sandbox', 'seccomp', 'session'];
 
 function doctor(env = {}, args = []) {
   const r = spawnSync(SERVER, ['doctor', ...args], {
@@ -65,7 +66,7 @@ describe('doctor on this host', () => {
     }
     assert.match(r.stdout, new RegExp(`sessions can open: IGN_MCP_BACKEND=${BACKEND} uses the ${BACKEND} backend`));
     // The pass's backend is the one whose parts are all there.
-    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'seccomp']) {
+    for (const name of IS_VM ? ['qemu', 'kernel', 'initramfs', 'image', 'store', 'seccomp'] : ['agent', 'rootfs', 'namespaces', 'sandbox', 'seccomp']) {
       assert.equal(checkLine(r.stdout, name).status, 'ok', `${name} should be ok here:\n${r.stdout}`);
     }
   });
@@ -184,11 +185,188 @@ describe('doctor names what is missing and its fix', () => {
     assert.ok(!fs.existsSync(top), `doctor made ${top}: it should only check`);
   });
 
+  test('ns is ready only when a sandbox really starts: one whose commands cannot run fails the sandbox check', T, (t) => {
+    // Every part is there (an agent, a rootfs directory whose /bin/sh is a
+    // name, the namespaces), but /bin/sh leads nowhere: the agent starts and
+    // answers, and only running a command in the sandbox shows it is broken.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-doctor-rootfs-'));
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    fs.chmodSync(dir, 0o755);
+    fs.mkdirSync(path.join(dir, 'bin'));
+    fs.symlinkSync('nowhere', path.join(dir, 'bin/sh'));
+    const r = doctor({ IGN_MCP_BACKEND: 'ns', IGN_MCP_ROOTFS: dir });
+    assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+    for (const name of ['agent', 'rootfs', 'namespaces']) assert.equal(checkLine(r.stdout, name).status, 'ok', r.stdout);
+    const line = checkLine(r.stdout, 'sandbox');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /does not work: /);
+    assert.match(r.stdout, /^ns: cannot open sessions: fix sandbox above$/m);
+  });
+
+  test('a host that lets nobody make user namespaces: the namespaces check fails and names the sysctls; the server says why at start', { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    // A user namespace of our own where at most one more may be made (the
+    // limit is per namespace), then one inside it for a user (uid 1001 there,
+    // so the server takes the unprivileged path): the server's own cannot be
+    // made, as on a host with user.max_user_namespaces=0.
+    const wrap = (args, input) => spawnSync('unshare', ['-Ur', '--', 'sh', '-c',
+      'echo 1 > /proc/sys/user/max_user_namespaces && exec unshare --map-user=1001 --map-group=1001 -- "$@"', 'wrap', ...args], {
+      env: serverEnv({ env: { IGN_MCP_BACKEND: 'ns' } }), cwd: '/', encoding: 'utf8', timeout: 60_000, input,
+    });
+    const r = wrap([SERVER, 'doctor']);
+    assertNoSanitizerReport(r.stderr ?? '', 'doctor');
+    assert.equal(r.status, 1, `doctor should fail:\n${r.stdout}\n${r.stderr}`);
+    const line = checkLine(r.stdout, 'namespaces');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /cannot create user, mount, pid, net, ipc, uts and cgroup namespaces: No space left on device \(this host does not let users create user namespaces: see \/proc\/sys\/user\/max_user_namespaces/);
+    assert.match(line.rest, /fix: let users create user namespaces: sudo sysctl -w user.max_user_namespaces=/);
+    assert.equal(checkLine(r.stdout, 'sandbox').status, 'warn');
+    assert.match(r.stdout, /^ns: cannot open sessions: fix namespaces above$/m);
+    // The server starts, says why at once, and exits at the end of its input.
+    const srv = wrap([SERVER], '');
+    assertNoSanitizerReport(srv.stderr ?? '', 'server');
+    assert.match(srv.stderr, /no sandbox backend can run \(IGN_MCP_BACKEND=ns\): the namespace backend cannot run: cannot create user, mount/);
+  });
+
+  test('an agent that dies at once fails the sandbox check; it never kills doctor (SIGPIPE)', { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    // /bin/true as the agent: the sandbox's first process exits while doctor
+    // says HELLO, so the write to its socket races with its end (EPIPE).
+    // Thirty tries, for the race to go the bad way at least once.
+    for (let i = 0; i < 30; i++) {
+      const r = doctor({ IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: '/bin/true' });
+      assert.equal(r.signal, null, `doctor was killed by ${r.signal} on try ${i + 1}`);
+      assert.equal(r.status, 1, `${r.stdout}\n${r.stderr}`);
+      const line = checkLine(r.stdout, 'sandbox');
+      assert.equal(line.status, 'fail', r.stdout);
+      assert.match(line.rest, /does not work: .*exited with status 0/);
+    }
+  });
+
+  test(`the sandbox check starts one and says which uid and limits it got (as ${AS_ROOT ? 'root' : 'a user'})`, { ...T, skip: IS_VM ? 'the ns pass checks this' : false }, () => {
+    const r = doctor({ IGN_MCP_BACKEND: 'ns' });
+    const line = checkLine(r.stdout, 'sandbox');
+    assert.equal(line.status, 'ok', r.stdout);
+    if (AS_ROOT) {
+      assert.match(line.rest, /as host uid (\d+), rootfs idmapped\) and ran a command in it; limits: /);
+      assert.ok(Number(line.rest.match(/host uid (\d+)/)[1]) >= 0x70000000, line.rest);
+      assert.match(checkLine(r.stdout, 'namespaces').rest, /each session gets host uids of its own/);
+    } else {
+      assert.match(line.rest, new RegExp(`as host uid ${process.getuid()}\\) and ran a command in it; limits: `));
+      assert.match(checkLine(r.stdout, 'namespaces').rest, new RegExp(`uid 0 in a session is your uid ${process.getuid()}`));
+    }
+    // What is not enforced is said, in the sandbox line and the cgroups line.
+    if (checkLine(r.stdout, 'cgroups').status !== 'ok') {
+      assert.match(line.rest, /memory not enforced/);
+      assert.match(checkLine(r.stdout, 'cgroups').rest, /without a memory limit \(not enforced: only each process.s data is limited, by RLIMIT_DATA\)/);
+    } else {
+      assert.match(line.rest, /limits: memory \d+ MiB, pids \d+/);
+    }
+  });
+
   test('with auto, one backend missing a piece leaves the other: exit 0', T, () => {
     const r = doctor({ IGN_MCP_BACKEND: 'auto', IGN_MCP_QEMU: '/nonexistent/qemu' });
     assert.equal(r.status, 0, r.stdout);
     assert.match(r.stdout, /^vm: cannot open sessions: fix qemu above$/m);
     assert.match(r.stdout, /sessions can open: IGN_MCP_BACKEND=auto uses the ns backend/);
+  });
+});
+
+describe('doctor tells the truth about the vm backend', () => {
+  // Ready means a session really starts: doctor starts one QEMU, confined as
+  // a session's, and waits for its agent. These run as root and as a user.
+  const VT = { timeout: 240_000, skip: VM_ONLY('the trial session is a microVM') };
+
+  test('ready: the session check started a QEMU whose agent answered, and a server with the same settings opens a session', VT, async (t) => {
+    const env = { IGN_MCP_BACKEND: 'vm', IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
+    const r = doctor(env, ['--json']);
+    assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
+    const j = JSON.parse(r.stdout);
+    const sess = j.checks.find((c) => c.name === 'session');
+    assert.equal(sess.status, 'ok', JSON.stringify(sess));
+    assert.match(sess.found, /^a QEMU started as a session's \((as a uid of its own|confined in a user namespace of its own)\) and its agent answered: (restored from the warm base|cold-booted \(no warm base yet\)), under (kvm|tcg), in \d+ ms$/);
+    assert.match(sess.found, process.getuid() === 0 ? /as a uid of its own/ : /user namespace/);
+    assert.equal(j.ready.vm, true);
+    const s = await startServer({ env });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal((await run(s.client, o.session_id, 'echo hi')).stdout, 'hi\n');
+  });
+
+  test('a kernel that cannot boot passes the file checks, but the trial fails: not ready, exit 1, and open_session fails too', VT, async (t) => {
+    const kernel = tempKernel(t, Buffer.alloc(64 << 10, 0x5a));
+    const store = tempStore('e2e-doctor-broken');
+    t.after(() => store.remove());
+    const env = { IGN_MCP_BACKEND: 'vm', IGN_MCP_KERNEL: kernel, IGN_MCP_STORE: store.dir, IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
+    const r = doctor(env);
+    assert.equal(r.status, 1, `doctor should say not ready:\n${r.stdout}\n${r.stderr}`);
+    assert.equal(checkLine(r.stdout, 'kernel').status, 'ok', r.stdout);
+    const line = checkLine(r.stdout, 'session');
+    assert.equal(line.status, 'fail', r.stdout);
+    assert.match(line.rest, /^a trial session did not start: .*QEMU said: .*kernel.*; fix: \S/);
+    assert.match(r.stdout, /^vm: cannot open sessions: fix session above$/m);
+    const j = JSON.parse(doctor(env, ['--json']).stdout);
+    assert.equal(j.ready.vm, false);
+    assert.equal(j.sessions_can_open, false);
+    // What doctor said is what a session finds.
+    const s = await startServer({ env });
+    t.after(() => s.close());
+    const text = await callErr(s.client, 'open_session', {});
+    assert.match(text, /kernel/);
+  });
+
+  test('a damaged warm base: the trial boots past it, so the backend is still ready, and the session check warns with the fix', VT, (t) => {
+    const store = tempStore('e2e-doctor-damaged');
+    t.after(() => store.remove());
+    const env = { IGN_MCP_BACKEND: 'vm', IGN_MCP_STORE: store.dir };
+    const mk = spawnSync(SERVER, ['make-base'], { env: serverEnv({ env }), encoding: 'utf8', timeout: 200_000 });
+    assert.equal(mk.status, 0, mk.stderr);
+    const base = fs.readdirSync(store.dir).find((n) => /^small-base-[0-9a-f]{16}$/.test(n));
+    assert.ok(base, `make-base made no base in ${store.dir}`);
+    fs.truncateSync(path.join(store.dir, base, 'state'), 100);
+    const r = doctor(env);
+    assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
+    const line = checkLine(r.stdout, 'session');
+    assert.equal(line.status, 'warn', r.stdout);
+    assert.match(line.rest, /its agent answered: cold-booted, .*; but the warm base .* did not restore .*; fix: \S+ make-base --force$/);
+    assert.match(r.stdout, /^vm: ready: /m);
+  });
+
+  test('the KVM decision and its reason: in doctor --json, and the same in the server\'s startup log', VT, async (t) => {
+    const j = JSON.parse(doctor({ IGN_MCP_BACKEND: 'vm' }, ['--json']).stdout);
+    assert.ok(['kvm', 'tcg'].includes(j.accel.decision), JSON.stringify(j.accel));
+    assert.equal(typeof j.accel.reason, 'string');
+    assert.ok(j.accel.reason.length > 10, JSON.stringify(j.accel));
+    let kvmOpens = true;
+    try {
+      fs.closeSync(fs.openSync('/dev/kvm', 'r+'));
+    } catch {
+      kvmOpens = false;
+    }
+    if (kvmOpens) {
+      // The probe ran: a million loop iterations in guest kernel mode, given
+      // 100 ms; KVM is used only when it finished (and QEMU may use it).
+      const p = j.accel.kvm_probe;
+      assert.equal(p.loops, 1000000, JSON.stringify(j.accel));
+      assert.equal(p.budget_ms, 100);
+      assert.equal(typeof p.finished, 'boolean');
+      if (!p.finished) {
+        assert.equal(j.accel.decision, 'tcg');
+        assert.match(j.accel.reason, /KVM does not help on this host: KVM probe: a guest in kernel mode did not finish 1000000 loop iterations in 100 ms/);
+        assert.equal(checkLine(doctor({ IGN_MCP_BACKEND: 'vm' }).stdout, 'kvm').status, 'ok');
+      } else {
+        assert.ok(p.run_ms <= 100, JSON.stringify(p));
+      }
+    } else {
+      // As a user of this host, /dev/kvm (0600 root) does not open: said so.
+      assert.equal(j.accel.kvm_probe, null);
+      assert.equal(j.accel.decision, 'tcg');
+      assert.match(j.accel.reason, /\/dev\/kvm/);
+    }
+    const s = await startServer({ env: { IGN_MCP_BACKEND: 'vm', IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    t.after(() => s.close());
+    const logged = await waitUntil(() => s.stderrText().match(/accelerator: (kvm|tcg) \((.*)\)$/m), { timeoutMs: 5000 });
+    assert.ok(logged, `no accelerator line in the startup log:\n${s.stderrText()}`);
+    assert.equal(logged[1], j.accel.decision);
+    if (j.accel.decision === 'tcg') assert.ok(logged[2].includes(j.accel.why_not_kvm.slice(0, 40)), `${logged[2]} vs ${j.accel.why_not_kvm}`);
   });
 });
 
@@ -308,10 +486,18 @@ describe('make install', () => {
     return { ...e, ...extra };
   }
 
-  test('installs into DESTDIR+PREFIX; the installed server finds everything from / with no IGN_MCP_* set', { timeout: 600_000 }, async (t) => {
+  test('installs into DESTDIR+PREFIX; the installed server finds everything from / with no IGN_MCP_* set', {
+    timeout: 600_000,
+    skip: process.getuid() !== 0 && 'root only: make install copies the rootfs trees, parts of which only root may read (their /root is 0700)',
+  }, async (t) => {
     // With no variable set the server wants the tools rootfs.
     if (!fs.lstatSync(path.join(REPO, 'build/rootfs/tools/bin/sh'), { throwIfNoEntry: false })) {
       return t.skip('the tools rootfs is not built (make rootfs-tools): an installed server without it has no default rootfs');
+    }
+    try {
+      fs.readdirSync(path.join(REPO, 'build/rootfs/tools/root'));
+    } catch (e) {
+      return t.skip(`make install copies the rootfs trees with cp -a, and this user cannot read them (${e.code}: built by root)`);
     }
     const haveVm = fs.existsSync(path.join(REPO, 'build/vm/vmlinux'));
     root = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-install-'));

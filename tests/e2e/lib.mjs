@@ -70,6 +70,11 @@ export const TOOLS_SKIP = HAVE_TOOLS_ROOTFS
  * reason shows in the test output. */
 export const NS_ONLY = (why) => (IS_NS ? false : `ns only: ${why}`);
 export const VM_ONLY = (why) => (IS_VM ? false : `vm only: ${why}`);
+/* The suite runs as root (CI) and as an unprivileged user (IGN_TEST_USER,
+ * e.g. through runuser): what only a root server can give is skipped as a
+ * user, with the reason. */
+export const AS_ROOT = process.getuid() === 0;
+export const ROOT_ONLY = (why) => (AS_ROOT ? false : `root only (the suite runs as uid ${process.getuid()}): ${why}`);
 
 /* The store of warm bases the vm servers use unless a test gives its own
  * (tests/run.sh makes a fresh one per run); empty: the server's default. */
@@ -453,6 +458,22 @@ function ownCgroup(controller) {
 }
 
 export const CGROUP_V2 = fs.existsSync(`${CG}/cgroup.controllers`);
+
+/* Can a server started by this process give its ns sessions cgroups (root,
+ * or a user with a delegated group)?  Without, their limits say "no cgroup":
+ * pids by RLIMIT_NPROC, memory not enforced. */
+function writableDir(d) {
+  try {
+    fs.accessSync(d, fs.constants.W_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+export const SESSION_CGROUPS = process.getuid() === 0 ||
+  (CGROUP_V2 ? writableDir(ownCgroup('') ?? '/nonexistent')
+    : ['pids', 'memory'].every((c) => writableDir(ownCgroup(c) ?? '/nonexistent')));
+export const NEEDS_CGROUPS = (why) => (SESSION_CGROUPS ? false : `needs cgroups for the sessions, which this user cannot make here (cgroup v1, or v2 without delegation): ${why}`);
 
 /* Where fence NAME's groups will be (what tests/fence.sh makes): v1 one per
  * controller, v2 one (its processes in NAME/server). */

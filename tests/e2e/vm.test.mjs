@@ -15,7 +15,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  startServer, startRaw, call, openSession, run, sh, sleep, waitUntil, uniq, uniqueSleepSecs,
+  startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil, uniq, uniqueSleepSecs,
   VM_ONLY, VM_DIR, VM_RUN_DIR, qemuChildren, qemusOf, vmStateDirs, isAlive, tempStore, tempKernel,
   hardKill,
 } from './lib.mjs';
@@ -26,6 +26,11 @@ const VM_UID_BASE = 0x49474e00;
 const VM_UID_SPAN = 4096;
 /* No pool and no waiting QEMU: the only QEMUs are the sessions' own. */
 const NO_POOL = { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
+/* The suite runs as root or as an ordinary user (then QEMUs are confined in
+ * user namespaces instead of running as uids of their own). */
+const AS_ROOT = process.getuid() === 0;
+/* A home directory the QEMUs must not see, which this user may write to. */
+const HOME = AS_ROOT ? '/root' : os.homedir();
 
 /* Exactly one QEMU child of the server (with NO_POOL and one session). */
 async function soleQemu(serverPid) {
@@ -198,10 +203,10 @@ describe('how a clone was made', () => {
 });
 
 describe('QEMU confinement, from the outside', () => {
-  test('seccomp, no_new_privs, its own uid, network and mount namespaces; no host home; its own state directory', T, async (t) => {
+  test('seccomp, no_new_privs, its own uid (root) or user namespace (a user), pid, network and mount namespaces; no host home; its own state directory', T, async (t) => {
     const marker = uniq('host-marker');
-    fs.writeFileSync(path.join('/root', marker), 'host secret\n');
-    t.after(() => fs.rmSync(path.join('/root', marker), { force: true }));
+    fs.writeFileSync(path.join(HOME, marker), 'host secret\n');
+    t.after(() => fs.rmSync(path.join(HOME, marker), { force: true }));
     const s = await startServer({ env: NO_POOL });
     t.after(() => s.close());
     const o = await call(s.client, 'open_session', {});
@@ -212,21 +217,34 @@ describe('QEMU confinement, from the outside', () => {
     assert.equal(st.get('CapEff'), '0000000000000000');
     const uids = st.get('Uid').split(/\s+/).map(Number);
     const gids = st.get('Gid').split(/\s+/).map(Number);
-    if (process.getuid() === 0) {
+    const ns = (pid, n) => fs.readlinkSync(`/proc/${pid}/ns/${n}`);
+    if (AS_ROOT) {
       assert.equal(new Set(uids).size, 1, `real, effective, saved and fs uids differ: ${uids}`);
       assert.ok(uids[0] >= VM_UID_BASE && uids[0] < VM_UID_BASE + VM_UID_SPAN, `QEMU runs as uid ${uids[0]}`);
       assert.deepEqual(new Set(gids), new Set([VM_UID_BASE]), `QEMU runs as gid ${gids}`);
       assert.ok(!st.get('Groups').split(/\s+/).includes('0'), `QEMU is in group 0: ${st.get('Groups')}`);
+    } else {
+      // Without root: the server's uid, in a user namespace of QEMU's own
+      // where only that uid exists (and no capability survives execve).
+      assert.deepEqual(new Set(uids), new Set([process.getuid()]), `QEMU runs as uid ${uids}`);
+      assert.notEqual(ns(q.pid, 'user'), ns(s.pid, 'user'), 'QEMU shares the server user namespace');
+      const map = fs.readFileSync(`/proc/${q.pid}/uid_map`, 'utf8').trim().split(/\s+/).map(Number);
+      assert.deepEqual(map, [process.getuid(), process.getuid(), 1], 'QEMU\'s user namespace maps more than the server\'s uid');
+      assert.equal(fs.readFileSync(`/proc/${q.pid}/setgroups`, 'utf8').trim(), 'deny');
     }
-    const ns = (pid, n) => fs.readlinkSync(`/proc/${pid}/ns/${n}`);
     assert.notEqual(ns(q.pid, 'net'), ns(s.pid, 'net'), 'QEMU shares the server network namespace');
     assert.notEqual(ns(q.pid, 'mnt'), ns(s.pid, 'mnt'), 'QEMU shares the server mount namespace');
+    // PID 1 of a pid namespace of its own, whose /proc shows only itself.
+    assert.notEqual(ns(q.pid, 'pid'), ns(s.pid, 'pid'), 'QEMU shares the server pid namespace');
+    assert.deepEqual(st.get('NSpid').split(/\s+/).map(Number), [q.pid, 1], 'QEMU is not PID 1 of its own pid namespace');
+    const seen = fs.readdirSync(`/proc/${q.pid}/root/proc`).filter((n) => /^\d+$/.test(n));
+    assert.deepEqual(seen, ['1'], `QEMU's /proc shows other processes: ${seen}`);
     // What QEMU sees of the host: /home, /root and /run/user are empty.
-    assert.ok(fs.existsSync(path.join('/root', marker)));
-    assert.equal(fs.existsSync(`/proc/${q.pid}/root/root/${marker}`), false, 'the host /root is visible to QEMU');
+    assert.ok(fs.existsSync(path.join(HOME, marker)));
+    assert.equal(fs.existsSync(`/proc/${q.pid}/root${HOME}/${marker}`), false, `the host ${HOME} is visible to QEMU`);
     for (const d of ['/root', '/home', '/run/user']) {
       if (!fs.existsSync(d)) continue;
-      assert.deepEqual(fs.readdirSync(`/proc/${q.pid}/root${d}`), [], `${d} is not empty for QEMU`);
+      assert.deepEqual(fs.readdirSync(`/proc/${q.pid}/root${d}`).filter((n) => !VM_RUN_DIR.startsWith(`${d}/${n}/`)), [], `${d} is not empty for QEMU`);
     }
     assert.match(fs.readFileSync(`/proc/${q.pid}/cmdline`, 'utf8').split('\0').join(' '), / -sandbox on,[^ ]*spawn=deny/);
     // Its stdin is /dev/null and its stdout/stderr the qemu.log of the
@@ -234,20 +252,60 @@ describe('QEMU confinement, from the outside', () => {
     const dir = stateDirOf(await sh(s.client, o.session_id, 'hostname'));
     assert.equal(fs.readlinkSync(`/proc/${q.pid}/fd/0`), '/dev/null');
     for (const fd of [1, 2]) assert.equal(fs.readlinkSync(`/proc/${q.pid}/fd/${fd}`), path.join(dir, 'qemu.log'));
-    if (process.getuid() === 0) assert.equal(fs.statSync(dir).uid, uids[0], 'the state directory is not the QEMU uid\'s');
+    if (AS_ROOT) assert.equal(fs.statSync(dir).uid, uids[0], 'the state directory is not the QEMU uid\'s');
     // Its qemu.log is the guest's serial console.
     const line = uniq('console-line');
     await sh(s.client, o.session_id, `echo ${line} > /dev/console`);
     assert.ok(await waitUntil(() => fs.readFileSync(path.join(dir, 'qemu.log'), 'utf8').includes(line), { timeoutMs: 3000 }), `${line} written to the guest console is not in ${dir}/qemu.log`);
     assert.equal(fs.statSync(dir).mode & 0o077, 0, `the state directory is open to others: ${(fs.statSync(dir).mode & 0o777).toString(8)}`);
-    // A second session's QEMU runs as another uid.
+    // A second session's QEMU runs as another uid (root), or in user and pid
+    // namespaces of its own (a user: the same uid, so these are what keep
+    // one QEMU from signalling or tracing the other).
     await call(s.client, 'open_session', {});
     const both = qemuChildren(s.pid);
     assert.equal(both.length, 2);
-    if (process.getuid() === 0) {
+    if (AS_ROOT) {
       const u = both.map((x) => status(x.pid).get('Uid').split(/\s+/)[0]);
       assert.notEqual(u[0], u[1], 'two QEMUs share a uid');
+    } else {
+      assert.notEqual(ns(both[0].pid, 'user'), ns(both[1].pid, 'user'), 'two QEMUs share a user namespace');
     }
+    assert.notEqual(ns(both[0].pid, 'pid'), ns(both[1].pid, 'pid'), 'two QEMUs share a pid namespace');
+    // Neither sees the other's state directory (its console log, its
+    // sockets' peer files): where they all are, each sees only its own.
+    for (const x of both) {
+      const own = path.dirname(fs.readlinkSync(`/proc/${x.pid}/fd/1`));
+      assert.equal(path.dirname(own), VM_RUN_DIR);
+      assert.deepEqual(fs.readdirSync(`/proc/${x.pid}/root${VM_RUN_DIR}`), [path.basename(own)], `QEMU ${x.pid} sees other state directories`);
+    }
+  });
+
+  test('a store and state directory under hidden directories: QEMU sees only its state directory there', { ...T, timeout: 300_000 }, async (t) => {
+    // As a user the store is in the home directory (~/.cache) and the state
+    // directories may be in /run/user/UID: QEMU still sees nothing else of
+    // them, while the golden VM writes its RAM file and clones read it.
+    // (As root the QEMUs run as other uids and must reach the store: /home.)
+    const under = AS_ROOT ? '/home' : HOME;
+    const store = fs.mkdtempSync(path.join(under, '.e2e-store-'));
+    fs.chmodSync(store, 0o755);
+    t.after(() => fs.rmSync(store, { recursive: true, force: true }));
+    const runtime = AS_ROOT ? null : fs.mkdtempSync(path.join(HOME, '.e2e-run-'));
+    if (runtime) t.after(() => fs.rmSync(runtime, { recursive: true, force: true }));
+    const marker = path.join(under, uniq('host-marker'));
+    fs.writeFileSync(marker, 'host secret\n');
+    t.after(() => fs.rmSync(marker, { force: true }));
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_STORE: store, ...(runtime ? { XDG_RUNTIME_DIR: runtime } : {}) } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.match(o.isolation, /^microvm\//);
+    assert.equal((await run(s.client, o.session_id, 'echo ok')).stdout, 'ok\n');
+    const q = await soleQemu(s.pid);
+    const m = (await sh(s.client, o.session_id, 'hostname')).trim().match(/^ign-(\d+-\d+)$/);
+    const dir = path.join(runtime ? path.join(runtime, 'ignition-mcp') : VM_RUN_DIR, m[1]);
+    assert.ok(fs.existsSync(path.join(dir, 'qemu.log')), `no state directory ${dir}`);
+    assert.equal(fs.existsSync(`/proc/${q.pid}/root${marker}`), false, `${marker} is visible to QEMU`);
+    assert.equal(fs.existsSync(`/proc/${q.pid}/root${store}`), false, 'the store is visible to a clone');
+    assert.ok(fs.existsSync(`/proc/${q.pid}/root${dir}/qemu.log`), 'the state directory is not visible to QEMU');
   });
 
   test('QEMU holds no file descriptor the server inherited from its client', T, async (t) => {
@@ -257,7 +315,7 @@ describe('QEMU confinement, from the outside', () => {
     const leak = path.join(os.tmpdir(), uniq('e2e-leaked-fd'));
     fs.writeFileSync(leak, 'secret\n');
     const fd = fs.openSync(leak, 'r');
-    const dfd = fs.openSync('/root', 'r');
+    const dfd = fs.openSync(HOME, 'r');
     t.after(() => {
       fs.closeSync(fd);
       fs.closeSync(dfd);
@@ -267,7 +325,7 @@ describe('QEMU confinement, from the outside', () => {
     t.after(() => raw.close());
     await raw.initialize();
     assert.equal(fs.readlinkSync(`/proc/${raw.pid}/fd/7`), leak, 'the server did not get the extra fds; the check is blind');
-    assert.equal(fs.readlinkSync(`/proc/${raw.pid}/fd/8`), '/root');
+    assert.equal(fs.readlinkSync(`/proc/${raw.pid}/fd/8`), HOME);
     await raw.tool('open_session', {});
     const q = await soleQemu(raw.pid);
     const fds = Object.fromEntries(fs.readdirSync(`/proc/${q.pid}/fd`).map((f) => {
@@ -277,8 +335,27 @@ describe('QEMU confinement, from the outside', () => {
         return [f, '?'];
       }
     }));
-    const leaked = Object.entries(fds).filter(([, v]) => v === leak || v === '/root');
+    const leaked = Object.entries(fds).filter(([, v]) => v === leak || v === HOME);
     assert.deepEqual(leaked, [], `QEMU holds fds it inherited: ${JSON.stringify(fds)}`);
+  });
+});
+
+describe('the state directories of a user\'s server', () => {
+  test('a runtime directory others may write to is refused, and open_session says so', {
+    ...T,
+    skip: SKIP || (AS_ROOT && 'a user\'s server only: as root the state directories are in /run/ignition-mcp'),
+  }, async (t) => {
+    // Another user could make /tmp/ignition-mcp-UID first, or a group could
+    // write to it: then it is not the user's alone, and it is not used.
+    const runtime = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-runtime-'));
+    t.after(() => fs.rmSync(runtime, { recursive: true, force: true }));
+    fs.mkdirSync(path.join(runtime, 'ignition-mcp'));
+    fs.chmodSync(path.join(runtime, 'ignition-mcp'), 0o777);
+    const s = await startServer({ env: { ...NO_POOL, XDG_RUNTIME_DIR: runtime } });
+    t.after(() => s.close());
+    const e = await callErr(s.client, 'open_session', {});
+    assert.match(e, new RegExp(`${path.join(runtime, 'ignition-mcp')}, where the QEMUs' state directories go, is not a directory of this user's that only it may write to`));
+    assert.deepEqual(fs.readdirSync(path.join(runtime, 'ignition-mcp')), [], 'the server used it');
   });
 });
 
