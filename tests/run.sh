@@ -194,12 +194,19 @@ ensure_test_user() {
 		printf 'cannot create the user %s (useradd failed)\n' "$test_user"
 }
 
+# As root, the root passes also start a server as that user here and there
+# (tests/e2e/userns.test.mjs): they find it in IGN_TEST_USER.
+if ((EUID == 0)) && [[ $what == @(e2e|e2e-ns|e2e-vm|all) ]] && [[ -z $(ensure_test_user) ]]; then
+	export IGN_TEST_USER=$test_user
+fi
+
 # run_e2e BACKEND [ROW [user]]: one pass of the e2e suite with
 # IGN_TEST_BACKEND=BACKEND; its summary row is ROW (default e2e-BACKEND).
 # With "user", the pass runs as $test_user (the test runner, and so every
-# server it starts), inside one second fence made as root around the whole
-# pass (tests/fence.sh): the abusive tests, which make their own fence as
-# root, then use this one (IGN_TEST_OUTER_FENCE).
+# server it starts).  The abusive tests fence their servers as that user can
+# (tests/fence.sh: a user and pid namespace and a process limit, no cgroup),
+# and the whole pass runs inside one more fence made as root around it (a
+# pid namespace and a pids and memory cgroup).
 run_e2e() {
 	local backend=$1 row=${2:-e2e-$1} as=${3:-}
 	banner "end-to-end tests (tests/e2e), backend $backend${as:+, as the ordinary user $test_user}"
@@ -263,8 +270,7 @@ run_e2e() {
 		[[ -z $store ]] || store=$outdir/vm-store
 		# The user's own environment: no XDG directory of root's, its home.
 		runner=(tests/fence.sh "e2e-user-$$-$backend" 16384 12288 --
-			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME
-			IGN_TEST_OUTER_FENCE=1)
+			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME)
 	fi
 	printf 'node %s; IGN_TEST_SERVER=%s; IGN_TEST_BACKEND=%s%s%s\n' "$("$node" --version)" "$IGN_TEST_SERVER" "$backend" "${store:+; IGN_TEST_VM_STORE=$store}" "${as:+; as $test_user (uid $(id -u "$test_user"))}"
 	tap=$outdir/$row.tap

@@ -485,22 +485,7 @@ function fenceDirs(name) {
   return ['pids', 'memory'].map((c) => path.join(ownCgroup(c), name));
 }
 
-/* As an ordinary user no cgroup can be made: tests/run.sh then runs the
- * whole pass inside one fence made as root (IGN_TEST_OUTER_FENCE), and a
- * fenced server is an ordinary one in there, described by that fence's
- * groups (this process's own). */
-export const OUTER_FENCE = process.getuid() !== 0 && process.env.IGN_TEST_OUTER_FENCE === '1';
-
 function newFence() {
-  if (OUTER_FENCE) {
-    const candidates = CGROUP_V2 ? [ownCgroup(''), path.dirname(ownCgroup(''))] : ['pids', 'memory'].map((c) => ownCgroup(c));
-    const f = { name: 'outer', outer: true, candidates, runDir: null, scriptPid: null };
-    fences.add(f);
-    return f;
-  }
-  if (process.getuid() !== 0)
-    throw new Error('this test runs its server inside the second fence (tests/fence.sh), which needs root: ' +
-      'run it as root, or through tests/run.sh e2e-user as root (which fences the whole pass)');
   const name = `e2e-fence-${process.pid}-${++fenceSeq}`;
   const f = { name, candidates: fenceDirs(name), runDir: null, scriptPid: null };
   fences.add(f);
@@ -544,10 +529,6 @@ export function fencePidsStat(f) {
 /* Last resort (the fence script was killed before its own cleanup): kill
  * what is left in the fence and remove its groups and run directory. */
 function removeFence(f) {
-  if (f.outer) {
-    fences.delete(f);
-    return;
-  }
   for (let i = 0; i < 50 && fenceCgroupDirs(f).length; i++) {
     for (const p of fencePids(f)) {
       try {
@@ -592,7 +573,7 @@ function fencedServerPid(scriptPid) {
  * `program args... SERVER` (a program that execs its last arguments). */
 export async function startServer({ env = {}, tools = false, listTools = true, fence = false, launcher = null } = {}) {
   const f = fence ? newFence() : null;
-  const wrap = f && !f.outer;
+  const wrap = !!f;
   const transport = new StdioClientTransport({
     command: wrap ? '/bin/bash' : launcher ? launcher[0] : SERVER,
     args: wrap ? [FENCE_SCRIPT, f.name, String(FENCE_PIDS), String(FENCE_MEMORY_MB), '--', SERVER] : launcher ? [...launcher.slice(1), SERVER] : [],
@@ -640,9 +621,7 @@ export async function startServer({ env = {}, tools = false, listTools = true, f
       await client.close().catch(() => {});
       await waitUntil(() => !procStart(pid) || procStart(pid).state === 'Z', { timeoutMs: 6000 });
       untrack(pid);
-      if (f?.outer) {
-        removeFence(f);
-      } else if (f) {
+      if (f) {
         // The fence script reports what the server left in its run directory
         // or its cgroup, then removes the fence.
         const gone = await waitUntil(() => !procStart(f.scriptPid) || procStart(f.scriptPid).state === 'Z', { timeoutMs: 6000 });
