@@ -223,6 +223,15 @@ bool ns_as_root(void) { return geteuid() == 0; }
  * sandbox is reaped. */
 static int ns_uid_take(unsigned base, unsigned *ret_uid, int *ret_fd, char **ret_err) {
   static _Atomic unsigned next;
+  /* A base below the accounts' uids (a configuration left at zero) would
+   * make a sandbox's root a host account, host root itself for the first
+   * block: never. */
+  if (base < 65536) {
+    *ret_err = xasprintf("the namespace sandboxes' uid base %u is below 65536, among the host's "
+                         "accounts: set IGN_MCP_NS_UID_BASE to a free range (default %u)",
+                         base, NS_UID_BASE_DEFAULT);
+    return -EINVAL;
+  }
   if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
     int r = -errno;
     *ret_err = xasprintf("cannot create %s for the sandboxes' uid blocks: %s", NS_UID_LOCK_DIR,

@@ -140,6 +140,8 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
   }
   char dir[] = "/tmp/ign-test-agent-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
+  /* The sandbox's first process runs as the session's own host uid. */
+  chmod(dir, 0755);
   _cleanup_free_ char *agent = xasprintf("%s/agent", dir);
   FILE *f = fopen(agent, "w");
   CHECK(f != NULL);
@@ -150,6 +152,15 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
   chmod(agent, 0755);
   struct sandbox_config cfg = {.rootfs = "/", .agent = agent, .memory_mb = 256, .pids = 64,
                                .overlay_mb = 16};
+  /* Left at zero, the uid base is refused: a sandbox's root would be host
+   * root. */
+  {
+    struct sandbox *sb = NULL;
+    _cleanup_free_ char *err = NULL;
+    CHECK_EQ_INT(sandbox_ns_ops.create(&cfg, "unit", &sb, &err), -EINVAL);
+    CHECK(err && strstr(err, "IGN_MCP_NS_UID_BASE"));
+  }
+  cfg.ns_uid_base = NS_UID_BASE_DEFAULT;
   for (int round = 0; round < 2; round++) {
     struct sandbox *sb = NULL;
     _cleanup_free_ char *err = NULL;
