@@ -200,6 +200,7 @@ describe('shutdown', () => {
     // An agent that takes long to start: the open is still waiting for it
     // when stdin ends (a vm cold boot under TCG is like it).
     const dir = fs.mkdtempSync('/tmp/e2e-slow-agent-');
+    fs.chmodSync(dir, 0o755); // the agent starts as the session's own host uid
     t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
     const wrapper = path.join(dir, 'agent');
     fs.writeFileSync(wrapper, `#!/bin/sh\nsleep 20\nexec ${AGENT} "$@"\n`, { mode: 0o755 });

@@ -153,6 +153,7 @@ describe('reset and close', () => {
     // An agent that, while HOLD exists, waits for it to go and then fails:
     // the reset is held until the run is waiting on it.
     const dir = fs.mkdtempSync('/tmp/e2e-held-agent-');
+    fs.chmodSync(dir, 0o755); // the agent starts as the session's own host uid
     t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
     const hold = path.join(dir, 'hold');
     const wrapper = path.join(dir, 'agent');
