@@ -237,17 +237,45 @@ describe('uid blocks', { skip: SKIP || ROOT_ONLY('uid blocks are given only by a
       // Every block of a live session is locked; a closed one is not.
       const [srv0, o0] = opened[0];
       await call(srv0.client, 'close', { session_id: o0.session_id });
-      const slot = (o0.host_uid - UID_BASE) / BLOCK;
-      const r = execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${slot}`, 'true'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+      // The lock files name host uids (uid / 65536), not a server's slots.
+      const r = execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${o0.host_uid / BLOCK}`, 'true'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
       assert.equal(r, '');
       let busy = 0;
       try {
-        const slot1 = (opened[1][1].host_uid - UID_BASE) / BLOCK;
-        execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${slot1}`, 'true'], { stdio: 'ignore' });
+        execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${opened[1][1].host_uid / BLOCK}`, 'true'], { stdio: 'ignore' });
       } catch (e) {
         busy = e.status;
       }
       assert.equal(busy, 75, 'the block of a live session is not locked');
+    } finally {
+      await s1.close();
+      await s2.close();
+    }
+  });
+});
+
+describe('uid blocks of servers with different bases', { skip: SKIP || ROOT_ONLY('uid blocks are given only by a root server') }, () => {
+  /* A second server whose IGN_MCP_NS_UID_BASE is one block above the
+   * first's: its slot n is the first's slot n + 1.  Fenced, both servers are
+   * PID 1 and start their search at the same slot, so the second server's
+   * first session lands exactly on the uids of the first server's second
+   * session unless the locks name uids rather than slots. */
+  test('two live sessions never share a uid, even of servers whose IGN_MCP_NS_UID_BASE differ by one block', T, async () => {
+    const s1 = await startServer({ fence: true });
+    const s2 = await startServer({ fence: true, env: { IGN_MCP_NS_UID_BASE: String(UID_BASE + BLOCK) } });
+    try {
+      const a1 = await call(s1.client, 'open_session', {});
+      const a2 = await call(s1.client, 'open_session', {});
+      await call(s1.client, 'close', { session_id: a1.session_id });
+      const live = [a2];
+      for (let i = 0; i < 2; i++) live.push(await call(s2.client, 'open_session', {}));
+      const uids = live.map((o) => o.host_uid);
+      for (let i = 0; i < uids.length; i++) {
+        for (let j = i + 1; j < uids.length; j++) {
+          assert.ok(Math.abs(uids[i] - uids[j]) >= BLOCK,
+            `live sessions of two servers share uids: blocks from ${uids[i]} and ${uids[j]} (all: ${uids})`);
+        }
+      }
     } finally {
       await s1.close();
       await s2.close();
