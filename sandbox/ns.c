@@ -123,6 +123,17 @@ struct clone_args_ns {
 #define NS_CLONE_FLAGS                                                                       \
   (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
 
+/* The spawner thread back to euid and egid 0 (the uid first: it brings back
+ * the capability to set the gid), and the process's dumpable flag as it was
+ * (DUMPABLE), which a change of either cleared.  Going on as another user
+ * would be worse than dying. */
+static void ns_spawner_restore(int dumpable) {
+  if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+    abort();
+  if (dumpable == 1)
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+}
+
 /* Runs on the spawner thread.  Between clone and execve the child makes raw
  * system calls only. */
 static int clone_agent(void *p) {
@@ -142,18 +153,13 @@ static int clone_agent(void *p) {
   if (as_owner && (syscall(SYS_setresgid, -1, a->owner, -1) < 0 ||
                    syscall(SYS_setresuid, -1, a->owner, -1) < 0)) {
     int e = errno;
-    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
-      abort(); /* the spawner would go on as another user */
+    ns_spawner_restore(dumpable);
     return -e;
   }
   pid_t pid = (pid_t)syscall(SYS_clone, NS_CLONE_FLAGS | SIGCHLD, NULL, NULL, NULL, NULL);
   int clone_errno = errno;
-  if (pid != 0 && as_owner) {
-    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
-      abort();
-    if (dumpable == 1)
-      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-  }
+  if (pid != 0 && as_owner)
+    ns_spawner_restore(dumpable);
   if (pid < 0)
     return -clone_errno;
   if (pid == 0) {

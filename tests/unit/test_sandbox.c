@@ -2,10 +2,16 @@
  * warm base is tried again, whether a failed QEMU ran), the kill/reap
  * mechanics of a sandbox's process (sandbox_proc), and, as root, an ns
  * sandbox whose agent dies at once asked why by several calls. */
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -106,6 +112,61 @@ static void proc_reaps_once_and_never_signals_after(void) {
   sandbox_proc_fini(&p);
 }
 
+/* ---- the spawner's borrowed uid is given back ---- */
+
+/* A filter that makes setresuid(-1, UID, -1) fail with EAGAIN for every uid
+ * of 65536 or more (a uid block's), and lets every other call through (the
+ * way back to uid 0, -1 passed as a long). */
+static int deny_setresuid_to_blocks(void) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_setresuid, 0, 5),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]) + 4),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+      BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 65536, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAGAIN),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {.len = ARRAY_SIZE(f), .filter = f};
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* As root the spawner thread takes the uid block as its effective uid for
+ * the clone, which makes the whole server undumpable until it is back: a
+ * failed switch must give back the flag too.  In a child process (the filter
+ * stays there), before any test has started the spawner thread, which a
+ * fork would not copy. */
+static void ns_failed_uid_switch_leaves_the_server_dumpable(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "  # skip: the ns backend needs root\n");
+    return;
+  }
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    if (deny_setresuid_to_blocks() < 0)
+      _exit(10);
+    struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256,
+                                 .pids = 64, .overlay_mb = 16,
+                                 .ns_uid_base = NS_UID_BASE_DEFAULT};
+    struct sandbox *sb = NULL;
+    char *err = NULL;
+    if (sandbox_ns_ops.create(&cfg, "unit", &sb, &err) == 0)
+      _exit(11); /* the filter did not stop the switch */
+    if (geteuid() != 0 || getegid() != 0)
+      _exit(12);
+    _exit(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 ? 0 : 13);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fprintf(stderr, "  child: status %#x (10 no filter, 11 created, 12 not root, 13 undumpable)\n",
+            status);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* ---- an ns sandbox whose agent says something on stderr and exits ---- */
 
 #define AGENT_SAYS "agent: cannot mount the overlay (a test)"
@@ -198,4 +259,5 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
 
 TEST_MAIN(TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed),
           TEST(qemu_ran_only_past_its_spawn), TEST(proc_reaps_once_and_never_signals_after),
+          TEST(ns_failed_uid_switch_leaves_the_server_dumpable),
           TEST(ns_death_reason_is_the_same_for_every_caller))
