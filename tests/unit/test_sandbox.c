@@ -201,6 +201,8 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
   }
   char dir[] = "/tmp/ign-test-agent-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
+  /* The agent is run as the sandbox's own host uid, not as root. */
+  chmod(dir, 0755);
   _cleanup_free_ char *agent = xasprintf("%s/agent", dir);
   FILE *f = fopen(agent, "w");
   CHECK(f != NULL);
@@ -210,7 +212,7 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
   fclose(f);
   chmod(agent, 0755);
   struct sandbox_config cfg = {.rootfs = "/", .agent = agent, .memory_mb = 256, .pids = 64,
-                               .overlay_mb = 16};
+                               .overlay_mb = 16, .ns_uid_base = NS_UID_BASE_DEFAULT};
   for (int round = 0; round < 2; round++) {
     struct sandbox *sb = NULL;
     _cleanup_free_ char *err = NULL;
