@@ -253,7 +253,9 @@ static int ns_uid_lock(unsigned index, int *ret_fd, char **ret_err) {
  * lock files name host uids, not this server's slots: servers whose
  * IGN_MCP_NS_UID_BASE differ lock the same file for the same uids.  A block
  * locks every aligned range it touches (two where the base is not a
- * multiple of 65536), so two blocks that share a uid always share a lock. */
+ * multiple of 65536), so two blocks that share a uid always share a lock
+ * (and, with such a base, neighbouring blocks share one too: only every
+ * other block can be live at once). */
 static int ns_uid_take(unsigned base, unsigned *ret_uid, int ret_fds[2], char **ret_err) {
   static _Atomic unsigned next;
   if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
