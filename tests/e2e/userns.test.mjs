@@ -23,7 +23,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
   startServer, call, run, sh, writeFile, descendants, serverEnv, assertNoSanitizerReport,
-  REPO, SERVER, IS_NS, AS_ROOT, ROOT_ONLY,
+  REPO, SERVER, IS_NS, AS_ROOT, ROOT_ONLY, ROOTFS_SMALL,
 } from './lib.mjs';
 
 const T = { timeout: 120_000 };
@@ -117,6 +117,10 @@ describe('the ns sandbox is a user namespace of its own', { skip: SKIP }, () => 
       const c = s.client, sid = o.session_id;
       // valgrind (the valgrind pass) knows neither open_tree nor mount_setattr.
       if (/rootfs read-only/.test(o.limits)) return t.skip(`no idmapped mount could be made here: ${o.limits}`);
+      // The host's tree as it was: every change below must stay in the overlay.
+      const host = (p) => path.join(ROOTFS_SMALL, p);
+      const hostPasswd = fs.readFileSync(host('etc/passwd'));
+      const hostTrue = fs.lstatSync(host('bin/true'));
       assert.equal(await sh(c, sid, 'stat -c "%u:%g" /etc/passwd /bin/busybox /root'), '0:0\n0:0\n0:0\n');
       assert.equal(await sh(c, sid, 'echo "extra:x:5000:5000::/:/bin/sh" >> /etc/passwd && tail -n 1 /etc/passwd'), 'extra:x:5000:5000::/:/bin/sh\n');
       assert.equal(await sh(c, sid, 'mkdir -p /usr/local/new && echo hi > /usr/local/new/f && cat /usr/local/new/f && rm /bin/true && test ! -e /bin/true && echo gone'), 'hi\ngone\n');
@@ -128,6 +132,13 @@ describe('the ns sandbox is a user namespace of its own', { skip: SKIP }, () => 
       // A device node made inside cannot be opened (nodev, no CAP_MKNOD).
       const d = await run(c, sid, 'mknod /tmp/mem c 1 1 2>&1; echo rc=$?');
       assert.match(d.stdout, /rc=[1-9]/, `mknod worked in the sandbox: ${d.stdout}`);
+      // A whiteout (0:0, what overlay itself makes) may be made, but not opened.
+      assert.equal(await sh(c, sid, 'mknod /dev/wh c 0 0 && { cat /dev/wh 2>/dev/null; echo rc=$?; }'), 'rc=1\n');
+      assert.deepEqual(fs.readFileSync(host('etc/passwd')), hostPasswd, 'the host rootfs\'s /etc/passwd changed');
+      const nowTrue = fs.lstatSync(host('bin/true'));
+      assert.deepEqual([nowTrue.ino, nowTrue.mode, nowTrue.uid], [hostTrue.ino, hostTrue.mode, hostTrue.uid], 'the host rootfs\'s /bin/true changed');
+      assert.ok(fs.existsSync(host('var')) && fs.existsSync(host('etc/passwd')), 'a directory of the host rootfs went');
+      assert.ok(!fs.existsSync(host('usr/local/new')) && !fs.existsSync(host('etc2')), 'a file made in the sandbox reached the host rootfs');
     } finally {
       await call(s.client, 'close', { session_id: o.session_id });
     }
