@@ -68,6 +68,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,14 @@ static int ns_uid_lock(unsigned index, int *ret_fd, char **ret_err) {
  * other block can be live at once). */
 static int ns_uid_take(unsigned base, unsigned *ret_uid, int ret_fds[2], char **ret_err) {
   static _Atomic unsigned next;
+  /* The config refuses such a base; a caller that did not ask it must not
+   * map a sandbox's root onto host root or an account. */
+  if (base < NS_UID_BLOCK || base > UINT32_MAX - 1 - NS_UID_SLOTS * NS_UID_BLOCK) {
+    *ret_err = xasprintf("IGN_MCP_NS_UID_BASE=%u is outside %u..%u: the sandboxes' uids would "
+                         "include host accounts' (or root's), or pass 2^32 - 1",
+                         base, NS_UID_BLOCK, UINT32_MAX - 1 - NS_UID_SLOTS * NS_UID_BLOCK);
+    return -EINVAL;
+  }
   if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
     int r = -errno;
     *ret_err = xasprintf("cannot create %s for the sandboxes' uid blocks: %s", NS_UID_LOCK_DIR,

@@ -167,6 +167,31 @@ static void ns_failed_uid_switch_leaves_the_server_dumpable(void) {
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* A uid base the config would refuse (root's and the accounts' uids, or past
+ * 2^32 - 1) is refused by the backend too, before anything runs. */
+static void ns_uid_base_below_the_accounts_is_refused(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "  # skip: the ns backend needs root\n");
+    return;
+  }
+  static const unsigned bases[] = {0, 1000, NS_UID_BLOCK - 1, 0xffffffffu - NS_UID_BLOCK};
+  for (size_t i = 0; i < ARRAY_SIZE(bases); i++) {
+    struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256,
+                                 .pids = 64, .overlay_mb = 16, .ns_uid_base = bases[i]};
+    struct sandbox *sb = NULL;
+    _cleanup_free_ char *err = NULL;
+    int r = sandbox_ns_ops.create(&cfg, "unit", &sb, &err);
+    if (r == 0) {
+      _cleanup_free_ char *info = sb->info ? json_dumps(sb->info, 0) : NULL;
+      fprintf(stderr, "  base %u: a sandbox was made (%s)\n", bases[i], info ? info : "?");
+      close(sb->fd);
+      sb->ops->destroy(sb);
+    }
+    CHECK_EQ_INT(r, -EINVAL);
+    CHECK(err && strstr(err, "IGN_MCP_NS_UID_BASE"));
+  }
+}
+
 /* ---- an ns sandbox whose agent says something on stderr and exits ---- */
 
 #define AGENT_SAYS "agent: cannot mount the overlay (a test)"
@@ -262,4 +287,5 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
 TEST_MAIN(TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed),
           TEST(qemu_ran_only_past_its_spawn), TEST(proc_reaps_once_and_never_signals_after),
           TEST(ns_failed_uid_switch_leaves_the_server_dumpable),
+          TEST(ns_uid_base_below_the_accounts_is_refused),
           TEST(ns_death_reason_is_the_same_for_every_caller))
