@@ -261,10 +261,10 @@ static int ns_uid_take(unsigned base, unsigned *ret_uid, int ret_fds[2], char **
   static _Atomic unsigned next;
   /* The config refuses such a base; a caller that did not ask it must not
    * map a sandbox's root onto host root or an account. */
-  if (base < NS_UID_BLOCK || base > UINT32_MAX - 1 - NS_UID_SLOTS * NS_UID_BLOCK) {
+  if (base < NS_UID_BLOCK || base > UINT32_MAX - NS_UID_SLOTS * NS_UID_BLOCK) {
     *ret_err = xasprintf("IGN_MCP_NS_UID_BASE=%u is outside %u..%u: the sandboxes' uids would "
-                         "include host accounts' (or root's), or pass 2^32 - 1",
-                         base, NS_UID_BLOCK, UINT32_MAX - 1 - NS_UID_SLOTS * NS_UID_BLOCK);
+                         "include host accounts' (or root's), or reach 2^32 - 1",
+                         base, NS_UID_BLOCK, UINT32_MAX - NS_UID_SLOTS * NS_UID_BLOCK);
     return -EINVAL;
   }
   if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
@@ -276,7 +276,7 @@ static int ns_uid_take(unsigned base, unsigned *ret_uid, int ret_fds[2], char **
   unsigned start = (unsigned)getpid() * 7 + next++;
   for (unsigned i = 0; i < NS_UID_SLOTS; i++) {
     unsigned slot = (start + i) % NS_UID_SLOTS;
-    unsigned uid = base + slot * NS_UID_BLOCK; /* the config keeps it below 2^32 - 65536 */
+    unsigned uid = base + slot * NS_UID_BLOCK; /* its last uid is below 2^32 - 1 */
     unsigned first = uid / NS_UID_BLOCK, last = (uid + NS_UID_BLOCK - 1) / NS_UID_BLOCK;
     int fds[2] = {-1, -1};
     int r = ns_uid_lock(first, &fds[0], ret_err);

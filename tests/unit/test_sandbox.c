@@ -174,7 +174,8 @@ static void ns_uid_base_below_the_accounts_is_refused(void) {
     fprintf(stderr, "  # skip: the ns backend needs root\n");
     return;
   }
-  static const unsigned bases[] = {0, 1000, NS_UID_BLOCK - 1, 0xffffffffu - NS_UID_BLOCK};
+  static const unsigned bases[] = {0, 1000, NS_UID_BLOCK - 1, 0xffffffffu - NS_UID_BLOCK,
+                                   0xffffffffu - NS_UID_SLOTS * NS_UID_BLOCK + 1};
   for (size_t i = 0; i < ARRAY_SIZE(bases); i++) {
     struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256,
                                  .pids = 64, .overlay_mb = 16, .ns_uid_base = bases[i]};
@@ -189,6 +190,20 @@ static void ns_uid_base_below_the_accounts_is_refused(void) {
     }
     CHECK_EQ_INT(r, -EINVAL);
     CHECK(err && strstr(err, "IGN_MCP_NS_UID_BASE"));
+  }
+  /* The highest base the config takes: its last uid is 2^32 - 2. */
+  struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256, .pids = 64,
+                               .overlay_mb = 16,
+                               .ns_uid_base = 0xffffffffu - NS_UID_SLOTS * NS_UID_BLOCK};
+  struct sandbox *sb = NULL;
+  _cleanup_free_ char *err = NULL;
+  int r = sandbox_ns_ops.create(&cfg, "unit", &sb, &err);
+  if (r < 0)
+    fprintf(stderr, "  create at the highest base: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+  if (r == 0) {
+    close(sb->fd);
+    sb->ops->destroy(sb);
   }
 }
 
