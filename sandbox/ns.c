@@ -17,9 +17,11 @@
  *     range), uid 0 inside = the block's first uid.  Every per-user count of
  *     the kernel (inotify instances, fanotify groups, mqueue bytes, pipe
  *     pages, keys, processes, pending signals) is charged to that uid: not to
- *     host root, not to another session.  A slot is held with an flock on
- *     /run/ignition-mcp-uids/<slot>, so no two live sandboxes of any
- *     server on this host share a uid; the lock is released only after the
+ *     host root, not to another session.  A block is held with an flock on
+ *     /run/ignition-mcp-uids/<uid / 65536> (and on the next file too when the
+ *     base is not a multiple of 65536): the files name host uids, so no two
+ *     live sandboxes of any server on this host share a uid, whatever base
+ *     each server was given; the lock is released only after the
  *     sandbox's PID 1 is reaped, which is after every process of its pid
  *     namespace is gone (a killed server's locks go with it, and its
  *     sandboxes die with it through PR_SET_PDEATHSIG).  The server writes
@@ -66,6 +68,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +102,7 @@ struct ns_sandbox {
   int err_fd;               /* read end of the agent's stderr, or -1 */
   char err_msg[1024];
   size_t err_len;
-  int uid_lock_fd;          /* flock held on the uid block's slot file, or -1 */
+  int uid_lock_fds[2];      /* flocks held on the uid block's lock files, or -1 */
 };
 
 struct clone_args_ns {
@@ -121,6 +124,17 @@ struct clone_args_ns {
 #define NS_CLONE_FLAGS                                                                       \
   (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
 
+/* The spawner thread back to euid and egid 0 (the uid first: it brings back
+ * the capability to set the gid), and the process's dumpable flag as it was
+ * (DUMPABLE), which a change of either cleared.  Going on as another user
+ * would be worse than dying. */
+static void ns_spawner_restore(int dumpable) {
+  if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+    abort();
+  if (dumpable == 1)
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+}
+
 /* Runs on the spawner thread.  Between clone and execve the child makes raw
  * system calls only. */
 static int clone_agent(void *p) {
@@ -140,18 +154,13 @@ static int clone_agent(void *p) {
   if (as_owner && (syscall(SYS_setresgid, -1, a->owner, -1) < 0 ||
                    syscall(SYS_setresuid, -1, a->owner, -1) < 0)) {
     int e = errno;
-    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
-      abort(); /* the spawner would go on as another user */
+    ns_spawner_restore(dumpable);
     return -e;
   }
   pid_t pid = (pid_t)syscall(SYS_clone, NS_CLONE_FLAGS | SIGCHLD, NULL, NULL, NULL, NULL);
   int clone_errno = errno;
-  if (pid != 0 && as_owner) {
-    if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
-      abort();
-    if (dumpable == 1)
-      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-  }
+  if (pid != 0 && as_owner)
+    ns_spawner_restore(dumpable);
   if (pid < 0)
     return -clone_errno;
   if (pid == 0) {
@@ -219,17 +228,43 @@ static int clone_agent(void *p) {
 
 bool ns_as_root(void) { return geteuid() == 0; }
 
-/* Takes a free uid block: an flock on its slot file, held until the
- * sandbox is reaped. */
-static int ns_uid_take(unsigned base, unsigned *ret_uid, int *ret_fd, char **ret_err) {
+/* Locks the file of one 65536-aligned range of host uids (INDEX = uid /
+ * 65536): 0, -EWOULDBLOCK when a live sandbox holds it, or another -errno. */
+static int ns_uid_lock(unsigned index, int *ret_fd, char **ret_err) {
+  char path[128];
+  snprintf(path, sizeof path, NS_UID_LOCK_DIR "/%u", index);
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open %s: %s", path, strerror(errno));
+    return r;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int r = errno == EWOULDBLOCK ? -EWOULDBLOCK : -errno;
+    if (r != -EWOULDBLOCK)
+      *ret_err = xasprintf("cannot lock %s: %s", path, strerror(errno));
+    close(fd);
+    return r;
+  }
+  *ret_fd = fd;
+  return 0;
+}
+
+/* Takes a free uid block: flocks held until the sandbox is reaped.  The
+ * lock files name host uids, not this server's slots: servers whose
+ * IGN_MCP_NS_UID_BASE differ lock the same file for the same uids.  A block
+ * locks every aligned range it touches (two where the base is not a
+ * multiple of 65536), so two blocks that share a uid always share a lock
+ * (and, with such a base, neighbouring blocks share one too: only every
+ * other block can be live at once). */
+static int ns_uid_take(unsigned base, unsigned *ret_uid, int ret_fds[2], char **ret_err) {
   static _Atomic unsigned next;
-  /* A base below the accounts' uids (a configuration left at zero) would
-   * make a sandbox's root a host account, host root itself for the first
-   * block: never. */
-  if (base < 65536) {
-    *ret_err = xasprintf("the namespace sandboxes' uid base %u is below 65536, among the host's "
-                         "accounts: set IGN_MCP_NS_UID_BASE to a free range (default %u)",
-                         base, NS_UID_BASE_DEFAULT);
+  /* The config refuses such a base; a caller that did not ask it must not
+   * map a sandbox's root onto host root or an account. */
+  if (base < NS_UID_BLOCK || base > UINT32_MAX - NS_UID_SLOTS * NS_UID_BLOCK) {
+    *ret_err = xasprintf("IGN_MCP_NS_UID_BASE=%u is outside %u..%u: the sandboxes' uids would "
+                         "include host accounts' (or root's), or reach 2^32 - 1",
+                         base, NS_UID_BLOCK, UINT32_MAX - NS_UID_SLOTS * NS_UID_BLOCK);
     return -EINVAL;
   }
   if (mkdir(NS_UID_LOCK_DIR, 0700) < 0 && errno != EEXIST) {
@@ -241,20 +276,20 @@ static int ns_uid_take(unsigned base, unsigned *ret_uid, int *ret_fd, char **ret
   unsigned start = (unsigned)getpid() * 7 + next++;
   for (unsigned i = 0; i < NS_UID_SLOTS; i++) {
     unsigned slot = (start + i) % NS_UID_SLOTS;
-    char path[128];
-    snprintf(path, sizeof path, NS_UID_LOCK_DIR "/%u", slot);
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      int r = -errno;
-      *ret_err = xasprintf("cannot open %s: %s", path, strerror(errno));
+    unsigned uid = base + slot * NS_UID_BLOCK; /* its last uid is below 2^32 - 1 */
+    unsigned first = uid / NS_UID_BLOCK, last = (uid + NS_UID_BLOCK - 1) / NS_UID_BLOCK;
+    int fds[2] = {-1, -1};
+    int r = ns_uid_lock(first, &fds[0], ret_err);
+    if (r == 0 && last != first && (r = ns_uid_lock(last, &fds[1], ret_err)) < 0)
+      close(fds[0]);
+    if (r == -EWOULDBLOCK)
+      continue;
+    if (r < 0)
       return r;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      *ret_uid = base + slot * NS_UID_BLOCK;
-      *ret_fd = fd;
-      return 0;
-    }
-    close(fd);
+    *ret_uid = uid;
+    ret_fds[0] = fds[0];
+    ret_fds[1] = fds[1];
+    return 0;
   }
   *ret_err = xasprintf("all %u uid blocks for namespace sandboxes (from IGN_MCP_NS_UID_BASE=%u) "
                        "are held by running sessions on this host (" NS_UID_LOCK_DIR "): close "
@@ -408,13 +443,13 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->err_fd = -1;
   sandbox_proc_init(&sb->proc);
   pthread_mutex_init(&sb->err_lock, NULL);
-  sb->uid_lock_fd = -1;
+  sb->uid_lock_fds[0] = sb->uid_lock_fds[1] = -1;
 
   bool root = ns_as_root();
   unsigned host_uid = (unsigned)geteuid();
   _cleanup_close_ int tree_fd = -1;
   int r;
-  if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, &sb->uid_lock_fd, ret_err)) < 0)
+  if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, sb->uid_lock_fds, ret_err)) < 0)
     return r;
 
   char cg_name[64];
@@ -530,8 +565,7 @@ fail:
   if (sb->err_fd >= 0)
     close(sb->err_fd);
   cgroup_destroy(sb->cg);
-  if (sb->uid_lock_fd >= 0)
-    close(sb->uid_lock_fd);
+  ns_close_pair(sb->uid_lock_fds);
   return r;
 }
 
@@ -561,8 +595,7 @@ static void ns_destroy(struct sandbox *base) {
     close(sb->err_fd);
   pthread_mutex_destroy(&sb->err_lock);
   /* Reaped: nothing runs under the uid block any more. */
-  if (sb->uid_lock_fd >= 0)
-    close(sb->uid_lock_fd);
+  ns_close_pair(sb->uid_lock_fds);
   json_decref(sb->base.info);
   free(sb);
 }

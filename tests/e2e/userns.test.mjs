@@ -23,7 +23,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import {
   startServer, call, run, sh, writeFile, descendants, serverEnv, assertNoSanitizerReport,
-  REPO, SERVER, IS_NS, AS_ROOT, ROOT_ONLY,
+  REPO, SERVER, IS_NS, AS_ROOT, ROOT_ONLY, ROOTFS_SMALL,
 } from './lib.mjs';
 
 const T = { timeout: 120_000 };
@@ -117,6 +117,10 @@ describe('the ns sandbox is a user namespace of its own', { skip: SKIP }, () => 
       const c = s.client, sid = o.session_id;
       // valgrind (the valgrind pass) knows neither open_tree nor mount_setattr.
       if (/rootfs read-only/.test(o.limits)) return t.skip(`no idmapped mount could be made here: ${o.limits}`);
+      // The host's tree as it was: every change below must stay in the overlay.
+      const host = (p) => path.join(ROOTFS_SMALL, p);
+      const hostPasswd = fs.readFileSync(host('etc/passwd'));
+      const hostTrue = fs.lstatSync(host('bin/true'));
       assert.equal(await sh(c, sid, 'stat -c "%u:%g" /etc/passwd /bin/busybox /root'), '0:0\n0:0\n0:0\n');
       assert.equal(await sh(c, sid, 'echo "extra:x:5000:5000::/:/bin/sh" >> /etc/passwd && tail -n 1 /etc/passwd'), 'extra:x:5000:5000::/:/bin/sh\n');
       assert.equal(await sh(c, sid, 'mkdir -p /usr/local/new && echo hi > /usr/local/new/f && cat /usr/local/new/f && rm /bin/true && test ! -e /bin/true && echo gone'), 'hi\ngone\n');
@@ -128,6 +132,13 @@ describe('the ns sandbox is a user namespace of its own', { skip: SKIP }, () => 
       // A device node made inside cannot be opened (nodev, no CAP_MKNOD).
       const d = await run(c, sid, 'mknod /tmp/mem c 1 1 2>&1; echo rc=$?');
       assert.match(d.stdout, /rc=[1-9]/, `mknod worked in the sandbox: ${d.stdout}`);
+      // A whiteout (0:0, what overlay itself makes) may be made, but not opened.
+      assert.equal(await sh(c, sid, 'mknod /dev/wh c 0 0 && { cat /dev/wh 2>/dev/null; echo rc=$?; }'), 'rc=1\n');
+      assert.deepEqual(fs.readFileSync(host('etc/passwd')), hostPasswd, 'the host rootfs\'s /etc/passwd changed');
+      const nowTrue = fs.lstatSync(host('bin/true'));
+      assert.deepEqual([nowTrue.ino, nowTrue.mode, nowTrue.uid], [hostTrue.ino, hostTrue.mode, hostTrue.uid], 'the host rootfs\'s /bin/true changed');
+      assert.ok(fs.existsSync(host('var')) && fs.existsSync(host('etc/passwd')), 'a directory of the host rootfs went');
+      assert.ok(!fs.existsSync(host('usr/local/new')) && !fs.existsSync(host('etc2')), 'a file made in the sandbox reached the host rootfs');
     } finally {
       await call(s.client, 'close', { session_id: o.session_id });
     }
@@ -237,17 +248,45 @@ describe('uid blocks', { skip: SKIP || ROOT_ONLY('uid blocks are given only by a
       // Every block of a live session is locked; a closed one is not.
       const [srv0, o0] = opened[0];
       await call(srv0.client, 'close', { session_id: o0.session_id });
-      const slot = (o0.host_uid - UID_BASE) / BLOCK;
-      const r = execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${slot}`, 'true'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+      // The lock files name host uids (uid / 65536), not a server's slots.
+      const r = execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${o0.host_uid / BLOCK}`, 'true'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
       assert.equal(r, '');
       let busy = 0;
       try {
-        const slot1 = (opened[1][1].host_uid - UID_BASE) / BLOCK;
-        execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${slot1}`, 'true'], { stdio: 'ignore' });
+        execFileSync('flock', ['-n', '-E', '75', `/run/ignition-mcp-uids/${opened[1][1].host_uid / BLOCK}`, 'true'], { stdio: 'ignore' });
       } catch (e) {
         busy = e.status;
       }
       assert.equal(busy, 75, 'the block of a live session is not locked');
+    } finally {
+      await s1.close();
+      await s2.close();
+    }
+  });
+});
+
+describe('uid blocks of servers with different bases', { skip: SKIP || ROOT_ONLY('uid blocks are given only by a root server') }, () => {
+  /* A second server whose IGN_MCP_NS_UID_BASE is one block above the
+   * first's: its slot n is the first's slot n + 1.  Fenced, both servers are
+   * PID 1 and start their search at the same slot, so the second server's
+   * first session lands exactly on the uids of the first server's second
+   * session unless the locks name uids rather than slots. */
+  test('two live sessions never share a uid, even of servers whose IGN_MCP_NS_UID_BASE differ by one block', T, async () => {
+    const s1 = await startServer({ fence: true });
+    const s2 = await startServer({ fence: true, env: { IGN_MCP_NS_UID_BASE: String(UID_BASE + BLOCK) } });
+    try {
+      const a1 = await call(s1.client, 'open_session', {});
+      const a2 = await call(s1.client, 'open_session', {});
+      await call(s1.client, 'close', { session_id: a1.session_id });
+      const live = [a2];
+      for (let i = 0; i < 2; i++) live.push(await call(s2.client, 'open_session', {}));
+      const uids = live.map((o) => o.host_uid);
+      for (let i = 0; i < uids.length; i++) {
+        for (let j = i + 1; j < uids.length; j++) {
+          assert.ok(Math.abs(uids[i] - uids[j]) >= BLOCK,
+            `live sessions of two servers share uids: blocks from ${uids[i]} and ${uids[j]} (all: ${uids})`);
+        }
+      }
     } finally {
       await s1.close();
       await s2.close();

@@ -2,10 +2,16 @@
  * warm base is tried again, whether a failed QEMU ran), the kill/reap
  * mechanics of a sandbox's process (sandbox_proc), and, as root, an ns
  * sandbox whose agent dies at once asked why by several calls. */
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -106,6 +112,101 @@ static void proc_reaps_once_and_never_signals_after(void) {
   sandbox_proc_fini(&p);
 }
 
+/* ---- the spawner's borrowed uid is given back ---- */
+
+/* A filter that makes setresuid(-1, UID, -1) fail with EAGAIN for every uid
+ * of 65536 or more (a uid block's), and lets every other call through (the
+ * way back to uid 0, -1 passed as a long). */
+static int deny_setresuid_to_blocks(void) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_setresuid, 0, 5),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]) + 4),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+      BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 65536, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAGAIN),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {.len = ARRAY_SIZE(f), .filter = f};
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* As root the spawner thread takes the uid block as its effective uid for
+ * the clone, which makes the whole server undumpable until it is back: a
+ * failed switch must give back the flag too.  In a child process (the filter
+ * stays there), before any test has started the spawner thread, which a
+ * fork would not copy. */
+static void ns_failed_uid_switch_leaves_the_server_dumpable(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "  # skip: the ns backend needs root\n");
+    return;
+  }
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    if (deny_setresuid_to_blocks() < 0)
+      _exit(10);
+    struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256,
+                                 .pids = 64, .overlay_mb = 16,
+                                 .ns_uid_base = NS_UID_BASE_DEFAULT};
+    struct sandbox *sb = NULL;
+    char *err = NULL;
+    if (sandbox_ns_ops.create(&cfg, "unit", &sb, &err) == 0)
+      _exit(11); /* the filter did not stop the switch */
+    if (geteuid() != 0 || getegid() != 0)
+      _exit(12);
+    _exit(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 ? 0 : 13);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fprintf(stderr, "  child: status %#x (10 no filter, 11 created, 12 not root, 13 undumpable)\n",
+            status);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* A uid base the config would refuse (root's and the accounts' uids, or past
+ * 2^32 - 1) is refused by the backend too, before anything runs. */
+static void ns_uid_base_below_the_accounts_is_refused(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "  # skip: the ns backend needs root\n");
+    return;
+  }
+  static const unsigned bases[] = {0, 1000, NS_UID_BLOCK - 1, 0xffffffffu - NS_UID_BLOCK,
+                                   0xffffffffu - NS_UID_SLOTS * NS_UID_BLOCK + 1};
+  for (size_t i = 0; i < ARRAY_SIZE(bases); i++) {
+    struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256,
+                                 .pids = 64, .overlay_mb = 16, .ns_uid_base = bases[i]};
+    struct sandbox *sb = NULL;
+    _cleanup_free_ char *err = NULL;
+    int r = sandbox_ns_ops.create(&cfg, "unit", &sb, &err);
+    if (r == 0) {
+      _cleanup_free_ char *info = sb->info ? json_dumps(sb->info, 0) : NULL;
+      fprintf(stderr, "  base %u: a sandbox was made (%s)\n", bases[i], info ? info : "?");
+      close(sb->fd);
+      sb->ops->destroy(sb);
+    }
+    CHECK_EQ_INT(r, -EINVAL);
+    CHECK(err && strstr(err, "IGN_MCP_NS_UID_BASE"));
+  }
+  /* The highest base the config takes: its last uid is 2^32 - 2. */
+  struct sandbox_config cfg = {.rootfs = "/", .agent = "/bin/true", .memory_mb = 256, .pids = 64,
+                               .overlay_mb = 16,
+                               .ns_uid_base = 0xffffffffu - NS_UID_SLOTS * NS_UID_BLOCK};
+  struct sandbox *sb = NULL;
+  _cleanup_free_ char *err = NULL;
+  int r = sandbox_ns_ops.create(&cfg, "unit", &sb, &err);
+  if (r < 0)
+    fprintf(stderr, "  create at the highest base: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+  if (r == 0) {
+    close(sb->fd);
+    sb->ops->destroy(sb);
+  }
+}
+
 /* ---- an ns sandbox whose agent says something on stderr and exits ---- */
 
 #define AGENT_SAYS "agent: cannot mount the overlay (a test)"
@@ -140,7 +241,7 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
   }
   char dir[] = "/tmp/ign-test-agent-XXXXXX";
   CHECK(mkdtemp(dir) != NULL);
-  /* The sandbox's first process runs as the session's own host uid. */
+  /* The agent is run as the sandbox's own host uid, not as root. */
   chmod(dir, 0755);
   _cleanup_free_ char *agent = xasprintf("%s/agent", dir);
   FILE *f = fopen(agent, "w");
@@ -151,16 +252,7 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
   fclose(f);
   chmod(agent, 0755);
   struct sandbox_config cfg = {.rootfs = "/", .agent = agent, .memory_mb = 256, .pids = 64,
-                               .overlay_mb = 16};
-  /* Left at zero, the uid base is refused: a sandbox's root would be host
-   * root. */
-  {
-    struct sandbox *sb = NULL;
-    _cleanup_free_ char *err = NULL;
-    CHECK_EQ_INT(sandbox_ns_ops.create(&cfg, "unit", &sb, &err), -EINVAL);
-    CHECK(err && strstr(err, "IGN_MCP_NS_UID_BASE"));
-  }
-  cfg.ns_uid_base = NS_UID_BASE_DEFAULT;
+                               .overlay_mb = 16, .ns_uid_base = NS_UID_BASE_DEFAULT};
   for (int round = 0; round < 2; round++) {
     struct sandbox *sb = NULL;
     _cleanup_free_ char *err = NULL;
@@ -209,4 +301,6 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
 
 TEST_MAIN(TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed),
           TEST(qemu_ran_only_past_its_spawn), TEST(proc_reaps_once_and_never_signals_after),
+          TEST(ns_failed_uid_switch_leaves_the_server_dumpable),
+          TEST(ns_uid_base_below_the_accounts_is_refused),
           TEST(ns_death_reason_is_the_same_for_every_caller))
