@@ -217,8 +217,12 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
       child_fail(log_fd, "show QEMU its state directory", j->reveal, VM_SPAWN_EXIT_HIDE);
   }
   if (j->drop_uid) {
-    if (setgroups((size_t)j->n_groups, j->groups) < 0 || setresgid(j->gid, j->gid, j->gid) < 0 ||
-        setresuid(j->uid, j->uid, j->uid) < 0)
+    /* Raw system calls: glibc's wrappers change the credentials of every
+     * thread it knows of, and after a raw clone it still knows the server's
+     * threads, which do not exist here: it would wait for them forever. */
+    if (syscall(SYS_setgroups, (size_t)j->n_groups, j->groups) < 0 ||
+        syscall(SYS_setresgid, j->gid, j->gid, j->gid) < 0 ||
+        syscall(SYS_setresuid, j->uid, j->uid, j->uid) < 0)
       child_fail(log_fd, "change to QEMU's uid", NULL, VM_SPAWN_EXIT_UID);
     /* A uid change clears the death signal: armed again, and the server
      * that died in between is seen through its pidfd. */
