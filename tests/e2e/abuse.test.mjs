@@ -407,7 +407,7 @@ const hostFiles = () => {
 };
 
 describe('kernel resources shared with the host (ns)', () => {
-  test('holding open files: EMFILE at 1024 per process, so a session holds at most 1024 x its pids limit; the host\'s file table is unaffected', { ...T, skip: NS_ONLY('a microVM\'s files are in its own kernel\'s table') }, async (t) => {
+  test('holding open files: EMFILE at 1024 per process, so a session holds at most 1024 x its pids limit; the host\'s file table is unaffected', { ...T, skip: NS_ONLY('a microVM\'s files are in its own kernel\'s table') || NEEDS_CGROUPS('the bound is 1024 x the pids limit of the session\'s cgroup') }, async (t) => {
     const PIDS = 24;
     const s = await startServer({ fence: true, env: { IGN_MCP_PIDS: PIDS } });
     t.after(() => s.close());
@@ -454,7 +454,7 @@ describe('kernel resources shared with the host (ns)', () => {
     t.diagnostic(`open files: EMFILE at 1024 per process; ${procs.length} processes in the session hold ${fds} descriptors (bound ${PIDS} x 1024 = ${PIDS * 1024}); the host's file table grew by ${grew} meanwhile (other tenants included), to ${during.used} of ${during.max}`);
   });
 
-  test('queueing socket buffers: TCP connections and UDP sockets on loopback, written and never read, stay within a quarter of the memory limit (v1: memory.kmem.tcp)', { ...T, skip: TOOLS_SKIP || NS_ONLY('a microVM\'s sockets are in its own kernel and RAM') }, async (t) => {
+  test('queueing socket buffers: TCP connections and UDP sockets on loopback, written and never read, stay within a quarter of the memory limit (v1: memory.kmem.tcp)', { ...T, skip: TOOLS_SKIP || NS_ONLY('a microVM\'s sockets are in its own kernel and RAM') || NEEDS_CGROUPS('the limit is the session\'s memory cgroup\'s') }, async (t) => {
     const s = await startServer({ fence: true, tools: true, env: { IGN_MCP_MEMORY_MB: 64 } });
     t.after(() => s.close());
     const sid = await openSession(s.client);

@@ -463,6 +463,7 @@ const ROWS = [
   },
   {
     row: 'TCP socket buffers',
+    skip: IS_NS && !SESSION_CGROUPS && 'needs cgroups for the sessions, which this user cannot make here: the limit is the session\'s memory cgroup\'s',
     run: async (t) => {
       if (TOOLS_SKIP) return t.skip(TOOLS_SKIP);
       // ns: a 64 MiB session, so a 16 MiB limit on v1; vm: the guest's RAM.
