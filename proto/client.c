@@ -15,8 +15,10 @@
  *     queued before its data);
  *   - data frames wait for room (AGENT_QUEUE_MAX) in their call, which stays
  *     cancellable while it waits;
- *   - a frame the agent takes no byte of for the write deadline ends the
- *     connection (a half-sent frame cannot be taken back);
+ *   - a frame the agent has not taken whole within the write deadline ends
+ *     the connection (a half-sent frame cannot be taken back); the deadline
+ *     runs from the frame's first byte, so an agent that reads a little now
+ *     and then cannot hold a frame, and the calls queued behind it, longer;
  *   - a cancelled call takes its queued frames back and queues what tells the
  *     agent to drop the request (KILL, or the end frame of a short upload),
  *     then returns at once; the writer finishes or abandons the rest.
@@ -194,15 +196,14 @@ static uint64_t queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_byte
 }
 
 /* Sends F whole: non-blocking writes, and poll() while the socket is full.
- * -ETIMEDOUT when the agent took no byte for DEADLINE_MS. */
+ * -ETIMEDOUT when the agent has not taken it whole within DEADLINE_MS. */
 static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) {
   size_t off = 0;
-  uint64_t last = mono_ms();
+  const uint64_t start = mono_ms();
   while (off < f->len) {
     ssize_t w = send(fd, f->bytes + off, f->len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) {
       off += (size_t)w;
-      last = mono_ms();
       continue;
     }
     if (w < 0 && errno == EINTR)
@@ -211,7 +212,7 @@ static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) 
       return -errno;
     if (w == 0)
       return -EPIPE;
-    uint64_t waited = mono_ms() - last;
+    uint64_t waited = mono_ms() - start;
     if (waited >= deadline_ms)
       return -ETIMEDOUT;
     struct pollfd p = {.fd = fd, .events = POLLOUT};
@@ -243,8 +244,8 @@ static void *writer_main(void *arg) {
     pthread_mutex_lock(&c->lock);
     if (r == -ETIMEDOUT) {
       mark_dead_locked(c,
-                       xasprintf("the sandbox's agent stopped reading its channel: it took no "
-                                 "byte of a frame for %u ms, so the host gave up on it",
+                       xasprintf("the sandbox's agent stopped reading its channel: it did not "
+                                 "take a whole frame within %u ms, so the host gave up on it",
                                  deadline),
                        true);
     } else if (r < 0) {

@@ -27,6 +27,14 @@ struct peer {
   /* Stop reading after HELLO until `resume` is set. */
   bool stall;
   atomic_bool resume;
+  /* Read up to 2 KiB every trickle_ms after HELLO, trickle_reads times,
+   * then stop reading until the host hangs up; trickle_eof: the hang-up
+   * came while it was still trickling.  small_sndbuf: the host's socket
+   * buffer is made as small as it gets, so each read lets it send more. */
+  unsigned trickle_ms, trickle_reads;
+  bool small_sndbuf;
+  bool trickle_eof;
+  struct agent_conn *_Atomic conn; /* set once open returned */
   /* What the peer saw after HELLO, in order (types), and how many. */
   uint8_t seen[4096];
   size_t n_seen;
@@ -53,6 +61,18 @@ static void *peer_main(void *arg) {
       send_frame(pe->fd, &b);
       while (pe->stall && !atomic_load(&pe->resume))
         usleep(10000);
+      if (pe->trickle_ms) {
+        char bytes[2048];
+        unsigned i = 0;
+        for (; i < pe->trickle_reads; i++) {
+          usleep(pe->trickle_ms * 1000u);
+          struct agent_conn *c = atomic_load(&pe->conn);
+          if ((c && !agent_conn_alive(c)) || read(pe->fd, bytes, sizeof bytes) <= 0)
+            break;
+        }
+        pe->trickle_eof = i < pe->trickle_reads;
+        break;
+      }
       continue;
     }
     if (pe->n_seen < sizeof pe->seen)
@@ -69,6 +89,10 @@ static void *peer_main(void *arg) {
 static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
   int sv[2];
   CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  if (pe->small_sndbuf) {
+    int small = 1;
+    CHECK_EQ_INT(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  }
   pe->fd = sv[1];
   pe->script = script;
   pe->arg = arg;
@@ -360,6 +384,28 @@ static void stalled_write_hits_its_deadline(void) {
   peer_stop(&pe, c);
 }
 
+/* A guest that takes a little now and then, always within the write
+ * deadline, must not hold a frame for longer than the deadline: the host
+ * ends the connection while the guest is still trickling. */
+static void trickled_write_hits_its_deadline(void) {
+  /* 100 reads at one per 100 ms take 10 s, ten times the deadline; a
+   * 64 KiB frame at 2 KiB per read takes 3 s. */
+  struct peer pe = {.trickle_ms = 100, .trickle_reads = 100, .small_sndbuf = true};
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  atomic_store(&pe.conn, c);
+  agent_conn_set_write_deadline(c, 1000);
+  struct writer_call w = {.c = c};
+  write_big(&w);
+  CHECK_EQ_INT(w.r, -EPROTO);
+  CHECK(w.err && strstr(w.err, "stopped reading its channel"));
+  CHECK(!agent_conn_alive(c));
+  pthread_join(pe.thread, NULL);
+  CHECK(pe.trickle_eof);
+  free(w.err);
+  agent_conn_free(c);
+  close(pe.fd);
+}
+
 /* Answers PING with PONG. */
 static void answer_ping(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
   (void)payload;
@@ -477,6 +523,6 @@ static void control_frames_go_before_queued_data(void) {
 
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
           TEST(guest_errno_is_not_a_host_error), TEST(answers_must_fit_the_request),
-          TEST(stalled_write_hits_its_deadline),
+          TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data))
