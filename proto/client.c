@@ -288,10 +288,22 @@ static bool cancelled(const struct agent_ctl *ctl) {
   return ctl && ctl->cancelled && atomic_load(ctl->cancelled);
 }
 
+/* Milliseconds left until DEADLINE (a mono_ms() time; 0: none), at least 1;
+ * 0 when there is no deadline. */
+static uint32_t left_ms(uint64_t deadline) {
+  if (!deadline)
+    return 0;
+  uint64_t now = mono_ms();
+  uint64_t left = deadline > now ? deadline - now : 1;
+  return left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
+}
+
 /* Queues B (its bytes are taken).  A data frame waits for room first, while
- * the call is not cancelled and the connection lives. */
+ * the call is not cancelled, its DEADLINE (a mono_ms() time; 0: none) has not
+ * passed and the connection lives: an agent that takes its data slowly
+ * cannot hold the call longer than one that does not answer. */
 static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
-                   const struct agent_ctl *ctl) {
+                   const struct agent_ctl *ctl, uint64_t deadline) {
   struct out_frame *f;
   int r = make_frame(b, &f);
   if (r < 0)
@@ -306,6 +318,10 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
       break;
     if (cancelled(ctl)) {
       r = -ECANCELED;
+      break;
+    }
+    if (deadline && mono_ms() >= deadline) {
+      r = -ETIMEDOUT;
       break;
     }
     struct timespec ts = timespec_in(CLOCK_MONOTONIC, TICK_MS);
@@ -324,11 +340,11 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
 }
 
 static int enqueue_simple(struct agent_conn *c, enum proto_type t, uint32_t id, const void *raw,
-                          size_t n, bool control, const struct agent_ctl *ctl) {
+                          size_t n, bool control, const struct agent_ctl *ctl, uint64_t deadline) {
   struct proto_buf b = {0};
   proto_frame_begin(&b, t, id);
   proto_put_raw(&b, raw, n);
-  int r = enqueue(c, &b, control, ctl);
+  int r = enqueue(c, &b, control, ctl, deadline);
   proto_buf_free(&b);
   return r;
 }
@@ -898,7 +914,7 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
     struct proto_buf b = {0};
     proto_frame_begin(&b, PROTO_HELLO, p.id);
     proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
-    r = enqueue(c, &b, true, NULL);
+    r = enqueue(c, &b, true, NULL, 0);
     proto_buf_free(&b);
     pthread_mutex_lock(&c->lock);
     if (r == 0)
@@ -925,7 +941,7 @@ int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
   struct pending p = {0};
   if (register_pending(c, &p, PROTO_PING) < 0)
     return dead_error(c, ret_err);
-  int r = enqueue_simple(c, PROTO_PING, p.id, NULL, 0, true, NULL);
+  int r = enqueue_simple(c, PROTO_PING, p.id, NULL, 0, true, NULL, 0);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
@@ -954,7 +970,9 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
     proto_put_str(&b, TAG_ENV, req->env[i]);
   proto_put_u32(&b, TAG_TIMEOUT_MS, req->timeout_ms);
   proto_put_u32(&b, TAG_HAS_STDIN, req->stdin_data != NULL);
-  int r = enqueue(c, &b, true, ctl);
+  /* The agent's timer starts when it gets EXEC: the host's, too. */
+  uint64_t deadline = req->timeout_ms ? p.start_ms + req->timeout_ms + EXEC_GRACE_MS : 0;
+  int r = enqueue(c, &b, true, ctl, 0);
   proto_buf_free(&b);
   if (r == -EMSGSIZE) {
     pthread_mutex_lock(&c->lock);
@@ -967,18 +985,17 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   bool end_queued = false;
   for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
     size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
-    r = cancelled(ctl) ? -ECANCELED : enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl);
+    r = cancelled(ctl) ? -ECANCELED
+                       : enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl, deadline);
   }
   if (r == 0 && in) {
-    r = enqueue_simple(c, PROTO_STDIN_END, p.id, NULL, 0, false, ctl);
+    r = enqueue_simple(c, PROTO_STDIN_END, p.id, NULL, 0, false, ctl, deadline);
     end_queued = r == 0;
   }
 
   pthread_mutex_lock(&c->lock);
-  if (r == 0) {
-    uint32_t limit = req->timeout_ms ? req->timeout_ms + EXEC_GRACE_MS : 0;
-    r = wait_pending(c, &p, ctl, limit);
-  }
+  if (r == 0)
+    r = wait_pending(c, &p, ctl, left_ms(deadline));
   if (r < 0 && sent && !p.done) {
     /* Kill the command's process group; its EXIT will find no one waiting. */
     pthread_mutex_unlock(&c->lock);
@@ -1004,7 +1021,9 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u32(&b, TAG_MODE, mode);
   proto_put_u64(&b, TAG_SIZE, len);
-  int r = enqueue(c, &b, true, ctl);
+  /* The upload counts against the call's deadline, as the answer does. */
+  uint64_t deadline = p.start_ms + FILE_TIMEOUT_MS;
+  int r = enqueue(c, &b, true, ctl, 0);
   proto_buf_free(&b);
   bool sent = r == 0;
   const uint8_t *d = data;
@@ -1020,16 +1039,16 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
       break;
     }
     size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-    r = enqueue_simple(c, PROTO_DATA, p.id, d + off, n, false, ctl);
+    r = enqueue_simple(c, PROTO_DATA, p.id, d + off, n, false, ctl, deadline);
   }
   bool end_queued = false;
   if (r == 0) {
-    r = enqueue_simple(c, PROTO_DATA_END, p.id, NULL, 0, false, ctl);
+    r = enqueue_simple(c, PROTO_DATA_END, p.id, NULL, 0, false, ctl, deadline);
     end_queued = r == 0;
   }
   pthread_mutex_lock(&c->lock);
   if (r == 0)
-    r = wait_pending(c, &p, ctl, FILE_TIMEOUT_MS);
+    r = wait_pending(c, &p, ctl, left_ms(deadline));
   if (r < 0 && sent && !p.done) {
     /* A DATA_END short of SIZE makes the agent drop the temporary file: a
      * cancelled upload never replaces the target. */
@@ -1058,7 +1077,7 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u64(&b, TAG_OFFSET, offset);
   proto_put_u64(&b, TAG_MAX, max);
-  int r = enqueue(c, &b, true, ctl);
+  int r = enqueue(c, &b, true, ctl, 0);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
@@ -1096,7 +1115,7 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     proto_put_str(&b, TAG_HOSTNAME, hostname);
   if (machine_id)
     proto_put_str(&b, TAG_MACHINE_ID, machine_id);
-  int r = enqueue(c, &b, true, NULL);
+  int r = enqueue(c, &b, true, NULL, 0);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);

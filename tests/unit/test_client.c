@@ -35,6 +35,7 @@ struct peer {
   bool small_sndbuf;
   bool trickle_eof;
   struct agent_conn *_Atomic conn; /* set once open returned */
+  atomic_bool call_done;           /* stop trickling: the call returned */
   /* What the peer saw after HELLO, in order (types), and how many. */
   uint8_t seen[4096];
   size_t n_seen;
@@ -67,7 +68,8 @@ static void *peer_main(void *arg) {
         for (; i < pe->trickle_reads; i++) {
           usleep(pe->trickle_ms * 1000u);
           struct agent_conn *c = atomic_load(&pe->conn);
-          if ((c && !agent_conn_alive(c)) || read(pe->fd, bytes, sizeof bytes) <= 0)
+          if ((c && !agent_conn_alive(c)) || atomic_load(&pe->call_done) ||
+              read(pe->fd, bytes, sizeof bytes) <= 0)
             break;
         }
         pe->trickle_eof = i < pe->trickle_reads;
@@ -406,6 +408,34 @@ static void trickled_write_hits_its_deadline(void) {
   close(pe.fd);
 }
 
+/* A command's stdin that the agent takes slowly (each frame within the write
+ * deadline) does not hold the call past the command's timeout and the
+ * host's grace: the host's deadline counts from the call's start, not from
+ * when the last of its stdin was queued. */
+static void slow_stdin_hits_the_call_deadline(void) {
+  /* 300 reads at one per 100 ms take 30 s, past the call's 1 s + 20 s. */
+  struct peer pe = {.trickle_ms = 100, .trickle_reads = 300, .small_sndbuf = true};
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  atomic_store(&pe.conn, c);
+  agent_conn_set_write_deadline(c, 10000);
+  uint8_t *in = calloc(1, BIG);
+  const struct agent_exec_req req = {.command = "cat", .timeout_ms = 1000, .out_cap = 1024,
+                                     .stdin_data = in, .stdin_len = BIG};
+  struct agent_exec_res res = {0};
+  char *err = NULL;
+  int r = agent_exec(c, &req, NULL, &res, &err);
+  atomic_store(&pe.call_done, true);
+  CHECK_EQ_INT(r, -ETIMEDOUT);
+  CHECK(err && strstr(err, "stopped answering"));
+  pthread_join(pe.thread, NULL);
+  /* It gave up while the agent was still reading its stdin. */
+  CHECK(pe.trickle_eof);
+  free(err);
+  free(in);
+  agent_conn_free(c);
+  close(pe.fd);
+}
+
 /* Answers PING with PONG. */
 static void answer_ping(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
   (void)payload;
@@ -524,5 +554,6 @@ static void control_frames_go_before_queued_data(void) {
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
           TEST(guest_errno_is_not_a_host_error), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
+          TEST(slow_stdin_hits_the_call_deadline),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data))
