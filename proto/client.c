@@ -698,9 +698,14 @@ static void *reader_main(void *arg) {
         break;
       }
       if (h.id == 0 && h.type == PROTO_ERROR) {
-        /* The agent gives up on the connection and says why. */
-        char *bad = parse_error(payload, h.len, &reason);
-        if (bad) {
+        /* The agent gives up on the connection and says why, in words
+         * that are quoted as its own: a guest cannot word the host's. */
+        char *msg = NULL;
+        char *bad = parse_error(payload, h.len, &msg);
+        if (!bad) {
+          reason = xasprintf("the sandbox's agent closed the connection: %s", msg);
+          free(msg);
+        } else {
           reason = xasprintf("the sandbox's agent broke the protocol: %s; the host closed the "
                              "connection",
                              bad);

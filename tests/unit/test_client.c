@@ -309,6 +309,30 @@ static void guest_errno_is_not_a_host_error(void) {
   }
 }
 
+/* Ends the connection with ERROR{id 0} that reads like the host's words. */
+static void answer_goodbye(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  (void)h;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_ERROR, 0);
+  proto_put_u32(&b, TAG_ERRNO, ENOMEM);
+  proto_put_str(&b, TAG_MESSAGE, "the server is out of memory");
+  send_frame(pe->fd, &b);
+}
+
+/* The agent's farewell is quoted as the agent's: the guest cannot word the
+ * host's own reasons. */
+static void agent_farewell_is_the_agents(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_goodbye, 0);
+  char *err = NULL;
+  CHECK_EQ_INT(agent_ping(c, 5000, &err), -EPIPE);
+  CHECK_STREQ(err, "the sandbox's agent closed the connection: the server is out of memory");
+  CHECK(!agent_conn_alive(c));
+  free(err);
+  peer_stop(&pe, c);
+}
+
 /* Answers any request with a frame of type pe->arg & 0xff, id pe->arg >> 8
  * (0: the request's). */
 static void answer_wrong(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
@@ -552,7 +576,8 @@ static void control_frames_go_before_queued_data(void) {
 }
 
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
-          TEST(guest_errno_is_not_a_host_error), TEST(answers_must_fit_the_request),
+          TEST(guest_errno_is_not_a_host_error),
+          TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
           TEST(slow_stdin_hits_the_call_deadline),
           TEST(cancel_returns_while_the_peer_does_not_read),
