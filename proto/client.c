@@ -301,9 +301,10 @@ static uint32_t left_ms(uint64_t deadline) {
 /* Queues B (its bytes are taken).  A data frame waits for room first, while
  * the call is not cancelled, its DEADLINE (a mono_ms() time; 0: none) has not
  * passed and the connection lives: an agent that takes its data slowly
- * cannot hold the call longer than one that does not answer. */
+ * cannot hold the call longer than one that does not answer.  -EALREADY: the
+ * agent already answered the call P (NULL: none), which needs no more data. */
 static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
-                   const struct agent_ctl *ctl, uint64_t deadline) {
+                   const struct agent_ctl *ctl, uint64_t deadline, const struct pending *p) {
   struct out_frame *f;
   int r = make_frame(b, &f);
   if (r < 0)
@@ -312,6 +313,10 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
   for (;;) {
     if (c->dead) {
       r = dead_code(c);
+      break;
+    }
+    if (!control && p && p->done) {
+      r = -EALREADY;
       break;
     }
     if (control || c->data_queued == 0 || c->data_queued + f->len <= AGENT_QUEUE_MAX)
@@ -339,12 +344,14 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
   return r;
 }
 
-static int enqueue_simple(struct agent_conn *c, enum proto_type t, uint32_t id, const void *raw,
-                          size_t n, bool control, const struct agent_ctl *ctl, uint64_t deadline) {
+/* A data frame of the call P. */
+static int enqueue_data(struct agent_conn *c, enum proto_type t, const struct pending *p,
+                        const void *raw, size_t n, const struct agent_ctl *ctl,
+                        uint64_t deadline) {
   struct proto_buf b = {0};
-  proto_frame_begin(&b, t, id);
+  proto_frame_begin(&b, t, p->id);
   proto_put_raw(&b, raw, n);
-  int r = enqueue(c, &b, control, ctl, deadline);
+  int r = enqueue(c, &b, false, ctl, deadline, p);
   proto_buf_free(&b);
   return r;
 }
@@ -919,7 +926,7 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
     struct proto_buf b = {0};
     proto_frame_begin(&b, PROTO_HELLO, p.id);
     proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
-    r = enqueue(c, &b, true, NULL, 0);
+    r = enqueue(c, &b, true, NULL, 0, NULL);
     proto_buf_free(&b);
     pthread_mutex_lock(&c->lock);
     if (r == 0)
@@ -946,7 +953,10 @@ int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
   struct pending p = {0};
   if (register_pending(c, &p, PROTO_PING) < 0)
     return dead_error(c, ret_err);
-  int r = enqueue_simple(c, PROTO_PING, p.id, NULL, 0, true, NULL, 0);
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_PING, p.id);
+  int r = enqueue(c, &b, true, NULL, 0, NULL);
+  proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
@@ -977,7 +987,7 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   proto_put_u32(&b, TAG_HAS_STDIN, req->stdin_data != NULL);
   /* The agent's timer starts when it gets EXEC: the host's, too. */
   uint64_t deadline = req->timeout_ms ? p.start_ms + req->timeout_ms + EXEC_GRACE_MS : 0;
-  int r = enqueue(c, &b, true, ctl, 0);
+  int r = enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   if (r == -EMSGSIZE) {
     pthread_mutex_lock(&c->lock);
@@ -991,11 +1001,18 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
     size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
     r = cancelled(ctl) ? -ECANCELED
-                       : enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl, deadline);
+                       : enqueue_data(c, PROTO_STDIN, &p, in + off, n, ctl, deadline);
   }
   if (r == 0 && in) {
-    r = enqueue_simple(c, PROTO_STDIN_END, p.id, NULL, 0, false, ctl, deadline);
+    r = enqueue_data(c, PROTO_STDIN_END, &p, NULL, 0, ctl, deadline);
     end_queued = r == 0;
+  }
+  if (r == -EALREADY) {
+    /* The agent answered before it had all of stdin (the command exited or
+     * could not start): the rest is taken back, and STDIN_END tells the
+     * agent to stop waiting for it. */
+    abandon_request(c, p.id, false, PROTO_STDIN_END, false);
+    r = 0;
   }
 
   pthread_mutex_lock(&c->lock);
@@ -1028,28 +1045,28 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
   proto_put_u64(&b, TAG_SIZE, len);
   /* The upload counts against the call's deadline, as the answer does. */
   uint64_t deadline = p.start_ms + FILE_TIMEOUT_MS;
-  int r = enqueue(c, &b, true, ctl, 0);
+  int r = enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   const uint8_t *d = data;
   for (size_t off = 0; r == 0 && off < len; off += PROTO_CHUNK) {
-    /* Stop early when the agent already refused (e.g. disk full). */
-    pthread_mutex_lock(&c->lock);
-    bool stop = p.done;
-    pthread_mutex_unlock(&c->lock);
-    if (stop)
-      break;
     if (cancelled(ctl)) {
       r = -ECANCELED;
       break;
     }
     size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-    r = enqueue_simple(c, PROTO_DATA, p.id, d + off, n, false, ctl, deadline);
+    r = enqueue_data(c, PROTO_DATA, &p, d + off, n, ctl, deadline);
   }
   bool end_queued = false;
   if (r == 0) {
-    r = enqueue_simple(c, PROTO_DATA_END, p.id, NULL, 0, false, ctl, deadline);
+    r = enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, deadline);
     end_queued = r == 0;
+  }
+  if (r == -EALREADY) {
+    /* The agent answered early (e.g. it refused: disk full): the rest of
+     * the upload is taken back and a short DATA_END ends it. */
+    abandon_request(c, p.id, false, PROTO_DATA_END, false);
+    r = 0;
   }
   pthread_mutex_lock(&c->lock);
   if (r == 0)
@@ -1082,7 +1099,7 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u64(&b, TAG_OFFSET, offset);
   proto_put_u64(&b, TAG_MAX, max);
-  int r = enqueue(c, &b, true, ctl, 0);
+  int r = enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
@@ -1120,7 +1137,7 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     proto_put_str(&b, TAG_HOSTNAME, hostname);
   if (machine_id)
     proto_put_str(&b, TAG_MACHINE_ID, machine_id);
-  int r = enqueue(c, &b, true, NULL, 0);
+  int r = enqueue(c, &b, true, NULL, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);

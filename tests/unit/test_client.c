@@ -460,6 +460,61 @@ static void slow_stdin_hits_the_call_deadline(void) {
   close(pe.fd);
 }
 
+/* Answers EXEC with EXIT 0 at once, then reads nothing more until resumed
+ * (a command that exits without reading its stdin, on a busy agent); then
+ * answers PING. */
+static void answer_exit_then_stall(struct peer *pe, const struct proto_header *h,
+                                   const uint8_t *payload) {
+  (void)payload;
+  struct proto_buf b = {0};
+  if (h->type == PROTO_PING) {
+    proto_frame_begin(&b, PROTO_PONG, h->id);
+    send_frame(pe->fd, &b);
+    return;
+  }
+  if (h->type != PROTO_EXEC)
+    return;
+  proto_frame_begin(&b, PROTO_EXIT, h->id);
+  proto_put_u32(&b, TAG_EXIT_CODE, 0);
+  proto_put_u32(&b, TAG_SIGNAL, 0);
+  proto_put_u32(&b, TAG_TIMED_OUT, 0);
+  proto_put_u64(&b, TAG_DURATION_US, 1000);
+  send_frame(pe->fd, &b);
+  while (!atomic_load(&pe->resume))
+    usleep(10000);
+}
+
+/* A command that exited has its result at once, however much of its stdin
+ * was still to go: the rest is not sent, and the agent is told it ended. */
+static void exited_command_drops_its_stdin(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_exit_then_stall, 0);
+  agent_conn_set_write_deadline(c, 600000);
+  uint8_t *in = calloc(1, BIG);
+  const struct agent_exec_req req = {.command = "true", .timeout_ms = 1000, .out_cap = 1024,
+                                     .stdin_data = in, .stdin_len = BIG};
+  struct agent_exec_res res = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(agent_exec(c, &req, NULL, &res, &err), 0);
+  CHECK_EQ_INT(res.exit_code, 0);
+  agent_exec_res_free(&res);
+  free(err);
+  err = NULL;
+  atomic_store(&pe.resume, true);
+  CHECK_EQ_INT(agent_ping(c, 60000, &err), 0);
+  free(err);
+  bool saw_end = false;
+  uint64_t stdin_frames = 0;
+  for (size_t i = 0; i < pe.n_seen; i++) {
+    saw_end |= pe.seen[i] == PROTO_STDIN_END;
+    stdin_frames += pe.seen[i] == PROTO_STDIN;
+  }
+  CHECK(saw_end);
+  CHECK(stdin_frames < BIG / PROTO_CHUNK);
+  free(in);
+  peer_stop(&pe, c);
+}
+
 /* Answers PING with PONG. */
 static void answer_ping(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
   (void)payload;
@@ -579,6 +634,6 @@ TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_ch
           TEST(guest_errno_is_not_a_host_error),
           TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
-          TEST(slow_stdin_hits_the_call_deadline),
+          TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data))
