@@ -520,10 +520,38 @@ static char *field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_
   return NULL;
 }
 
+/* The whole TLV payload of a frame: every record within it, and none of
+ * the protocol's tags (all below 64) twice, so that no record the field
+ * lookups below do not reach (they take the first of a tag) goes unchecked. */
+static char *check_tlvs(const uint8_t *payload, size_t len, uint8_t type) {
+  struct proto_tlv_iter it;
+  proto_tlv_init(&it, payload, len);
+  uint64_t seen = 0;
+  for (;;) {
+    uint16_t tag;
+    const uint8_t *v;
+    uint32_t n;
+    int r = proto_tlv_next(&it, &tag, &v, &n);
+    if (r == 0)
+      return NULL;
+    if (r < 0)
+      return xasprintf("its %s frame has a TLV record that runs past the payload",
+                       type_name(type));
+    if (tag < 64) {
+      if (seen & (1ull << tag))
+        return xasprintf("its %s frame has tag %u twice", type_name(type), tag);
+      seen |= 1ull << tag;
+    }
+  }
+}
+
 /* An ERROR frame: a positive errno (1..4095) and a message. */
 static char *parse_error(const uint8_t *payload, size_t len, char **ret_msg) {
+  char *bad = check_tlvs(payload, len, PROTO_ERROR);
+  if (bad)
+    return bad;
   uint32_t e = EIO;
-  char *bad = field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
+  bad = field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
   if (bad)
     return bad;
   char *msg = NULL;
@@ -620,6 +648,10 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
                      type_name(h->type));
   uint32_t version;
   char *bad = NULL;
+  /* The frames made of TLV records (not output or file data). */
+  if (h->type != PROTO_STDOUT && h->type != PROTO_STDERR && h->type != PROTO_DATA &&
+      h->type != PROTO_ERROR && (bad = check_tlvs(payload, h->len, h->type)))
+    return bad;
   switch (h->type) {
   case PROTO_STDOUT:
   case PROTO_STDERR:

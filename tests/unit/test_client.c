@@ -118,7 +118,8 @@ static void peer_stop(struct peer *pe, struct agent_conn *c) {
 
 /* EXIT with the fields in pe->arg's pattern: 0 normal, 1 SIGNAL=0x7fffffff,
  * 2 DURATION=2^64-1, 3 EXIT_CODE 300, 4 signal with an exit code, 5 no
- * SIGNAL, 6 TIMED_OUT=2, 7 EXIT_CODE -1 and SIGNAL 9 (a good kill). */
+ * SIGNAL, 6 TIMED_OUT=2, 7 EXIT_CODE -1 and SIGNAL 9 (a good kill), 8 good
+ * fields then a record cut short, 9 good fields then EXIT_CODE again. */
 static void answer_exit(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
   (void)payload;
   if (h->type != PROTO_EXEC)
@@ -144,6 +145,10 @@ static void answer_exit(struct peer *pe, const struct proto_header *h, const uin
     proto_put_u32(&b, TAG_SIGNAL, sig);
   proto_put_u32(&b, TAG_TIMED_OUT, to);
   proto_put_u64(&b, TAG_DURATION_US, dur);
+  if (pe->arg == 8)
+    proto_put_raw(&b, "\x0f\x00\x04", 3); /* a record cut short */
+  if (pe->arg == 9)
+    proto_put_u32(&b, TAG_EXIT_CODE, 1); /* a second, different exit code */
   send_frame(pe->fd, &b);
 }
 
@@ -163,6 +168,8 @@ static void exit_fields_are_range_checked(void) {
       {4, "EXIT_CODE 3 with SIGNAL 9"},
       {5, "no SIGNAL"},
       {6, "TIMED_OUT 2, outside 0..1"},
+      {8, "its EXIT frame has a TLV record that runs past the payload"},
+      {9, "its EXIT frame has tag 15 twice"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     struct peer pe = {0};
