@@ -224,6 +224,13 @@ static void start_call(json_t *id, json_t *params) {
    * than hold more (it is not refused, as a client that just read a result
    * may find that result's send not yet counted out). */
   while (n_sending > 0 && (n_sending >= cfg.max_calls || sending_bytes + cost > budget)) {
+    /* A shutdown signal (blocked, for the main loop's signalfd) must still
+     * be taken: the call goes ahead and the loop then sees the signal. */
+    sigset_t pending;
+    if (sigpending(&pending) == 0 && (sigismember(&pending, SIGTERM) ||
+                                      sigismember(&pending, SIGINT) ||
+                                      sigismember(&pending, SIGHUP)))
+      break;
     struct timespec ts = timespec_in(CLOCK_REALTIME, 50);
     pthread_cond_timedwait(&calls_cond, &calls_lock, &ts);
   }
