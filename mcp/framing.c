@@ -38,6 +38,11 @@ static void id_done(struct id_scan *sc) {
   sc->id[sc->id_ok ? sc->id_len : 0] = '\0';
 }
 
+static void key_put(struct id_scan *sc, char c) {
+  if (sc->key_len < sizeof sc->key)
+    sc->key[sc->key_len++] = c;
+}
+
 static void scan_char(struct id_scan *sc, char c) {
   switch (sc->state) {
   case SC_START:
@@ -50,27 +55,45 @@ static void scan_char(struct id_scan *sc, char c) {
     if (c == '"') {
       sc->state = SC_KEY;
       sc->key_len = 0;
-      sc->key_escaped = sc->esc = false;
+      sc->key_hex = 0;
+      sc->esc = false;
     } else {
       sc->state = SC_DONE; /* '}' or not JSON */
     }
     return;
   case SC_KEY:
-    if (sc->esc) {
+    if (sc->key_hex) {
+      /* A \uXXXX escape: only one below 0x80 can spell a letter of "id";
+       * anything else stands as a byte that matches none. */
+      int v = c >= '0' && c <= '9'   ? c - '0'
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                     : -1;
+      sc->key_cp = v < 0 ? 0xffff : (uint16_t)(sc->key_cp << 4 | v);
+      if (--sc->key_hex == 0)
+        key_put(sc, sc->key_cp < 0x80 ? (char)sc->key_cp : '\x80');
+    } else if (sc->esc) {
       sc->esc = false;
+      if (c == 'u') {
+        sc->key_hex = 4;
+        sc->key_cp = 0;
+      } else {
+        /* \" \\ \/ stand for themselves; \b \f \n \r \t for control
+         * characters, none of which is in "id". */
+        key_put(sc, c == '"' || c == '\\' || c == '/' ? c : '\x01');
+      }
     } else if (c == '\\') {
-      sc->esc = sc->key_escaped = true;
+      sc->esc = true;
     } else if (c == '"') {
       sc->state = SC_COLON;
-    } else if (sc->key_len < sizeof sc->key) {
-      sc->key[sc->key_len++] = c;
+    } else {
+      key_put(sc, c);
     }
     return;
   case SC_COLON:
     if (is_ws(c))
       return;
-    sc->is_id = c == ':' && !sc->key_escaped && sc->key_len == 2 && sc->key[0] == 'i' &&
-                sc->key[1] == 'd';
+    sc->is_id = c == ':' && sc->key_len == 2 && sc->key[0] == 'i' && sc->key[1] == 'd';
     sc->state = c == ':' ? SC_VALUE : SC_DONE;
     return;
   case SC_VALUE:

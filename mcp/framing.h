@@ -9,8 +9,9 @@
  * raw JSON text of the value of the one top-level "id" key when it is a
  * string of at most LINE_ID_MAX bytes (as written, quotes and escapes
  * included) or a number; anything else (no id, two ids, a longer string, an
- * object, a key spelt with escapes, a line that is not an object) gives no
- * id, and the caller answers with id null. */
+ * object, a line that is not an object) gives no id, and the caller answers
+ * with id null.  Keys are decoded as the JSON parser would ("i\u0064" is
+ * "id"), so a second id spelt with escapes is seen as one. */
 #pragma once
 
 #include <stdbool.h>
@@ -23,9 +24,10 @@ struct id_scan {
   uint8_t state;
   uint32_t vdepth;       /* nesting inside a value being skipped */
   bool in_str, esc;
-  char key[3];           /* the key being read, enough to tell "id" */
+  char key[3];           /* the key being read, decoded, enough to tell "id" */
   uint8_t key_len;       /* up to 3: longer keys are not "id" */
-  bool key_escaped;
+  uint8_t key_hex;       /* hex digits of a \uXXXX escape still to come */
+  uint16_t key_cp;       /* the escape's code point so far */
   bool is_id;            /* the value being read belongs to "id" */
   unsigned n_ids;        /* top-level "id" keys seen */
   bool id_ok;            /* the value of the last one is usable */

@@ -83,8 +83,11 @@ static unsigned n_calls;
 static size_t calls_bytes;
 /* Calls whose result is being written: they no longer count against the
  * caps above (a client that has the result may send its next call at
- * once), but shutdown still waits for them. */
+ * once), but shutdown still waits for them.  They are bounded by the same
+ * caps in their own right: while they are at the caps (the client is not
+ * reading its results), no further request is read. */
 static unsigned n_sending;
+static size_t sending_bytes;
 /* The size of the line being handled (the main thread's). */
 static size_t line_bytes;
 
@@ -177,6 +180,7 @@ static void *call_main(void *arg) {
   n_calls--;
   calls_bytes -= c->bytes;
   n_sending++;
+  sending_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
   if (!atomic_load(&c->ctx.cancelled))
     send_result(c->ctx.id, result);
@@ -184,6 +188,7 @@ static void *call_main(void *arg) {
     json_decref(result);
   pthread_mutex_lock(&calls_lock);
   n_sending--;
+  sending_bytes -= c->bytes;
   pthread_cond_broadcast(&calls_cond);
   pthread_mutex_unlock(&calls_lock);
   call_free(c);
@@ -215,6 +220,20 @@ static void start_call(json_t *id, json_t *params) {
   size_t budget = cfg.max_message * 4;
   size_t cost = line_bytes + tools_result_cost(json_string_value(name), args);
   pthread_mutex_lock(&calls_lock);
+  /* Results the client has not read yet: wait for it to read them rather
+   * than hold more (it is not refused, as a client that just read a result
+   * may find that result's send not yet counted out). */
+  while (n_sending > 0 && (n_sending >= cfg.max_calls || sending_bytes + cost > budget)) {
+    /* A shutdown signal (blocked, for the main loop's signalfd) must still
+     * be taken: the call goes ahead and the loop then sees the signal. */
+    sigset_t pending;
+    if (sigpending(&pending) == 0 && (sigismember(&pending, SIGTERM) ||
+                                      sigismember(&pending, SIGINT) ||
+                                      sigismember(&pending, SIGHUP)))
+      break;
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 50);
+    pthread_cond_timedwait(&calls_cond, &calls_lock, &ts);
+  }
   /* A call alone is always let in: the budget bounds calls together. */
   bool busy = n_calls >= cfg.max_calls || (n_calls > 0 && calls_bytes + cost > budget);
   unsigned busy_calls = n_calls;

@@ -15,8 +15,10 @@
  *     queued before its data);
  *   - data frames wait for room (AGENT_QUEUE_MAX) in their call, which stays
  *     cancellable while it waits;
- *   - a frame the agent takes no byte of for the write deadline ends the
- *     connection (a half-sent frame cannot be taken back);
+ *   - a frame the agent has not taken whole within the write deadline ends
+ *     the connection (a half-sent frame cannot be taken back); the deadline
+ *     runs from the frame's first byte, so an agent that reads a little now
+ *     and then cannot hold a frame, and the calls queued behind it, longer;
  *   - a cancelled call takes its queued frames back and queues what tells the
  *     agent to drop the request (KILL, or the end frame of a short upload),
  *     then returns at once; the writer finishes or abandons the rest.
@@ -194,15 +196,14 @@ static uint64_t queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_byte
 }
 
 /* Sends F whole: non-blocking writes, and poll() while the socket is full.
- * -ETIMEDOUT when the agent took no byte for DEADLINE_MS. */
+ * -ETIMEDOUT when the agent has not taken it whole within DEADLINE_MS. */
 static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) {
   size_t off = 0;
-  uint64_t last = mono_ms();
+  const uint64_t start = mono_ms();
   while (off < f->len) {
     ssize_t w = send(fd, f->bytes + off, f->len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) {
       off += (size_t)w;
-      last = mono_ms();
       continue;
     }
     if (w < 0 && errno == EINTR)
@@ -211,7 +212,7 @@ static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) 
       return -errno;
     if (w == 0)
       return -EPIPE;
-    uint64_t waited = mono_ms() - last;
+    uint64_t waited = mono_ms() - start;
     if (waited >= deadline_ms)
       return -ETIMEDOUT;
     struct pollfd p = {.fd = fd, .events = POLLOUT};
@@ -243,8 +244,8 @@ static void *writer_main(void *arg) {
     pthread_mutex_lock(&c->lock);
     if (r == -ETIMEDOUT) {
       mark_dead_locked(c,
-                       xasprintf("the sandbox's agent stopped reading its channel: it took no "
-                                 "byte of a frame for %u ms, so the host gave up on it",
+                       xasprintf("the sandbox's agent stopped reading its channel: it did not "
+                                 "take a whole frame within %u ms, so the host gave up on it",
                                  deadline),
                        true);
     } else if (r < 0) {
@@ -287,10 +288,23 @@ static bool cancelled(const struct agent_ctl *ctl) {
   return ctl && ctl->cancelled && atomic_load(ctl->cancelled);
 }
 
+/* Milliseconds left until DEADLINE (a mono_ms() time; 0: none), at least 1;
+ * 0 when there is no deadline. */
+static uint32_t left_ms(uint64_t deadline) {
+  if (!deadline)
+    return 0;
+  uint64_t now = mono_ms();
+  uint64_t left = deadline > now ? deadline - now : 1;
+  return left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
+}
+
 /* Queues B (its bytes are taken).  A data frame waits for room first, while
- * the call is not cancelled and the connection lives. */
+ * the call is not cancelled, its DEADLINE (a mono_ms() time; 0: none) has not
+ * passed and the connection lives: an agent that takes its data slowly
+ * cannot hold the call longer than one that does not answer.  -EALREADY: the
+ * agent already answered the call P (NULL: none), which needs no more data. */
 static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
-                   const struct agent_ctl *ctl) {
+                   const struct agent_ctl *ctl, uint64_t deadline, const struct pending *p) {
   struct out_frame *f;
   int r = make_frame(b, &f);
   if (r < 0)
@@ -301,10 +315,18 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
       r = dead_code(c);
       break;
     }
+    if (!control && p && p->done) {
+      r = -EALREADY;
+      break;
+    }
     if (control || c->data_queued == 0 || c->data_queued + f->len <= AGENT_QUEUE_MAX)
       break;
     if (cancelled(ctl)) {
       r = -ECANCELED;
+      break;
+    }
+    if (deadline && mono_ms() >= deadline) {
+      r = -ETIMEDOUT;
       break;
     }
     struct timespec ts = timespec_in(CLOCK_MONOTONIC, TICK_MS);
@@ -322,12 +344,14 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
   return r;
 }
 
-static int enqueue_simple(struct agent_conn *c, enum proto_type t, uint32_t id, const void *raw,
-                          size_t n, bool control, const struct agent_ctl *ctl) {
+/* A data frame of the call P. */
+static int enqueue_data(struct agent_conn *c, enum proto_type t, const struct pending *p,
+                        const void *raw, size_t n, const struct agent_ctl *ctl,
+                        uint64_t deadline) {
   struct proto_buf b = {0};
-  proto_frame_begin(&b, t, id);
+  proto_frame_begin(&b, t, p->id);
   proto_put_raw(&b, raw, n);
-  int r = enqueue(c, &b, control, ctl);
+  int r = enqueue(c, &b, false, ctl, deadline, p);
   proto_buf_free(&b);
   return r;
 }
@@ -496,10 +520,38 @@ static char *field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_
   return NULL;
 }
 
+/* The whole TLV payload of a frame: every record within it, and none of
+ * the protocol's tags (all below 64) twice, so that no record the field
+ * lookups below do not reach (they take the first of a tag) goes unchecked. */
+static char *check_tlvs(const uint8_t *payload, size_t len, uint8_t type) {
+  struct proto_tlv_iter it;
+  proto_tlv_init(&it, payload, len);
+  uint64_t seen = 0;
+  for (;;) {
+    uint16_t tag;
+    const uint8_t *v;
+    uint32_t n;
+    int r = proto_tlv_next(&it, &tag, &v, &n);
+    if (r == 0)
+      return NULL;
+    if (r < 0)
+      return xasprintf("its %s frame has a TLV record that runs past the payload",
+                       type_name(type));
+    if (tag < 64) {
+      if (seen & (1ull << tag))
+        return xasprintf("its %s frame has tag %u twice", type_name(type), tag);
+      seen |= 1ull << tag;
+    }
+  }
+}
+
 /* An ERROR frame: a positive errno (1..4095) and a message. */
 static char *parse_error(const uint8_t *payload, size_t len, char **ret_msg) {
+  char *bad = check_tlvs(payload, len, PROTO_ERROR);
+  if (bad)
+    return bad;
   uint32_t e = EIO;
-  char *bad = field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
+  bad = field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
   if (bad)
     return bad;
   char *msg = NULL;
@@ -596,6 +648,10 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
                      type_name(h->type));
   uint32_t version;
   char *bad = NULL;
+  /* The frames made of TLV records (not output or file data). */
+  if (h->type != PROTO_STDOUT && h->type != PROTO_STDERR && h->type != PROTO_DATA &&
+      h->type != PROTO_ERROR && (bad = check_tlvs(payload, h->len, h->type)))
+    return bad;
   switch (h->type) {
   case PROTO_STDOUT:
   case PROTO_STDERR:
@@ -681,9 +737,14 @@ static void *reader_main(void *arg) {
         break;
       }
       if (h.id == 0 && h.type == PROTO_ERROR) {
-        /* The agent gives up on the connection and says why. */
-        char *bad = parse_error(payload, h.len, &reason);
-        if (bad) {
+        /* The agent gives up on the connection and says why, in words
+         * that are quoted as its own: a guest cannot word the host's. */
+        char *msg = NULL;
+        char *bad = parse_error(payload, h.len, &msg);
+        if (!bad) {
+          reason = xasprintf("the sandbox's agent closed the connection: %s", msg);
+          free(msg);
+        } else {
           reason = xasprintf("the sandbox's agent broke the protocol: %s; the host closed the "
                              "connection",
                              bad);
@@ -897,7 +958,7 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
     struct proto_buf b = {0};
     proto_frame_begin(&b, PROTO_HELLO, p.id);
     proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
-    r = enqueue(c, &b, true, NULL);
+    r = enqueue(c, &b, true, NULL, 0, NULL);
     proto_buf_free(&b);
     pthread_mutex_lock(&c->lock);
     if (r == 0)
@@ -924,7 +985,10 @@ int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
   struct pending p = {0};
   if (register_pending(c, &p, PROTO_PING) < 0)
     return dead_error(c, ret_err);
-  int r = enqueue_simple(c, PROTO_PING, p.id, NULL, 0, true, NULL);
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_PING, p.id);
+  int r = enqueue(c, &b, true, NULL, 0, NULL);
+  proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
@@ -953,7 +1017,9 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
     proto_put_str(&b, TAG_ENV, req->env[i]);
   proto_put_u32(&b, TAG_TIMEOUT_MS, req->timeout_ms);
   proto_put_u32(&b, TAG_HAS_STDIN, req->stdin_data != NULL);
-  int r = enqueue(c, &b, true, ctl);
+  /* The agent's timer starts when it gets EXEC: the host's, too. */
+  uint64_t deadline = req->timeout_ms ? p.start_ms + req->timeout_ms + EXEC_GRACE_MS : 0;
+  int r = enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   if (r == -EMSGSIZE) {
     pthread_mutex_lock(&c->lock);
@@ -966,18 +1032,24 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   bool end_queued = false;
   for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
     size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
-    r = cancelled(ctl) ? -ECANCELED : enqueue_simple(c, PROTO_STDIN, p.id, in + off, n, false, ctl);
+    r = cancelled(ctl) ? -ECANCELED
+                       : enqueue_data(c, PROTO_STDIN, &p, in + off, n, ctl, deadline);
   }
   if (r == 0 && in) {
-    r = enqueue_simple(c, PROTO_STDIN_END, p.id, NULL, 0, false, ctl);
+    r = enqueue_data(c, PROTO_STDIN_END, &p, NULL, 0, ctl, deadline);
     end_queued = r == 0;
+  }
+  if (r == -EALREADY) {
+    /* The agent answered before it had all of stdin (the command exited or
+     * could not start): the rest is taken back, and STDIN_END tells the
+     * agent to stop waiting for it. */
+    abandon_request(c, p.id, false, PROTO_STDIN_END, false);
+    r = 0;
   }
 
   pthread_mutex_lock(&c->lock);
-  if (r == 0) {
-    uint32_t limit = req->timeout_ms ? req->timeout_ms + EXEC_GRACE_MS : 0;
-    r = wait_pending(c, &p, ctl, limit);
-  }
+  if (r == 0)
+    r = wait_pending(c, &p, ctl, left_ms(deadline));
   if (r < 0 && sent && !p.done) {
     /* Kill the command's process group; its EXIT will find no one waiting. */
     pthread_mutex_unlock(&c->lock);
@@ -1003,32 +1075,34 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u32(&b, TAG_MODE, mode);
   proto_put_u64(&b, TAG_SIZE, len);
-  int r = enqueue(c, &b, true, ctl);
+  /* The upload counts against the call's deadline, as the answer does. */
+  uint64_t deadline = p.start_ms + FILE_TIMEOUT_MS;
+  int r = enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   const uint8_t *d = data;
   for (size_t off = 0; r == 0 && off < len; off += PROTO_CHUNK) {
-    /* Stop early when the agent already refused (e.g. disk full). */
-    pthread_mutex_lock(&c->lock);
-    bool stop = p.done;
-    pthread_mutex_unlock(&c->lock);
-    if (stop)
-      break;
     if (cancelled(ctl)) {
       r = -ECANCELED;
       break;
     }
     size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-    r = enqueue_simple(c, PROTO_DATA, p.id, d + off, n, false, ctl);
+    r = enqueue_data(c, PROTO_DATA, &p, d + off, n, ctl, deadline);
   }
   bool end_queued = false;
   if (r == 0) {
-    r = enqueue_simple(c, PROTO_DATA_END, p.id, NULL, 0, false, ctl);
+    r = enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, deadline);
     end_queued = r == 0;
+  }
+  if (r == -EALREADY) {
+    /* The agent answered early (e.g. it refused: disk full): the rest of
+     * the upload is taken back and a short DATA_END ends it. */
+    abandon_request(c, p.id, false, PROTO_DATA_END, false);
+    r = 0;
   }
   pthread_mutex_lock(&c->lock);
   if (r == 0)
-    r = wait_pending(c, &p, ctl, FILE_TIMEOUT_MS);
+    r = wait_pending(c, &p, ctl, left_ms(deadline));
   if (r < 0 && sent && !p.done) {
     /* A DATA_END short of SIZE makes the agent drop the temporary file: a
      * cancelled upload never replaces the target. */
@@ -1057,7 +1131,7 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u64(&b, TAG_OFFSET, offset);
   proto_put_u64(&b, TAG_MAX, max);
-  int r = enqueue(c, &b, true, ctl);
+  int r = enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
@@ -1095,7 +1169,7 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     proto_put_str(&b, TAG_HOSTNAME, hostname);
   if (machine_id)
     proto_put_str(&b, TAG_MACHINE_ID, machine_id);
-  int r = enqueue(c, &b, true, NULL);
+  int r = enqueue(c, &b, true, NULL, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);

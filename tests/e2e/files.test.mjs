@@ -238,7 +238,7 @@ describe('a guest that stops reading its channel', () => {
     // Uncancelled: it fails once the agent has taken nothing for the write
     // deadline, saying so.
     const e = await callErr(c, 'write_file', { session_id: a, path: '/root/late', content_base64: big }, { timeout: 240000 });
-    assert.match(e, new RegExp(`^write_file failed: session '${a}' is dead: the sandbox's agent stopped reading its channel: it took no byte of a frame for ${DEADLINE_S * 1000} ms`), e);
+    assert.match(e, new RegExp(`^write_file failed: session '${a}' is dead: the sandbox's agent stopped reading its channel: it did not take a whole frame within ${DEADLINE_S * 1000} ms`), e);
     assert.match(e, new RegExp(`Call reset\\('${a}'\\)`), e);
     const l = (await call(c, 'list_sessions', {})).sessions.find((x) => x.session_id === a);
     assert.equal(l.busy, false);

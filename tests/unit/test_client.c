@@ -27,6 +27,15 @@ struct peer {
   /* Stop reading after HELLO until `resume` is set. */
   bool stall;
   atomic_bool resume;
+  /* Read up to 2 KiB every trickle_ms after HELLO, trickle_reads times,
+   * then stop reading until the host hangs up; trickle_eof: the hang-up
+   * came while it was still trickling.  small_sndbuf: the host's socket
+   * buffer is made as small as it gets, so each read lets it send more. */
+  unsigned trickle_ms, trickle_reads;
+  bool small_sndbuf;
+  bool trickle_eof;
+  struct agent_conn *_Atomic conn; /* set once open returned */
+  atomic_bool call_done;           /* stop trickling: the call returned */
   /* What the peer saw after HELLO, in order (types), and how many. */
   uint8_t seen[4096];
   size_t n_seen;
@@ -53,6 +62,19 @@ static void *peer_main(void *arg) {
       send_frame(pe->fd, &b);
       while (pe->stall && !atomic_load(&pe->resume))
         usleep(10000);
+      if (pe->trickle_ms) {
+        char bytes[2048];
+        unsigned i = 0;
+        for (; i < pe->trickle_reads; i++) {
+          usleep(pe->trickle_ms * 1000u);
+          struct agent_conn *c = atomic_load(&pe->conn);
+          if ((c && !agent_conn_alive(c)) || atomic_load(&pe->call_done) ||
+              read(pe->fd, bytes, sizeof bytes) <= 0)
+            break;
+        }
+        pe->trickle_eof = i < pe->trickle_reads;
+        break;
+      }
       continue;
     }
     if (pe->n_seen < sizeof pe->seen)
@@ -69,6 +91,10 @@ static void *peer_main(void *arg) {
 static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
   int sv[2];
   CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  if (pe->small_sndbuf) {
+    int small = 1;
+    CHECK_EQ_INT(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  }
   pe->fd = sv[1];
   pe->script = script;
   pe->arg = arg;
@@ -92,7 +118,8 @@ static void peer_stop(struct peer *pe, struct agent_conn *c) {
 
 /* EXIT with the fields in pe->arg's pattern: 0 normal, 1 SIGNAL=0x7fffffff,
  * 2 DURATION=2^64-1, 3 EXIT_CODE 300, 4 signal with an exit code, 5 no
- * SIGNAL, 6 TIMED_OUT=2, 7 EXIT_CODE -1 and SIGNAL 9 (a good kill). */
+ * SIGNAL, 6 TIMED_OUT=2, 7 EXIT_CODE -1 and SIGNAL 9 (a good kill), 8 good
+ * fields then a record cut short, 9 good fields then EXIT_CODE again. */
 static void answer_exit(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
   (void)payload;
   if (h->type != PROTO_EXEC)
@@ -118,6 +145,10 @@ static void answer_exit(struct peer *pe, const struct proto_header *h, const uin
     proto_put_u32(&b, TAG_SIGNAL, sig);
   proto_put_u32(&b, TAG_TIMED_OUT, to);
   proto_put_u64(&b, TAG_DURATION_US, dur);
+  if (pe->arg == 8)
+    proto_put_raw(&b, "\x0f\x00\x04", 3); /* a record cut short */
+  if (pe->arg == 9)
+    proto_put_u32(&b, TAG_EXIT_CODE, 1); /* a second, different exit code */
   send_frame(pe->fd, &b);
 }
 
@@ -137,6 +168,8 @@ static void exit_fields_are_range_checked(void) {
       {4, "EXIT_CODE 3 with SIGNAL 9"},
       {5, "no SIGNAL"},
       {6, "TIMED_OUT 2, outside 0..1"},
+      {8, "its EXIT frame has a TLV record that runs past the payload"},
+      {9, "its EXIT frame has tag 15 twice"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     struct peer pe = {0};
@@ -283,6 +316,30 @@ static void guest_errno_is_not_a_host_error(void) {
   }
 }
 
+/* Ends the connection with ERROR{id 0} that reads like the host's words. */
+static void answer_goodbye(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  (void)h;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_ERROR, 0);
+  proto_put_u32(&b, TAG_ERRNO, ENOMEM);
+  proto_put_str(&b, TAG_MESSAGE, "the server is out of memory");
+  send_frame(pe->fd, &b);
+}
+
+/* The agent's farewell is quoted as the agent's: the guest cannot word the
+ * host's own reasons. */
+static void agent_farewell_is_the_agents(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_goodbye, 0);
+  char *err = NULL;
+  CHECK_EQ_INT(agent_ping(c, 5000, &err), -EPIPE);
+  CHECK_STREQ(err, "the sandbox's agent closed the connection: the server is out of memory");
+  CHECK(!agent_conn_alive(c));
+  free(err);
+  peer_stop(&pe, c);
+}
+
 /* Answers any request with a frame of type pe->arg & 0xff, id pe->arg >> 8
  * (0: the request's). */
 static void answer_wrong(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
@@ -357,6 +414,111 @@ static void stalled_write_hits_its_deadline(void) {
   CHECK(w.err && strstr(w.err, "stopped reading its channel"));
   CHECK(!agent_conn_alive(c));
   free(w.err);
+  peer_stop(&pe, c);
+}
+
+/* A guest that takes a little now and then, always within the write
+ * deadline, must not hold a frame for longer than the deadline: the host
+ * ends the connection while the guest is still trickling. */
+static void trickled_write_hits_its_deadline(void) {
+  /* 100 reads at one per 100 ms take 10 s, ten times the deadline; a
+   * 64 KiB frame at 2 KiB per read takes 3 s. */
+  struct peer pe = {.trickle_ms = 100, .trickle_reads = 100, .small_sndbuf = true};
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  atomic_store(&pe.conn, c);
+  agent_conn_set_write_deadline(c, 1000);
+  struct writer_call w = {.c = c};
+  write_big(&w);
+  CHECK_EQ_INT(w.r, -EPROTO);
+  CHECK(w.err && strstr(w.err, "stopped reading its channel"));
+  CHECK(!agent_conn_alive(c));
+  pthread_join(pe.thread, NULL);
+  CHECK(pe.trickle_eof);
+  free(w.err);
+  agent_conn_free(c);
+  close(pe.fd);
+}
+
+/* A command's stdin that the agent takes slowly (each frame within the write
+ * deadline) does not hold the call past the command's timeout and the
+ * host's grace: the host's deadline counts from the call's start, not from
+ * when the last of its stdin was queued. */
+static void slow_stdin_hits_the_call_deadline(void) {
+  /* 300 reads at one per 100 ms take 30 s, past the call's 1 s + 20 s. */
+  struct peer pe = {.trickle_ms = 100, .trickle_reads = 300, .small_sndbuf = true};
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  atomic_store(&pe.conn, c);
+  agent_conn_set_write_deadline(c, 10000);
+  uint8_t *in = calloc(1, BIG);
+  const struct agent_exec_req req = {.command = "cat", .timeout_ms = 1000, .out_cap = 1024,
+                                     .stdin_data = in, .stdin_len = BIG};
+  struct agent_exec_res res = {0};
+  char *err = NULL;
+  int r = agent_exec(c, &req, NULL, &res, &err);
+  atomic_store(&pe.call_done, true);
+  CHECK_EQ_INT(r, -ETIMEDOUT);
+  CHECK(err && strstr(err, "stopped answering"));
+  pthread_join(pe.thread, NULL);
+  /* It gave up while the agent was still reading its stdin. */
+  CHECK(pe.trickle_eof);
+  free(err);
+  free(in);
+  agent_conn_free(c);
+  close(pe.fd);
+}
+
+/* Answers EXEC with EXIT 0 at once, then reads nothing more until resumed
+ * (a command that exits without reading its stdin, on a busy agent); then
+ * answers PING. */
+static void answer_exit_then_stall(struct peer *pe, const struct proto_header *h,
+                                   const uint8_t *payload) {
+  (void)payload;
+  struct proto_buf b = {0};
+  if (h->type == PROTO_PING) {
+    proto_frame_begin(&b, PROTO_PONG, h->id);
+    send_frame(pe->fd, &b);
+    return;
+  }
+  if (h->type != PROTO_EXEC)
+    return;
+  proto_frame_begin(&b, PROTO_EXIT, h->id);
+  proto_put_u32(&b, TAG_EXIT_CODE, 0);
+  proto_put_u32(&b, TAG_SIGNAL, 0);
+  proto_put_u32(&b, TAG_TIMED_OUT, 0);
+  proto_put_u64(&b, TAG_DURATION_US, 1000);
+  send_frame(pe->fd, &b);
+  while (!atomic_load(&pe->resume))
+    usleep(10000);
+}
+
+/* A command that exited has its result at once, however much of its stdin
+ * was still to go: the rest is not sent, and the agent is told it ended. */
+static void exited_command_drops_its_stdin(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_exit_then_stall, 0);
+  agent_conn_set_write_deadline(c, 600000);
+  uint8_t *in = calloc(1, BIG);
+  const struct agent_exec_req req = {.command = "true", .timeout_ms = 1000, .out_cap = 1024,
+                                     .stdin_data = in, .stdin_len = BIG};
+  struct agent_exec_res res = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(agent_exec(c, &req, NULL, &res, &err), 0);
+  CHECK_EQ_INT(res.exit_code, 0);
+  agent_exec_res_free(&res);
+  free(err);
+  err = NULL;
+  atomic_store(&pe.resume, true);
+  CHECK_EQ_INT(agent_ping(c, 60000, &err), 0);
+  free(err);
+  bool saw_end = false;
+  uint64_t stdin_frames = 0;
+  for (size_t i = 0; i < pe.n_seen; i++) {
+    saw_end |= pe.seen[i] == PROTO_STDIN_END;
+    stdin_frames += pe.seen[i] == PROTO_STDIN;
+  }
+  CHECK(saw_end);
+  CHECK(stdin_frames < BIG / PROTO_CHUNK);
+  free(in);
   peer_stop(&pe, c);
 }
 
@@ -476,7 +638,9 @@ static void control_frames_go_before_queued_data(void) {
 }
 
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
-          TEST(guest_errno_is_not_a_host_error), TEST(answers_must_fit_the_request),
-          TEST(stalled_write_hits_its_deadline),
+          TEST(guest_errno_is_not_a_host_error),
+          TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
+          TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
+          TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data))
