@@ -458,7 +458,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   }
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
-      .ram_file_writable = kind == VM_CLONE ? ram_path : NULL,
+      .ram_file_writable = kind == VM_CLONE ? ram_path : NULL, .makes_ram_file = kind == VM_GOLDEN,
       .needed = {cfg.qemu}, .hide = vmb.run_dir,
       .binds = {{cfg.vm_image, "image", false},
                 {kind == VM_CLONE ? ram_file : cfg.kernel, kind == VM_CLONE ? "ram" : "kernel",

@@ -361,8 +361,9 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
       .server_pidfd = pidfd, .ll_ruleset = -1, .reveal_in = -1,
       .clone_flags = CLONE_NEWPID | CLONE_NEWNS | (req->net ? 0 : CLONE_NEWNET),
       .userns = vm_spawn_userns(),
-      /* The golden VM creates its RAM file; clones only write their log. */
-      .limit_fsize = req->ram_file_writable != NULL,
+      /* The golden VM creates its RAM file; clones and cold VMs (whose
+       * guests are the sessions') only write their log. */
+      .limit_fsize = !req->makes_ram_file,
   };
   if (j.userns) {
     /* Only the server's own uid and gid exist in QEMU's user namespace

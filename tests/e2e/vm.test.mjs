@@ -340,6 +340,34 @@ describe('QEMU confinement, from the outside', () => {
   });
 });
 
+/* A QEMU that does one hostile thing before it execs the real one: it runs
+ * confined as QEMU is (after every step of the spawn), so what it can do is
+ * what a QEMU taken over by its guest could. */
+function hostileQemu(t, script) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-hostile-qemu-'));
+  fs.chmodSync(dir, 0o755);
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const qemu = path.join(dir, 'qemu-system-x86_64');
+  fs.writeFileSync(qemu, `#!/bin/sh\n${script}\nexec /usr/bin/qemu-system-x86_64 "$@"\n`, { mode: 0o755 });
+  return { dir, qemu };
+}
+
+describe('an escaped QEMU, confined', () => {
+  test('a cold-booted QEMU\'s log is bounded as a clone\'s is', T, async (t) => {
+    // Its stdout is qemu.log (the guest's console): without the size limit a
+    // guest, or QEMU, fills the state directory's filesystem (/run).
+    const h = hostileQemu(t, 'head -c 3000000 /dev/zero');
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_BASE: 'none', IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    const dir = stateDirOf(await sh(s.client, o.session_id, 'hostname'));
+    const size = fs.statSync(path.join(dir, 'qemu.log')).size;
+    assert.ok(size <= 1 << 20, `a cold QEMU wrote ${size} bytes to its log`);
+  });
+});
+
 describe('the state directories of a user\'s server', () => {
   test('a runtime directory others may write to is refused, and open_session says so', {
     ...T,
