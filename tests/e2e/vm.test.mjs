@@ -11,7 +11,9 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import {
@@ -343,6 +345,9 @@ describe('QEMU confinement, from the outside', () => {
 /* A QEMU that does one hostile thing before it execs the real one: it runs
  * confined as QEMU is (after every step of the spawn), so what it can do is
  * what a QEMU taken over by its guest could. */
+/* The kernel's Landlock ABI version, printed. */
+const LANDLOCK_ABI = 'import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1))';
+
 function hostileQemu(t, script) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-hostile-qemu-'));
   fs.chmodSync(dir, 0o755);
@@ -353,6 +358,48 @@ function hostileQemu(t, script) {
 }
 
 describe('an escaped QEMU, confined', () => {
+  test('cannot truncate a file outside its state directory that its uid may write to', T, async (t) => {
+    // Landlock confines writes; truncate(2) is a write of its own (Landlock
+    // ABI 3), which a ruleset must name or it is left allowed.
+    // truncate(2) by path: truncate(1) opens the file for writing first,
+    // which Landlock's write rule refuses already.
+    const h = hostileQemu(t, 'python3 -c "import os, sys; os.truncate(sys.argv[1], 0)" "$(dirname "$0")/victim"');
+    const victim = path.join(h.dir, 'victim');
+    fs.writeFileSync(victim, 'the user\'s data\n');
+    fs.chmodSync(victim, 0o666); // as root: writable by the QEMU's uid too
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_BASE: 'none', IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    assert.equal(fs.readFileSync(victim, 'utf8'), 'the user\'s data\n', 'QEMU truncated a file outside its state directory');
+  });
+
+  test('with IGN_MCP_NET (the host\'s network namespace) cannot reach an abstract unix socket of the host', T, async (t) => {
+    // Landlock (ABI 6) scopes abstract unix sockets to the QEMU's own domain.
+    const abi = Number(execFileSync('python3', ['-c', LANDLOCK_ABI]).toString());
+    if (abi < 6) return t.skip(`Landlock ABI ${abi}: abstract unix sockets are not scoped before ABI 6`);
+    const name = uniq('e2e-abstract');
+    const got = [];
+    const srv = net.createServer((c) => c.on('data', (d) => got.push(d.toString())));
+    await new Promise((res) => srv.listen(`\0${name}`, res));
+    t.after(() => srv.close());
+    const h = hostileQemu(t, `python3 -c "import socket; s = socket.socket(socket.AF_UNIX); s.connect(b'\\0${name}'); s.sendall(b'reached')"`);
+    const store = tempStore();
+    t.after(() => store.remove());
+    // The check is not blind: the same QEMU, unconfined, reaches it.
+    execFileSync(h.qemu, ['--version']);
+    assert.ok(await waitUntil(() => got.join('').includes('reached'), { timeoutMs: 3000 }), 'the probe does not reach the socket even unconfined');
+    got.length = 0;
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_BASE: 'none', IGN_MCP_NET: 1, IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    await sleep(500);
+    assert.deepEqual(got, [], 'QEMU reached an abstract unix socket of the host');
+  });
+
   test('a cold-booted QEMU\'s log is bounded as a clone\'s is', T, async (t) => {
     // Its stdout is qemu.log (the guest's console): without the size limit a
     // guest, or QEMU, fills the state directory's filesystem (/run).
