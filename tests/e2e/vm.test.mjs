@@ -378,7 +378,7 @@ describe('an escaped QEMU, confined', () => {
 
   test('with IGN_MCP_NET (the host\'s network namespace) cannot reach an abstract unix socket of the host', T, async (t) => {
     // Landlock (ABI 6) scopes abstract unix sockets to the QEMU's own domain.
-    const abi = Number(execFileSync('python3', ['-c', LANDLOCK_ABI]).toString());
+    const abi = Number(execFileSync('/usr/bin/python3', ['-c', LANDLOCK_ABI]).toString());
     if (abi < 6) return t.skip(`Landlock ABI ${abi}: abstract unix sockets are not scoped before ABI 6`);
     const name = uniq('e2e-abstract');
     const got = [];
@@ -574,6 +574,45 @@ describe('QEMU lifecycle', () => {
 });
 
 describe('the store of warm bases', () => {
+  test('the files servers lock (the store\'s .lock, a base\'s meta) cannot be locked by another user or a QEMU\'s uid, also when made open before', {
+    ...T, timeout: 300_000,
+    skip: SKIP || (!AS_ROOT && 'a root server\'s store: other uids are needed'),
+  }, async (t) => {
+    // An flock needs only a read-only descriptor: whoever may open these
+    // could hold them, and servers would wait on a base's meta without end
+    // (under the store lock) and on the store's lock until builds fail.
+    const store = tempStore();
+    t.after(() => store.remove());
+    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
+    const locked = () => {
+      const files = [path.join(store.dir, '.lock'), ...bases(store.dir).map((b) => path.join(store.dir, b, 'meta'))];
+      assert.equal(files.length, 2, `no base in ${store.dir}: ${fs.readdirSync(store.dir)}`);
+      const who = [[VM_UID_BASE + VM_UID_SPAN - 1, VM_UID_BASE], [65534, 65534]];
+      const taken = [];
+      for (const f of files) {
+        for (const [uid, gid] of who) {
+          try {
+            execFileSync('setpriv', [`--reuid=${uid}`, `--regid=${gid}`, '--clear-groups', '/usr/bin/python3', '-c',
+              'import fcntl, sys; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)', f], { stdio: 'ignore' });
+            taken.push(`${f} by uid ${uid}`);
+          } catch {}
+        }
+      }
+      return taken;
+    };
+    const s1 = await startServer({ env });
+    await call(s1.client, 'open_session', {});
+    await s1.close();
+    assert.deepEqual(locked(), [], 'other uids may lock the files servers wait on');
+    // A store and base made by an earlier version, open to everyone.
+    fs.chmodSync(path.join(store.dir, '.lock'), 0o644);
+    fs.chmodSync(path.join(store.dir, bases(store.dir)[0], 'meta'), 0o644);
+    const s2 = await startServer({ env });
+    t.after(() => s2.close());
+    await call(s2.client, 'open_session', {});
+    assert.deepEqual(locked(), [], 'a lock file open to others is used as it is');
+  });
+
   test('a fresh store gets a base on first use; a touched kernel makes a new base and the old one goes', T, async (t) => {
     const store = tempStore();
     t.after(() => store.remove());
