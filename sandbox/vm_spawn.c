@@ -29,7 +29,6 @@
  * there is written to the VM's log, which the server's error quotes. */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <linux/landlock.h>
 #include <poll.h>
 #include <sched.h>
@@ -217,8 +216,13 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
       child_fail(log_fd, "show QEMU its state directory", j->reveal, VM_SPAWN_EXIT_HIDE);
   }
   if (j->drop_uid) {
-    if (setgroups((size_t)j->n_groups, j->groups) < 0 || setresgid(j->gid, j->gid, j->gid) < 0 ||
-        setresuid(j->uid, j->uid, j->uid) < 0)
+    /* Raw system calls: glibc's wrappers in a threaded process (the
+     * server's memory says it is one) go through __nptl_setxid, which takes
+     * a lock another thread of the server may have held at the clone, and
+     * signals threads this child does not have. */
+    if (syscall(SYS_setgroups, (size_t)j->n_groups, j->groups) < 0 ||
+        syscall(SYS_setresgid, j->gid, j->gid, j->gid) < 0 ||
+        syscall(SYS_setresuid, j->uid, j->uid, j->uid) < 0)
       child_fail(log_fd, "change to QEMU's uid", NULL, VM_SPAWN_EXIT_UID);
     /* A uid change clears the death signal: armed again, and the server
      * that died in between is seen through its pidfd. */
