@@ -458,7 +458,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   }
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
-      .ram_file_writable = kind == VM_CLONE ? ram_path : NULL,
+      .ram_file_writable = kind == VM_CLONE ? ram_path : NULL, .makes_ram_file = kind == VM_GOLDEN,
       .needed = {cfg.qemu}, .hide = vmb.run_dir,
       .binds = {{cfg.vm_image, "image", false},
                 {kind == VM_CLONE ? ram_file : cfg.kernel, kind == VM_CLONE ? "ram" : "kernel",
@@ -810,9 +810,24 @@ enum base_fault { BASE_FAULT_STORE, BASE_FAULT_GUEST };
  * look for.  Returns the fd, or a negative errno with *RET_ERR; never goes
  * on unlocked. */
 #define STORE_LOCK_WAIT_MS 120000
+
+/* The files servers flock (the store's .lock, a base's meta) are for the
+ * server's uid alone: an flock needs only a read-only descriptor, so anyone
+ * who may open one (another local user, an escaped QEMU of a root server,
+ * whose group may enter a base) could hold it, and every server would wait
+ * on it: a base's meta without end (hold_base, under the store lock), the
+ * store's lock until STORE_LOCK_WAIT_MS fails every build.  A file made
+ * before with wider rights is narrowed when it is the server's. */
+static void lock_file_private(int fd) {
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 077))
+    fchmod(fd, st.st_mode & 0700);
+}
+
 static int store_lock(char **ret_err) {
   _cleanup_free_ char *p = xasprintf("%s/.lock", cfg.store);
-  int fd = open(p, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+  int fd = open(p, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  lock_file_private(fd);
   if (fd < 0 && (errno == EROFS || errno == EACCES))
     fd = open(p, O_RDONLY | O_CLOEXEC); /* a read-only store made before */
   if (fd < 0) {
@@ -974,7 +989,10 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
     }
   }
   _cleanup_free_ char *meta = xasprintf("%s/meta", tmp);
-  _cleanup_fclose_ FILE *f = fopen(meta, "we");
+  int meta_fd = open(meta, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  _cleanup_fclose_ FILE *f = meta_fd >= 0 ? fdopen(meta_fd, "w") : NULL;
+  if (meta_fd >= 0 && !f)
+    close(meta_fd);
   uint64_t t_sum = mono_ms();
   if (f) {
     fprintf(f, "%s\n", fingerprint);
@@ -1065,6 +1083,7 @@ char *vm_base_path(const char *accel, bool *ret_complete) {
 static void hold_base(const char *dir) {
   _cleanup_free_ char *meta = xasprintf("%s/meta", dir);
   int fd = open(meta, O_RDONLY | O_CLOEXEC);
+  lock_file_private(fd);
   if (fd >= 0 && flock(fd, LOCK_SH) < 0) {
     close(fd);
     fd = -1;

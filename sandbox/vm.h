@@ -15,6 +15,7 @@ struct vm_spawn_req {
   char *const *argv;
   const char *dir;               /* state directory: logs; the only writable place */
   const char *ram_file_writable; /* the golden RAM file (QEMU 7.2 opens it O_RDWR) */
+  bool makes_ram_file;           /* the golden VM: its files are not limited to the log's size */
   const char *needed[4];         /* paths QEMU reads by their own name: never hidden */
   const char *hide;              /* hidden too: where the other QEMUs' state directories are */
   /* Files QEMU reads through its state directory: each SRC is bind-mounted

@@ -29,7 +29,6 @@
  * there is written to the VM's log, which the server's error quotes. */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <linux/landlock.h>
 #include <poll.h>
 #include <sched.h>
@@ -217,9 +216,10 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
       child_fail(log_fd, "show QEMU its state directory", j->reveal, VM_SPAWN_EXIT_HIDE);
   }
   if (j->drop_uid) {
-    /* Raw system calls: glibc's wrappers change the credentials of every
-     * thread it knows of, and after a raw clone it still knows the server's
-     * threads, which do not exist here: it would wait for them forever. */
+    /* Raw system calls: glibc's wrappers in a threaded process (the
+     * server's memory says it is one) go through __nptl_setxid, which takes
+     * a lock another thread of the server may have held at the clone, and
+     * signals threads this child does not have. */
     if (syscall(SYS_setgroups, (size_t)j->n_groups, j->groups) < 0 ||
         syscall(SYS_setresgid, j->gid, j->gid, j->gid) < 0 ||
         syscall(SYS_setresuid, j->uid, j->uid, j->uid) < 0)
@@ -263,8 +263,28 @@ static int spawn_on_thread(void *p) {
   return 0;
 }
 
+/* Landlock's later rights and scopes, for headers older than the kernel. */
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+#endif
+#ifndef LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
+#define LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define LANDLOCK_SCOPE_SIGNAL (1ULL << 1)
+#endif
+/* The kernel's struct landlock_ruleset_attr as of ABI 6. */
+struct ruleset_attr {
+  __u64 handled_access_fs, handled_access_net, scoped;
+};
+
 /* A Landlock ruleset that lets the process write only under DIR and to FILE.
- * -1 when the kernel has no Landlock (the caller logs it once). */
+ * A right the ruleset does not handle stays allowed everywhere: truncate(2)
+ * (ABI 3) is handled where the kernel has it, or an escaped QEMU could cut
+ * any file its uid may write to (another user's world-writable file, the
+ * user's own, a base's RAM file) to nothing.  From ABI 6 the domain is also
+ * scoped: no abstract unix socket made outside it can be reached (the host's
+ * and the user's, with IGN_MCP_NET sharing the network namespace) and no
+ * process outside it signalled.  -1 when the kernel has no Landlock (the
+ * caller logs it once). */
 static int landlock_ruleset(const char *dir, const char *file) {
   int abi = (int)syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
   if (abi < 1)
@@ -274,8 +294,14 @@ static int landlock_ruleset(const char *dir, const char *file) {
                     LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
                     LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
                     LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
-  struct landlock_ruleset_attr attr = {.handled_access_fs = write_dir};
-  int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+  if (abi >= 3)
+    write_dir |= LANDLOCK_ACCESS_FS_TRUNCATE;
+  struct ruleset_attr attr = {
+      .handled_access_fs = write_dir,
+      .scoped = abi >= 6 ? LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL : 0};
+  /* An older kernel takes the struct it knows (the rest is zero anyway). */
+  size_t size = abi >= 6 ? sizeof attr : abi >= 4 ? 2 * sizeof(__u64) : sizeof(__u64);
+  int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
   if (rs < 0)
     return -1;
   /* QEMU also opens /dev/null (lock probing) and /dev/kvm read-write. */
@@ -283,6 +309,7 @@ static int landlock_ruleset(const char *dir, const char *file) {
     const char *path;
     __u64 access;
   } rules[] = {{dir, write_dir},
+               /* written never, opened read-write by QEMU: not truncated */
                {file, LANDLOCK_ACCESS_FS_WRITE_FILE},
                {"/dev/null", LANDLOCK_ACCESS_FS_WRITE_FILE},
                {access("/dev/kvm", F_OK) == 0 ? "/dev/kvm" : NULL, LANDLOCK_ACCESS_FS_WRITE_FILE}};
@@ -365,8 +392,9 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
       .server_pidfd = pidfd, .ll_ruleset = -1, .reveal_in = -1,
       .clone_flags = CLONE_NEWPID | CLONE_NEWNS | (req->net ? 0 : CLONE_NEWNET),
       .userns = vm_spawn_userns(),
-      /* The golden VM creates its RAM file; clones only write their log. */
-      .limit_fsize = req->ram_file_writable != NULL,
+      /* The golden VM creates its RAM file; clones and cold VMs (whose
+       * guests are the sessions') only write their log. */
+      .limit_fsize = !req->makes_ram_file,
   };
   if (j.userns) {
     /* Only the server's own uid and gid exist in QEMU's user namespace

@@ -11,7 +11,9 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import {
@@ -340,6 +342,79 @@ describe('QEMU confinement, from the outside', () => {
   });
 });
 
+/* A QEMU that does one hostile thing before it execs the real one: it runs
+ * confined as QEMU is (after every step of the spawn), so what it can do is
+ * what a QEMU taken over by its guest could. */
+/* The kernel's Landlock ABI version, printed. */
+const LANDLOCK_ABI = 'import ctypes; print(ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1))';
+
+function hostileQemu(t, script) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-hostile-qemu-'));
+  fs.chmodSync(dir, 0o755);
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const qemu = path.join(dir, 'qemu-system-x86_64');
+  fs.writeFileSync(qemu, `#!/bin/sh\n${script}\nexec /usr/bin/qemu-system-x86_64 "$@"\n`, { mode: 0o755 });
+  return { dir, qemu };
+}
+
+describe('an escaped QEMU, confined', () => {
+  test('cannot truncate a file outside its state directory that its uid may write to', T, async (t) => {
+    // Landlock confines writes; truncate(2) is a write of its own (Landlock
+    // ABI 3), which a ruleset must name or it is left allowed.
+    // truncate(2) by path: truncate(1) opens the file for writing first,
+    // which Landlock's write rule refuses already.
+    const h = hostileQemu(t, 'python3 -c "import os, sys; os.truncate(sys.argv[1], 0)" "$(dirname "$0")/victim"');
+    const victim = path.join(h.dir, 'victim');
+    fs.writeFileSync(victim, 'the user\'s data\n');
+    fs.chmodSync(victim, 0o666); // as root: writable by the QEMU's uid too
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_BASE: 'none', IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    assert.equal(fs.readFileSync(victim, 'utf8'), 'the user\'s data\n', 'QEMU truncated a file outside its state directory');
+  });
+
+  test('with IGN_MCP_NET (the host\'s network namespace) cannot reach an abstract unix socket of the host', T, async (t) => {
+    // Landlock (ABI 6) scopes abstract unix sockets to the QEMU's own domain.
+    const abi = Number(execFileSync('/usr/bin/python3', ['-c', LANDLOCK_ABI]).toString());
+    if (abi < 6) return t.skip(`Landlock ABI ${abi}: abstract unix sockets are not scoped before ABI 6`);
+    const name = uniq('e2e-abstract');
+    const got = [];
+    const srv = net.createServer((c) => c.on('data', (d) => got.push(d.toString())));
+    await new Promise((res) => srv.listen(`\0${name}`, res));
+    t.after(() => srv.close());
+    const h = hostileQemu(t, `python3 -c "import socket; s = socket.socket(socket.AF_UNIX); s.connect(b'\\0${name}'); s.sendall(b'reached')"`);
+    const store = tempStore();
+    t.after(() => store.remove());
+    // The check is not blind: the same QEMU, unconfined, reaches it.
+    execFileSync(h.qemu, ['--version']);
+    assert.ok(await waitUntil(() => got.join('').includes('reached'), { timeoutMs: 3000 }), 'the probe does not reach the socket even unconfined');
+    got.length = 0;
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_BASE: 'none', IGN_MCP_NET: 1, IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    await sleep(500);
+    assert.deepEqual(got, [], 'QEMU reached an abstract unix socket of the host');
+  });
+
+  test('a cold-booted QEMU\'s log is bounded as a clone\'s is', T, async (t) => {
+    // Its stdout is qemu.log (the guest's console): without the size limit a
+    // guest, or QEMU, fills the state directory's filesystem (/run).
+    const h = hostileQemu(t, 'head -c 3000000 /dev/zero');
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_BASE: 'none', IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    const dir = stateDirOf(await sh(s.client, o.session_id, 'hostname'));
+    const size = fs.statSync(path.join(dir, 'qemu.log')).size;
+    assert.ok(size <= 1 << 20, `a cold QEMU wrote ${size} bytes to its log`);
+  });
+});
+
 describe('the state directories of a user\'s server', () => {
   test('a runtime directory others may write to is refused, and open_session says so', {
     ...T,
@@ -499,6 +574,45 @@ describe('QEMU lifecycle', () => {
 });
 
 describe('the store of warm bases', () => {
+  test('the files servers lock (the store\'s .lock, a base\'s meta) cannot be locked by another user or a QEMU\'s uid, also when made open before', {
+    ...T, timeout: 300_000,
+    skip: SKIP || (!AS_ROOT && 'a root server\'s store: other uids are needed'),
+  }, async (t) => {
+    // An flock needs only a read-only descriptor: whoever may open these
+    // could hold them, and servers would wait on a base's meta without end
+    // (under the store lock) and on the store's lock until builds fail.
+    const store = tempStore();
+    t.after(() => store.remove());
+    const env = { ...NO_POOL, IGN_MCP_STORE: store.dir };
+    const locked = () => {
+      const files = [path.join(store.dir, '.lock'), ...bases(store.dir).map((b) => path.join(store.dir, b, 'meta'))];
+      assert.equal(files.length, 2, `no base in ${store.dir}: ${fs.readdirSync(store.dir)}`);
+      const who = [[VM_UID_BASE + VM_UID_SPAN - 1, VM_UID_BASE], [65534, 65534]];
+      const taken = [];
+      for (const f of files) {
+        for (const [uid, gid] of who) {
+          try {
+            execFileSync('setpriv', [`--reuid=${uid}`, `--regid=${gid}`, '--clear-groups', '/usr/bin/python3', '-c',
+              'import fcntl, sys; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)', f], { stdio: 'ignore' });
+            taken.push(`${f} by uid ${uid}`);
+          } catch {}
+        }
+      }
+      return taken;
+    };
+    const s1 = await startServer({ env });
+    await call(s1.client, 'open_session', {});
+    await s1.close();
+    assert.deepEqual(locked(), [], 'other uids may lock the files servers wait on');
+    // A store and base made by an earlier version, open to everyone.
+    fs.chmodSync(path.join(store.dir, '.lock'), 0o644);
+    fs.chmodSync(path.join(store.dir, bases(store.dir)[0], 'meta'), 0o644);
+    const s2 = await startServer({ env });
+    t.after(() => s2.close());
+    await call(s2.client, 'open_session', {});
+    assert.deepEqual(locked(), [], 'a lock file open to others is used as it is');
+  });
+
   test('a fresh store gets a base on first use; a touched kernel makes a new base and the old one goes', T, async (t) => {
     const store = tempStore();
     t.after(() => store.remove());
