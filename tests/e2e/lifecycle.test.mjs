@@ -391,7 +391,7 @@ describe('what the server inherited does not reach its sandboxes', () => {
 });
 
 describe('a QEMU\'s state directory belongs to its uid', () => {
-  test('a log replaced by a link (symbolic or hard) to a root-only file is never quoted; close removes the directory and follows no link in it', { ...T, skip: !IS_VM ? 'vm only: QEMU state directories' : process.getuid() !== 0 ? 'root only: a user's QEMU runs as the user, so no file of another uid can be reached through its state directory' : false }, async (t) => {
+  test('a log replaced by a link (symbolic or hard) to a root-only file is never quoted; close removes the directory and follows no link in it', { ...T, skip: !IS_VM ? 'vm only: QEMU state directories' : process.getuid() !== 0 ? 'root only: the QEMU of a user runs as that user, so no file of another uid can be reached through its state directory' : false }, async (t) => {
     // What a compromised QEMU can do in its state directory, done here as
     // root: the server must neither quote nor remove what the links reach.
     const token = `secret-${crypto.randomUUID()}`;
