@@ -432,7 +432,7 @@ describe('a QEMU\'s state directory belongs to its uid', () => {
     assert.ok(!s.stderrText().includes(token), 'the server logged the linked file');
   });
 
-  test('a tree QEMU made in its state directory, however deep, with FIFOs and links in it, is removed on close', { ...T, skip: !IS_VM ? 'vm only: QEMU state directories' : process.getuid() !== 0 ? 'root only: the tree's targets are made in /run, which only root may write' : false }, async (t) => {
+  test('a tree QEMU made in its state directory, however deep, with FIFOs and links in it, is removed on close', { ...T, skip: !IS_VM ? 'vm only: QEMU state directories' : process.getuid() !== 0 ? 'root only: the targets of the tree are made in /run, which only root may write' : false }, async (t) => {
     // What a compromised QEMU can make in its state directory, made here as
     // root: a chain of directories deeper than any fixed limit, with a file,
     // a FIFO and a link to a directory outside at every level.
