@@ -62,31 +62,6 @@ void agent_log(const char *fmt, ...) {
     return;
 }
 
-const char *agent_type_name(uint8_t type) {
-  switch (type) {
-  case PROTO_HELLO: return "HELLO";
-  case PROTO_HELLO_OK: return "HELLO_OK";
-  case PROTO_ERROR: return "ERROR";
-  case PROTO_PING: return "PING";
-  case PROTO_PONG: return "PONG";
-  case PROTO_EXEC: return "EXEC";
-  case PROTO_STDIN: return "STDIN";
-  case PROTO_STDIN_END: return "STDIN_END";
-  case PROTO_STDOUT: return "STDOUT";
-  case PROTO_STDERR: return "STDERR";
-  case PROTO_EXIT: return "EXIT";
-  case PROTO_KILL: return "KILL";
-  case PROTO_WRITE: return "WRITE";
-  case PROTO_DATA: return "DATA";
-  case PROTO_DATA_END: return "DATA_END";
-  case PROTO_OK: return "OK";
-  case PROTO_READ: return "READ";
-  case PROTO_READ_END: return "READ_END";
-  case PROTO_SETUP: return "SETUP";
-  default: return "unknown";
-  }
-}
-
 /* ---- sending ------------------------------------------------------------ */
 
 void agent_send(struct agent *a) {
@@ -278,7 +253,7 @@ static void agent_dispatch(struct agent *a, const struct proto_header *h, const 
   default:
     /* Frames only the agent sends (STDOUT, EXIT, OK, ...). */
     agent_send_error(a, h->id, EPROTO, "unexpected %s frame from the host",
-                     agent_type_name(h->type));
+                     proto_type_name(h->type));
     break;
   }
 }

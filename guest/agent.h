@@ -112,7 +112,6 @@ struct agent {
 
 /* agent.c */
 __attribute__((format(printf, 1, 2))) void agent_log(const char *fmt, ...);
-const char *agent_type_name(uint8_t type);
 /* Finish the frame in a->out and write it.  A write error marks the channel
  * dead (the loop then ends); later sends are no-ops. */
 void agent_send(struct agent *a);

@@ -495,12 +495,12 @@ static void exec_handle_stdin(struct agent *a, const struct proto_header *h, con
   struct exec_cmd *c = exec_find(&a->exec, h->id);
   if (!c) {
     agent_send_error(a, h->id, EPROTO, "%s for id %u, which has no command waiting for stdin",
-                     agent_type_name(h->type), h->id);
+                     proto_type_name(h->type), h->id);
     return;
   }
   if (c->state != EXEC_WAITING_STDIN) {
     /* A second terminal frame would confuse the host: only log it. */
-    agent_log("ignoring %s for id %u: its command is already running", agent_type_name(h->type),
+    agent_log("ignoring %s for id %u: its command is already running", proto_type_name(h->type),
               h->id);
     return;
   }

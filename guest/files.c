@@ -224,7 +224,7 @@ static void files_handle_data(struct agent *a, const struct proto_header *h, con
   struct file_write *w = files_find(&a->files, h->id);
   if (!w) {
     agent_send_error(a, h->id, EPROTO, "%s for id %u, which has no WRITE in progress",
-                     agent_type_name(h->type), h->id);
+                     proto_type_name(h->type), h->id);
     return;
   }
 

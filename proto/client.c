@@ -441,31 +441,6 @@ static void keep_output(struct pending *p, bool is_err, const uint8_t *d, size_t
   }
 }
 
-static const char *type_name(uint8_t t) {
-  switch (t) {
-  case PROTO_HELLO: return "HELLO";
-  case PROTO_HELLO_OK: return "HELLO_OK";
-  case PROTO_ERROR: return "ERROR";
-  case PROTO_PING: return "PING";
-  case PROTO_PONG: return "PONG";
-  case PROTO_EXEC: return "EXEC";
-  case PROTO_STDIN: return "STDIN";
-  case PROTO_STDIN_END: return "STDIN_END";
-  case PROTO_STDOUT: return "STDOUT";
-  case PROTO_STDERR: return "STDERR";
-  case PROTO_EXIT: return "EXIT";
-  case PROTO_KILL: return "KILL";
-  case PROTO_WRITE: return "WRITE";
-  case PROTO_DATA: return "DATA";
-  case PROTO_DATA_END: return "DATA_END";
-  case PROTO_OK: return "OK";
-  case PROTO_READ: return "READ";
-  case PROTO_READ_END: return "READ_END";
-  case PROTO_SETUP: return "SETUP";
-  default: return "unknown";
-  }
-}
-
 /* One field of an agent's frame, checked.  Each returns NULL when fine, or
  * the protocol error (malloc'd).  REQUIRED: absence is an error too. */
 static char *field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
@@ -474,14 +449,14 @@ static char *field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_
   uint32_t n;
   int r = proto_find(payload, len, tag, &v, &n);
   if (r < 0)
-    return xasprintf("its %s frame has a TLV record that runs past the payload", type_name(type));
+    return xasprintf("its %s frame has a TLV record that runs past the payload", proto_type_name(type));
   if (r == 0)
-    return required ? xasprintf("its %s frame has no %s", type_name(type), name) : NULL;
+    return required ? xasprintf("its %s frame has no %s", proto_type_name(type), name) : NULL;
   uint32_t u;
   if (proto_val_u32(v, n, &u) < 0)
-    return xasprintf("its %s frame has a %s of %u bytes, not 4", type_name(type), name, n);
+    return xasprintf("its %s frame has a %s of %u bytes, not 4", proto_type_name(type), name, n);
   if (u < lo || u > hi)
-    return xasprintf("its %s frame has %s %u, outside %u..%u", type_name(type), name, u, lo, hi);
+    return xasprintf("its %s frame has %s %u, outside %u..%u", proto_type_name(type), name, u, lo, hi);
   *ret = u;
   return NULL;
 }
@@ -492,14 +467,14 @@ static char *field_u64(const uint8_t *payload, size_t len, uint8_t type, uint16_
   uint32_t n;
   int r = proto_find(payload, len, tag, &v, &n);
   if (r < 0)
-    return xasprintf("its %s frame has a TLV record that runs past the payload", type_name(type));
+    return xasprintf("its %s frame has a TLV record that runs past the payload", proto_type_name(type));
   if (r == 0)
-    return required ? xasprintf("its %s frame has no %s", type_name(type), name) : NULL;
+    return required ? xasprintf("its %s frame has no %s", proto_type_name(type), name) : NULL;
   uint64_t u;
   if (proto_val_u64(v, n, &u) < 0)
-    return xasprintf("its %s frame has a %s of %u bytes, not 8", type_name(type), name, n);
+    return xasprintf("its %s frame has a %s of %u bytes, not 8", proto_type_name(type), name, n);
   if (u > hi)
-    return xasprintf("its %s frame has %s %llu, over %llu", type_name(type), name,
+    return xasprintf("its %s frame has %s %llu, over %llu", proto_type_name(type), name,
                      (unsigned long long)u, (unsigned long long)hi);
   *ret = u;
   return NULL;
@@ -511,11 +486,11 @@ static char *field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_
   uint32_t n;
   int r = proto_find(payload, len, tag, &v, &n);
   if (r < 0)
-    return xasprintf("its %s frame has a TLV record that runs past the payload", type_name(type));
+    return xasprintf("its %s frame has a TLV record that runs past the payload", proto_type_name(type));
   if (r == 0)
     return NULL;
   if (n > max)
-    return xasprintf("its %s frame has a %s of %u bytes, over %zu", type_name(type), name, n, max);
+    return xasprintf("its %s frame has a %s of %u bytes, over %zu", proto_type_name(type), name, n, max);
   *ret = strndup((const char *)v, n);
   return NULL;
 }
@@ -536,10 +511,10 @@ static char *check_tlvs(const uint8_t *payload, size_t len, uint8_t type) {
       return NULL;
     if (r < 0)
       return xasprintf("its %s frame has a TLV record that runs past the payload",
-                       type_name(type));
+                       proto_type_name(type));
     if (tag < 64) {
       if (seen & (1ull << tag))
-        return xasprintf("its %s frame has tag %u twice", type_name(type), tag);
+        return xasprintf("its %s frame has tag %u twice", proto_type_name(type), tag);
       seen |= 1ull << tag;
     }
   }
@@ -639,13 +614,13 @@ static char *handle_read_end(struct pending *p, const uint8_t *payload, size_t l
 static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
                           const uint8_t *payload) {
   if (h->id == 0)
-    return xasprintf("it sent a %s frame with request id 0", type_name(h->type));
+    return xasprintf("it sent a %s frame with request id 0", proto_type_name(h->type));
   struct pending *p = find_pending(c, h->id);
   if (!p || p->done)
     return NULL; /* a call that gave up: its late frames are dropped */
   if (!answers(p->type, h->type))
-    return xasprintf("it answered a %s request with a %s frame", type_name(p->type),
-                     type_name(h->type));
+    return xasprintf("it answered a %s request with a %s frame", proto_type_name(p->type),
+                     proto_type_name(h->type));
   uint32_t version;
   char *bad = NULL;
   /* The frames made of TLV records (not output or file data). */
@@ -709,7 +684,7 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
     return NULL;
   }
   default:
-    return xasprintf("it sent a %s frame, which only the host sends", type_name(h->type));
+    return xasprintf("it sent a %s frame, which only the host sends", proto_type_name(h->type));
   }
 }
 

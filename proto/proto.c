@@ -237,3 +237,28 @@ int proto_read_frame(int fd, struct proto_header *ret_h, uint8_t *payload) {
   *ret_h = h;
   return 0;
 }
+
+const char *proto_type_name(uint8_t type) {
+  switch (type) {
+  case PROTO_HELLO: return "HELLO";
+  case PROTO_HELLO_OK: return "HELLO_OK";
+  case PROTO_ERROR: return "ERROR";
+  case PROTO_PING: return "PING";
+  case PROTO_PONG: return "PONG";
+  case PROTO_EXEC: return "EXEC";
+  case PROTO_STDIN: return "STDIN";
+  case PROTO_STDIN_END: return "STDIN_END";
+  case PROTO_STDOUT: return "STDOUT";
+  case PROTO_STDERR: return "STDERR";
+  case PROTO_EXIT: return "EXIT";
+  case PROTO_KILL: return "KILL";
+  case PROTO_WRITE: return "WRITE";
+  case PROTO_DATA: return "DATA";
+  case PROTO_DATA_END: return "DATA_END";
+  case PROTO_OK: return "OK";
+  case PROTO_READ: return "READ";
+  case PROTO_READ_END: return "READ_END";
+  case PROTO_SETUP: return "SETUP";
+  default: return "unknown";
+  }
+}

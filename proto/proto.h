@@ -129,6 +129,8 @@ void proto_buf_free(struct proto_buf *b);
 void proto_frame_begin(struct proto_buf *b, enum proto_type type, uint32_t id);
 void proto_put_bytes(struct proto_buf *b, uint16_t tag, const void *v, size_t n);
 void proto_put_str(struct proto_buf *b, uint16_t tag, const char *s);
+/* A frame type's name, for messages ("EXEC"), or "unknown". */
+const char *proto_type_name(uint8_t type);
 void proto_put_u32(struct proto_buf *b, uint16_t tag, uint32_t v);
 void proto_put_u64(struct proto_buf *b, uint16_t tag, uint64_t v);
 void proto_put_raw(struct proto_buf *b, const void *v, size_t n);
