@@ -54,6 +54,9 @@ $(OBJ)/san/guest/agent-nomain.o: guest/agent.c
 	$(CC) $(CFLAGS) $(SAN) $(DEPFLAGS) -Dmain=ign_agent_main -c -o $@ $<
 
 -include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+# Objects are kept, also those make reaches only through a pattern chain
+# (a unit test's own object).
+.SECONDARY:
 
 .DEFAULT_GOAL := all
 .PHONY: all images rootfs-small rootfs-tools vm-images base check check-unit check-e2e clean install
