@@ -34,7 +34,7 @@ packages=(
 	busybox-static mmdebstrap debian-archive-keyring gpg bubblewrap
 	qemu-system-x86 qemu-utils lz4 erofs-utils e2fsprogs squashfs-tools cpio kmod
 	# tools the scripts and tests call
-	curl ca-certificates procps iproute2 util-linux shellcheck
+	curl ca-certificates procps iproute2 util-linux shellcheck python3 e2fsprogs binutils
 	# the man page check (make man-check, tests/e2e/doctor.test.mjs)
 	man-db groff-base
 	# the benchmark's peer (@anthropic-ai/sandbox-runtime) needs these on the host
