@@ -205,6 +205,7 @@ int config_load(void) {
   U("IGN_MCP_POOL", 2, 0, 64, pool);
   U("IGN_MCP_SPARES", 1, 0, 64, spares);
   U("IGN_MCP_VM_MEMORY_MB", 256, 64, 1 << 16, vm_memory_mb);
+  U("IGN_MCP_STAGES_MAX_MB", 10240, 0, 1u << 30, stages_max_mb);
   /* Above the uids of accounts (< 65536), every block below 2^32 - 1. */
   U("IGN_MCP_NS_UID_BASE", NS_UID_BASE_DEFAULT, 65536,
     0xffffffffull - (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK, ns_uid_base);

@@ -34,6 +34,7 @@ struct config {
   unsigned spares;       /* QEMUs kept waiting for a restore */
   unsigned vm_memory_mb;
   char *accel;           /* auto, kvm, tcg */
+  unsigned stages_max_mb; /* IGN_MCP_STAGES_MAX_MB: the space all stages may use in the store */
 };
 
 extern struct config cfg;

@@ -18,6 +18,12 @@
 
 #include "proto/client.h"
 
+struct stage; /* sandbox/stage.h */
+
+/* What one sandbox is made with.  The session layer fills one per sandbox
+ * (from the configuration, plus the stage it starts from); a backend reads
+ * only this, never the global configuration, for what may differ per
+ * sandbox. */
 struct sandbox_config {
   const char *rootfs;       /* resolved absolute path */
   const char *agent;        /* resolved absolute path of ign-agent */
@@ -26,6 +32,16 @@ struct sandbox_config {
   unsigned overlay_mb;
   bool net;
   unsigned ns_uid_base;     /* first host uid of the ns sandboxes' blocks (root) */
+  /* The stage to start from (its files are in stage->dir), or NULL for the
+   * base.  The session layer holds a reference to it for as long as the
+   * sandbox lives, so a backend may keep this pointer. */
+  const struct stage *stage;
+};
+
+/* What ops->snapshot reports. */
+struct sandbox_snapshot {
+  const char *carries;      /* "memory" (vm: RAM, processes, files) or "files" (ns) */
+  uint64_t paused_us;       /* how long the sandbox's processes were stopped */
 };
 
 struct sandbox;
@@ -47,6 +63,22 @@ struct sandbox_ops {
   void (*destroy)(struct sandbox *sb);
   /* Why a sandbox died, when it did on its own; NULL when unknown. */
   char *(*death_reason)(struct sandbox *sb);
+  /* The id of everything a stage of this backend is made over (vm: QEMU,
+   * kernel, initramfs with the agent, rootfs image, guest RAM, accelerator;
+   * ns: the agent and the rootfs tree), as "b-" and 16 hex digits, and the
+   * same as text for logs.  A stage whose inputs id differs from the
+   * current one is refused before anything starts.  0, or a negative errno
+   * with *ret_err (the backend cannot say yet: no base). */
+  int (*inputs_id)(char **ret_id, char **ret_text, char **ret_err);
+  /* Saves SB as it is now into DIR, an empty directory of the store made by
+   * stage_begin (the backend chooses the files in it); SB keeps running.
+   * The session layer guarantees that no call runs on SB meanwhile (its
+   * agent is idle).  The sandbox's own stage (cfg->stage at create, or
+   * NULL) is what DIR's contents are layered on, when the backend layers.
+   * Fills *ret; 0, or a negative errno with *ret_err (DIR is then removed
+   * by the caller). */
+  int (*snapshot)(struct sandbox *sb, const char *dir, struct sandbox_snapshot *ret,
+                  char **ret_err);
 };
 
 /* The fields common to all backends; a backend embeds this first. */

@@ -1,0 +1,108 @@
+/* stage.h: stages, the named snapshots of sessions in the store.
+ *
+ * A stage is a directory of the store (IGN_MCP_STORE/stages/) holding a
+ * backend's files (vm: a RAM file and a device state, a base of its own;
+ * ns: a layer tree laid over the rootfs) and a meta.json that records what
+ * it is: its name, its content id, its parent, the backend and the inputs
+ * id it was made over, what it carries, checksums of its files, when it was
+ * made.  This file knows nothing of what the files mean; the backends
+ * (sandbox_ops.snapshot and create with sandbox_config.stage) do.
+ *
+ * A stage is written completely or not at all: its files are made in a
+ * temporary directory (stage_begin) and the directory is renamed into place
+ * with its meta last (stage_finish); a temporary directory of a server that
+ * died is removed by the next.  Its files' checksums are verified the first
+ * time a server opens the stage.
+ *
+ * Sharing: servers that use the same store share its stages.  Changes to
+ * the names (finish, replace, rm) happen under an flock on stages/.lock; a
+ * stage in use by a session of any server is held by a shared flock on its
+ * meta.json, and a removed or replaced stage is moved aside and deleted only
+ * once nobody holds it.
+ *
+ * Anonymous stages (name NULL) are made by fork: they live as long as the
+ * references to them in this server (the forked sessions) and are removed
+ * when the last goes.  They are not listed. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define STAGE_NAME_MAX 128
+#define STAGE_NAME_RULE "[a-z0-9][a-z0-9._/-]{0,127}"
+
+struct stage {
+  char *name;               /* NULL: a fork's anonymous stage */
+  char *id;                 /* content id: "st-" and 32 hex digits */
+  char *parent;             /* the id of the stage it was made from, or NULL (the base) */
+  char *parent_name;        /* ... and its name then, or NULL */
+  char *backend;            /* "vm", "ns" */
+  char *inputs_id;          /* sandbox_ops.inputs_id when it was made */
+  char *carries;            /* "memory", "files" */
+  char *dir;                /* the directory with the backend's files */
+  uint64_t bytes;           /* allocated on disk (blocks, not apparent sizes) */
+  int64_t created;          /* Unix time, seconds */
+  /* Private to stage.c. */
+  int refs;                 /* under stage.c's lock */
+  unsigned sessions;        /* sessions of this server started from it */
+  int hold_fd;              /* shared flock on its meta.json */
+  bool removed;             /* moved aside (rm, replace): deleted with the last reference */
+};
+
+/* 0 when NAME follows STAGE_NAME_RULE; else -EINVAL and *ret_err naming the
+ * rule (and what in NAME broke it). */
+int stage_name_check(const char *name, char **ret_err);
+
+/* What stage_finish records besides the files. */
+struct stage_new {
+  const char *backend;
+  const char *inputs_id;
+  const char *carries;
+  const struct stage *parent; /* the stage the session was started from, or NULL */
+};
+
+/* A new empty directory of the store (mode 0700) in which a backend makes a
+ * stage's files; *ret_dir.  NEED is the most the stage may take on disk: it
+ * is refused when the stages already use more than IGN_MCP_STAGES_MAX_MB
+ * minus NEED (the error names the space used and stage_rm), or when the
+ * store has less than NEED free. */
+int stage_begin(uint64_t need, char **ret_dir, char **ret_err);
+/* Removes a directory from stage_begin that will not become a stage. */
+void stage_abort(const char *dir);
+/* Turns DIR (from stage_begin) into stage NAME (NULL: anonymous): computes
+ * the checksums and the content id, writes meta.json, renames the directory
+ * into place.  A stage NAME that exists is replaced only when REPLACE;
+ * otherwise -EEXIST with an error that says so.  On success *ret is a
+ * reference to the new stage (trusted: no verification on open), and DIR
+ * is gone; on failure DIR is removed. */
+int stage_finish(const char *dir, const char *name, bool replace, const struct stage_new *in,
+                 struct stage **ret, char **ret_err);
+/* Opens stage NAME for a sandbox of BACKEND whose current inputs id is
+ * INPUTS_ID: -ENOENT (unknown name; the error lists how to see them),
+ * -EXDEV (made by the other backend), -ESTALE (made over other inputs: the
+ * error names both ids and the way out: commit it again from a session on
+ * the current base), -EBADMSG (its files fail their checksums, verified on
+ * the first open by this server).  *ret is a new reference. */
+int stage_open(const char *name, const char *backend, const char *inputs_id, struct stage **ret,
+               char **ret_err);
+void stage_ref(struct stage *s);
+/* Drops a reference; the last one of a removed or anonymous stage deletes
+ * its files (when no other server holds it). */
+void stage_unref(struct stage *s);
+/* A session of this server was started from S (DELTA 1), or ended (-1). */
+void stage_sessions_add(struct stage *s, int delta);
+
+/* {stages: [{name, stage_id, parent, carries, backend, base_id, bytes,
+ * created, sessions}], bytes_used, bytes_max}. */
+json_t *stage_list(void);
+/* {name, stage_id, parent, carries, backend, base_id (= inputs_id), bytes, created,
+ * sessions}, or -ENOENT with *ret_err. */
+int stage_info(const char *name, json_t **ret, char **ret_err);
+/* Removes stage NAME: its files go once no session of any server uses it. */
+int stage_rm(const char *name, char **ret_err);
+/* Removes what servers that died left (temporary and anonymous stages) and
+ * stages moved aside that nobody holds any more. */
+void stage_gc(void);
+/* The bytes allocated on disk under PATH (a file or a tree). */
+uint64_t stage_tree_bytes(const char *path);
