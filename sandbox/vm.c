@@ -56,6 +56,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/fs.h"
 #include "common/util.h"
 #include "mcp/config.h"
 #include "mcp/log.h"
@@ -116,120 +117,6 @@ const char *vm_isolation(void) { return vmb.isolation[0] ? vmb.isolation : "micr
 /* ---- helpers ---- */
 
 static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
-
-/* Removing a state directory.  It belongs to QEMU's uid, which may have put
- * links, FIFOs and directories there, nested as deep as it liked: every step
- * is relative to an fd of the directory it is in and nothing is followed, so
- * a link is removed, never what it points to.  The walk descends at most
- * REMOVE_MAX_DEPTH directories (as many fds); a directory found deeper is
- * moved up to the top of the tree (renamed, which follows nothing either)
- * and removed in a later pass, so that no depth leaves the tree behind.
- * REMOVE_MAX_PASSES bounds the work should something keep adding to it. */
-#define REMOVE_MAX_DEPTH 8
-#define REMOVE_MAX_PASSES 100000u
-
-/* NAME for a log line: QEMU chose it, so no control characters (a newline
- * would forge a line of the server's log), and not all of it. */
-static void printable_name(const char *name, char *buf, size_t size) {
-  size_t i = 0;
-  for (; name[i] && i + 1 < size; i++)
-    buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
-  buf[i] = '\0';
-}
-
-static void remove_warn(const char *name, unsigned depth, int err) {
-  char shown[80];
-  printable_name(name, shown, sizeof shown);
-  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", shown, strerror(err));
-}
-
-/* Removes NAME under PARENT (an fd of a directory in the tree whose top is
- * the fd TOP), and all in it when it is a directory; sets *RET_MOVED when
- * it moved a directory up to TOP instead. */
-static void remove_at(int top, int parent, const char *name, unsigned depth, bool *ret_moved) {
-  if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
-    return;
-  if (errno != EISDIR) {
-    remove_warn(name, depth, errno);
-    return;
-  }
-  if (depth >= REMOVE_MAX_DEPTH) {
-    static _Atomic unsigned moves;
-    for (int tries = 0; tries < 16; tries++) {
-      char up[32];
-      snprintf(up, sizeof up, ".ign-deep-%u", ++moves);
-      if (renameat2(parent, name, top, up, RENAME_NOREPLACE) == 0) {
-        *ret_moved = true;
-        return;
-      }
-      if (errno != EEXIST)
-        break;
-    }
-    remove_warn(name, depth, errno);
-    return;
-  }
-  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-  if (!d) {
-    int e = errno;
-    if (fd >= 0)
-      close(fd);
-    remove_warn(name, depth, e);
-    return;
-  }
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-      remove_at(top, dirfd(d), e->d_name, depth + 1, ret_moved);
-  closedir(d);
-  if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
-    remove_warn(name, depth, errno);
-}
-
-static void remove_tree(const char *dir) {
-  _cleanup_close_ int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (top < 0) {
-    /* Not a directory (or a link to one): only the name goes. */
-    if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(AT_FDCWD, dir, 0) == 0)
-      return;
-    if (errno != ENOENT)
-      log_warn("cannot remove %s: %s", dir, strerror(errno));
-    return;
-  }
-  bool moved = true;
-  for (unsigned pass = 0; moved && pass < REMOVE_MAX_PASSES; pass++) {
-    moved = false;
-    /* A fresh fd per pass: the DIR owns it, and reads from the start. */
-    int fd = openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-      if (fd >= 0)
-        close(fd);
-      break;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)))
-      if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-        remove_at(top, dirfd(d), e->d_name, 1, &moved);
-    closedir(d);
-  }
-  if (rmdir(dir) < 0 && errno != ENOENT)
-    log_warn("cannot remove %s: %s", dir, strerror(errno));
-}
-
-static int mkdir_p(const char *path, mode_t mode) {
-  _cleanup_free_ char *p = strdup(path);
-  for (char *s = p + 1; *s; s++)
-    if (*s == '/') {
-      *s = '\0';
-      if (mkdir(p, 0755) < 0 && errno != EEXIST)
-        return -errno;
-      *s = '/';
-    }
-  if (mkdir(p, mode) < 0 && errno != EEXIST)
-    return -errno;
-  return 0;
-}
 
 static unsigned host_tsc_khz(void) {
   _cleanup_fclose_ FILE *f = fopen("/proc/cpuinfo", "re");
@@ -450,7 +337,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
     *ret_err = xasprintf("socketpair: %s", strerror(errno));
     closep(&qsv[0]);
     closep(&qsv[1]);
-    remove_tree(v->dir);
+    fs_remove_tree(v->dir);
     free(v->dir);
     sandbox_proc_fini(&v->proc);
     free(v);
@@ -487,7 +374,7 @@ static int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, 
   if (r < 0) {
     close(qsv[0]);
     close(asv[0]);
-    remove_tree(v->dir);
+    fs_remove_tree(v->dir);
     free(v->dir);
     sandbox_proc_fini(&v->proc);
     free(v);
@@ -874,8 +761,8 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
   _cleanup_free_ char *final = base_dir_for(fingerprint);
   _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
   *ret_fault = BASE_FAULT_STORE;
-  remove_tree(tmp);
-  int r = mkdir_p(tmp, 0750);
+  fs_remove_tree(tmp);
+  int r = fs_mkdir_p(tmp, 0750);
   if (r < 0) {
     *ret_err = xasprintf("cannot create %s: %s (set IGN_MCP_STORE to a writable directory)", tmp,
                          strerror(-r));
@@ -889,7 +776,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
                          "it or point IGN_MCP_STORE at a larger filesystem, then open a session "
                          "again",
                          cfg.store, avail >> 20, need >> 20);
-    remove_tree(tmp);
+    fs_remove_tree(tmp);
     return -ENOSPC;
   }
   _cleanup_free_ char *ram = xasprintf("%s/ram", tmp);
@@ -901,7 +788,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
      * could not even be started (no memory, no fds). */
     if (exited)
       *ret_fault = BASE_FAULT_GUEST;
-    remove_tree(tmp);
+    fs_remove_tree(tmp);
     return r;
   }
   struct agent_conn *conn = NULL;
@@ -967,7 +854,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
   v->dir[0] = '\0'; /* keep the directory: it becomes the base */
   sandbox_vm_ops.destroy(&v->base);
   if (r < 0) {
-    remove_tree(tmp);
+    fs_remove_tree(tmp);
     return r;
   }
   /* From here on, every failure is the store's. */
@@ -984,7 +871,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
     if (getuid() == 0) {
       r = -errno;
       *ret_err = xasprintf("cannot set the owner of the warm base in %s: %s", tmp, strerror(errno));
-      remove_tree(tmp);
+      fs_remove_tree(tmp);
       return r;
     }
   }
@@ -1006,7 +893,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
     *ret_err = xasprintf("cannot write %s: %s", meta, strerror(errno));
   }
   if (r < 0) {
-    remove_tree(tmp);
+    fs_remove_tree(tmp);
     return r;
   }
   log_info("warm base %s made under %s in %" PRIu64 " ms (checksums: %" PRIu64 " ms)", final, accel,
@@ -1024,7 +911,7 @@ static int install_base(const char *tmp, const char *final, char **ret_err) {
   int r = -errno;
   /* Another server made the same base meanwhile: use theirs. */
   if (base_complete(final)) {
-    remove_tree(tmp);
+    fs_remove_tree(tmp);
     return 0;
   }
   /* A base with files missing is in the way (it has a log, say): under the
@@ -1035,7 +922,7 @@ static int install_base(const char *tmp, const char *final, char **ret_err) {
       return 0;
     r = -errno;
   }
-  remove_tree(tmp);
+  fs_remove_tree(tmp);
   *ret_err = xasprintf("cannot move the warm base into place at %s: %s%s%s (remove %s and open a "
                        "session again)",
                        final, strerror(-r), aside_err ? "; " : "", aside_err ? aside_err : "",
@@ -1067,7 +954,7 @@ static void remove_stale_bases(const char *keep) {
     if (tmp && kill((pid_t)atoi(tmp + 5), 0) == 0)
       continue;
     log_info("removing the outdated warm base %s", p);
-    remove_tree(p);
+    fs_remove_tree(p);
   }
   closedir(d);
 }
@@ -1124,7 +1011,7 @@ static int set_aside(const char *dir, char **ret_err) {
   _cleanup_free_ char *meta = xasprintf("%s/meta", aside);
   _cleanup_close_ int lfd = open(meta, O_RDONLY | O_CLOEXEC);
   if (lfd < 0 || flock(lfd, LOCK_EX | LOCK_NB) == 0)
-    remove_tree(aside);
+    fs_remove_tree(aside);
   return 0;
 }
 
@@ -1190,7 +1077,7 @@ static int ensure_base_locked(bool force, enum base_fault *ret_fault, char **ret
       return r;
     lock = store_lock(ret_err);
     if (lock < 0) {
-      remove_tree(tmp);
+      fs_remove_tree(tmp);
       return lock;
     }
     r = install_base(tmp, dir, ret_err);
@@ -1734,7 +1621,7 @@ static int make_run_dir(char **ret_err) {
   vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
                 : xdg_ok      ? xasprintf("%s/ignition-mcp", xdg)
                               : xasprintf("/tmp/ignition-mcp-%u", getuid());
-  int r = mkdir_p(vmb.run_dir, 0711);
+  int r = fs_mkdir_p(vmb.run_dir, 0711);
   if (r < 0) {
     *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
     return r;
@@ -1759,7 +1646,7 @@ static int prepare_store(bool make_store, char **ret_err) {
   /* The golden VM writes its RAM file in the store by path. */
   if ((r = vm_check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
-  if (make_store && (r = mkdir_p(cfg.store, 0755)) < 0) {
+  if (make_store && (r = fs_mkdir_p(cfg.store, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
                          strerror(-r));
     return r;
@@ -1776,7 +1663,7 @@ static int prepare_store(bool make_store, char **ret_err) {
     int pid = atoi(e->d_name);
     if (pid > 0 && pid != getpid() && kill(pid, 0) < 0 && errno == ESRCH) {
       _cleanup_free_ char *p = xasprintf("%s/%s", vmb.run_dir, e->d_name);
-      remove_tree(p);
+      fs_remove_tree(p);
     }
   }
   if (d)
@@ -2036,7 +1923,7 @@ static void vm_destroy(struct sandbox *sb) {
   if (v->agent_fd >= 0)
     close(v->agent_fd);
   if (v->dir && v->dir[0])
-    remove_tree(v->dir);
+    fs_remove_tree(v->dir);
   free(v->dir);
   json_decref(sb->info);
   sandbox_proc_fini(&v->proc);

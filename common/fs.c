@@ -1,0 +1,132 @@
+/* fs.c: removing trees that someone else may have filled (QEMU's state
+ * directories, a sandbox's files), and making directories. */
+#include "common/fs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "mcp/log.h"
+
+/* Removing a state directory.  It belongs to QEMU's uid, which may have put
+ * links, FIFOs and directories there, nested as deep as it liked: every step
+ * is relative to an fd of the directory it is in and nothing is followed, so
+ * a link is removed, never what it points to.  The walk descends at most
+ * REMOVE_MAX_DEPTH directories (as many fds); a directory found deeper is
+ * moved up to the top of the tree (renamed, which follows nothing either)
+ * and removed in a later pass, so that no depth leaves the tree behind.
+ * REMOVE_MAX_PASSES bounds the work should something keep adding to it. */
+#define REMOVE_MAX_DEPTH 8
+#define REMOVE_MAX_PASSES 100000u
+
+/* NAME for a log line: QEMU chose it, so no control characters (a newline
+ * would forge a line of the server's log), and not all of it. */
+static void printable_name(const char *name, char *buf, size_t size) {
+  size_t i = 0;
+  for (; name[i] && i + 1 < size; i++)
+    buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+  buf[i] = '\0';
+}
+
+static void remove_warn(const char *name, unsigned depth, int err) {
+  char shown[80];
+  printable_name(name, shown, sizeof shown);
+  log_warn("cannot remove %s%s: %s", depth ? ".../" : "", shown, strerror(err));
+}
+
+/* Removes NAME under PARENT (an fd of a directory in the tree whose top is
+ * the fd TOP), and all in it when it is a directory; sets *RET_MOVED when
+ * it moved a directory up to TOP instead. */
+static void remove_at(int top, int parent, const char *name, unsigned depth, bool *ret_moved) {
+  if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
+    return;
+  if (errno != EISDIR) {
+    remove_warn(name, depth, errno);
+    return;
+  }
+  if (depth >= REMOVE_MAX_DEPTH) {
+    static _Atomic unsigned moves;
+    for (int tries = 0; tries < 16; tries++) {
+      char up[32];
+      snprintf(up, sizeof up, ".ign-deep-%u", ++moves);
+      if (renameat2(parent, name, top, up, RENAME_NOREPLACE) == 0) {
+        *ret_moved = true;
+        return;
+      }
+      if (errno != EEXIST)
+        break;
+    }
+    remove_warn(name, depth, errno);
+    return;
+  }
+  int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    remove_warn(name, depth, e);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+      remove_at(top, dirfd(d), e->d_name, depth + 1, ret_moved);
+  closedir(d);
+  if (unlinkat(parent, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+    remove_warn(name, depth, errno);
+}
+
+void fs_remove_tree(const char *dir) {
+  _cleanup_close_ int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (top < 0) {
+    /* Not a directory (or a link to one): only the name goes. */
+    if ((errno == ENOTDIR || errno == ELOOP) && unlinkat(AT_FDCWD, dir, 0) == 0)
+      return;
+    if (errno != ENOENT)
+      log_warn("cannot remove %s: %s", dir, strerror(errno));
+    return;
+  }
+  bool moved = true;
+  for (unsigned pass = 0; moved && pass < REMOVE_MAX_PASSES; pass++) {
+    moved = false;
+    /* A fresh fd per pass: the DIR owns it, and reads from the start. */
+    int fd = openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+      if (fd >= 0)
+        close(fd);
+      break;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+        remove_at(top, dirfd(d), e->d_name, 1, &moved);
+    closedir(d);
+  }
+  if (rmdir(dir) < 0 && errno != ENOENT)
+    log_warn("cannot remove %s: %s", dir, strerror(errno));
+}
+
+int fs_mkdir_p(const char *path, mode_t mode) {
+  _cleanup_free_ char *p = strdup(path);
+  for (char *s = p + 1; *s; s++)
+    if (*s == '/') {
+      *s = '\0';
+      if (mkdir(p, 0755) < 0 && errno != EEXIST)
+        return -errno;
+      *s = '/';
+    }
+  if (mkdir(p, mode) < 0 && errno != EEXIST)
+    return -errno;
+  return 0;
+}
+
