@@ -540,10 +540,15 @@ int ns_layer_apply_dir(int src_fd, int dst_fd, const char *name, const struct ns
     return r;
   }
   size_t old = path_push(&c, name);
-  int out = layer_dst_dir(&c, dst_fd, name, true);
+  /* What the sandbox saw there was this directory alone, nothing of the
+   * rootfs's: it replaces what the layer had and hides what lies below
+   * (opaque), so the stage's sessions see it writable and alone too. */
+  int out = layer_dst_dir(&c, dst_fd, name, false);
   r = out;
   if (out >= 0) {
     r = layer_merge(&c, src_fd, out, 1, false);
+    if (r == 0 && fsetxattr(out, NS_LAYER_OPAQUE_XATTR, "y", 1, 0) < 0)
+      r = layer_fail(&c, -errno, "cannot mark the stage's directory opaque at");
     if (r == 0)
       r = layer_root_attrs(&c, src_fd, out, false);
     close(out);

@@ -63,8 +63,10 @@ int ns_layer_link(int src_fd, int dst_fd, const struct ns_layer_opts *o,
  * *ret_err. */
 int ns_layer_apply(int upper_fd, int dst_fd, const struct ns_layer_opts *o,
                    struct ns_layer_stats *st, char **ret_err);
-/* The same for the directory SRC_FD laid as entry NAME of DST_FD (a
- * directory merged there): the sandbox's /root and /tmp when they are
- * scratch directories apart from the upper. */
+/* The directory SRC_FD laid as entry NAME of DST_FD, in place of what was
+ * there and opaque (nothing below shows through): the sandbox's /root and
+ * /tmp when they were scratch directories apart from the upper (a user
+ * server whose rootfs has them owned by an unmapped uid).  Opaque, the
+ * stage's sessions see them alone and can write in them. */
 int ns_layer_apply_dir(int src_fd, int dst_fd, const char *name, const struct ns_layer_opts *o,
                        struct ns_layer_stats *st, char **ret_err);

@@ -305,7 +305,7 @@ static void owners_of_the_block(void) {
   free(err);
 }
 
-static void scratch_dir_merged(void) {
+static void scratch_dir_replaces(void) {
   fresh();
   mkdir(at("parent/root"), 0700);
   put("parent/root/old", "1", 0644);
@@ -321,8 +321,12 @@ static void scratch_dir_merged(void) {
   close(p);
   close(s);
   close(c);
-  CHECK_STREQ(get("child/root/old"), "1");
+  /* The scratch directory is all the sandbox saw there: it replaces. */
+  CHECK(!exists("child/root/old"));
+  CHECK_STREQ(get("parent/root/old"), "1");
   CHECK_STREQ(get("child/root/new"), "2");
+  char v[4] = "";
+  CHECK_EQ_INT(getxattr(at("child/root"), NS_LAYER_OPAQUE_XATTR, v, sizeof v), 1);
   free(err);
 }
 
@@ -336,4 +340,4 @@ TEST_MAIN(TEST(whiteouts_remove_and_stay), TEST(opaque_dir_replaces),
           TEST(hard_links_never_written_through), TEST(setuid_stripped),
           TEST(links_copied_never_followed), TEST(fifo_kept_devices_dropped),
           TEST(sparse_stays_sparse), TEST(deep_tree), TEST(owners_of_the_block),
-          TEST(scratch_dir_merged), TEST(cleanup))
+          TEST(scratch_dir_replaces), TEST(cleanup))
