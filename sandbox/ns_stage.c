@@ -101,6 +101,21 @@ __attribute__((format(printf, 3, 4))) static int layer_fail(struct layer_ctx *c,
   return r;
 }
 
+/* Like layer_fail for a cap the sandbox went past: the message says it
+ * all, no strerror after the path. */
+__attribute__((format(printf, 3, 4))) static int layer_refuse(struct layer_ctx *c, int r,
+                                                              const char *fmt, ...) {
+  if (!*c->ret_err) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    *c->ret_err = xasprintf("%s %s", what, c->path_len ? c->path : "/");
+  }
+  return r;
+}
+
 /* The owner an entry of stat S gets in the layer: false when it has none
  * there (owned by a uid outside the sandbox's block). */
 static bool layer_owner(const struct layer_ctx *c, const struct stat *s, uid_t *uid, gid_t *gid) {
@@ -343,7 +358,7 @@ static bool layer_is_opaque(int fd) {
 static int layer_dir(struct layer_ctx *c, int sfd, int dfd, const char *name,
                      const struct stat *s, uid_t uid, gid_t gid, unsigned depth, bool link) {
   if (depth + 1 > NS_LAYER_MAX_DEPTH)
-    return layer_fail(c, -ELOOP,
+    return layer_refuse(c, -ELOOP,
                       "the sandbox's directories nest deeper than %u levels (a stage keeps at "
                       "most that many; remove or flatten the tree, then commit again) at",
                       NS_LAYER_MAX_DEPTH);
@@ -426,7 +441,7 @@ static int layer_special(struct layer_ctx *c, int sfd, int dfd, const char *name
 static int layer_entry(struct layer_ctx *c, int sfd, int dfd, const char *name, unsigned depth,
                        bool link) {
   if (++c->st->entries > NS_LAYER_MAX_ENTRIES)
-    return layer_fail(c, -EFBIG,
+    return layer_refuse(c, -EFBIG,
                       "the sandbox holds more than %u changed files and directories (the most a "
                       "stage keeps; remove some, then commit again); at",
                       NS_LAYER_MAX_ENTRIES);
