@@ -59,6 +59,13 @@
  *     not the user's others; memory is then not enforced, and the limits
  *     string says so.
  *
+ * Stages (see "stages" below and ns_stage.c): a commit copies the files the
+ * sandbox changed (its overlay upper, read through the agent's fd of its
+ * setup tmpfs) onto its own stage's layer, into one tree; a session from a
+ * stage gets that tree as a second lower layer above the rootfs
+ * (lowerdir=/stage:/lower), idmapped like the rootfs as root, bound from
+ * /oldroot as a user.  Processes are not carried: "files".
+ *
  * Life and death: the agent's channel is one end of a socketpair whose other
  * end only the server holds, and the agent exits when it reads EOF; it also
  * has PR_SET_PDEATHSIG.  When PID 1 of a pid namespace exits, the kernel
