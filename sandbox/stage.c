@@ -427,7 +427,8 @@ static int read_names(struct walk *w, int dfd, const char *rel, const char *skip
     free(names);
     return r;
   }
-  qsort(names, n, sizeof *names, cmp_names);
+  if (n)
+    qsort(names, n, sizeof *names, cmp_names);
   *ret_names = names;
   *ret_n = n;
   return 0;
