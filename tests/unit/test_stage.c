@@ -324,15 +324,27 @@ static void gc_removes_dead_servers_leftovers(void) {
   waitpid(pid, NULL, 0);
   _cleanup_free_ char *tmp = xasprintf("%s/stages/.tmp-%d-1", store, (int)pid);
   _cleanup_free_ char *anon = xasprintf("%s/stages/.anon-%d-1", store, (int)pid);
-  _cleanup_free_ char *mine = xasprintf("%s/stages/.tmp-%d-999999", store, (int)getpid());
-  CHECK(mkdir(tmp, 0700) == 0 && mkdir(anon, 0700) == 0 && mkdir(mine, 0700) == 0);
+  char *mine = NULL, *err = NULL;
+  CHECK_EQ_INT(stage_begin(0, &mine, &err), 0);
+  CHECK(mkdir(tmp, 0700) == 0 && mkdir(anon, 0700) == 0);
   write_file(tmp, "ram", "half");
   write_file(anon, "meta.json", "{}");
+  write_file(anon, "ram", "");
+  write_file(store, "stages/.rm-1-1", "not even a directory");
   stage_gc();
   CHECK(!exists(tmp));
   CHECK(!exists(anon));
-  CHECK(exists(mine)); /* a live server's is being made */
-  rmdir(mine);
+  CHECK(exists(mine)); /* being made by a live server (this one) */
+  _cleanup_free_ char *rmfile = xasprintf("%s/stages/.rm-1-1", store);
+  CHECK(!exists(rmfile));
+  /* A pid that lives (this one) does not keep a .tmp nobody holds. */
+  _cleanup_free_ char *stale = xasprintf("%s/stages/.tmp-%d-999999", store, (int)getpid());
+  CHECK(mkdir(stale, 0700) == 0);
+  stage_gc();
+  CHECK(!exists(stale));
+  stage_abort(mine);
+  CHECK(!exists(mine));
+  free(mine);
 }
 
 static void ids_follow_content(void) {
