@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -448,6 +449,83 @@ static void hostile_tree_neither_followed_nor_hanging(void) {
   CHECK_EQ_INT(count_entries("deep"), 0);
 }
 
+
+/* Another server (a child process with the same store) holds a stage this
+ * one removes: the name goes, the files stay until that server lets go. */
+static void held_by_another_server(void) {
+  struct stage *s = make("shared", "ram of a shared stage", false, NULL, NULL);
+  if (!s)
+    return;
+  stage_unref(s);
+  int up[2], down[2];
+  CHECK(pipe(up) == 0 && pipe(down) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct stage *o = NULL;
+    char *err = NULL;
+    int r = stage_open("shared", "vm", "b-aaaa", &o, &err);
+    char c = r == 0 ? 'y' : 'n';
+    if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) < 0)
+      _exit(2);
+    _exit(r == 0 ? 0 : 1);
+  }
+  char c = 0;
+  CHECK(read(up[0], &c, 1) == 1 && c == 'y');
+  char *err = NULL;
+  CHECK_EQ_INT(stage_rm("shared", &err), 0);
+  CHECK_EQ_INT(count_entries(".rm-"), 1);
+  stage_gc();
+  CHECK_EQ_INT(count_entries(".rm-"), 1);
+  CHECK(write(down[1], "x", 1) == 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  stage_gc();
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+  close(up[0]), close(up[1]), close(down[0]), close(down[1]);
+}
+
+static void *open_many(void *arg) {
+  struct stage **out = arg;
+  char *err = NULL;
+  for (int i = 0; i < 8; i++)
+    if (stage_open("threads", "vm", "b-aaaa", &out[i], &err) < 0) {
+      free(err);
+      out[i] = NULL;
+    }
+  return NULL;
+}
+
+/* Opens from many threads share one struct and count every reference; a
+ * fresh server verifies concurrently without harm. */
+static void concurrent_opens_share_one_stage(void) {
+  struct stage *s = make("threads", "threaded ram", false, NULL, NULL);
+  if (!s)
+    return;
+  stage_unref(s);
+  stage_test_forget();
+  enum { T = 4 };
+  struct stage *got[T][8];
+  pthread_t t[T];
+  for (int i = 0; i < T; i++)
+    pthread_create(&t[i], NULL, open_many, got[i]);
+  for (int i = 0; i < T; i++)
+    pthread_join(t[i], NULL);
+  struct stage *first = got[0][0];
+  CHECK(first != NULL);
+  for (int i = 0; i < T; i++)
+    for (int k = 0; k < 8; k++)
+      CHECK(got[i][k] == first);
+  if (first)
+    CHECK_EQ_INT(first->refs, T * 8);
+  for (int i = 0; i < T; i++)
+    for (int k = 0; k < 8; k++)
+      stage_unref(got[i][k]);
+  char *err = NULL;
+  CHECK_EQ_INT(stage_rm("threads", &err), 0);
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+}
+
 static void setup(void) {
   if (!mkdtemp(store))
     abort();
@@ -468,5 +546,6 @@ TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(make_open_list_info_rm),
           TEST(replace_only_when_asked), TEST(anonymous_goes_with_last_ref),
           TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
-          TEST(sparse_ram_hashes_fast), TEST(hostile_tree_neither_followed_nor_hanging),
+          TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
+          TEST(concurrent_opens_share_one_stage), TEST(hostile_tree_neither_followed_nor_hanging),
           TEST(stage_gone_after_all))
