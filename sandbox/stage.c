@@ -211,10 +211,13 @@ static void upd_str(struct walk *w, const char *s, size_t n) {
 
 static void walk_fail(struct walk *w, const char *rel, const char *what, int err) {
   if (!w->err)
-    w->err = err ? xasprintf("%s: %s: %s", rel, what, strerror(err)) : xasprintf("%s: %s", rel, what);
+    w->err = err ? xasprintf("%s: %s: %s", rel, what, strerror(err))
+                 : xasprintf("%s: %s", rel, what);
 }
 
-static bool all_zero(const uint8_t *p, size_t n) { return n == 0 || (p[0] == 0 && !memcmp(p, p + 1, n - 1)); }
+static bool all_zero(const uint8_t *p, size_t n) {
+  return n == 0 || (p[0] == 0 && !memcmp(p, p + 1, n - 1));
+}
 
 /* Hashes the content of the regular file FD of SIZE bytes (see the top). */
 static int hash_content(struct walk *w, int fd, uint64_t size, const char *rel) {
@@ -1193,6 +1196,7 @@ int stage_open(const char *name, const char *backend, const char *inputs_id, str
     if (o) {
       o->s.refs++;
     } else {
+      m.name = name; /* where it is now, whatever it was made as */
       o = obj_new(&m, dir, steal_fd(fd), &st);
       reg_add(o);
     }
@@ -1250,8 +1254,9 @@ static unsigned sessions_of(int fd) {
   return n;
 }
 
-static json_t *meta_json(const struct meta *m, unsigned sessions) {
-  json_t *j = json_pack("{s:s?, s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I, s:i}", "name", m->name,
+/* NAME is where the stage is (its meta's name is what it was made as). */
+static json_t *meta_json(const char *name, const struct meta *m, unsigned sessions) {
+  json_t *j = json_pack("{s:s?, s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I, s:i}", "name", name,
                         "stage_id", m->id, "parent", m->parent_name ? m->parent_name : m->parent,
                         "parent_id", m->parent, "carries", m->carries, "backend", m->backend,
                         "base_id", m->inputs_id, "bytes", (json_int_t)m->bytes, "created",
@@ -1277,17 +1282,21 @@ json_t *stage_list(void) {
   while (d && (e = readdir(d))) {
     if (e->d_name[0] == '.')
       continue;
+    _cleanup_free_ char *name = strdup(e->d_name), *bad = NULL;
+    if (!name)
+      abort();
+    for (char *p = name; *p; p++)
+      if (*p == '+')
+        *p = '/';
+    if (stage_name_check(name, &bad) < 0)
+      continue; /* not made by a server: no name could open it */
     _cleanup_free_ char *mp = xasprintf("%s/%s/meta.json", sd, e->d_name);
     _cleanup_close_ int fd = open(mp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct meta m;
     _cleanup_free_ char *why = NULL;
     if (fd < 0 || meta_read(fd, &m, &why) < 0) {
-      log_warn("stage directory %s/%s is not listed: %s", sd, e->d_name,
+      log_warn("stage '%s' is not listed: %s; remove it with stage_rm", name,
                why ? why : "it has no meta.json");
-      continue;
-    }
-    if (!m.name) {
-      json_decref(m.j);
       continue;
     }
     if (n == cap) {
@@ -1297,7 +1306,7 @@ json_t *stage_list(void) {
         abort();
       items = ni;
     }
-    items[n++] = meta_json(&m, sessions_of(fd));
+    items[n++] = meta_json(name, &m, sessions_of(fd));
     json_decref(m.j);
   }
   if (d)
@@ -1335,7 +1344,7 @@ int stage_info(const char *name, json_t **ret, char **ret_err) {
                          name, why);
     return r;
   }
-  *ret = meta_json(&m, sessions_of(fd));
+  *ret = meta_json(name, &m, sessions_of(fd));
   json_decref(m.j);
   return 0;
 }
