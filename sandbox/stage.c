@@ -58,6 +58,9 @@
 
 static char *stages_dir(void) { return xasprintf("%s/stages", cfg.store); }
 
+/* stages/ is the server's alone (a stage is a copy of a sandbox and may hold
+ * secrets typed into it): made 0700, narrowed to it when made wider before,
+ * and never a link. */
 static int ensure_stages_dir(char **ret_err) {
   _cleanup_free_ char *d = stages_dir();
   int r = fs_mkdir_p(d, 0700);
@@ -67,6 +70,15 @@ static int ensure_stages_dir(char **ret_err) {
                          d, strerror(-r));
     return r;
   }
+  struct stat st;
+  if (lstat(d, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    *ret_err = xasprintf("%s is not a directory (a link?): move it away so that the server can "
+                         "make its stage directory there",
+                         d);
+    return -ENOTDIR;
+  }
+  if (st.st_uid == geteuid() && (st.st_mode & 077) && chmod(d, 0700) < 0)
+    log_warn("cannot narrow %s to mode 0700: %s", d, strerror(errno));
   return 0;
 }
 
