@@ -1237,10 +1237,20 @@ void stage_unref(struct stage *s) {
   if (!last)
     return;
   bool gone = s->removed || !s->name;
+  /* Moved aside by another server (or by an rm of this one that raced this
+   * last reference): the name holds another inode, or none. */
+  bool moved = false;
+  if (!gone) {
+    _cleanup_free_ char *meta = xasprintf("%s/meta.json", s->dir);
+    struct stat st;
+    moved = lstat(meta, &st) < 0 || st.st_dev != o->dev || st.st_ino != o->ino;
+  }
   _cleanup_free_ char *dir = gone ? strdup(s->dir) : NULL;
   obj_free(o); /* closes hold_fd */
   if (dir)
     delete_later_or_now(dir);
+  else if (moved)
+    stage_gc();
 }
 
 void stage_sessions_add(struct stage *s, int delta) {

@@ -545,6 +545,22 @@ static void held_by_another_server(void) {
   stage_gc();
   CHECK_EQ_INT(count_entries(".rm-"), 0);
   close(up[0]), close(up[1]), close(down[0]), close(down[1]);
+
+  /* The other way round: another server removes a stage this one holds;
+   * this one's last reference frees it, with no clean-up called. */
+  s = make("shared2", "ram", false, NULL, NULL);
+  if (!s)
+    return;
+  pid = fork();
+  if (pid == 0) {
+    char *e = NULL;
+    _exit(stage_rm("shared2", &e) == 0 ? 0 : 1);
+  }
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK_EQ_INT(count_entries(".rm-"), 1);
+  stage_unref(s);
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
 }
 
 static void *open_many(void *arg) {
