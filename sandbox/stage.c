@@ -58,9 +58,10 @@
 
 static char *stages_dir(void) { return xasprintf("%s/stages", cfg.store); }
 
-/* stages/ is the server's alone (a stage is a copy of a sandbox and may hold
- * secrets typed into it): made 0700, narrowed to it when made wider before,
- * and never a link. */
+/* stages/ is the server's (a stage is a copy of a sandbox and may hold
+ * secrets typed into it): made 0700, never a link, and never open to
+ * others; group rights given on purpose (the vm backend's QEMUs, group
+ * VM_GID, must reach a stage's files as they reach a base's) are kept. */
 static int ensure_stages_dir(char **ret_err) {
   _cleanup_free_ char *d = stages_dir();
   int r = fs_mkdir_p(d, 0700);
@@ -77,8 +78,8 @@ static int ensure_stages_dir(char **ret_err) {
                          d);
     return -ENOTDIR;
   }
-  if (st.st_uid == geteuid() && (st.st_mode & 077) && chmod(d, 0700) < 0)
-    log_warn("cannot narrow %s to mode 0700: %s", d, strerror(errno));
+  if (st.st_uid == geteuid() && (st.st_mode & 007) && chmod(d, st.st_mode & 0770) < 0)
+    log_warn("cannot take the rights of others from %s: %s", d, strerror(errno));
   return 0;
 }
 

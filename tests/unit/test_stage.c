@@ -609,9 +609,9 @@ static void setup(void) {
     abort();
   cfg.store = store;
   cfg.stages_max_mb = 1024;
-  /* Made wider by someone before: narrowed on first use. */
+  /* Made open to others by someone before: closed on first use. */
   _cleanup_free_ char *sd = xasprintf("%s/stages", store);
-  CHECK(mkdir(sd, 0755) == 0 && chmod(sd, 0755) == 0);
+  CHECK(mkdir(sd, 0705) == 0 && chmod(sd, 0705) == 0);
 }
 
 static void stage_gone_after_all(void) {
