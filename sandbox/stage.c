@@ -222,10 +222,12 @@ static void upd_str(struct walk *w, const char *s, size_t n) {
   upd(w, s, n);
 }
 
-static void walk_fail(struct walk *w, const char *rel, const char *what, int err) {
+/* Records the first failure of the walk; -ERR (-EIO when 0). */
+static int walk_fail(struct walk *w, const char *rel, const char *what, int err) {
   if (!w->err)
     w->err = err ? xasprintf("%s: %s: %s", rel, what, strerror(err))
                  : xasprintf("%s: %s", rel, what);
+  return err ? -err : -EIO;
 }
 
 static bool all_zero(const uint8_t *p, size_t n) {
@@ -260,12 +262,10 @@ static int hash_content(struct walk *w, int fd, uint64_t size, const char *rel) 
       if (k < 0 && errno == EINTR)
         continue;
       if (k < 0) {
-        walk_fail(w, rel, "cannot be read", errno);
-        return -errno;
+        return walk_fail(w, rel, "cannot be read", errno);
       }
       if (k == 0) {
-        walk_fail(w, rel, "became shorter while it was read", 0);
-        return -EIO;
+        return walk_fail(w, rel, "became shorter while it was read", 0);
       }
       got += (size_t)k;
     }
@@ -301,8 +301,7 @@ static int hash_xattrs(struct walk *w, int fd, const char *rel) {
   if (n < 0 && (errno == ENOTSUP || errno == EPERM))
     n = 0;
   if (n < 0) {
-    walk_fail(w, rel, "its extended attributes cannot be listed", errno);
-    return -errno;
+    return walk_fail(w, rel, "its extended attributes cannot be listed", errno);
   }
   size_t k = 0;
   for (ssize_t i = 0; i < n; i += (ssize_t)strlen(list + i) + 1)
@@ -316,8 +315,7 @@ static int hash_xattrs(struct walk *w, int fd, const char *rel) {
   for (size_t i = 0; i < k; i++) {
     ssize_t v = fgetxattr(fd, names[i], val, XATTR_SIZE_MAX);
     if (v < 0) {
-      walk_fail(w, rel, "an extended attribute cannot be read", errno);
-      return -errno;
+      return walk_fail(w, rel, "an extended attribute cannot be read", errno);
     }
     upd_str(w, names[i], strlen(names[i]));
     upd_str(w, val, (size_t)v);
@@ -335,8 +333,7 @@ static int hash_link(struct walk *w, int dfd, const char *name, const char *rel)
     return -ENOMEM;
   ssize_t n = readlinkat(dfd, name, target, PATH_MAX);
   if (n < 0) {
-    walk_fail(w, rel, "the link cannot be read", errno);
-    return -errno;
+    return walk_fail(w, rel, "the link cannot be read", errno);
   }
   upd_str(w, target, (size_t)n);
   return 0;
@@ -355,8 +352,7 @@ static int walk_entry(struct walk *w, int dfd, const char *name, const char *rel
   if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
     if (w->lenient)
       return 0;
-    walk_fail(w, rel, "cannot be examined", errno);
-    return -errno;
+    return walk_fail(w, rel, "cannot be examined", errno);
   }
   count_blocks(w, &st);
   uint32_t rec[4] = {(uint32_t)(st.st_mode & S_IFMT), (uint32_t)(st.st_mode & 07777),
@@ -371,15 +367,11 @@ static int walk_entry(struct walk *w, int dfd, const char *name, const char *rel
     _cleanup_close_ int fd =
         openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     struct stat fst;
-    if (fd < 0) {
-      walk_fail(w, rel, "cannot be opened", errno);
-      return -errno;
-    }
+    if (fd < 0)
+      return walk_fail(w, rel, "cannot be opened", errno);
     if (fstat(fd, &fst) < 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino ||
-        fst.st_dev != st.st_dev) {
-      walk_fail(w, rel, "changed while it was read", 0);
-      return -EIO;
-    }
+        fst.st_dev != st.st_dev)
+      return walk_fail(w, rel, "changed while it was read", 0);
     int r = hash_content(w, fd, (uint64_t)fst.st_size, rel);
     if (r == 0)
       r = hash_xattrs(w, fd, rel);
@@ -400,8 +392,7 @@ static int walk_entry(struct walk *w, int dfd, const char *name, const char *rel
     if (fd < 0) {
       if (w->lenient)
         return 0;
-      walk_fail(w, rel, "cannot be opened", errno);
-      return -errno;
+      return walk_fail(w, rel, "cannot be opened", errno);
     }
     int r = hash_xattrs(w, fd, rel);
     if (r == 0)
@@ -584,8 +575,9 @@ static int meta_read(int fd, struct meta *m, char **ret_why) {
     return -ENOMEM;
   ssize_t n = pread(fd, buf, STAGE_META_MAX, 0);
   if (n < 0) {
-    *ret_why = xasprintf("its meta.json cannot be read: %s", strerror(errno));
-    return -errno;
+    int r = -errno;
+    *ret_why = xasprintf("its meta.json cannot be read: %s", strerror(-r));
+    return r;
   }
   json_error_t e;
   json_t *j = json_loadb(buf, (size_t)n, JSON_REJECT_DUPLICATES, &e);
