@@ -809,12 +809,13 @@ static uint64_t stages_used(const char *skip) {
       struct meta m;
       _cleanup_free_ char *why = NULL;
       if (fd >= 0 && meta_read(fd, &m, &why) == 0) {
-        used += m.bytes;
+        used = m.bytes > UINT64_MAX - used ? UINT64_MAX : used + m.bytes;
         json_decref(m.j);
         continue;
       }
     }
-    used += stage_tree_bytes(p);
+    uint64_t b = stage_tree_bytes(p);
+    used = b > UINT64_MAX - used ? UINT64_MAX : used + b;
   }
   closedir(d);
   return used;
@@ -830,7 +831,8 @@ static char *quota_error(uint64_t used, uint64_t need) {
 }
 
 static bool over_quota(uint64_t used, uint64_t need) {
-  return used + need > (uint64_t)cfg.stages_max_mb * MiB;
+  uint64_t max = (uint64_t)cfg.stages_max_mb * MiB;
+  return need > max || used > max - need;
 }
 
 /* ---- making a stage ---- */

@@ -264,6 +264,9 @@ static void quota_refused_with_the_way_out(void) {
         strstr(err, "stage_list"));
   free(err);
   err = NULL;
+  CHECK_EQ_INT(stage_begin(UINT64_MAX, &dir, &err), -ENOSPC); /* no wrap-around */
+  free(err);
+  err = NULL;
   /* begin lets a small one start; finish measures it and refuses. */
   CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
   _cleanup_free_ char *big = xasprintf("%s/ram", dir);
