@@ -1415,9 +1415,11 @@ void stage_gc(void) {
     _cleanup_free_ char *p = xasprintf("%s/%s", sd, n);
     if (!strncmp(n, ".tmp-", 5)) {
       _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      /* Its meta is checked too: a replaced stage that could not be moved
+       * to .rm-* stays at its .tmp-* name, maybe held. */
       if (fd < 0 ? errno == ENOTDIR || errno == ELOOP : flock(fd, LOCK_EX | LOCK_NB) == 0) {
-        log_info("removing %s: a stage its server did not finish", p);
-        fs_remove_tree(p);
+        if (delete_if_free(p))
+          log_info("removed %s: a stage its server did not finish", p);
       }
     } else if (!strncmp(n, ".anon-", 6)) {
       _cleanup_free_ char *mp = xasprintf("%s/meta.json", p);
