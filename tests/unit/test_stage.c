@@ -607,7 +607,20 @@ static void concurrent_opens_share_one_stage(void) {
   CHECK_EQ_INT(count_entries(".rm-"), 0);
 }
 
+static int count_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  while (d && readdir(d))
+    n++;
+  if (d)
+    closedir(d);
+  return n;
+}
+
+static int fds_at_start;
+
 static void setup(void) {
+  fds_at_start = count_fds();
   if (!mkdtemp(store))
     abort();
   cfg.store = store;
@@ -619,6 +632,7 @@ static void setup(void) {
 
 static void stage_gone_after_all(void) {
   stage_gc();
+  CHECK_EQ_INT(count_fds(), fds_at_start); /* no fd left open by the store */
   CHECK_EQ_INT(count_entries(".tmp-") + count_entries(".rm-") + count_entries(".anon-"), 0);
   fs_remove_tree(store);
   CHECK(!exists(store));
