@@ -101,6 +101,30 @@ static void name_rules(void) {
   CHECK_EQ_INT(stage_name_check(longname, &err), 0);
 }
 
+/* Only directories from stage_begin are turned into stages or removed. */
+static void only_begin_dirs_are_taken(void) {
+  char outside[] = "/tmp/test-stage-outside-XXXXXX";
+  CHECK(mkdtemp(outside) != NULL);
+  write_file(outside, "keep", "mine");
+  char *err = NULL;
+  struct stage *s = NULL;
+  CHECK_EQ_INT(stage_finish(outside, "x", false, &vm_new, &s, &err), -EINVAL);
+  free(err);
+  err = NULL;
+  stage_abort(outside);
+  _cleanup_free_ char *keep = xasprintf("%s/keep", outside);
+  CHECK(exists(keep));
+  fs_remove_tree(outside);
+  /* A bad name fails finish, and its directory goes. */
+  char *dir = NULL;
+  CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+  CHECK_EQ_INT(stage_finish(dir, "Bad Name", false, &vm_new, &s, &err), -EINVAL);
+  CHECK(err && strstr(err, STAGE_NAME_RULE));
+  CHECK(dir && !exists(dir));
+  free(err);
+  free(dir);
+}
+
 static void make_open_list_info_rm(void) {
   struct stage *s = make("proj/one", "hello ram", false, NULL, NULL);
   CHECK(s != NULL);
@@ -640,7 +664,8 @@ static void stage_gone_after_all(void) {
 
 static void run_setup(void) { setup(); }
 
-TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(make_open_list_info_rm),
+TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
+          TEST(make_open_list_info_rm),
           TEST(replace_only_when_asked), TEST(anonymous_goes_with_last_ref),
           TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
