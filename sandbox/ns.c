@@ -458,6 +458,8 @@ static int ns_release(int sync_fd, int tree_fd, int stage_fd) {
   return n == 1 && c == 'y' ? 0 : n < 0 ? -errno : -ECHILD;
 }
 
+static int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err);
+
 static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                      struct sandbox **ret, char **ret_err) {
   static _Atomic unsigned seq;
@@ -611,6 +613,14 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   }
   ns_close_pair(syncp);
 
+  /* What the sandbox is made of, for a stage committed from it later. */
+  if (cfg->stage) {
+    snprintf(sb->base.inputs_id, sizeof sb->base.inputs_id, "%s", cfg->stage->inputs_id);
+  } else {
+    _cleanup_free_ char *id = NULL, *text = NULL, *err = NULL;
+    if (ns_inputs_id(&id, &text, &err) == 0)
+      snprintf(sb->base.inputs_id, sizeof sb->base.inputs_id, "%s", id);
+  }
   sb->base.info = json_pack("{s:I}", "host_uid", (json_int_t)host_uid);
   if (cfg->stage && sb->base.info)
     json_object_set_new(sb->base.info, "stage_layer", json_string("files (overlay lower layer)"));
