@@ -23,6 +23,12 @@
 #define BASE_WAIT_MS 180000
 #define TB_SIZE_MB 128
 #define FINGERPRINT_VERSION 3
+/* A snapshot of a running VM: its RAM streams at up to this rate (the
+ * stream is a local socket), and the source is stopped for the last pages
+ * only when they fit in this time. */
+#define MIGRATE_MAX_BANDWIDTH (10ull << 30)
+#define MIGRATE_DOWNTIME_MS 5
+#define MIGRATE_TIMEOUT_MS 60000
 
 struct vm {
   struct sandbox base;      /* first: the session layer sees this */
@@ -39,6 +45,9 @@ struct vm {
   dev_t ram_dev;            /* ... and that file's identity when it started: a base */
   ino_t ram_ino;            /* made again at the same path is another file */
   uint64_t t_spawn_us, t_restore_us, t_cont_us;
+  /* QMP is spoken by one thread at a time (a snapshot runs on the calling
+   * session's thread while others may ask about the VM). */
+  pthread_mutex_t qmp_lock;
 };
 /* ---- helpers ---- */
 
@@ -74,7 +83,12 @@ extern struct vm_state vmb;
 void vm_set_accel(const char *accel);
 
 /* qemu.c */
-enum vm_kind { VM_GOLDEN, VM_CLONE, VM_COLD };
+/* GOLDEN: cold boot with its RAM file made (share=on), to save as a base.
+ * CLONE: waits in -incoming defer, RAM mapped share=off from a snapshot.
+ * COLD: boots with anonymous RAM.  LOADER: like a clone, but its RAM file
+ * is mapped share=on (what it receives is written to the file) and it is
+ * held with -S: it becomes a snapshot's RAM, never runs. */
+enum vm_kind { VM_GOLDEN, VM_CLONE, VM_COLD, VM_LOADER };
 unsigned vm_host_tsc_khz(void);
 /* The guest's overlay is a tmpfs in guest RAM, which has no swap. */
 unsigned vm_guest_overlay_mb(void);
@@ -87,6 +101,13 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
 int vm_restore(struct vm *v, const char *base_dir, char **ret_err);
 /* Runs a clone once (HELLO, SETUP, `true`) before the pool stops it. */
 int vm_warm_clone(int fd, uint32_t timeout_ms, char **ret_err);
+/* Streams SRC (running) live into LOADER (a VM_LOADER waiting): SRC's RAM
+ * lands in LOADER's RAM file.  SRC is continued the moment the migration
+ * completes, and runs again when it fails.  *RET_PAUSED_US: how long SRC was
+ * stopped (an upper bound). */
+int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, char **ret_err);
+/* Writes V's device state (with x-ignore-shared: not its share=on RAM) to FD. */
+int vm_save_state(struct vm *v, int fd, char **ret_err);
 /* Ends *ERR with what QEMU last said, when it said anything. */
 void vm_add_log_tail(struct vm *v, char **err);
 char *vm_log_tail(const struct vm *v);
@@ -104,6 +125,8 @@ void vm_free(struct vm *v);
 enum base_fault { BASE_FAULT_STORE, BASE_FAULT_GUEST };
 /* What a base is made from, as text; its hash names the base directory. */
 char *vm_fingerprint(const char *accel);
+/* Its hash: the 16 hex digits that name the base directory. */
+uint64_t vm_fingerprint_hash(const char *fingerprint);
 char *vm_base_dir_for(const char *fingerprint);
 /* Free bytes in the store, or UINT64_MAX when unknown. */
 uint64_t vm_store_free(void);
@@ -119,6 +142,14 @@ int vm_remake_base(const char *gone, char **ret_dir, char **ret_err);
 /* Makes sure the base exists, falling back from KVM to TCG when the guest
  * does not run under KVM (MARK: record that in the store). */
 int vm_ensure_base_any_accel(bool force, bool mark, enum base_fault *ret_fault, char **ret_err);
+/* Creates a stage's file at PATH (O_EXCL) of SIZE bytes (a hole), owned
+ * as the base's files are (root: 0:VM_GID) with MODE; *RET_FD open
+ * read-write. */
+int vm_stage_file_create(const char *path, uint64_t size, mode_t mode, int *ret_fd,
+                         char **ret_err);
+/* Punches the zero 4 KiB pages of the RAM file FD out as holes (the file
+ * keeps its size and content); *RET_PUNCHED: the bytes punched. */
+int vm_punch_zero_pages(int fd, uint64_t *ret_punched, char **ret_err);
 
 /* pool.c */
 struct vm *vm_pop(struct vm **list, unsigned *n);

@@ -101,6 +101,7 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
     return -ENOMEM;
   v->agent_fd = -1;
   sandbox_proc_init(&v->proc);
+  pthread_mutex_init(&v->qmp_lock, NULL);
   v->ram = ram_file ? strdup(ram_file) : NULL;
   struct stat ram_st;
   if (ram_file && stat(ram_file, &ram_st) == 0) {
@@ -133,8 +134,11 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   _cleanup_free_ char *k_path = xasprintf("%s/kernel", v->dir);
   _cleanup_free_ char *i_path = xasprintf("%s/initramfs", v->dir);
   _cleanup_free_ char *img_path = xasprintf("%s/image", v->dir);
-  _cleanup_free_ char *ram_path = kind == VM_CLONE ? xasprintf("%s/ram", v->dir)
-                                                   : ram_file ? strdup(ram_file) : NULL;
+  /* A clone and a loader map their RAM file through their state directory. */
+  bool restores = kind == VM_CLONE || kind == VM_LOADER;
+  _cleanup_free_ char *ram_path = restores   ? xasprintf("%s/ram", v->dir)
+                                 : ram_file ? strdup(ram_file)
+                                            : NULL;
   _cleanup_free_ char *machine =
       xasprintf("microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off%s",
                 kind == VM_COLD ? "" : ",memory-backend=mem");
@@ -142,7 +146,8 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   _cleanup_free_ char *mem = xasprintf("%uM", cfg.vm_memory_mb);
   _cleanup_free_ char *backend =
       ram_path ? xasprintf("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
-                           cfg.vm_memory_mb, ram_path, kind == VM_GOLDEN ? "on" : "off")
+                           cfg.vm_memory_mb, ram_path,
+                           kind == VM_GOLDEN || kind == VM_LOADER ? "on" : "off")
                : NULL;
   _cleanup_free_ char *drive =
       xasprintf("file=%s,format=raw,if=none,readonly=on,id=root", img_path);
@@ -167,10 +172,14 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   if (cfg.net)
     args_add(argv, &n, "-netdev", "user,id=net0", "-device", "virtio-net-device,netdev=net0",
              NULL);
-  if (kind == VM_CLONE)
+  if (restores)
     args_add(argv, &n, "-incoming", "defer", NULL);
   else
     args_add(argv, &n, "-kernel", k_path, "-initrd", i_path, "-append", append, NULL);
+  /* A loader must not run the guest it receives (it would be a second
+   * copy of the source's guest): it only keeps its RAM. */
+  if (kind == VM_LOADER)
+    args_add(argv, &n, "-S", NULL);
   argv[n] = NULL;
 
   int qsv[2] = {-1, -1}, asv[2] = {-1, -1};
@@ -188,12 +197,11 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   }
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
-      .ram_file_writable = kind == VM_CLONE ? ram_path : NULL, .makes_ram_file = kind == VM_GOLDEN,
+      .ram_file_writable = restores ? ram_path : NULL, .makes_ram_file = kind == VM_GOLDEN,
       .needed = {cfg.qemu}, .hide = vmb.run_dir,
       .binds = {{cfg.vm_image, "image", false},
-                {kind == VM_CLONE ? ram_file : cfg.kernel, kind == VM_CLONE ? "ram" : "kernel",
-                 kind == VM_CLONE},
-                {kind == VM_CLONE ? NULL : cfg.initramfs, "initramfs", false}},
+                {restores ? ram_file : cfg.kernel, restores ? "ram" : "kernel", restores},
+                {restores ? NULL : cfg.initramfs, "initramfs", false}},
       .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
       .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
   };
@@ -226,7 +234,8 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   sandbox_proc_set(&v->proc, pid);
   v->agent_fd = asv[0];
   r = qmp_open_fd(qsv[0], QMP_TIMEOUT_MS, &v->qmp, ret_err);
-  if (r == 0 && kind != VM_COLD) {
+  /* A loader receives a stream with x-ignore-shared off (the whole RAM). */
+  if (r == 0 && kind != VM_COLD && kind != VM_LOADER) {
     json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared",
                              "state", 1);
     r = qmp_command(v->qmp, "migrate-set-capabilities", caps, QMP_TIMEOUT_MS, NULL, ret_err);
@@ -245,29 +254,14 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   return 0;
 }
 
-/* Loads the base's state into a clone waiting in -incoming defer. */
-int vm_restore(struct vm *v, const char *base_dir, char **ret_err) {
-  uint64_t t0 = mono_us();
-  _cleanup_free_ char *state = xasprintf("%s/state", base_dir);
-  _cleanup_close_ int fd = open(state, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *ret_err = xasprintf("the warm base's state file %s cannot be read: %s", state,
-                         strerror(errno));
-    return -errno;
-  }
-  int r = qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, ret_err);
-  if (r < 0)
-    return r;
-  r = qmp_command(v->qmp, "migrate-incoming", json_pack("{s:s}", "uri", "fd:snap"),
-                  QMP_TIMEOUT_MS, NULL, ret_err);
-  if (r < 0)
-    return r;
-  uint64_t deadline = mono_ms() + RESTORE_TIMEOUT_MS;
+/* Waits until V, loading an incoming migration, has it all (paused). */
+static int wait_incoming(struct vm *v, uint32_t timeout_ms, char **ret_err) {
+  uint64_t deadline = mono_ms() + timeout_ms;
   for (;;) {
     json_t *st = NULL;
-    r = qmp_command(v->qmp, "query-status", NULL, QMP_TIMEOUT_MS, &st, ret_err);
+    int r = qmp_command(v->qmp, "query-status", NULL, QMP_TIMEOUT_MS, &st, ret_err);
     if (r < 0) {
-      char *m = xasprintf("restoring from the warm base failed (QEMU: %s)", *ret_err);
+      char *m = xasprintf("loading the snapshot failed (QEMU: %s)", *ret_err);
       free(*ret_err);
       *ret_err = m;
       return r;
@@ -278,18 +272,40 @@ int vm_restore(struct vm *v, const char *base_dir, char **ret_err) {
     _cleanup_free_ char *copy = s ? strdup(s) : NULL;
     json_decref(st);
     if (ok)
-      break;
+      return 0;
     if (!waiting) {
-      *ret_err = xasprintf("after restoring, the clone is '%s' instead of paused",
+      *ret_err = xasprintf("after loading the snapshot, the VM is '%s' instead of paused",
                            copy ? copy : "?");
       return -EIO;
     }
     if (mono_ms() >= deadline) {
-      *ret_err = strdup("restoring from the warm base did not finish in time");
+      *ret_err = xasprintf("loading the snapshot did not finish in %u ms", timeout_ms);
       return -ETIMEDOUT;
     }
     usleep(200);
   }
+}
+
+/* Loads a snapshot's state (BASE_DIR/state) into a clone waiting in
+ * -incoming defer. */
+int vm_restore(struct vm *v, const char *base_dir, char **ret_err) {
+  uint64_t t0 = mono_us();
+  _cleanup_free_ char *state = xasprintf("%s/state", base_dir);
+  _cleanup_close_ int fd = open(state, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *ret_err = xasprintf("the snapshot's state file %s cannot be read: %s", state,
+                         strerror(errno));
+    return -errno;
+  }
+  int r = qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, ret_err);
+  if (r < 0)
+    return r;
+  r = qmp_command(v->qmp, "migrate-incoming", json_pack("{s:s}", "uri", "fd:snap"),
+                  QMP_TIMEOUT_MS, NULL, ret_err);
+  if (r == 0)
+    r = wait_incoming(v, RESTORE_TIMEOUT_MS, ret_err);
+  if (r < 0)
+    return r;
   v->t_restore_us = mono_us() - t0;
   return 0;
 }
@@ -466,5 +482,139 @@ void vm_free(struct vm *v) {
   free(v->dir);
   json_decref(v->base.info);
   sandbox_proc_fini(&v->proc);
+  pthread_mutex_destroy(&v->qmp_lock);
   free(v);
+}
+
+static int set_ignore_shared(struct vm *v, bool on, char **ret_err) {
+  json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared",
+                           "state", on);
+  return qmp_command(v->qmp, "migrate-set-capabilities", caps, QMP_TIMEOUT_MS, NULL, ret_err);
+}
+
+/* Makes sure SRC runs again after a migration that failed or was cut
+ * short: cancelled when still going, and continued when stopped. */
+static void resume_source(struct vm *src) {
+  _cleanup_free_ char *err = NULL;
+  qmp_command(src->qmp, "migrate_cancel", NULL, QMP_TIMEOUT_MS, NULL, &err);
+  free(steal_ptr(err));
+  for (int i = 0; i < 100; i++) {
+    json_t *st = NULL;
+    if (qmp_command(src->qmp, "query-status", NULL, QMP_TIMEOUT_MS, &st, &err) < 0)
+      return; /* its QEMU is gone: the session sees it dead */
+    const char *s = json_string_value(json_object_get(st, "status"));
+    bool running = s && strcmp(s, "running") == 0;
+    bool migrating = s && (strcmp(s, "finish-migrate") == 0);
+    json_decref(st);
+    if (running)
+      return;
+    if (!migrating) {
+      if (qmp_command(src->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, &err) < 0)
+        log_warn("a source VM whose snapshot failed cannot be continued: %s", err);
+      return;
+    }
+    usleep(1000);
+  }
+}
+
+/* Polls SRC's migration until it ends, and continues SRC the moment it has
+ * completed.  *RET_PAUSED_US: QEMU's own downtime (the source stopped for
+ * the last pages) plus, as an upper bound of the time between completion
+ * and cont, the time from the previous poll (which saw it still going) to
+ * the cont's answer. */
+static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *ret_paused_us,
+                                 char **ret_err) {
+  uint64_t deadline = mono_ms() + timeout_ms;
+  uint64_t t_prev = mono_us();
+  for (;;) {
+    uint64_t t_sent = mono_us();
+    json_t *res = NULL;
+    int r = qmp_command(src->qmp, "query-migrate", NULL, QMP_TIMEOUT_MS, &res, ret_err);
+    if (r < 0)
+      return r;
+    const char *status = json_string_value(json_object_get(res, "status"));
+    if (status && strcmp(status, "completed") == 0) {
+      json_int_t downtime_ms = json_integer_value(json_object_get(res, "downtime"));
+      json_decref(res);
+      r = qmp_command(src->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+      if (r < 0)
+        return r;
+      *ret_paused_us = (uint64_t)downtime_ms * 1000 + (mono_us() - t_prev);
+      return 0;
+    }
+    bool failed = status && (strcmp(status, "failed") == 0 || strcmp(status, "cancelled") == 0);
+    if (failed) {
+      const char *desc = json_string_value(json_object_get(res, "error-desc"));
+      *ret_err = xasprintf("the live migration %s%s%s", status, desc ? ": " : "", desc ? desc : "");
+    }
+    json_decref(res);
+    if (failed)
+      return -EIO;
+    if (mono_ms() >= deadline) {
+      *ret_err = xasprintf("the live migration did not complete in %u ms", timeout_ms);
+      return -ETIMEDOUT;
+    }
+    t_prev = t_sent;
+    usleep(250);
+  }
+}
+
+int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, char **ret_err) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    *ret_err = xasprintf("socketpair for the migration stream: %s", strerror(errno));
+    return -errno;
+  }
+  _cleanup_close_ int in = sv[0], out = sv[1];
+  int r = qmp_getfd(loader->qmp, in, "mig", QMP_TIMEOUT_MS, ret_err);
+  if (r == 0)
+    r = qmp_command(loader->qmp, "migrate-incoming", json_pack("{s:s}", "uri", "fd:mig"),
+                    QMP_TIMEOUT_MS, NULL, ret_err);
+  closep(&in);
+  if (r < 0) {
+    char *m = xasprintf("the snapshot's loader QEMU refused the stream: %s", *ret_err);
+    free(*ret_err);
+    *ret_err = m;
+    return r;
+  }
+  pthread_mutex_lock(&src->qmp_lock);
+  /* The source still has x-ignore-shared on from its own restore; its RAM
+   * is private (share=off), so all of it must go. */
+  r = set_ignore_shared(src, false, ret_err);
+  if (r == 0)
+    r = qmp_command(src->qmp, "migrate-set-parameters",
+                    json_pack("{s:I, s:I}", "max-bandwidth", (json_int_t)MIGRATE_MAX_BANDWIDTH,
+                              "downtime-limit", (json_int_t)MIGRATE_DOWNTIME_MS),
+                    QMP_TIMEOUT_MS, NULL, ret_err);
+  if (r == 0)
+    r = qmp_getfd(src->qmp, out, "mig", QMP_TIMEOUT_MS, ret_err);
+  closep(&out);
+  bool started = false;
+  if (r == 0) {
+    r = qmp_command(src->qmp, "migrate", json_pack("{s:s}", "uri", "fd:mig"), QMP_TIMEOUT_MS,
+                    NULL, ret_err);
+    started = r == 0;
+  }
+  if (r == 0)
+    r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, ret_paused_us, ret_err);
+  if (r < 0 && started)
+    resume_source(src);
+  pthread_mutex_unlock(&src->qmp_lock);
+  if (r < 0)
+    return r;
+  return wait_incoming(loader, MIGRATE_TIMEOUT_MS, ret_err);
+}
+
+int vm_save_state(struct vm *v, int fd, char **ret_err) {
+  pthread_mutex_lock(&v->qmp_lock);
+  int r = set_ignore_shared(v, true, ret_err);
+  if (r == 0)
+    r = qmp_getfd(v->qmp, fd, "state", QMP_TIMEOUT_MS, ret_err);
+  if (r == 0)
+    r = qmp_command(v->qmp, "migrate", json_pack("{s:s}", "uri", "fd:state"), QMP_TIMEOUT_MS,
+                    NULL, ret_err);
+  if (r == 0)
+    r = qmp_wait_migration(v->qmp, MIGRATE_TIMEOUT_MS, ret_err);
+  pthread_mutex_unlock(&v->qmp_lock);
+  return r;
 }

@@ -56,6 +56,7 @@
 #include "common/util.h"
 #include "mcp/config.h"
 #include "mcp/log.h"
+#include "sandbox/stage.h"
 #include "sandbox/vm/internal.h"
 
 
@@ -340,10 +341,10 @@ void vm_backend_shutdown(void) {
 
 /* ---- sandbox ops ---- */
 
-static int vm_create(const struct sandbox_config *sc, const char *session_id,
-                     struct sandbox **ret, char **ret_err) {
-  (void)sc;
-  (void)session_id;
+/* Waits until the backend can start sessions (the warm base is there, or a
+ * failed one was tried again when due); 0, or a negative errno with
+ * *ret_err. */
+static int wait_ready(char **ret_err) {
   pthread_mutex_lock(&vmb.lock);
   uint64_t deadline = mono_ms() + BASE_WAIT_MS;
   /* Shutdown ends the wait: the server answers this call and exits without
@@ -379,12 +380,76 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     pthread_mutex_unlock(&vmb.lock);
     return -EAGAIN;
   }
+  pthread_mutex_unlock(&vmb.lock);
+  return 0;
+}
+
+/* The stage's files must be whole before a QEMU maps them: QEMU would
+ * extend a short RAM file with zeros (a guest that hangs or crashes), and a
+ * missing one would be created empty. */
+static int check_stage_files(const struct stage *st, char **ret_err) {
+  static const char *const files[] = {"ram", "state"};
+  uint64_t want = (uint64_t)cfg.vm_memory_mb << 20;
+  for (size_t i = 0; i < ARRAY_SIZE(files); i++) {
+    _cleanup_free_ char *p = xasprintf("%s/%s", st->dir, files[i]);
+    struct stat sb;
+    const char *what = NULL;
+    _cleanup_free_ char *size_text = NULL;
+    if (lstat(p, &sb) < 0)
+      what = strerror(errno);
+    else if (!S_ISREG(sb.st_mode))
+      what = "not a regular file";
+    else if (i == 0 && (uint64_t)sb.st_size != want)
+      what = size_text = xasprintf("%lld bytes instead of %" PRIu64 " (%u MiB of guest RAM)",
+                                   (long long)sb.st_size, want, cfg.vm_memory_mb);
+    else if (i == 1 && sb.st_size == 0)
+      what = "empty";
+    if (what) {
+      *ret_err = xasprintf("the stage %s cannot be started: its file %s is %s; remove it "
+                           "(stage_rm) and commit it again from a session",
+                           st->name ? st->name : "(a fork's)", p, what);
+      return -EBADMSG;
+    }
+  }
+  return 0;
+}
+
+/* A clone restored from stage ST (its ram and state are a base of their
+ * own): never a pool clone or a spare of the warm base. */
+static int clone_from_stage(const struct stage *st, struct vm **ret, char **ret_err) {
+  int r = check_stage_files(st, ret_err);
+  if (r < 0)
+    return r;
+  _cleanup_free_ char *ram = xasprintf("%s/ram", st->dir);
+  struct vm *v = NULL;
+  r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, ret_err);
+  if (r < 0)
+    return r;
+  r = vm_restore(v, st->dir, ret_err);
+  if (r < 0) {
+    char *m = xasprintf("restoring from the stage %s failed: %s", st->name ? st->name : "(a fork's)",
+                        *ret_err);
+    free(*ret_err);
+    *ret_err = m;
+    vm_add_log_tail(v, ret_err);
+    vm_free(v);
+    return r;
+  }
+  strcpy(v->path, "stage");
+  *ret = v;
+  return 0;
+}
+
+/* A clone of the warm base: from the pool when it has one, else restored
+ * now; or a cold boot with IGN_MCP_BASE=none. */
+static int clone_from_base(struct vm **ret, char **ret_err) {
+  pthread_mutex_lock(&vmb.lock);
   struct vm *v = vm_pop(&vmb.ready, &vmb.n_ready);
   _cleanup_free_ char *base_dir = vmb.base_dir ? strdup(vmb.base_dir) : NULL;
   pthread_mutex_unlock(&vmb.lock);
   pthread_cond_broadcast(&vmb.cond);
 
-  int r;
+  int r = 0;
   if (v) {
     strcpy(v->path, "pool");
   } else if (base_dir) {
@@ -409,6 +474,20 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
       return r;
     strcpy(v->path, "cold");
   }
+  *ret = v;
+  return 0;
+}
+
+static int vm_create(const struct sandbox_config *sc, const char *session_id,
+                     struct sandbox **ret, char **ret_err) {
+  (void)session_id;
+  int r = wait_ready(ret_err);
+  if (r < 0)
+    return r;
+  struct vm *v = NULL;
+  r = sc->stage ? clone_from_stage(sc->stage, &v, ret_err) : clone_from_base(&v, ret_err);
+  if (r < 0)
+    return r;
   if (strcmp(v->path, "cold") != 0) {
     uint64_t tc = mono_us();
     r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
@@ -485,6 +564,98 @@ static char *vm_death_reason(struct sandbox *sb) {
   return xasprintf("%s%s%s", how, tail ? "; log: " : "", tail ? tail : "");
 }
 
+/* A stage is made over the same inputs as the warm base: its id is the
+ * base's (the hash of the fingerprint, accelerator included). */
+static int vm_inputs_id(char **ret_id, char **ret_text, char **ret_err) {
+  int r = wait_ready(ret_err);
+  if (r < 0)
+    return r;
+  char *fp = vm_fingerprint(vmb.accel);
+  *ret_id = xasprintf("b-%016" PRIx64, vm_fingerprint_hash(fp));
+  *ret_text = fp;
+  return 0;
+}
+
+/* The loader and the files of a snapshot being made. */
+struct snap {
+  struct vm *loader;
+  int ram_fd, state_fd;
+};
+
+static void snap_fini(struct snap *s) {
+  if (s->loader)
+    vm_free(s->loader);
+  closep(&s->ram_fd);
+  closep(&s->state_fd);
+}
+
+/* Ends *ERR with what the loader's QEMU said, and says what failed. */
+static void snap_error(struct snap *s, const char *step, char **ret_err) {
+  char *m = xasprintf("saving the session's VM failed while %s: %s (the session keeps running; "
+                      "try again, or close sessions if the host is short of memory)",
+                      step, *ret_err ? *ret_err : "unknown error");
+  free(*ret_err);
+  *ret_err = m;
+  if (s->loader)
+    vm_add_log_tail(s->loader, ret_err);
+}
+
+/* The snapshot of a running VM (docs/vm-recipe.md, "Live snapshot"): a
+ * loader QEMU maps DIR/ram share=on and receives the source's live
+ * migration (the whole RAM, x-ignore-shared off; the source is stopped only
+ * for the last pages and continued at once); the loader then writes its
+ * device state to DIR/state with x-ignore-shared on, and is killed; the
+ * RAM file's zero pages become holes.  DIR/ram and DIR/state are then a base
+ * of their own that clones restore from like the warm base. */
+static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snapshot *ret,
+                       char **ret_err) {
+  struct vm *src = (struct vm *)sb;
+  struct snap s = {.ram_fd = -1, .state_fd = -1};
+  uint64_t t0 = mono_us(), t_loader, t_stream, t_state, t_punch, paused_us = 0, punched = 0;
+  _cleanup_free_ char *ram = xasprintf("%s/ram", dir);
+  _cleanup_free_ char *state = xasprintf("%s/state", dir);
+  const char *step = "making its RAM file";
+  int r = vm_stage_file_create(ram, (uint64_t)cfg.vm_memory_mb << 20, 0660, &s.ram_fd, ret_err);
+  if (r == 0) {
+    step = "starting the QEMU that receives it";
+    r = vm_start(VM_LOADER, vmb.accel, ram, NULL, &s.loader, NULL, ret_err);
+  }
+  t_loader = mono_us();
+  if (r == 0) {
+    step = "streaming its RAM";
+    r = vm_migrate_live(src, s.loader, &paused_us, ret_err);
+  }
+  t_stream = mono_us();
+  if (r == 0) {
+    step = "writing its device state";
+    r = vm_stage_file_create(state, 0, 0640, &s.state_fd, ret_err);
+  }
+  if (r == 0)
+    r = vm_save_state(s.loader, s.state_fd, ret_err);
+  t_state = mono_us();
+  if (r < 0) {
+    snap_error(&s, step, ret_err);
+    snap_fini(&s);
+    return r;
+  }
+  vm_free(steal_ptr(s.loader));
+  r = vm_punch_zero_pages(s.ram_fd, &punched, ret_err);
+  t_punch = mono_us();
+  snap_fini(&s);
+  if (r < 0) {
+    snap_error(&s, "making its zero pages holes", ret_err);
+    return r;
+  }
+  log_info("vm snapshot into %s: %.1f ms (loader %.1f, stream %.1f, state %.1f, holes %.1f: %" PRIu64
+           " MiB), source paused %.2f ms",
+           dir, (t_punch - t0) / 1000.0, (t_loader - t0) / 1000.0, (t_stream - t_loader) / 1000.0,
+           (t_state - t_stream) / 1000.0, (t_punch - t_state) / 1000.0, punched >> 20,
+           paused_us / 1000.0);
+  ret->carries = "memory";
+  ret->paused_us = paused_us;
+  return 0;
+}
+
 const struct sandbox_ops sandbox_vm_ops = {
     .name = "vm",
     .create = vm_create,
@@ -492,5 +663,7 @@ const struct sandbox_ops sandbox_vm_ops = {
     .kill = vm_kill,
     .destroy = vm_destroy,
     .death_reason = vm_death_reason,
+    .inputs_id = vm_inputs_id,
+    .snapshot = vm_snapshot,
 };
 
