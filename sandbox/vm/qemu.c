@@ -590,6 +590,12 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
     r = qmp_getfd(src->qmp, out, "mig", QMP_TIMEOUT_MS, ret_err);
   closep(&out);
   bool started = false;
+  /* See SNAPSHOT_LIVE: the source is stopped for the whole stream. */
+  uint64_t t_stop = mono_us();
+  if (r == 0 && !SNAPSHOT_LIVE) {
+    r = qmp_command(src->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    started = r == 0; /* from here on, a failure must continue it */
+  }
   if (r == 0) {
     r = qmp_command(src->qmp, "migrate", json_pack("{s:s}", "uri", "fd:mig"), QMP_TIMEOUT_MS,
                     NULL, ret_err);
@@ -597,6 +603,8 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
   }
   if (r == 0)
     r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, ret_paused_us, ret_err);
+  if (r == 0 && !SNAPSHOT_LIVE)
+    *ret_paused_us = mono_us() - t_stop; /* from the stop to the cont's answer */
   if (r < 0 && started)
     resume_source(src);
   pthread_mutex_unlock(&src->qmp_lock);
