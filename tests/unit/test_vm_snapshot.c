@@ -164,6 +164,8 @@ static char *make_stage_dir(const char *name) {
 static void snapshot_and_fork(void) {
   struct box src = {0}, fork1 = {0}, fork2 = {0};
   char *err = NULL, *dir = NULL, *bg = NULL;
+  struct stage *st = NULL;
+  int r;
   CHECK(box_open(NULL, &src));
   if (!src.conn)
     goto out;
@@ -182,13 +184,16 @@ static void snapshot_and_fork(void) {
   free(id);
   free(text);
 
-  dir = make_stage_dir("a");
+  /* Into a directory of the stage store, as the session layer does. */
+  r = stage_begin(((uint64_t)cfg.vm_memory_mb + 4) << 20, &dir, &err);
+  if (r < 0)
+    fprintf(stderr, "  stage_begin: %s\n", err);
   CHECK(dir);
   if (!dir)
     goto out;
   struct sandbox_snapshot snap = {0};
   uint64_t t0 = mono_us();
-  int r = sandbox_vm_ops.snapshot(src.sb, dir, &snap, &err);
+  r = sandbox_vm_ops.snapshot(src.sb, dir, &snap, &err);
   uint64_t took = mono_us() - t0;
   if (r < 0)
     fprintf(stderr, "  snapshot: %s\n", err);
@@ -208,9 +213,22 @@ static void snapshot_and_fork(void) {
   CHECK(o && strcmp(o, "after") == 0);
   free(o);
 
-  struct stage st = {.name = "test", .dir = dir, .backend = "vm", .carries = "memory"};
-  CHECK(box_open(&st, &fork1));
-  CHECK(box_open(&st, &fork2));
+  char *inputs = NULL, *inputs_text = NULL;
+  CHECK_EQ_INT(sandbox_vm_ops.inputs_id(&inputs, &inputs_text, &err), 0);
+  struct stage_new in = {.backend = "vm", .inputs_id = inputs, .carries = snap.carries};
+  r = stage_finish(dir, "test-vm-snapshot", true, &in, &st, &err);
+  free(inputs);
+  free(inputs_text);
+  if (r < 0)
+    fprintf(stderr, "  stage_finish: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+  free(steal_ptr(dir)); /* it is the stage's now */
+  if (r < 0)
+    goto out;
+  printf("# stage %s: %" PRIu64 " MiB allocated\n", st->id, st->bytes >> 20);
+  CHECK(st->bytes < (256ull << 20));
+  CHECK(box_open(st, &fork1));
+  CHECK(box_open(st, &fork2));
   if (!fork1.conn || !fork2.conn)
     goto out;
   /* The fork has the source's file as of the snapshot, and its process. */
@@ -259,6 +277,12 @@ out:
     fs_remove_tree(dir);
   free(dir);
   free(err);
+  if (st) {
+    char *rm_err = NULL;
+    CHECK_EQ_INT(stage_rm("test-vm-snapshot", &rm_err), 0);
+    free(rm_err);
+    stage_unref(st);
+  }
 }
 
 static void a_short_stage_is_refused(void) {
