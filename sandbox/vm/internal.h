@@ -86,6 +86,11 @@ struct vm_state {
   gid_t kvm_gid;
   int base_lock_fd;         /* shared flock on the base in use */
   struct vm_uids uids;      /* a root server's QEMU uids */
+  /* A loader QEMU kept waiting for the next snapshot (its RAM file in the
+   * store, v->ram), once a snapshot has been asked for. */
+  struct vm *loader;
+  bool want_loader;
+  unsigned loader_seq;
 };
 extern struct vm_state vmb;
 
@@ -170,5 +175,10 @@ void vm_drain_pool_locked(void);
 /* A clone restored from BASE (a directory with ram and state), run once and
  * stopped when WARM. */
 int vm_new_clone(const char *base, bool warm, struct vm **ret, char **ret_err);
+/* The waiting loader (VM_LOADER, its RAM file at v->ram in the store, made
+ * like a stage's), or NULL; asks the pool for the next one. */
+struct vm *vm_take_loader(void);
+/* Kills a loader and removes its RAM file (when still at v->ram). */
+void vm_loader_free(struct vm *v);
 /* Keeps the pool filled until shutdown. */
 void *vm_pool_loop(void);

@@ -49,9 +49,12 @@ struct vm *vm_pop(struct vm **list, unsigned *n) {
  * its VMs. */
 void vm_drain_pool_locked(void) {
   struct vm *lists[2] = {vmb.ready, vmb.spares};
+  struct vm *loader = steal_ptr(vmb.loader);
   vmb.ready = vmb.spares = NULL;
   vmb.n_ready = vmb.n_spares = 0;
   pthread_mutex_unlock(&vmb.lock);
+  if (loader)
+    vm_loader_free(loader);
   for (size_t i = 0; i < ARRAY_SIZE(lists); i++)
     for (struct vm *v = lists[i], *nx; v; v = nx) {
       nx = v->next;
@@ -113,6 +116,41 @@ int vm_new_clone(const char *base, bool warm, struct vm **ret, char **ret_err) {
   return 0;
 }
 
+void vm_loader_free(struct vm *v) {
+  if (v->ram)
+    unlink(v->ram);
+  vm_free(v);
+}
+
+struct vm *vm_take_loader(void) {
+  pthread_mutex_lock(&vmb.lock);
+  struct vm *v = steal_ptr(vmb.loader);
+  vmb.want_loader = true;
+  pthread_mutex_unlock(&vmb.lock);
+  pthread_cond_broadcast(&vmb.cond);
+  return v;
+}
+
+/* A loader started ahead of a snapshot: its RAM file is made in the store
+ * (the same filesystem as the stages, so a snapshot renames it into its
+ * directory), named after this server so that the next one removes it if
+ * this one dies. */
+static int new_loader(struct vm **ret, char **ret_err) {
+  pthread_mutex_lock(&vmb.lock);
+  unsigned n = ++vmb.loader_seq;
+  pthread_mutex_unlock(&vmb.lock);
+  _cleanup_free_ char *ram = xasprintf("%s/.loader-%d-%u.ram", cfg.store, getpid(), n);
+  int fd = -1;
+  int r = vm_stage_file_create(ram, (uint64_t)cfg.vm_memory_mb << 20, 0660, &fd, ret_err);
+  if (r < 0)
+    return r;
+  close(fd);
+  r = vm_start(VM_LOADER, vmb.accel, ram, NULL, ret, NULL, ret_err);
+  if (r < 0)
+    unlink(ram);
+  return r;
+}
+
 /* The pool waits after a failure: until shutdown, a change in the pool, or
  * MS pass. */
 static void pool_wait(uint64_t ms) {
@@ -131,13 +169,14 @@ void *vm_pool_loop(void) {
   for (;;) {
     pthread_mutex_lock(&vmb.lock);
     while (!vmb.stopping && vmb.base_dir && vmb.n_ready >= cfg.pool &&
-           vmb.n_spares >= cfg.spares)
+           vmb.n_spares >= cfg.spares && (vmb.loader || !vmb.want_loader))
       pthread_cond_wait(&vmb.cond, &vmb.lock);
     bool stopping = vmb.stopping;
     /* Copies: a call that finds the base gone may replace both meanwhile. */
     _cleanup_free_ char *base_dir = vmb.base_dir ? strdup(vmb.base_dir) : NULL;
     _cleanup_free_ char *base_fp = vmb.fingerprint ? strdup(vmb.fingerprint) : NULL;
     bool want_ready = vmb.n_ready < cfg.pool, want_spare = vmb.n_spares < cfg.spares;
+    bool want_loader = !vmb.loader && vmb.want_loader;
     pthread_mutex_unlock(&vmb.lock);
     if (stopping || !base_dir)
       return NULL;
@@ -166,6 +205,8 @@ void *vm_pool_loop(void) {
     } else if (want_spare) {
       _cleanup_free_ char *ram = xasprintf("%s/ram", base_dir);
       r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, &err);
+    } else if (want_loader) {
+      r = new_loader(&v, &err);
     } else {
       continue;
     }
@@ -180,11 +221,16 @@ void *vm_pool_loop(void) {
     pthread_mutex_lock(&vmb.lock);
     if (vmb.stopping) {
       pthread_mutex_unlock(&vmb.lock);
-      vm_free(v);
+      if (!want_ready && !want_spare)
+        vm_loader_free(v);
+      else
+        vm_free(v);
       return NULL;
     }
     if (want_ready)
       push(&vmb.ready, &vmb.n_ready, v);
+    else if (!want_spare)
+      vmb.loader = v;
     else
       push(&vmb.spares, &vmb.n_spares, v);
     pthread_mutex_unlock(&vmb.lock);

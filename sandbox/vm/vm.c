@@ -215,6 +215,17 @@ static int prepare_store(bool make_store, char **ret_err) {
   }
   if (d)
     closedir(d);
+  /* Loaders' RAM files of servers that died (.loader-PID-N.ram). */
+  d = make_store ? opendir(cfg.store) : NULL;
+  while (d && (e = readdir(d))) {
+    int pid = strncmp(e->d_name, ".loader-", 8) == 0 ? atoi(e->d_name + 8) : 0;
+    if (pid > 0 && pid != getpid() && kill(pid, 0) < 0 && errno == ESRCH) {
+      _cleanup_free_ char *p = xasprintf("%s/%s", cfg.store, e->d_name);
+      unlink(p);
+    }
+  }
+  if (d)
+    closedir(d);
   return 0;
 }
 
@@ -615,10 +626,30 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
   _cleanup_free_ char *ram = xasprintf("%s/ram", dir);
   _cleanup_free_ char *state = xasprintf("%s/state", dir);
   const char *step = "making its RAM file";
-  int r = vm_stage_file_create(ram, (uint64_t)cfg.vm_memory_mb << 20, 0660, &s.ram_fd, ret_err);
-  if (r == 0) {
-    step = "starting the QEMU that receives it";
-    r = vm_start(VM_LOADER, vmb.accel, ram, NULL, &s.loader, NULL, ret_err);
+  int r = 0;
+  /* The loader the pool keeps waiting, its RAM file moved into DIR. */
+  struct vm *pre = vm_take_loader();
+  if (pre && rename(pre->ram, ram) == 0) {
+    free(pre->ram);
+    pre->ram = strdup(ram); /* DIR's now: the caller's to remove */
+    s.loader = pre;
+    s.ram_fd = open(ram, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (s.ram_fd < 0) {
+      r = -errno;
+      *ret_err = xasprintf("cannot open %s: %s", ram, strerror(errno));
+    }
+  } else if (pre) {
+    log_warn("the waiting loader's RAM file %s cannot be moved into %s (%s); starting another",
+             pre->ram, dir, strerror(errno));
+    vm_loader_free(pre);
+  }
+  bool waited = s.loader != NULL;
+  if (!s.loader && r == 0) {
+    r = vm_stage_file_create(ram, (uint64_t)cfg.vm_memory_mb << 20, 0660, &s.ram_fd, ret_err);
+    if (r == 0) {
+      step = "starting the QEMU that receives it";
+      r = vm_start(VM_LOADER, vmb.accel, ram, NULL, &s.loader, NULL, ret_err);
+    }
   }
   t_loader = mono_us();
   if (r == 0) {
@@ -646,9 +677,9 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
     snap_error(&s, "making its zero pages holes", ret_err);
     return r;
   }
-  log_info("vm snapshot into %s: %.1f ms (loader %.1f, stream %.1f, state %.1f, holes %.1f: %" PRIu64
+  log_info("vm snapshot into %s: %.1f ms (%s loader %.1f, stream %.1f, state %.1f, holes %.1f: %" PRIu64
            " MiB), source paused %.2f ms",
-           dir, (t_punch - t0) / 1000.0, (t_loader - t0) / 1000.0, (t_stream - t_loader) / 1000.0,
+           dir, (t_punch - t0) / 1000.0, waited ? "waiting" : "new", (t_loader - t0) / 1000.0, (t_stream - t_loader) / 1000.0,
            (t_state - t_stream) / 1000.0, (t_punch - t_state) / 1000.0, punched >> 20,
            paused_us / 1000.0);
   ret->carries = "memory";
