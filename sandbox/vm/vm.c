@@ -509,6 +509,16 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
     }
   }
   v->base.ops = &sandbox_vm_ops;
+  /* What it was made from: a stage records this, not the inputs of later. */
+  if (sc->stage && sc->stage->inputs_id) {
+    snprintf(v->base.inputs_id, sizeof v->base.inputs_id, "%s", sc->stage->inputs_id);
+  } else {
+    pthread_mutex_lock(&vmb.lock);
+    _cleanup_free_ char *fp = vmb.fingerprint ? strdup(vmb.fingerprint) : vm_fingerprint(vmb.accel);
+    pthread_mutex_unlock(&vmb.lock);
+    snprintf(v->base.inputs_id, sizeof v->base.inputs_id, "b-%016" PRIx64,
+             vm_fingerprint_hash(fp));
+  }
   v->base.isolation = vm_isolation();
   v->base.fd = steal_fd(v->agent_fd);
   snprintf(v->base.limits, sizeof v->base.limits, "memory %u MiB (guest RAM), overlay %u MiB%s",
