@@ -123,7 +123,7 @@ static bool setup(void) {
   setenv("IGN_MCP_KERNEL", files[0], 1);
   setenv("IGN_MCP_INITRAMFS", files[1], 1);
   setenv("IGN_MCP_VM_IMAGE", files[2], 1);
-  setenv("IGN_MCP_POOL", "0", 1);
+  setenv("IGN_MCP_POOL", getenv("IGN_TEST_POOL") ? getenv("IGN_TEST_POOL") : "0", 1);
   setenv("IGN_MCP_SPARES", "0", 1);
   if (config_load() < 0)
     return false;
