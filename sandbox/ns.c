@@ -122,6 +122,7 @@ struct ns_sandbox {
   size_t err_len;
   int uid_lock_fds[2];      /* flocks held on the uid block's lock files, or -1 */
   unsigned host_uid;        /* uid 0 inside on the host (the block's first, or ours) */
+  unsigned overlay_mb;      /* its disk: the tmpfs of its upper and scratch directories */
   const struct stage *stage; /* the stage it started from (held by the session), or NULL */
   char session_id[80];      /* for messages */
 };
@@ -550,6 +551,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->stage = cfg->stage;
   snprintf(sb->session_id, sizeof sb->session_id, "%s", session_id);
   sb->host_uid = host_uid;
+  sb->overlay_mb = overlay_mb;
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
       .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = argc - 2, .envp = envp,
@@ -779,8 +781,10 @@ static int ns_open_dir_at(int dfd, const char *name, int *ret_fd, char **ret_err
 static int ns_copy_layer(struct ns_sandbox *sb, int state, int layer, bool *frozen,
                          uint64_t *t0, struct ns_layer_stats *st, char **ret_err) {
   bool root = ns_as_root();
+  /* What is copied from the sandbox is at most what its disk holds. */
   struct ns_layer_opts own = {.owners = root ? NS_LAYER_OWNERS_BLOCK : NS_LAYER_OWNERS_SELF,
-                              .base = sb->host_uid};
+                              .base = sb->host_uid,
+                              .max_bytes = (uint64_t)sb->overlay_mb << 20};
   struct ns_layer_opts keep = {.owners = root ? NS_LAYER_OWNERS_KEEP : NS_LAYER_OWNERS_SELF};
   _cleanup_close_ int upper = -1, parent = -1, scratch = -1;
   int r;
@@ -863,10 +867,11 @@ static int ns_snapshot(struct sandbox *base, const char *dir, struct sandbox_sna
              sb->session_id, (unsigned long long)st.dropped_special,
              (unsigned long long)st.skipped_owner, (unsigned long long)st.unreadable,
              (unsigned long long)st.xattrs_dropped);
-  log_info("session %s: layer of %llu entries (%llu linked from its stage, %llu whiteouts), "
-           "%llu bytes copied, paused %llu us",
+  log_info("session %s: layer of %llu entries (%llu linked from its stage, %llu hard links of "
+           "its own, %llu whiteouts), %llu bytes copied, paused %llu us",
            sb->session_id, (unsigned long long)st.entries, (unsigned long long)st.linked,
-           (unsigned long long)st.whiteouts, (unsigned long long)st.bytes,
+           (unsigned long long)st.relinked, (unsigned long long)st.whiteouts,
+           (unsigned long long)st.bytes,
            (unsigned long long)paused);
   ret->carries = "files";
   ret->paused_us = paused;

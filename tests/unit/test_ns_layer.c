@@ -330,6 +330,75 @@ static void scratch_dir_replaces(void) {
   free(err);
 }
 
+/* A file hard-linked many times in the upper costs the host its size once,
+ * not once per link: the layer keeps the links. */
+static void upper_hard_links_kept(void) {
+  fresh();
+  static char mib[1 << 20];
+  memset(mib, 'x', sizeof mib);
+  int fd = open(at("upper/big"), O_WRONLY | O_CREAT, 0644);
+  CHECK(fd >= 0);
+  CHECK_EQ_INT(write(fd, mib, sizeof mib), sizeof mib);
+  close(fd);
+  mkdir(at("upper/sub"), 0755);
+  char rel[64];
+  for (int i = 0; i < 40; i++) {
+    snprintf(rel, sizeof rel, "upper/%sl%d", i % 2 ? "sub/" : "", i);
+    CHECK_EQ_INT(link(at("upper/big"), at(rel)), 0);
+  }
+  struct ns_layer_stats st;
+  char *err = NULL;
+  CHECK_EQ_INT(commit(&st, &err), 0);
+  struct stat big, l;
+  CHECK_EQ_INT(stat(at("child/big"), &big), 0);
+  CHECK_EQ_INT(big.st_nlink, 41);
+  CHECK_EQ_INT(stat(at("child/sub/l39"), &l), 0);
+  CHECK_EQ_INT(l.st_ino, big.st_ino);
+  CHECK_EQ_INT(st.bytes, sizeof mib);
+  CHECK_EQ_INT(st.relinked, 40);
+  /* And the upper's inode is not the layer's. */
+  struct stat u;
+  CHECK_EQ_INT(stat(at("upper/big"), &u), 0);
+  CHECK(u.st_ino != big.st_ino);
+  free(err);
+}
+
+/* What the applies copy is capped (a running sandbox that rewrites a file
+ * while it is copied cannot make the copy grow without end). */
+static void apply_capped(void) {
+  fresh();
+  static char mib[1 << 20];
+  memset(mib, 'y', sizeof mib);
+  for (int i = 0; i < 3; i++) {
+    char rel[32];
+    snprintf(rel, sizeof rel, "upper/f%d", i);
+    int fd = open(at(rel), O_WRONLY | O_CREAT, 0644);
+    CHECK(fd >= 0);
+    CHECK_EQ_INT(write(fd, mib, sizeof mib), sizeof mib);
+    close(fd);
+  }
+  struct ns_layer_opts o = {.owners = NS_LAYER_OWNERS_KEEP, .max_bytes = 2u << 20};
+  struct ns_layer_stats st = {0};
+  char *err = NULL;
+  int u = open(at("upper"), O_RDONLY | O_DIRECTORY), c = open(at("child"), O_RDONLY | O_DIRECTORY);
+  CHECK_EQ_INT(ns_layer_apply(u, c, &o, &st, &err), -EFBIG);
+  CHECK(err && strstr(err, "more than its disk (2 MiB)") && strstr(err, "commit again"));
+  CHECK(st.upper_bytes <= 2u << 20);
+  free(err);
+  err = NULL;
+  o.max_bytes = 3u << 20;
+  fs_remove_tree(at("child"));
+  mkdir(at("child"), 0755);
+  close(c);
+  c = open(at("child"), O_RDONLY | O_DIRECTORY);
+  memset(&st, 0, sizeof st);
+  CHECK_EQ_INT(ns_layer_apply(u, c, &o, &st, &err), 0);
+  CHECK_EQ_INT(st.upper_bytes, 3u << 20);
+  close(u);
+  close(c);
+  free(err);
+}
+
 static void cleanup(void) {
   if (root[0])
     fs_remove_tree(root);
@@ -340,4 +409,5 @@ TEST_MAIN(TEST(whiteouts_remove_and_stay), TEST(opaque_dir_replaces),
           TEST(hard_links_never_written_through), TEST(setuid_stripped),
           TEST(links_copied_never_followed), TEST(fifo_kept_devices_dropped),
           TEST(sparse_stays_sparse), TEST(deep_tree), TEST(owners_of_the_block),
-          TEST(scratch_dir_replaces), TEST(cleanup))
+          TEST(scratch_dir_replaces), TEST(upper_hard_links_kept), TEST(apply_capped),
+          TEST(cleanup))
