@@ -1,0 +1,145 @@
+// stages-abuse.test.mjs: a hostile sandbox against commit, fork and the
+// stage store (ns backend).  Every row is an attack through the real server
+// and SDK, run fenced (tests/fence.sh: its own cgroup and pid namespace), and
+// asserts that the attack failed and that the stage and the host are intact:
+// the store holds only what the sandbox owned, sized by what it really used;
+// sessions from a stage, and forks, neither change the stage nor see each
+// other.
+//
+// Each file gets a store of its own (IGN_MCP_STORE), so that the rows can
+// look into stages/ on the host.
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer, call, callErr, openSession, sh, run, NS_ONLY } from './lib.mjs';
+
+const T = { timeout: 300_000 };
+const MiB = 1 << 20;
+
+const store = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-stages-abuse-'));
+fs.chmodSync(store, 0o755);
+process.on('exit', () => fs.rmSync(store, { recursive: true, force: true }));
+
+const stageDir = (name) => path.join(store, 'stages', name.replaceAll('/', '+'));
+const layerOf = (name) => path.join(stageDir(name), 'layer');
+
+/* Every path under DIR with lstat, no link followed. */
+function walk(dir, out = []) {
+  for (const e of fs.readdirSync(dir)) {
+    const p = path.join(dir, e);
+    const st = fs.lstatSync(p);
+    out.push({ p, st });
+    if (st.isDirectory()) walk(p, out);
+  }
+  return out;
+}
+
+describe('stages: a hostile sandbox', { skip: NS_ONLY('the ns layer copy'), ...T }, () => {
+  let srv;
+  before(async () => {
+    srv = await startServer({ fence: true, env: { IGN_MCP_STORE: store, IGN_MCP_OVERLAY_MB: 64 } });
+  });
+  after(async () => {
+    await srv?.close();
+  });
+
+  test('a file hard-linked many times costs the store its size once', T, async () => {
+    const c = srv.client;
+    const sid = await openSession(c);
+    // 4 MiB, then 200 more names for it: 804 MiB if each were copied.
+    await sh(c, sid, 'dd if=/dev/urandom of=/root/big bs=1M count=4 2>/dev/null && mkdir /root/l && ' +
+      'i=0; while [ $i -lt 200 ]; do ln /root/big /root/l/$i; i=$((i+1)); done; stat -c %h /root/big');
+    const r = await call(c, 'commit', { session_id: sid, name: 'abuse/links' });
+    assert.ok(r.bytes < 8 * MiB, `the stage takes ${r.bytes} bytes for a 4 MiB file`);
+    const big = fs.statSync(path.join(layerOf('abuse/links'), 'root/big'));
+    assert.equal(big.nlink, 201);
+    // The links work in a session from the stage, and are one file there.
+    const s2 = (await call(c, 'open_session', { stage: 'abuse/links' })).session_id;
+    assert.equal((await sh(c, s2, 'cmp /root/big /root/l/199 && stat -c %h /root/l/7')).trim(), '201');
+    await call(c, 'close', { session_id: s2 });
+    await call(c, 'close', { session_id: sid });
+    await call(c, 'stage_rm', { name: 'abuse/links' });
+  });
+
+  test('setuid bits, links out, FIFOs, odd names and huge sparse files', T, async () => {
+    const c = srv.client;
+    const sid = await openSession(c);
+    await sh(c, sid, [
+      'cp /bin/busybox /root/suid && chmod 4755 /root/suid',
+      'ln -s /etc/shadow /root/shadow-link && ln -s ../../../../../../etc /root/up',
+      'mknod /root/fifo p',
+      "touch \"/root/new\nline\" && touch \"/root/-dash\" && mkdir '/root/ sp ace'",
+      'dd if=/dev/zero of=/root/sparse bs=1 count=1 seek=100G 2>/dev/null',
+    ].join(' && '));
+    const r = await call(c, 'commit', { session_id: sid, name: 'abuse/odd' });
+    assert.ok(r.bytes < 4 * MiB + 2 * MiB, `a 100 GiB sparse file made a stage of ${r.bytes} bytes`);
+    for (const { p, st } of walk(layerOf('abuse/odd'))) {
+      assert.equal(st.mode & 0o6000, 0, `${p} keeps a setuid or setgid bit in the store`);
+      assert.ok(!st.isBlockDevice() && !(st.isCharacterDevice() && st.rdev !== 0), `${p} is a device`);
+    }
+    const root = path.join(layerOf('abuse/odd'), 'root');
+    assert.equal(fs.readlinkSync(path.join(root, 'shadow-link')), '/etc/shadow');
+    assert.ok(fs.lstatSync(path.join(root, 'fifo')).isFIFO());
+    assert.ok(fs.existsSync(path.join(root, 'new\nline')));
+    const s2 = (await call(c, 'open_session', { stage: 'abuse/odd' })).session_id;
+    const out = await sh(c, s2, 'stat -c %a /root/suid; ls /root/up/ | head -3; ls /root | wc -l; ' +
+      'stat -c %s /root/sparse');
+    const [mode, ...rest] = out.trim().split('\n');
+    assert.equal(mode, '755');
+    assert.ok(rest.includes(String(100 * 1024 ** 3 + 1)), out);
+    await call(c, 'close', { session_id: s2 });
+    await call(c, 'close', { session_id: sid });
+    await call(c, 'stage_rm', { name: 'abuse/odd' });
+  });
+
+  test('a session from a stage cannot change the stage; forks do not see each other', T, async () => {
+    const c = srv.client;
+    const sid = await openSession(c);
+    await sh(c, sid, 'echo base > /root/marker && echo 0 > /root/counter && mkdir /root/d && echo x > /root/d/f');
+    await call(c, 'commit', { session_id: sid, name: 'abuse/base' });
+    const layer = layerOf('abuse/base');
+    const before = fs.readFileSync(path.join(layer, 'root/marker'), 'utf8');
+    const s2 = (await call(c, 'open_session', { stage: 'abuse/base' })).session_id;
+    // Every way of writing a file of the stage: in place, by truncation,
+    // by a new name, by removal; and its directory.
+    await sh(c, s2, 'echo changed >> /root/marker; : > /root/counter; mv /root/d/f /root/d/g; ' +
+      'rm -rf /root/d; chmod 777 /root; touch -d 2001-01-01 /root/marker; true');
+    assert.equal(fs.readFileSync(path.join(layer, 'root/marker'), 'utf8'), before);
+    assert.equal(fs.readFileSync(path.join(layer, 'root/counter'), 'utf8'), '0\n');
+    assert.equal(fs.readFileSync(path.join(layer, 'root/d/f'), 'utf8'), 'x\n');
+    // A commit of that session (a child stage) does not change its parent.
+    await call(c, 'commit', { session_id: s2, name: 'abuse/child' });
+    assert.equal(fs.readFileSync(path.join(layer, 'root/marker'), 'utf8'), before);
+    assert.equal(fs.readFileSync(path.join(layer, 'root/d/f'), 'utf8'), 'x\n');
+    const s3 = (await call(c, 'open_session', { stage: 'abuse/base' })).session_id;
+    assert.equal(await sh(c, s3, 'cat /root/marker /root/counter /root/d/f'), 'base\n0\nx\n');
+    // Forks: each its own copy.
+    const f = await call(c, 'fork', { session_id: s3, count: 2 });
+    const [a, b] = f.sessions.map((s) => s.session_id);
+    await sh(c, a, 'echo from-a > /root/sibling && echo a >> /root/marker');
+    assert.equal((await run(c, b, 'cat /root/sibling')).exit_code !== 0, true);
+    assert.equal(await sh(c, b, 'cat /root/marker'), 'base\n');
+    assert.equal(await sh(c, s3, 'cat /root/marker'), 'base\n');
+    for (const s of [s2, s3, a, b, sid]) await call(c, 'close', { session_id: s });
+    for (const n of ['abuse/base', 'abuse/child']) await call(c, 'stage_rm', { name: n });
+  });
+
+  test('a stage name cannot leave the store', T, async () => {
+    const c = srv.client;
+    const sid = await openSession(c);
+    for (const name of ['../x', '/etc', '.tmp-1-1', 'a\nb', 'A', '', 'x'.repeat(129), 'a+b']) {
+      const e = await callErr(c, 'commit', { session_id: sid, name });
+      assert.match(e, /invalid stage name|'name' is empty|over its cap of 128/);
+    }
+    // Dots and slashes are allowed, and stay one directory of stages/.
+    await call(c, 'commit', { session_id: sid, name: 'a/../../x' });
+    assert.ok(fs.lstatSync(path.join(store, 'stages', 'a+..+..+x')).isDirectory());
+    assert.equal((await call(c, 'stage_info', { name: 'a/../../x' })).name, 'a/../../x');
+    await call(c, 'stage_rm', { name: 'a/../../x' });
+    await call(c, 'close', { session_id: sid });
+    assert.deepEqual(fs.readdirSync(path.join(store, 'stages')).filter((n) => !n.startsWith('.')), []);
+  });
+});
