@@ -59,9 +59,10 @@
 static char *stages_dir(void) { return xasprintf("%s/stages", cfg.store); }
 
 /* stages/ is the server's (a stage is a copy of a sandbox and may hold
- * secrets typed into it): made 0700, never a link, and never open to
- * others; group rights given on purpose (the vm backend's QEMUs, group
- * VM_GID, must reach a stage's files as they reach a base's) are kept. */
+ * secrets typed into it): made 0700, never a link, owned by the server's
+ * uid, never open to others nor writable by its group; group read and
+ * search given on purpose (the vm backend's QEMUs, group VM_GID, must
+ * reach a stage's files as they reach a base's) are kept. */
 static int ensure_stages_dir(char **ret_err) {
   _cleanup_free_ char *d = stages_dir();
   int r = fs_mkdir_p(d, 0700);
@@ -78,8 +79,24 @@ static int ensure_stages_dir(char **ret_err) {
                          d);
     return -ENOTDIR;
   }
-  if (st.st_uid == geteuid() && (st.st_mode & 007) && chmod(d, st.st_mode & 0770) < 0)
-    log_warn("cannot take the rights of others from %s: %s", d, strerror(errno));
+  /* Whoever may write in stages/ may plant a stage, swap one for a link
+   * while a server checks, deletes or lays it, or rename what a server is
+   * about to delete: only the server's own uid, never a group (QEMU's
+   * group needs to reach a vm stage's files, never to make entries). */
+  if (st.st_uid != geteuid()) {
+    *ret_err = xasprintf("%s belongs to uid %u, not to the server's uid %u: whoever owns it can "
+                         "plant or swap stages; move it away (or chown it to uid %u) and try "
+                         "again",
+                         d, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
+    return -EPERM;
+  }
+  if ((st.st_mode & 027) && chmod(d, st.st_mode & 0750) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("%s is writable by its group or open to others, and its mode cannot be "
+                         "narrowed (%s): chmod 0700 it and try again",
+                         d, strerror(errno));
+    return r;
+  }
   return 0;
 }
 

@@ -643,6 +643,32 @@ static int count_fds(void) {
 
 static int fds_at_start;
 
+/* stages/ of another uid is refused (its owner could plant or swap
+ * stages); one its group may write in loses the group's write right. */
+static void stages_dir_only_the_servers(void) {
+  _cleanup_free_ char *sd = xasprintf("%s/stages", store);
+  char *dir = NULL, *err = NULL;
+  if (geteuid() == 0) {
+    CHECK_EQ_INT(chown(sd, 4242, 4242), 0);
+    CHECK_EQ_INT(stage_begin(1 << 20, &dir, &err), -EPERM);
+    CHECK(err && strstr(err, "belongs to uid 4242") && strstr(err, "move it away"));
+    CHECK(dir == NULL);
+    free(err);
+    err = NULL;
+    CHECK_EQ_INT(chown(sd, 0, 0), 0);
+  } else {
+    printf("# skip the owner half of stages_dir_only_the_servers: needs root to chown\n");
+  }
+  CHECK_EQ_INT(chmod(sd, 0775), 0);
+  CHECK_EQ_INT(stage_begin(1 << 20, &dir, &err), 0);
+  struct stat st;
+  CHECK(stat(sd, &st) == 0 && (st.st_mode & 07777) == 0750);
+  stage_abort(dir);
+  free(dir);
+  free(err);
+  CHECK_EQ_INT(chmod(sd, 0700), 0);
+}
+
 static void setup(void) {
   fds_at_start = count_fds();
   if (!mkdtemp(store))
@@ -671,4 +697,4 @@ TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
           TEST(concurrent_opens_share_one_stage), TEST(hostile_tree_neither_followed_nor_hanging),
-          TEST(stage_gone_after_all))
+          TEST(stages_dir_only_the_servers), TEST(stage_gone_after_all))
