@@ -364,9 +364,10 @@ static int ns_write_maps(pid_t pid, unsigned uid, char **ret_err) {
 }
 
 /* A detached, read-only mount of ROOTFS (the rootfs, or a stage's layer:
- * WHAT) in which host uid k shows as uid k of the child's user namespace. */
-static int ns_idmapped_tree(const char *what, const char *rootfs, pid_t pid, int *ret_fd,
-                            char **ret_err) {
+ * WHAT) in which host uid k shows as uid k of the child's user namespace.
+ * TREE_FD >= 0: the directory is that fd's (ROOTFS names it in messages). */
+static int ns_idmapped_tree(const char *what, const char *rootfs, int tree_fd, pid_t pid,
+                            int *ret_fd, char **ret_err) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
   _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
@@ -375,7 +376,9 @@ static int ns_idmapped_tree(const char *what, const char *rootfs, pid_t pid, int
     *ret_err = xasprintf("cannot open %s: %s", path, strerror(errno));
     return r;
   }
-  _cleanup_close_ int tree = open_tree(AT_FDCWD, rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  _cleanup_close_ int tree =
+      tree_fd >= 0 ? open_tree(tree_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)
+                   : open_tree(AT_FDCWD, rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (tree < 0) {
     int r = -errno;
     *ret_err = xasprintf("cannot make a mount of the %s %s (open_tree: %s); Linux 5.12 or "
@@ -461,6 +464,22 @@ static int ns_release(int sync_fd, int tree_fd, int stage_fd) {
 
 static int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err);
 
+/* STAGE's layer/ as an O_PATH fd: neither the stage's directory nor its
+ * layer may be a link (what would be laid is then outside the stage). */
+static int ns_open_layer(const struct stage *stage, int *ret_fd, char **ret_err) {
+  _cleanup_close_ int dir = open(stage->dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = dir < 0 ? -1 : openat(dir, "layer", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("stage %s cannot be used: %s/layer is not a directory of its own (%s); "
+                         "remove the stage with stage_rm and commit it again",
+                         stage->name ? stage->name : stage->id, stage->dir, strerror(errno));
+    return r == -ELOOP || r == -ENOTDIR ? -EBADMSG : r;
+  }
+  *ret_fd = fd;
+  return 0;
+}
+
 static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                      struct sandbox **ret, char **ret_err) {
   static _Atomic unsigned seq;
@@ -488,6 +507,11 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   _cleanup_close_ int tree_fd = -1, stage_fd = -1;
   _cleanup_free_ char *layer = cfg->stage ? xasprintf("%s/layer", cfg->stage->dir) : NULL;
   int r;
+  /* The stage's directory and its layer, opened without following a link
+   * (the mount is made of this fd: a name swapped meanwhile is not used). */
+  _cleanup_close_ int layer_fd = -1;
+  if (layer && (r = ns_open_layer(cfg->stage, &layer_fd, ret_err)) < 0)
+    return r;
   if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, sb->uid_lock_fds, ret_err)) < 0)
     return r;
 
@@ -583,7 +607,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
      * /tmp: said in its limits, and logged once per server. */
     static _Atomic bool warned;
     _cleanup_free_ char *why = NULL;
-    if (ns_idmapped_tree("rootfs", cfg->rootfs, a.ret_pid, &tree_fd, &why) < 0) {
+    if (ns_idmapped_tree("rootfs", cfg->rootfs, -1, a.ret_pid, &tree_fd, &why) < 0) {
       if (!warned) {
         warned = true;
         log_warn("%s; namespace sessions see the rootfs's files read-only", why);
@@ -600,7 +624,8 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                            session_id, cfg->stage->name ? cfg->stage->name : cfg->stage->id, why);
       goto fail_child;
     }
-    if (layer && (r = ns_idmapped_tree("stage layer", layer, a.ret_pid, &stage_fd, ret_err)) < 0)
+    if (layer && (r = ns_idmapped_tree("stage layer", layer, layer_fd, a.ret_pid, &stage_fd,
+                                       ret_err)) < 0)
       goto fail_child;
   }
   if (sb->cg && (r = cgroup_attach(sb->cg, a.ret_pid)) < 0)

@@ -127,6 +127,42 @@ describe('stages: a hostile sandbox', { skip: NS_ONLY('the ns layer copy'), ...T
     for (const n of ['abuse/base', 'abuse/child']) await call(c, 'stage_rm', { name: n });
   });
 
+  test("a stage's layer swapped for a link after it was checked is not laid", T, async () => {
+    const c = srv.client;
+    const sid = await openSession(c);
+    await sh(c, sid, 'echo mine > /root/mine');
+    await call(c, 'commit', { session_id: sid, name: 'abuse/swap' });
+    // Checked once by this server: later opens trust it.
+    const s1 = (await call(c, 'open_session', { stage: 'abuse/swap' })).session_id;
+    await call(c, 'close', { session_id: s1 });
+    const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-outside-'));
+    try {
+      fs.mkdirSync(path.join(outside, 'root'));
+      fs.writeFileSync(path.join(outside, 'root', 'host-secret'), 'host\n');
+      const layer = layerOf('abuse/swap');
+      fs.renameSync(layer, `${layer}.real`);
+      fs.symlinkSync(outside, layer);
+      const res = await c.callTool({ name: 'open_session', arguments: { stage: 'abuse/swap' } });
+      if (!res.isError) {
+        const s2 = res.structuredContent.session_id;
+        const r = await run(c, s2, 'cat /root/host-secret');
+        await call(c, 'close', { session_id: s2 });
+        assert.fail(`a session was laid over the link's target (cat: ${r.exit_code} ${r.stdout})`);
+      }
+      const text = res.content.map((x) => x.text).join('');
+      assert.match(text, /layer is not a directory of its own.*stage_rm/s);
+      fs.unlinkSync(layer);
+      fs.renameSync(`${layer}.real`, layer);
+      const s3 = (await call(c, 'open_session', { stage: 'abuse/swap' })).session_id;
+      assert.equal(await sh(c, s3, 'cat /root/mine'), 'mine\n');
+      await call(c, 'close', { session_id: s3 });
+    } finally {
+      fs.rmSync(outside, { recursive: true, force: true });
+    }
+    await call(c, 'close', { session_id: sid });
+    await call(c, 'stage_rm', { name: 'abuse/swap' });
+  });
+
   test('a stage name cannot leave the store', T, async () => {
     const c = srv.client;
     const sid = await openSession(c);
