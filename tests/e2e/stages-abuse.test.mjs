@@ -14,7 +14,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, call, callErr, openSession, sh, run, NS_ONLY } from './lib.mjs';
+import { startServer, call, callErr, openSession, sh, run, sleep, waitUntil, waitGone, descendants, NS_ONLY } from './lib.mjs';
 
 const T = { timeout: 300_000 };
 const MiB = 1 << 20;
@@ -25,6 +25,13 @@ process.on('exit', () => fs.rmSync(store, { recursive: true, force: true }));
 
 const stageDir = (name) => path.join(store, 'stages', name.replaceAll('/', '+'));
 const layerOf = (name) => path.join(stageDir(name), 'layer');
+
+/* The entries of stages/ that are not stages (being made, anonymous,
+ * removed); the lock file aside. */
+const leftovers = () =>
+  fs.existsSync(path.join(store, 'stages'))
+    ? fs.readdirSync(path.join(store, 'stages')).filter((n) => n.startsWith('.') && n !== '.lock')
+    : [];
 
 /* Every path under DIR with lstat, no link followed. */
 function walk(dir, out = []) {
@@ -177,5 +184,103 @@ describe('stages: a hostile sandbox', { skip: NS_ONLY('the ns layer copy'), ...T
     await call(c, 'stage_rm', { name: 'a/../../x' });
     await call(c, 'close', { session_id: sid });
     assert.deepEqual(fs.readdirSync(path.join(store, 'stages')).filter((n) => !n.startsWith('.')), []);
+  });
+
+  test('commit, fork, reset, close and stage_rm all at once leave the table and the store right', T, async () => {
+    const c = srv.client;
+    for (let round = 0; round < 4; round++) {
+      const sid = await openSession(c);
+      await sh(c, sid, `echo ${round} > /root/round && (while :; do echo x >> /root/busy; sleep 0.01; done) >/dev/null 2>&1 &`);
+      const calls = [
+        c.callTool({ name: 'commit', arguments: { session_id: sid, name: 'race/a', replace: true } }),
+        c.callTool({ name: 'fork', arguments: { session_id: sid, count: 2 } }),
+        c.callTool({ name: 'commit', arguments: { session_id: sid, name: 'race/b', replace: true } }),
+        c.callTool({ name: 'reset', arguments: { session_id: sid, stage: 'race/a' } }),
+        c.callTool({ name: 'stage_rm', arguments: { name: 'race/a' } }),
+        sleep(round * 15).then(() => c.callTool({ name: 'close', arguments: { session_id: sid } })),
+        c.callTool({ name: 'fork', arguments: { session_id: sid, count: 1 } }),
+      ];
+      const res = await Promise.all(calls);
+      for (const r of res) {
+        if (r.isError) assert.ok(r.content[0].text.length > 0);
+        for (const f of r.structuredContent?.sessions ?? []) {
+          // A fork that was made runs and holds the source's files.
+          assert.match(await sh(c, f.session_id, 'cat /root/round'), new RegExp(`^${round}\n$`));
+          await call(c, 'close', { session_id: f.session_id });
+        }
+      }
+      await c.callTool({ name: 'close', arguments: { session_id: sid } });
+    }
+    // The table is empty, every slot is free again, nothing is left.
+    assert.deepEqual((await call(c, 'list_sessions')).sessions, []);
+    const ids = [];
+    for (let i = 0; i < 8; i++) ids.push(await openSession(c));
+    for (const id of ids) await call(c, 'close', { session_id: id });
+    for (const n of ['race/a', 'race/b']) await c.callTool({ name: 'stage_rm', arguments: { name: n } });
+    assert.ok(await waitUntil(() => leftovers().length === 0, { timeoutMs: 5000 }), `left in stages/: ${leftovers()}`);
+  });
+});
+
+/* The v1 freezer groups of server PID that are frozen now. */
+function frozenGroupsOf(pid) {
+  const base = '/sys/fs/cgroup/freezer';
+  if (!fs.existsSync(base)) return [];
+  return fs.readdirSync(base).filter((n) => n.startsWith(`ign-mcp-${pid}-`)).filter((n) => {
+    try {
+      return fs.readFileSync(path.join(base, n, 'freezer.state'), 'utf8').trim() !== 'THAWED';
+    } catch {
+      return false;
+    }
+  });
+}
+
+// Not fenced: the fence makes the server PID 1 of a pid namespace, which
+// takes every process of its own with it (also the freezer's watchdog).
+describe('stages: a server killed mid-commit', { skip: NS_ONLY('the ns layer copy'), ...T }, () => {
+  test('leaves no half stage, no frozen sandbox, and the next server removes what it left', T, async () => {
+    const killStore = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-stages-kill-'));
+    fs.chmodSync(killStore, 0o755);
+    const env = { IGN_MCP_STORE: killStore, IGN_MCP_OVERLAY_MB: 256 };
+    try {
+      const srv = await startServer({ env });
+      const c = srv.client;
+      const sid = await openSession(c);
+      // Many files: the copy takes a while.
+      await sh(c, sid, 'mkdir /root/m && cd /root/m && i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done; ' +
+        'dd if=/dev/urandom of=/root/big bs=1M count=96 2>/dev/null');
+      const kids = descendants(srv.pid);
+      assert.ok(kids.some((k) => /ign-agent/.test(k.cmd)), JSON.stringify(kids));
+      const pending = c.callTool({ name: 'commit', arguments: { session_id: sid, name: 'killed/mid' } }).catch(() => null);
+      const sd = path.join(killStore, 'stages');
+      const v1 = fs.existsSync('/sys/fs/cgroup/freezer');
+      // Killed while its sandbox is frozen (v1), or while the stage is made.
+      await waitUntil(() => (v1 ? frozenGroupsOf(srv.pid).length > 0
+        : fs.existsSync(sd) && fs.readdirSync(sd).some((n) => n.startsWith('.tmp-'))), { timeoutMs: 30000, intervalMs: 1 });
+      process.kill(srv.pid, 'SIGKILL');
+      await pending;
+      const left = await waitGone(kids, 5000);
+      for (const g of frozenGroupsOf(srv.pid)) fs.writeFileSync(`/sys/fs/cgroup/freezer/${g}/freezer.state`, 'THAWED');
+      assert.deepEqual(left.map((l) => `${l.pid} ${l.cmd}`), [], 'the sandbox of a server killed mid-commit outlived it');
+      await srv.close({ checkOrphans: false }).catch(() => {});
+      assert.ok(!fs.existsSync(path.join(sd, 'killed+mid')) || fs.existsSync(path.join(sd, 'killed+mid', 'meta.json')),
+        'a stage without its meta is in place');
+      const srv2 = await startServer({ env });
+      try {
+        const list = await call(srv2.client, 'stage_list');
+        // Either the commit finished before the kill (a whole stage) or nothing.
+        for (const st of list.stages) assert.equal(st.name, 'killed/mid');
+        if (list.stages.length) {
+          const s2 = (await call(srv2.client, 'open_session', { stage: 'killed/mid' })).session_id;
+          assert.equal((await sh(srv2.client, s2, 'ls /root/m | wc -l')).trim(), '3000');
+          await call(srv2.client, 'close', { session_id: s2 });
+        }
+        assert.deepEqual(fs.readdirSync(sd).filter((n) => n.startsWith('.') && n !== '.lock'), []);
+        assert.deepEqual(frozenGroupsOf(srv.pid), []);
+      } finally {
+        await srv2.close();
+      }
+    } finally {
+      fs.rmSync(killStore, { recursive: true, force: true });
+    }
   });
 });
