@@ -124,6 +124,7 @@ struct ns_sandbox {
   unsigned host_uid;        /* uid 0 inside on the host (the block's first, or ours) */
   unsigned overlay_mb;      /* its disk: the tmpfs of its upper and scratch directories */
   const struct stage *stage; /* the stage it started from (held by the session), or NULL */
+  int stage_layer_fd;       /* its layer/ (O_PATH), whatever is moved or renamed since, or -1 */
   char session_id[80];      /* for messages */
 };
 
@@ -498,6 +499,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->base.ops = &sandbox_ns_ops;
   sb->base.isolation = "namespace";
   sb->err_fd = -1;
+  sb->stage_layer_fd = -1;
   sandbox_proc_init(&sb->proc);
   pthread_mutex_init(&sb->err_lock, NULL);
   sb->uid_lock_fds[0] = sb->uid_lock_fds[1] = -1;
@@ -652,6 +654,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   if (cfg->stage && sb->base.info)
     json_object_set_new(sb->base.info, "stage_layer", json_string("files (overlay lower layer)"));
   sb->base.fd = sv[0];
+  sb->stage_layer_fd = steal_fd(layer_fd);
   *ret = &steal_ptr(sb)->base;
   return 0;
 
@@ -695,6 +698,8 @@ static void ns_destroy(struct sandbox *base) {
   if (sb->err_fd >= 0)
     close(sb->err_fd);
   pthread_mutex_destroy(&sb->err_lock);
+  if (sb->stage_layer_fd >= 0)
+    close(sb->stage_layer_fd);
   /* Reaped: nothing runs under the uid block any more. */
   ns_close_pair(sb->uid_lock_fds);
   json_decref(sb->base.info);
@@ -815,9 +820,11 @@ static int ns_copy_layer(struct ns_sandbox *sb, int state, int layer, bool *froz
   int r;
   if ((r = ns_open_dir_at(state, "upper", &upper, ret_err)) < 0)
     return r;
-  if (sb->stage) {
-    _cleanup_free_ char *path = xasprintf("%s/layer", sb->stage->dir);
-    if ((r = ns_open_dir_at(AT_FDCWD, path, &parent, ret_err)) < 0 ||
+  /* The layer the sandbox was laid over, by the fd opened then: not by
+   * its path, whose name another server may have given to another stage
+   * since (stage_rm, replace). */
+  if (sb->stage_layer_fd >= 0) {
+    if ((r = ns_open_dir_at(sb->stage_layer_fd, ".", &parent, ret_err)) < 0 ||
         (r = ns_layer_link(parent, layer, &keep, st, ret_err)) < 0)
       return r;
   }

@@ -170,6 +170,27 @@ describe('stages: a hostile sandbox', { skip: NS_ONLY('the ns layer copy'), ...T
     await call(c, 'stage_rm', { name: 'abuse/swap' });
   });
 
+  test("a commit builds on the layer its session was laid over, though another server gave the name to another stage", T, async () => {
+    const c = srv.client;
+    const s0 = await openSession(c);
+    await sh(c, s0, 'echo old > /root/which');
+    await call(c, 'commit', { session_id: s0, name: 'abuse/moved' });
+    const s1 = (await call(c, 'open_session', { stage: 'abuse/moved' })).session_id;
+    await sh(c, s1, 'echo s1 > /root/own');
+    // What another server's stage_rm does: the stage goes aside (held, it
+    // stays), and the name is free for a new stage.
+    const aside = path.join(store, 'stages', '.rm-999999-1');
+    fs.renameSync(stageDir('abuse/moved'), aside);
+    await sh(c, s0, 'echo new > /root/which');
+    await call(c, 'commit', { session_id: s0, name: 'abuse/moved' });
+    await call(c, 'commit', { session_id: s1, name: 'abuse/after' });
+    const s2 = (await call(c, 'open_session', { stage: 'abuse/after' })).session_id;
+    assert.equal(await sh(c, s2, 'cat /root/which /root/own'), 'old\ns1\n');
+    for (const s of [s0, s1, s2]) await call(c, 'close', { session_id: s });
+    for (const n of ['abuse/moved', 'abuse/after']) await call(c, 'stage_rm', { name: n });
+    fs.rmSync(aside, { recursive: true, force: true });
+  });
+
   test('a stage name cannot leave the store', T, async () => {
     const c = srv.client;
     const sid = await openSession(c);
