@@ -33,6 +33,9 @@ const leftovers = () =>
     ? fs.readdirSync(path.join(store, 'stages')).filter((n) => n.startsWith('.') && n !== '.lock')
     : [];
 
+const leftoversIn = (st) =>
+  fs.readdirSync(path.join(st, 'stages')).filter((n) => n.startsWith('.') && n !== '.lock');
+
 /* Every path under DIR with lstat, no link followed. */
 function walk(dir, out = []) {
   for (const e of fs.readdirSync(dir)) {
@@ -276,6 +279,39 @@ describe('stages: a hostile sandbox', { skip: NS_ONLY('the ns layer copy'), ...T
     for (const id of ids) await call(c, 'close', { session_id: id });
     for (const n of ['race/a', 'race/b']) await c.callTool({ name: 'stage_rm', arguments: { name: n } });
     assert.ok(await waitUntil(() => leftovers().length === 0, { timeoutMs: 5000 }), `left in stages/: ${leftovers()}`);
+  });
+});
+
+describe('stages: the quota', { skip: NS_ONLY('the ns layer copy'), ...T }, () => {
+  test('neither fork nor replace nor many small commits go past IGN_MCP_STAGES_MAX_MB', T, async () => {
+    const qStore = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-stages-quota-'));
+    fs.chmodSync(qStore, 0o755);
+    const srv = await startServer({ fence: true, env: { IGN_MCP_STORE: qStore, IGN_MCP_OVERLAY_MB: 32, IGN_MCP_STAGES_MAX_MB: 48 } });
+    const c = srv.client;
+    const used = () => {
+      let n = 0;
+      for (const { st } of walk(path.join(qStore, 'stages'))) n += st.blocks * 512;
+      return n;
+    };
+    try {
+      const sid = await openSession(c);
+      await sh(c, sid, 'dd if=/dev/urandom of=/root/a bs=1M count=20 2>/dev/null');
+      await call(c, 'commit', { session_id: sid, name: 'q/one' });
+      for (const [tool, args] of [['commit', { session_id: sid, name: 'q/two' }], ['fork', { session_id: sid, count: 1 }],
+        ['commit', { session_id: sid, name: 'q/one', replace: true }]]) {
+        const e = await callErr(c, tool, args);
+        assert.match(e, /IGN_MCP_STAGES_MAX_MB.*stage_rm|stage_rm.*IGN_MCP_STAGES_MAX_MB/s, `${tool}: ${e}`);
+      }
+      assert.ok(used() <= 48 * MiB, `the stages take ${used()} bytes`);
+      assert.deepEqual(leftoversIn(qStore), []);
+      await call(c, 'stage_rm', { name: 'q/one' });
+      await call(c, 'commit', { session_id: sid, name: 'q/two' });
+      await call(c, 'close', { session_id: sid });
+      await call(c, 'stage_rm', { name: 'q/two' });
+    } finally {
+      await srv.close();
+      fs.rmSync(qStore, { recursive: true, force: true });
+    }
   });
 });
 
