@@ -42,6 +42,10 @@
 #define LAYER_XATTR_LIST (64u << 10)
 #define LAYER_XATTR_VALUE (64u << 10) /* XATTR_SIZE_MAX */
 #define LAYER_MODE_BITS (07777 & ~(S_ISUID | S_ISGID))
+/* The most memory the upper's hard links are remembered in (paths of up to
+ * PATH_MAX, for up to a million entries): past it, files are copied (and
+ * max_bytes bounds what that costs). */
+#define LAYER_LINKS_MEM (32u << 20)
 
 struct layer_ctx {
   const struct ns_layer_opts *o;
@@ -55,6 +59,7 @@ struct layer_ctx {
   bool applying;                /* copying from the sandbox (max_bytes counts) */
   int root_fd;                  /* the layer's top (c->path is relative to it), or -1 */
   void *links;                  /* tsearch tree of struct layer_link: the upper's hard links */
+  size_t links_mem;             /* bytes of it */
 };
 
 /* A file of the upper with more than one link, and the copy made of it:
@@ -387,9 +392,12 @@ static void layer_link_note(struct layer_ctx *c, int dfd, const char *name, cons
     tdelete(old, &c->links, link_cmp);
     free(old);
   }
+  if (c->links_mem + sizeof(struct layer_link) + c->path_len > LAYER_LINKS_MEM)
+    return;
   struct layer_link *l = malloc(sizeof *l + c->path_len);
   if (!l)
     return;
+  c->links_mem += sizeof *l + c->path_len;
   *l = (struct layer_link){.src_dev = s->st_dev, .src_ino = s->st_ino, .dst_dev = d.st_dev,
                            .dst_ino = d.st_ino};
   memcpy(l->rel, c->path + 1, c->path_len); /* without the leading '/', with the NUL */
