@@ -399,6 +399,56 @@ static void apply_capped(void) {
   free(err);
 }
 
+/* Only user.* xattrs reach a stage (no trusted.*, security.*: file
+ * capabilities, SELinux labels, overlay's trusted marks), user.overlay.* of
+ * an upper is overlay's own and is not kept, and many or large ones neither
+ * fail the copy nor overflow its buffers. */
+static void xattrs_filtered(void) {
+  fresh();
+  put("upper/f", "x", 0755);
+  mkdir(at("upper/d"), 0755);
+  put("parent/d", "below", 0644);
+  bool root_here = geteuid() == 0;
+  if (root_here) {
+    /* v3 file capability data: cap_sys_admin, effective. */
+    static const unsigned char cap[24] = {0x01, 0, 0, 0x03, 0, 0, 0x20, 0, 0, 0, 0, 0};
+    CHECK_EQ_INT(setxattr(at("upper/f"), "trusted.x", "t", 1, 0), 0);
+    setxattr(at("upper/f"), "security.capability", cap, sizeof cap, 0);
+    CHECK_EQ_INT(setxattr(at("upper/d"), "trusted.overlay.opaque", "y", 1, 0), 0);
+  }
+  CHECK_EQ_INT(setxattr(at("upper/f"), "user.overlay.redirect", "/etc", 4, 0), 0);
+  static char big[4000];
+  memset(big, 'v', sizeof big);
+  int kept = 0;
+  for (int i = 0; i < 64; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "user.big-%02d-%040d", i, 0);
+    if (setxattr(at("upper/f"), name, big, sizeof big, 0) == 0)
+      kept++;
+  }
+  struct ns_layer_stats st;
+  char *err = NULL;
+  CHECK_EQ_INT(commit(&st, &err), 0);
+  char v[4096];
+  CHECK(getxattr(at("child/f"), "trusted.x", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/f"), "security.capability", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/f"), "user.overlay.redirect", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/d"), "trusted.overlay.opaque", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/d"), NS_LAYER_OPAQUE_XATTR, v, sizeof v) < 0);
+  int got = 0;
+  for (int i = 0; i < 64; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "user.big-%02d-%040d", i, 0);
+    if (getxattr(at("child/f"), name, v, sizeof v) == (ssize_t)sizeof big)
+      got++;
+  }
+  CHECK(got + (int)st.xattrs_dropped >= kept);
+  CHECK(got > 0 || kept == 0);
+  struct stat s;
+  CHECK(lstat(at("child/d"), &s) == 0 && S_ISDIR(s.st_mode)); /* merged, not opaque */
+  free(err);
+}
+
 static void cleanup(void) {
   if (root[0])
     fs_remove_tree(root);
@@ -410,4 +460,5 @@ TEST_MAIN(TEST(whiteouts_remove_and_stay), TEST(opaque_dir_replaces),
           TEST(links_copied_never_followed), TEST(fifo_kept_devices_dropped),
           TEST(sparse_stays_sparse), TEST(deep_tree), TEST(owners_of_the_block),
           TEST(scratch_dir_replaces), TEST(upper_hard_links_kept), TEST(apply_capped),
+          TEST(xattrs_filtered),
           TEST(cleanup))
