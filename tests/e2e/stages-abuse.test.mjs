@@ -90,6 +90,12 @@ describe('stages: a hostile sandbox', { skip: NS_ONLY('the ns layer copy'), ...T
       assert.equal(st.mode & 0o6000, 0, `${p} keeps a setuid or setgid bit in the store`);
       assert.ok(!st.isBlockDevice() && !(st.isCharacterDevice() && st.rdev !== 0), `${p} is a device`);
     }
+    // Nobody but the server's uid reaches a stage's files.
+    for (const d of [path.join(store, 'stages'), stageDir('abuse/odd')]) {
+      const st = fs.statSync(d);
+      assert.equal(st.mode & 0o027, 0, `${d} is open to others or writable by its group (${(st.mode & 0o777).toString(8)})`);
+      assert.equal(st.uid, process.getuid());
+    }
     const root = path.join(layerOf('abuse/odd'), 'root');
     assert.equal(fs.readlinkSync(path.join(root, 'shadow-link')), '/etc/shadow');
     assert.ok(fs.lstatSync(path.join(root, 'fifo')).isFIFO());
