@@ -34,7 +34,9 @@ const leftovers = () =>
     : [];
 
 const leftoversIn = (st) =>
-  fs.readdirSync(path.join(st, 'stages')).filter((n) => n.startsWith('.') && n !== '.lock');
+  fs.existsSync(path.join(st, 'stages'))
+    ? fs.readdirSync(path.join(st, 'stages')).filter((n) => n.startsWith('.') && n !== '.lock')
+    : [];
 
 /* Every path under DIR with lstat, no link followed. */
 function walk(dir, out = []) {
@@ -317,6 +319,38 @@ describe('stages: the quota', { skip: NS_ONLY('the ns layer copy'), ...T }, () =
     } finally {
       await srv.close();
       fs.rmSync(qStore, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('stages: shutdown during a fork', { skip: NS_ONLY('the ns layer copy'), ...T }, () => {
+  test('a server told to stop while it forks and commits leaves no session, process or stage file', T, async () => {
+    const sStore = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-stages-stop-'));
+    fs.chmodSync(sStore, 0o755);
+    try {
+      for (const delay of [0, 30, 120]) {
+        const srv = await startServer({ fence: true, env: { IGN_MCP_STORE: sStore } });
+        const c = srv.client;
+        const sid = await openSession(c);
+        await sh(c, sid, 'dd if=/dev/urandom of=/root/r bs=1M count=8 2>/dev/null');
+        const inflight = [
+          c.callTool({ name: 'fork', arguments: { session_id: sid, count: 4 } }),
+          c.callTool({ name: 'commit', arguments: { session_id: sid, name: 'stop/a' } }),
+        ].map((p) => p.catch(() => null));
+        await sleep(delay);
+        await srv.close(); // checks that no process of it outlives it
+        await Promise.all(inflight);
+        // What it left in the store is a whole stage or nothing.
+        // A server that stops cleans up after itself (no clean-up by the next).
+        assert.deepEqual(leftoversIn(sStore), [], 'left in stages/ by a server that stopped');
+        const left = leftoversIn(sStore);
+        const srv2 = await startServer({ fence: true, env: { IGN_MCP_STORE: sStore } });
+        assert.deepEqual(leftoversIn(sStore), [], `left by the stopped server: ${left}`);
+        await srv2.client.callTool({ name: 'stage_rm', arguments: { name: 'stop/a' } });
+        await srv2.close();
+      }
+    } finally {
+      fs.rmSync(sStore, { recursive: true, force: true });
     }
   });
 });
