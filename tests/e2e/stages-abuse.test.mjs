@@ -384,11 +384,13 @@ describe('stages: a server killed mid-commit', { skip: NS_ONLY('the ns layer cop
         'dd if=/dev/urandom of=/root/big bs=1M count=96 2>/dev/null');
       const kids = descendants(srv.pid);
       assert.ok(kids.some((k) => /ign-agent/.test(k.cmd)), JSON.stringify(kids));
-      const pending = c.callTool({ name: 'commit', arguments: { session_id: sid, name: 'killed/mid' } }).catch(() => null);
+      let settled = null;
+      const pending = c.callTool({ name: 'commit', arguments: { session_id: sid, name: 'killed/mid' } }).catch(() => null)
+        .then((r) => (settled = r ?? { isError: true }));
       const sd = path.join(killStore, 'stages');
       const v1 = fs.existsSync('/sys/fs/cgroup/freezer');
       // Killed while its sandbox is frozen (v1), or while the stage is made.
-      await waitUntil(() => (v1 ? frozenGroupsOf(srv.pid).length > 0
+      await waitUntil(() => settled || (v1 ? frozenGroupsOf(srv.pid).length > 0
         : fs.existsSync(sd) && fs.readdirSync(sd).some((n) => n.startsWith('.tmp-') || n === 'killed+mid')),
       { timeoutMs: 30000, intervalMs: 1 });
       process.kill(srv.pid, 'SIGKILL');
