@@ -16,11 +16,16 @@
 #define UNUSED __attribute__((unused))
 
 static inline void freep(void *p) { free(*(void **)p); }
+/* Closes *FD and sets it to -1: a variable closed early by hand and closed
+ * again by _cleanup_close_ at the end of its scope must not close the fd
+ * number a second time (by then another thread may have it: a QEMU's
+ * pidfd, say). */
 static inline void closep(int *fd) {
   if (*fd >= 0) {
     int saved = errno;
     close(*fd);
     errno = saved;
+    *fd = -1;
   }
 }
 static inline void fclosep(FILE **f) {
