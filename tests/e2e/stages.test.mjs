@@ -24,7 +24,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, sh, sleep, waitUntil, uniq, writeFile,
-  IS_VM, IS_NS, BACKEND, AGENT, VM_DIR, VM_ONLY, NS_ONLY, tempStore, tempKernel, qemusOf, hardKill,
+  IS_VM, IS_NS, BACKEND, AGENT, AS_ROOT, VM_DIR, VM_ONLY, NS_ONLY, tempStore, tempKernel, qemusOf, qemuChildren, hardKill,
 } from './lib.mjs';
 
 const T = { timeout: 300_000 };
@@ -194,7 +194,13 @@ describe('commit and open_session(stage)', () => {
     const b = await open(c, name);
     assert.equal(b.stage, name);
     assert.equal(b.stage_id, r.stage_id);
-    if (IS_VM) assert.equal(b.path, 'stage');
+    if (IS_VM) {
+      assert.equal(b.path, 'stage');
+      // Its QEMU (as every QEMU of the server) does not see the store.
+      const qs = qemuChildren(s.pid);
+      assert.ok(qs.length >= 2, `QEMUs of the server: ${JSON.stringify(qs)}`);
+      for (const q of qs) assert.equal(fs.existsSync(`/proc/${q.pid}/root${STORE.dir}`), false, `QEMU ${q.pid} sees the store`);
+    }
     assert.notEqual(b.session_id, a.session_id);
     assert.equal(await cat(c, b.session_id, '/root/marker.txt'), data);
     assert.equal(await cat(c, b.session_id, '/opt/app/link'), 'dep');
@@ -263,7 +269,9 @@ describe('commit and open_session(stage)', () => {
     const opaque = execFileSync('/usr/bin/python3', ['-c', 'import os, sys; print(os.getxattr(sys.argv[1], "user.overlay.opaque", follow_symlinks=False).decode())', path.join(layer, 'var')]).toString().trim();
     assert.equal(opaque, 'y', 'the replaced /var is not an opaque directory in the layer');
     for (const f of ['root/suid', 'root/sgid']) {
-      const m = fs.lstatSync(path.join(layer, f)).mode;
+      const st = fs.lstatSync(path.join(layer, f));
+      assert.equal(st.uid, AS_ROOT ? 0 : process.getuid(), `${f} in the store belongs to uid ${st.uid}`);
+      const m = st.mode;
       assert.equal(m & 0o6000, 0, `${f} keeps its setuid/setgid bit in the store: ${(m & 0o7777).toString(8)}`);
       assert.equal(m & 0o777, 0o755, `${f} lost its permission bits: ${(m & 0o7777).toString(8)}`);
     }
@@ -356,13 +364,16 @@ describe('fork', () => {
     assert.ok(sb > sa && sa >= before, `the source's counter stopped: ${before}, ${sa}, ${sb}`);
   });
 
-  test('forks and stage sessions never share CRNG state, machine-id or hostname with their source or each other', T, async (t) => {
+  test('forks and stage sessions never share CRNG state, machine-id or hostname with their source or each other, and have the host clock', T, async (t) => {
     const s = await server(t);
     const c = s.client;
     const src = await open(c);
     await identity(c, src.session_id);
     const name = `crng-${process.pid}`;
     await commit(c, src.session_id, name);
+    // Let the stage age: a session from it that kept the stage's clock
+    // would be this far behind.
+    await sleep(6000);
     const f = await call(c, 'fork', { session_id: src.session_id, count: 2 });
     const st = [await open(c, name), await open(c, name)];
     const who = [
@@ -381,6 +392,13 @@ describe('fork', () => {
       // ns: the host's kernel gives each read fresh bytes; the rootfs has no
       // machine-id of its own, and none is made.
       for (const [w, v] of got) assert.equal(v.mid, 'none', `${w}: machine-id ${v.mid}`);
+    }
+    // The host's clock in every one of them.
+    for (const [w, id] of who) {
+      const t0 = Date.now() / 1000;
+      const g = Number((await sh(c, id, 'date +%s')).trim());
+      const t1 = Date.now() / 1000;
+      assert.ok(g >= Math.floor(t0) - 2 && g <= Math.ceil(t1) + 2, `${w}: clock ${g}, host ${t0.toFixed(1)}..${t1.toFixed(1)}`);
     }
     // And a second read in each differs from every first one.
     const again = await Promise.all(who.map(async ([w, id]) => [`${w} (again)`, await identity(c, id)]));
