@@ -2,6 +2,11 @@
 //
 //   node bench/bench.mjs [--quick] [--only 1,2,...]
 //
+// With --only, the sections not named are kept from the last run's
+// bench/results.json (each says so in BENCHMARKS.md). BENCH_STORE=DIR runs
+// every server on that store instead of the server's default (section 8
+// always uses stores of its own).
+//
 // Drives the real server (build/ignition-mcp) through the official MCP SDK
 // client over stdio, for both backends, and writes bench/BENCHMARKS.md
 // (tables of median, p90, p99, samples and the ratio to each section's

@@ -856,6 +856,7 @@ describe('servers and the store', () => {
   });
 
   test('after every server closed: no QEMU of this file, no temporary, anonymous or removed stage left', T, async () => {
+    assert.ok(fs.existsSync(stagesDir()), `no ${stagesDir()}: no stage was ever made`);
     assert.deepEqual(hiddenStageDirs(STORE.dir), [], `left in ${stagesDir()}`);
     for (const n of fs.readdirSync(stagesDir())) {
       if (n === '.lock') continue;
