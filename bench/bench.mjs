@@ -882,7 +882,7 @@ function baseRamFile(store) {
 async function stageRows(backend, n) {
   const g = backend === 'vm' ? 'vm (QEMU microVMs, IGN_MCP_POOL=0)' : 'ns (namespaces)';
   const L = {
-    base: `${backend}: open_session, base restore`,
+    base: backend === 'vm' ? 'vm: open_session, base restore' : 'ns: open_session from the base',
     stage: `${backend}: open_session(stage)`,
     fork: `${backend}: fork(count 1) to the first run('true') answering in the fork`,
     forkPause: `${backend}: fork: the source paused (paused_ms)`,
@@ -893,7 +893,7 @@ async function stageRows(backend, n) {
     stageBytes: `${backend}: stage of an idle session, allocated (bytes)`,
   };
   const rows = [];
-  const all = Object.values(L);
+  const all = Object.values(L).filter((l) => backend === 'vm' || l !== L.baseBytes);
   const store = fs.mkdtempSync(path.join(os.tmpdir(), `ign-bench-stages-${backend}.`));
   fs.chmodSync(store, 0o755); // as root the QEMUs run as other uids
   const env = { ...BACKENDS[backend], IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store };

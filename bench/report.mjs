@@ -132,9 +132,9 @@ function headline(results) {
     ['vm commit of an idle session', 'stages', 'vm: commit of an idle session (wall)', 'vm: open_session, base restore'],
     ['vm open_session(stage)', 'stages', 'vm: open_session(stage)', 'vm: open_session, base restore'],
     ['vm stage of an idle session on disk', 'stages', 'vm: stage of an idle session, allocated (bytes)', 'vm: warm base RAM file, allocated', 'MiB'],
-    ['ns fork to the first run in the fork', 'stages', "ns: fork(count 1) to the first run('true') answering in the fork", 'ns: open_session, base restore'],
-    ['ns commit of an idle session', 'stages', 'ns: commit of an idle session (wall)', 'ns: open_session, base restore'],
-    ['ns open_session(stage)', 'stages', 'ns: open_session(stage)', 'ns: open_session, base restore'],
+    ['ns fork to the first run in the fork', 'stages', "ns: fork(count 1) to the first run('true') answering in the fork", 'ns: open_session from the base'],
+    ['ns commit of an idle session', 'stages', 'ns: commit of an idle session (wall)', 'ns: open_session from the base'],
+    ['ns open_session(stage)', 'stages', 'ns: open_session(stage)', 'ns: open_session from the base'],
     ['srt per command (library)', 'peer', "srt (sandbox-runtime library): wrapWithSandbox('true') + spawn", 'host: sh -c true via Node child_process.spawn'],
     ["ours, ns run('true') (same section)", 'peer', "ignition-mcp ns: run('true') through MCP (SDK client), live session", 'host: sh -c true via Node child_process.spawn'],
   ];
