@@ -88,11 +88,23 @@ async function commit(c, session_id, name, extra = {}) {
   return call(c, 'commit', { session_id, name, ...extra });
 }
 
+/* R (a commit's result or stage_info) names PARENT ({name, id} of the
+ * stage, or null for the base) as its parent: by name or by content id
+ * (and, when it gives parent_id too, that is the id). */
+function assertParent(r, parent, what) {
+  if (parent === null) {
+    assert.equal(r.parent, null, `${what}: a parent for a stage made from the base: ${JSON.stringify(r)}`);
+    return;
+  }
+  assert.ok(r.parent === parent.name || r.parent === parent.id, `${what}: parent ${JSON.stringify(r.parent)}, not ${parent.name} (${parent.id})`);
+  if ('parent_id' in r) assert.equal(r.parent_id, parent.id, `${what}: parent_id`);
+}
+
 /* A commit's result, checked against the shape of the issue. */
 function checkCommit(r, name, parent) {
   assert.equal(r.stage, name);
   assert.match(r.stage_id, STAGE_ID);
-  assert.equal(r.parent, parent);
+  assertParent(r, parent, `commit of ${name}`);
   assert.equal(r.carries, CARRIES);
   for (const k of ['bytes', 'commit_ms', 'paused_ms']) {
     assert.equal(typeof r[k], 'number', `commit: ${k} is not a number: ${JSON.stringify(r)}`);
@@ -486,9 +498,9 @@ describe('chains', () => {
     await sh(c, b.session_id, 'rm /root/doomed');
     const n2 = `chain-${process.pid}/two`;
     const r2 = await commit(c, b.session_id, n2);
-    checkCommit(r2, n2, r1.stage_id);
+    checkCommit(r2, n2, { name: n1, id: r1.stage_id });
     const i2 = await call(c, 'stage_info', { name: n2 });
-    assert.equal(i2.parent, r1.stage_id);
+    assertParent(i2, { name: n1, id: r1.stage_id }, `stage_info(${n2})`);
     const x = await open(c, n2);
     assert.equal(await cat(c, x.session_id, '/root/level1'), 'one');
     assert.equal(await cat(c, x.session_id, '/root/level2'), 'two');
@@ -504,7 +516,7 @@ describe('chains', () => {
     await writeFile(c, x.session_id, '/root/level3', 'three');
     const n3 = `chain-${process.pid}/three`;
     const r3 = await commit(c, x.session_id, n3);
-    assert.equal(r3.parent, r2.stage_id);
+    assertParent(r3, { name: n2, id: r2.stage_id }, `commit of ${n3}`);
     for (const id of [b.session_id, x.session_id]) await call(c, 'close', { session_id: id });
     await call(c, 'stage_rm', { name: n2 });
     const z = await open(c, n3);
@@ -568,7 +580,7 @@ describe('stage_list, stage_info and stage_rm', () => {
     const i = await call(c, 'stage_info', { name });
     assert.equal(i.name, name);
     assert.equal(i.stage_id, r.stage_id);
-    assert.equal(i.parent, null);
+    assertParent(i, null, 'stage_info');
     assert.equal(i.carries, CARRIES);
     assert.equal(i.backend, BACKEND);
     assert.match(i.base_id, BASE_ID);
@@ -790,7 +802,7 @@ describe('servers and the store', () => {
     assert.equal(await cat(s2.client, b.session_id, '/root/from-s1'), 's1');
     await writeFile(s2.client, b.session_id, '/root/from-s2', 's2');
     const r2 = await commit(s2.client, b.session_id, n2);
-    assert.equal(r2.parent, r1.stage_id);
+    assertParent(r2, { name: n1, id: r1.stage_id }, `commit of ${n2}`);
     // A name one server holds is refused to the other without replace.
     assert.match(await callErr(s1.client, 'commit', { session_id: a.session_id, name: n2 }), /replace/);
     // A stage one server's session uses, removed by the other: the session
