@@ -568,7 +568,7 @@ describe('names and replace', () => {
 
 describe('stage_list, stage_info and stage_rm', () => {
   test('stage_list and stage_info give every field', T, async (t) => {
-    const MAX_MB = 4096;
+    const MAX_MB = 65536;
     const s = await server(t, { IGN_MCP_STAGES_MAX_MB: MAX_MB });
     const c = s.client;
     const a = await open(c);
