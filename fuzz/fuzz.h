@@ -14,6 +14,8 @@ static inline void fuzz_server_without_backend(void) {
   setenv("IGN_MCP_BACKEND", "ns", 1);
   setenv("IGN_MCP_AGENT", "/nonexistent/ign-agent", 1);
   setenv("IGN_MCP_ROOTFS", "/nonexistent/rootfs", 1);
+  /* The stage tools read and change the store: never the real one. */
+  setenv("IGN_MCP_STORE", "/nonexistent/store", 1);
   log_set_stderr_level(LOG_EMERGENCY);
   if (config_load() < 0)
     abort();

@@ -16,8 +16,9 @@
 #include "tools/args.h"
 #include "tools/tools.h"
 
-static const char *const tool_names[] = {"open_session", "run",   "write_file",   "read_file",
-                                         "reset",        "close", "list_sessions"};
+static const char *const tool_names[] = {
+    "open_session", "run",    "write_file", "read_file",  "reset",   "close",
+    "list_sessions", "commit", "fork",       "stage_list", "stage_info", "stage_rm"};
 #define N_TOOLS (sizeof tool_names / sizeof tool_names[0])
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

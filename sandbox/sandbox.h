@@ -88,6 +88,11 @@ struct sandbox {
   const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
   char limits[192];         /* human summary of the limits in force */
   json_t *info;             /* extra open_session fields (path, phases), or NULL */
+  /* The inputs id (ops->inputs_id) of what this sandbox was made from, set
+   * by create: a stage committed from it records this one, not whatever the
+   * backend's inputs are by then.  Empty: the session layer asks
+   * ops->inputs_id. */
+  char inputs_id[24];
 };
 
 extern const struct sandbox_ops sandbox_ns_ops;

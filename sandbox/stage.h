@@ -106,3 +106,7 @@ int stage_rm(const char *name, char **ret_err);
 void stage_gc(void);
 /* The bytes allocated on disk under PATH (a file or a tree). */
 uint64_t stage_tree_bytes(const char *path);
+
+/* TEST ONLY (tests/unit/test_stage.c): forgets which stage ids this server
+ * has verified, as if it had just started. */
+void stage_test_forget(void);

@@ -23,16 +23,20 @@
 #include "mcp/config.h"
 #include "mcp/log.h"
 #include "sandbox/sandbox.h"
+#include "sandbox/stage.h"
 #include "sandbox/vm.h"
 
 #define HELLO_TIMEOUT_MS 30000u
 #define SHUTDOWN_MAKING_WAIT_MS 30000u
+/* How long commit and fork wait for the calls running on a session to end. */
+#define QUIET_WAIT_MS 10000u
 
 struct handle {
   int refs;                 /* under table lock */
   struct sandbox *sb;
   struct agent_conn *conn;
   const char *retired;      /* NULL while in service, else "closed", "reset", ... */
+  struct stage *stage;      /* the stage it was started from (a reference), or NULL */
 };
 
 struct session {
@@ -41,6 +45,7 @@ struct session {
   char id[32];
   struct handle *h;         /* NULL while (re)creating */
   bool resetting;
+  bool snapshotting;        /* commit or fork: new calls wait, as for a reset */
   bool removed;             /* no longer in the table */
   const char *removed_why;
   int busy;
@@ -79,6 +84,10 @@ static void handle_free(struct handle *h) {
     return;
   agent_conn_free(h->conn);
   h->sb->ops->destroy(h->sb);
+  if (h->stage) {
+    stage_sessions_add(h->stage, -1);
+    stage_unref(h->stage);
+  }
   free(h);
 }
 
@@ -140,12 +149,14 @@ static void making_remove_locked(struct making *m) {
 
 /* Creates a sandbox and connects to its agent.  M, already counted in
  * n_making by the caller (under the lock), is listed for shutdown. */
-static int make_handle_listed(struct making *m, const char *id, struct handle **ret,
-                              uint64_t *ret_ms, char **ret_err) {
+static int make_handle_listed(struct making *m, const char *id, struct stage *stage,
+                              struct handle **ret, uint64_t *ret_ms, char **ret_err) {
   uint64_t t0 = mono_us();
   struct sandbox *sb = NULL;
   _cleanup_free_ char *err = NULL;
-  int r = backend->create(&sb_cfg, id, &sb, &err);
+  struct sandbox_config sc = sb_cfg;
+  sc.stage = stage;
+  int r = backend->create(&sc, id, &sb, &err);
   if (r < 0) {
     *ret_err = xasprintf("cannot start a sandbox: %s", err ? err : strerror(-r));
     return r;
@@ -187,6 +198,11 @@ static int make_handle_listed(struct making *m, const char *id, struct handle **
   h->refs = 1;
   h->sb = sb;
   h->conn = conn;
+  if (stage) {
+    stage_ref(stage);
+    stage_sessions_add(stage, 1);
+    h->stage = stage;
+  }
   *ret = h;
   *ret_ms = (mono_us() - t0) / 1000;
   return 0;
@@ -195,13 +211,13 @@ static int make_handle_listed(struct making *m, const char *id, struct handle **
 /* make_handle_listed for a caller that holds the lock and has checked that
  * the server is not shutting down; returns with the lock held again, and on
  * success the server is still not shutting down. */
-static int make_handle_locked(const char *id, struct handle **ret, uint64_t *ret_ms,
-                              char **ret_err) {
+static int make_handle_locked(const char *id, struct stage *stage, struct handle **ret,
+                              uint64_t *ret_ms, char **ret_err) {
   struct making m = {0};
   making_add_locked(&m);
   pthread_mutex_unlock(&lock);
   struct handle *h = NULL;
-  int r = make_handle_listed(&m, id, &h, ret_ms, ret_err);
+  int r = make_handle_listed(&m, id, stage, &h, ret_ms, ret_err);
   pthread_mutex_lock(&lock);
   if (r == 0 && shutting_down) {
     /* Shutdown began after the last look: it is still waiting for this one
@@ -225,6 +241,9 @@ static json_t *describe(const struct session *s, uint64_t open_ms) {
                         "limits", s->h->sb->limits);
   if (open_ms != UINT64_MAX)
     json_object_set_new(o, "open_ms", json_integer((json_int_t)open_ms));
+  const struct stage *st = s->h->stage;
+  json_object_set_new(o, "stage", st && st->name ? json_string(st->name) : json_null());
+  json_object_set_new(o, "stage_id", st ? json_string(st->id) : json_null());
   if (s->h->sb->info)
     json_object_update(o, s->h->sb->info);
   return o;
@@ -258,7 +277,37 @@ static char *unavailable_help(void) {
   return text;
 }
 
-int session_open(json_t **ret, char **ret_err) {
+/* Whether the backend can save and start from stages; *ret_err says why not. */
+static bool stages_supported(char **ret_err) {
+  if (backend && backend->snapshot && backend->inputs_id)
+    return true;
+  *ret_err = xasprintf("stages are not available: the %s backend cannot save or start from "
+                       "them",
+                       sessions_backend());
+  return false;
+}
+
+/* Opens stage NAME for a sandbox of this server's backend (NULL and 0 when
+ * NAME is NULL). */
+static int open_stage(const char *name, struct stage **ret, char **ret_err) {
+  *ret = NULL;
+  if (!name)
+    return 0;
+  int r = stage_name_check(name, ret_err);
+  if (r < 0)
+    return r;
+  if (!stages_supported(ret_err))
+    return -EOPNOTSUPP;
+  _cleanup_free_ char *inputs = NULL, *text = NULL, *err = NULL;
+  r = backend->inputs_id(&inputs, &text, &err);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot open stage '%s' yet: %s", name, err ? err : strerror(-r));
+    return r;
+  }
+  return stage_open(name, backend->name, inputs, ret, ret_err);
+}
+
+int session_open(const char *stage_name, json_t **ret, char **ret_err) {
   if (!backend) {
     _cleanup_free_ char *help = unavailable_help();
     *ret_err = xasprintf("no sandbox backend can run here: %s%s%s", backend_error,
@@ -282,12 +331,20 @@ int session_open(json_t **ret, char **ret_err) {
   }
   n_sessions++;
   unsigned seq = ++next_seq;
+  pthread_mutex_unlock(&lock);
 
-  struct session *s = calloc(1, sizeof *s);
+  /* The stage is checked (and verified, the first time) before anything
+   * starts, without the table's lock. */
+  struct stage *stage = NULL;
+  int r = open_stage(stage_name, &stage, ret_err);
+  pthread_mutex_lock(&lock);
+  struct session *s = r < 0 ? NULL : calloc(1, sizeof *s);
   if (!s) {
     n_sessions--;
     pthread_mutex_unlock(&lock);
-    return -ENOMEM;
+    if (stage)
+      stage_unref(stage);
+    return r < 0 ? r : -ENOMEM;
   }
   uint16_t rnd = 0;
   if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
@@ -296,12 +353,16 @@ int session_open(json_t **ret, char **ret_err) {
   s->refs = 1;
 
   uint64_t ms;
-  int r = make_handle_locked(s->id, &s->h, &ms, ret_err);
+  r = shutting_down ? -ESHUTDOWN : make_handle_locked(s->id, stage, &s->h, &ms, ret_err);
+  if (r == -ESHUTDOWN && !*ret_err)
+    *ret_err = strdup("the server is shutting down");
   if (r < 0) {
     /* (Shutdown makes it fail: the sandbox is destroyed by then.) */
     n_sessions--;
     pthread_mutex_unlock(&lock);
     free(s);
+    if (stage)
+      stage_unref(stage);
     return r;
   }
   s->created_ms = s->last_used_ms = mono_ms();
@@ -309,6 +370,8 @@ int session_open(json_t **ret, char **ret_err) {
   table = s;
   *ret = describe(s, ms);
   pthread_mutex_unlock(&lock);
+  if (stage)
+    stage_unref(stage); /* the handle holds its own */
   log_info("session %s opened (%s, %" PRIu64 " ms)", s->id, s->h->sb->isolation, ms);
   return 0;
 }
@@ -327,7 +390,7 @@ static char *removed_while_waiting(const struct session *s) {
  * reference, which the caller keeps or drops. */
 static struct session *wait_reset_locked(struct session *s) {
   s->refs++;
-  while (s->resetting)
+  while (s->resetting || s->snapshotting)
     pthread_cond_wait(&cond, &lock);
   return s;
 }
@@ -357,7 +420,8 @@ int session_acquire(const char *id, struct lease *ret, char **ret_err) {
 void session_release(struct lease *l) {
   struct handle *dead;
   pthread_mutex_lock(&lock);
-  l->s->busy--;
+  if (--l->s->busy == 0 && l->s->snapshotting)
+    pthread_cond_broadcast(&cond); /* a commit or fork waits for quiet */
   l->s->last_used_ms = mono_ms();
   handle_unref_locked(l->h, &dead);
   session_unref_locked(l->s);
@@ -390,7 +454,17 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
                    what_failed, l->s->id, why ? why : "its sandbox exited", l->s->id);
 }
 
-int session_reset(const char *id, json_t **ret, char **ret_err) {
+int session_reset(const char *id, const char *stage_name, json_t **ret, char **ret_err) {
+  /* A stage that cannot be used is refused before the sandbox is thrown
+   * away. */
+  struct stage *stage = NULL;
+  int sr = open_stage(stage_name, &stage, ret_err);
+  if (sr < 0) {
+    char *m = xasprintf("%s; session '%s' was not reset", *ret_err, id);
+    free(*ret_err);
+    *ret_err = m;
+    return sr;
+  }
   pthread_mutex_lock(&lock);
   struct session *s = find_locked(id);
   if (s)
@@ -400,6 +474,8 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
     if (s)
       session_unref_locked(s);
     pthread_mutex_unlock(&lock);
+    if (stage)
+      stage_unref(stage);
     return -ENOENT;
   }
   /* The reference taken while waiting is the reset's. */
@@ -418,7 +494,7 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
     *ret_err = strdup("the server is shutting down");
     r = -ESHUTDOWN;
   } else {
-    r = make_handle_locked(id, &h, &ms, ret_err);
+    r = make_handle_locked(id, stage, &h, &ms, ret_err);
   }
   s->resetting = false;
   s->last_used_ms = mono_ms();
@@ -448,6 +524,8 @@ int session_reset(const char *id, json_t **ret, char **ret_err) {
   pthread_cond_broadcast(&cond);
   pthread_mutex_unlock(&lock);
   handle_free(dead);
+  if (stage)
+    stage_unref(stage); /* the handle holds its own */
   if (r == 0)
     log_info("session %s reset (%" PRIu64 " ms)", id, ms);
   return r;
@@ -484,16 +562,284 @@ int session_close(const char *id, char **ret_err) {
   return 0;
 }
 
+/* ---- commit and fork ---- */
+
+/* Takes session ID for a snapshot: new calls wait (as for a reset) and this
+ * waits up to QUIET_WAIT_MS for the calls running on it to end, so that its
+ * agent is idle when it is saved.  On success *ret is a lease (the reaper
+ * skips the session) to give back with quiet_end. */
+static int quiet_begin(const char *id, const char *what, struct lease *ret, char **ret_err) {
+  pthread_mutex_lock(&lock);
+  struct session *s = find_locked(id);
+  if (s)
+    wait_reset_locked(s);
+  if (!s || s->removed || !s->h) {
+    *ret_err = s && s->removed ? removed_while_waiting(s) : unknown_id(id);
+    if (s)
+      session_unref_locked(s);
+    pthread_mutex_unlock(&lock);
+    return -ENOENT;
+  }
+  s->snapshotting = true;
+  uint64_t deadline = mono_ms() + QUIET_WAIT_MS;
+  while (s->busy > 0 && !s->removed && mono_ms() < deadline) {
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 100);
+    pthread_cond_timedwait(&cond, &lock, &ts);
+  }
+  if (s->busy > 0 || s->removed || !s->h) {
+    *ret_err = s->removed ? removed_while_waiting(s)
+                          : xasprintf("cannot %s session '%s': %d call(s) still run in it after "
+                                      "%u s. A session is saved only while no call runs in it: "
+                                      "wait for them to end (or cancel them), then call %s again.",
+                                      what, id, s->busy, QUIET_WAIT_MS / 1000, what);
+    s->snapshotting = false;
+    pthread_cond_broadcast(&cond);
+    session_unref_locked(s);
+    pthread_mutex_unlock(&lock);
+    return -EBUSY;
+  }
+  s->busy++;
+  s->h->refs++;
+  ret->s = s;
+  ret->h = s->h;
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+
+static void quiet_end(struct lease *l) {
+  pthread_mutex_lock(&lock);
+  l->s->snapshotting = false;
+  pthread_cond_broadcast(&cond);
+  pthread_mutex_unlock(&lock);
+  session_release(l);
+}
+
+/* The space a stage of this backend may take before it is made. */
+static uint64_t stage_need(void) {
+  if (backend == &sandbox_vm_ops)
+    return ((uint64_t)cfg.vm_memory_mb + 4) << 20;
+  return (uint64_t)sandbox_overlay_mb(cfg.memory_mb, cfg.overlay_mb) << 20;
+}
+
+/* Saves the quiet session of L as stage NAME (NULL: anonymous). */
+static int snapshot_lease(const struct lease *l, const char *name, bool replace,
+                          struct stage **ret, struct sandbox_snapshot *ret_snap, char **ret_err) {
+  struct sandbox *sb = l->h->sb;
+  if (!agent_conn_alive(l->h->conn)) {
+    *ret_err = lease_failure(l, "cannot save it");
+    return -EPIPE;
+  }
+  _cleanup_free_ char *inputs = NULL, *text = NULL, *err = NULL;
+  int r = 0;
+  if (sb->inputs_id[0])
+    inputs = strdup(sb->inputs_id);
+  else
+    r = backend->inputs_id(&inputs, &text, &err);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot save session '%s': %s", l->s->id, err ? err : strerror(-r));
+    return r;
+  }
+  _cleanup_free_ char *dir = NULL;
+  if ((r = stage_begin(stage_need(), &dir, ret_err)) < 0)
+    return r;
+  r = backend->snapshot(sb, dir, ret_snap, &err);
+  if (r < 0) {
+    stage_abort(dir);
+    _cleanup_free_ char *why = r == -EPIPE ? lease_failure(l, "saving it failed") : NULL;
+    *ret_err = why ? steal_ptr(why)
+                   : xasprintf("saving session '%s' failed: %s", l->s->id,
+                               err ? err : strerror(-r));
+    return r;
+  }
+  struct stage_new in = {.backend = backend->name, .inputs_id = inputs,
+                         .carries = ret_snap->carries, .parent = l->h->stage};
+  return stage_finish(dir, name, replace, &in, ret, ret_err);
+}
+
+int session_commit(const char *id, const char *name, bool replace, json_t **ret, char **ret_err) {
+  int r = stage_name_check(name, ret_err);
+  if (r < 0)
+    return r;
+  if (!stages_supported(ret_err))
+    return -EOPNOTSUPP;
+  uint64_t t0 = mono_us();
+  struct lease l;
+  if ((r = quiet_begin(id, "commit", &l, ret_err)) < 0)
+    return r;
+  struct stage *st = NULL;
+  struct sandbox_snapshot snap = {0};
+  r = snapshot_lease(&l, name, replace, &st, &snap, ret_err);
+  const struct stage *parent = l.h->stage;
+  if (r == 0)
+    *ret = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:I, s:f}", "stage", st->name, "stage_id",
+                     st->id, "parent", parent && parent->name ? json_string(parent->name)
+                                                              : json_null(),
+                     "parent_id", parent ? json_string(parent->id) : json_null(), "carries",
+                     st->carries, "bytes", (json_int_t)st->bytes, "commit_ms",
+                     (json_int_t)((mono_us() - t0) / 1000), "paused_ms", snap.paused_us / 1000.0);
+  quiet_end(&l);
+  if (r < 0)
+    return r;
+  log_info("session %s committed as stage %s (%s, %" PRIu64 " bytes)", id, st->name, st->id,
+           st->bytes);
+  stage_unref(st);
+  return 0;
+}
+
+struct fork_job {
+  pthread_t thread;
+  struct session *s;
+  struct stage *stage;
+  int r;
+  uint64_t ms;
+  char *err;
+};
+
+static void *fork_main(void *arg) {
+  struct fork_job *j = arg;
+  pthread_mutex_lock(&lock);
+  if (shutting_down) {
+    j->r = -ESHUTDOWN;
+    j->err = strdup("the server is shutting down");
+  } else {
+    j->r = make_handle_locked(j->s->id, j->stage, &j->s->h, &j->ms, &j->err);
+  }
+  pthread_mutex_unlock(&lock);
+  return NULL;
+}
+
+int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
+  if (!stages_supported(ret_err))
+    return -EOPNOTSUPP;
+  if (count < 1 || count > SESSION_FORK_MAX) {
+    *ret_err = xasprintf("fork: 'count' is %u, outside its range 1..%d", count, SESSION_FORK_MAX);
+    return -EINVAL;
+  }
+  uint64_t t0 = mono_us();
+  /* The new sessions' slots first: a fork past the cap changes nothing. */
+  pthread_mutex_lock(&lock);
+  if (shutting_down) {
+    pthread_mutex_unlock(&lock);
+    *ret_err = strdup("the server is shutting down");
+    return -ESHUTDOWN;
+  }
+  if (n_sessions + count > cfg.max_sessions) {
+    *ret_err = xasprintf("cannot fork %u session(s): %u of the %u sessions allowed "
+                         "(IGN_MCP_MAX_SESSIONS) are open. Close sessions you no longer need "
+                         "(list_sessions shows them), fork fewer, or raise IGN_MCP_MAX_SESSIONS.",
+                         count, n_sessions, cfg.max_sessions);
+    pthread_mutex_unlock(&lock);
+    return -EUSERS;
+  }
+  n_sessions += count;
+  pthread_mutex_unlock(&lock);
+
+  struct lease l;
+  struct stage *st = NULL;
+  struct sandbox_snapshot snap = {0};
+  int r = quiet_begin(id, "fork", &l, ret_err);
+  if (r == 0) {
+    r = snapshot_lease(&l, NULL, false, &st, &snap, ret_err);
+    quiet_end(&l);
+  }
+  struct fork_job jobs[SESSION_FORK_MAX] = {0};
+  unsigned made = 0;
+  for (unsigned i = 0; r == 0 && i < count; i++, made++) {
+    struct session *s = calloc(1, sizeof *s);
+    if (!s) {
+      r = -ENOMEM;
+      break;
+    }
+    pthread_mutex_lock(&lock);
+    unsigned seq = ++next_seq;
+    pthread_mutex_unlock(&lock);
+    uint16_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
+      rnd = (uint16_t)mono_us();
+    snprintf(s->id, sizeof s->id, "s%u-%04x", seq, rnd);
+    s->refs = 1;
+    jobs[i] = (struct fork_job){.s = s, .stage = st};
+    if (pthread_create(&jobs[i].thread, NULL, fork_main, &jobs[i]) != 0) {
+      free(s);
+      jobs[i].s = NULL;
+      r = -EAGAIN;
+      break;
+    }
+  }
+  int first_err = r;
+  char *first_msg = NULL;
+  for (unsigned i = 0; i < made; i++) {
+    pthread_join(jobs[i].thread, NULL);
+    if (jobs[i].r < 0 && first_err == 0) {
+      first_err = jobs[i].r;
+      first_msg = steal_ptr(jobs[i].err);
+    }
+    free(jobs[i].err);
+  }
+  if (st)
+    stage_unref(st); /* the forks' handles hold it */
+  json_t *list = json_array();
+  struct handle *dead[SESSION_FORK_MAX] = {0};
+  pthread_mutex_lock(&lock);
+  if (first_err == 0 && shutting_down) {
+    /* Shutdown has closed the table already: these would outlive it. */
+    first_err = -ESHUTDOWN;
+    first_msg = strdup("the server is shutting down");
+  }
+  for (unsigned i = 0; i < made; i++) {
+    struct session *s = jobs[i].s;
+    if (first_err == 0) {
+      s->created_ms = s->last_used_ms = mono_ms();
+      s->next = table;
+      table = s;
+      json_array_append_new(list, json_pack("{s:s, s:s, s:I}", "session_id", s->id, "isolation",
+                                            s->h->sb->isolation, "open_ms", (json_int_t)jobs[i].ms));
+    } else {
+      /* All or none: the forks that started are closed again. */
+      if (s->h) {
+        handle_retire(s->h, "closed");
+        handle_unref_locked(s->h, &dead[i]);
+      }
+      free(s);
+    }
+  }
+  if (first_err < 0)
+    n_sessions -= count;
+  else
+    n_sessions -= count - made; /* (made == count on success) */
+  pthread_mutex_unlock(&lock);
+  for (unsigned i = 0; i < made; i++)
+    handle_free(dead[i]);
+  if (first_err < 0) {
+    json_decref(list);
+    if (first_msg) {
+      free(*ret_err);
+      *ret_err = xasprintf("fork of session '%s' failed: %s; no session was made", id, first_msg);
+    } else if (!*ret_err) {
+      *ret_err = xasprintf("fork of session '%s' failed: %s", id, strerror(-first_err));
+    }
+    free(first_msg);
+    return first_err;
+  }
+  *ret = json_pack("{s:o, s:I, s:f, s:s, s:s}", "sessions", list, "fork_ms",
+                   (json_int_t)((mono_us() - t0) / 1000), "paused_ms", snap.paused_us / 1000.0,
+                   "carries", snap.carries ? snap.carries : "", "source", id);
+  log_info("session %s forked %u time(s)", id, count);
+  return 0;
+}
+
 json_t *session_list(void) {
   json_t *arr = json_array();
   uint64_t now = mono_ms();
   pthread_mutex_lock(&lock);
   for (struct session *s = table; s; s = s->next) {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:b}", "session_id", s->id, "isolation",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:o}", "session_id", s->id, "isolation",
                           s->h ? s->h->sb->isolation : "(resetting)", "age_s",
                           (json_int_t)((now - s->created_ms) / 1000), "idle_s",
                           (json_int_t)(s->busy ? 0 : (now - s->last_used_ms) / 1000), "busy",
-                          s->busy > 0, "alive", s->h && agent_conn_alive(s->h->conn));
+                          s->busy > 0, "alive", s->h && agent_conn_alive(s->h->conn), "stage",
+                          s->h && s->h->stage && s->h->stage->name ? json_string(s->h->stage->name)
+                                                                   : json_null());
     json_array_append_new(arr, o);
   }
   pthread_mutex_unlock(&lock);

@@ -29,9 +29,9 @@ void sessions_set_unavailable_help(char *(*explain)(void));
 /* "ns" or "vm" (or "none"). */
 const char *sessions_backend(void);
 
-/* Opens a session; *ret is an object with session_id, isolation, backend,
- * limits, ... */
-int session_open(json_t **ret, char **ret_err);
+/* Opens a session from stage STAGE (NULL: the base); *ret is an object with
+ * session_id, isolation, backend, limits, stage, stage_id, ... */
+int session_open(const char *stage, json_t **ret, char **ret_err);
 int session_acquire(const char *id, struct lease *ret, char **ret_err);
 void session_release(struct lease *l);
 struct agent_conn *lease_conn(const struct lease *l);
@@ -40,7 +40,15 @@ const char *lease_id(const struct lease *l);
  * says whether the session was closed, reset, or died (and why). */
 char *lease_failure(const struct lease *l, const char *what_failed);
 
-int session_reset(const char *id, json_t **ret, char **ret_err);
+/* A fresh sandbox under the same id, from stage STAGE (NULL: the base). */
+int session_reset(const char *id, const char *stage, json_t **ret, char **ret_err);
+/* Saves session ID as stage NAME (replacing one only when REPLACE); *ret:
+ * {stage, stage_id, parent, carries, bytes, commit_ms, paused_ms}. */
+int session_commit(const char *id, const char *name, bool replace, json_t **ret, char **ret_err);
+/* COUNT new sessions, each a copy of session ID as it is now; *ret:
+ * {sessions: [{session_id, isolation, open_ms}], fork_ms, paused_ms, carries}. */
+#define SESSION_FORK_MAX 8
+int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err);
 int session_close(const char *id, char **ret_err);
 json_t *session_list(void);
 /* Closes every session (shutdown). */

@@ -126,6 +126,18 @@ int arg_int(json_t *args, const char *tool, const char *name, long long min, lon
   return 0;
 }
 
+int arg_bool(json_t *args, const char *tool, const char *name, bool *ret, char **ret_err) {
+  json_t *v = json_object_get(args, name);
+  if (!v || json_is_null(v))
+    return 0;
+  if (!json_is_boolean(v)) {
+    *ret_err = xasprintf("%s: '%s' must be true or false, not %s", tool, name, type_name(v));
+    return -EINVAL;
+  }
+  *ret = json_is_true(v);
+  return 0;
+}
+
 int arg_path(json_t *args, const char *tool, const char **ret, char **ret_err) {
   return arg_string(args, tool, "path", true, 1, ARG_MAX_PATH, ret, NULL, ret_err);
 }

@@ -21,6 +21,8 @@ int arg_string(json_t *args, const char *tool, const char *name, bool required, 
 /* An integer MIN..MAX; absent: 0 and *ret untouched. */
 int arg_int(json_t *args, const char *tool, const char *name, long long min, long long max,
             long long *ret, char **ret_err);
+/* A boolean; absent or null: 0 and *ret untouched. */
+int arg_bool(json_t *args, const char *tool, const char *name, bool *ret, char **ret_err);
 /* A path or cwd: the kernel's PATH_MAX counts the terminating NUL, so 4095
  * bytes is the longest path any call in the sandbox takes. */
 #define ARG_MAX_PATH (PROTO_MAX_PATH - 1)

@@ -19,6 +19,9 @@ static const char open_session_out[] =
     "microvm/kvm, microvm/tcg or namespace.\"},"
     "\"backend\":{\"type\":\"string\"},\"rootfs\":{\"type\":\"string\"},"
     "\"limits\":{\"type\":\"string\"},\"open_ms\":{\"type\":\"integer\"},"
+    "\"stage\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"description\":\"The "
+    "stage the sandbox started from, or null (the clean base, or a fork).\"},"
+    "\"stage_id\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
     "\"ok\":{\"type\":\"boolean\"}},"
     "\"required\":[\"session_id\",\"isolation\",\"backend\"]}";
 
@@ -57,9 +60,59 @@ static const char list_out[] =
     "\"type\":\"object\",\"properties\":{\"session_id\":{\"type\":\"string\"},"
     "\"isolation\":{\"type\":\"string\"},\"age_s\":{\"type\":\"integer\"},"
     "\"idle_s\":{\"type\":\"integer\"},\"busy\":{\"type\":\"boolean\"},"
-    "\"alive\":{\"type\":\"boolean\"}},\"required\":[\"session_id\",\"isolation\"]}},"
+    "\"alive\":{\"type\":\"boolean\"},"
+    "\"stage\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
+    "\"required\":[\"session_id\",\"isolation\"]}},"
     "\"max_sessions\":{\"type\":\"integer\"},\"idle_secs\":{\"type\":\"integer\"}},"
     "\"required\":[\"sessions\",\"max_sessions\"]}";
+
+static const char stage_name_schema[] =
+    "{\"type\":\"string\",\"pattern\":\"^[a-z0-9][a-z0-9._/-]{0,127}$\",\"description\":\"A "
+    "stage name, e.g. myproject/data-deps.\"}";
+
+static const char commit_out[] =
+    "{\"type\":\"object\",\"properties\":{\"stage\":{\"type\":\"string\"},"
+    "\"stage_id\":{\"type\":\"string\"},"
+    "\"parent\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+    "\"parent_id\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+    "\"carries\":{\"type\":\"string\",\"description\":\"memory: processes, RAM and files "
+    "continue in sessions from the stage; files: only the files.\"},"
+    "\"bytes\":{\"type\":\"integer\"},\"commit_ms\":{\"type\":\"integer\"},"
+    "\"paused_ms\":{\"type\":\"number\"}},"
+    "\"required\":[\"stage\",\"stage_id\",\"parent\",\"carries\",\"bytes\",\"commit_ms\","
+    "\"paused_ms\"]}";
+
+static const char fork_out[] =
+    "{\"type\":\"object\",\"properties\":{\"sessions\":{\"type\":\"array\",\"items\":{"
+    "\"type\":\"object\",\"properties\":{\"session_id\":{\"type\":\"string\"},"
+    "\"isolation\":{\"type\":\"string\"},\"open_ms\":{\"type\":\"integer\"}},"
+    "\"required\":[\"session_id\",\"isolation\",\"open_ms\"]}},"
+    "\"fork_ms\":{\"type\":\"integer\"},\"paused_ms\":{\"type\":\"number\"},"
+    "\"carries\":{\"type\":\"string\"},\"source\":{\"type\":\"string\"}},"
+    "\"required\":[\"sessions\",\"fork_ms\",\"paused_ms\",\"carries\"]}";
+
+#define STAGE_PROPS                                                                               \
+  "\"name\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"                          \
+  "\"stage_id\":{\"type\":\"string\"},"                                                         \
+  "\"parent\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"                        \
+  "\"carries\":{\"type\":\"string\"},\"backend\":{\"type\":\"string\"},"                          \
+  "\"base_id\":{\"type\":\"string\"},\"bytes\":{\"type\":\"integer\"},"                           \
+  "\"created\":{\"type\":\"integer\"},\"sessions\":{\"type\":\"integer\"}"
+
+static const char stage_info_out[] =
+    "{\"type\":\"object\",\"properties\":{" STAGE_PROPS "},"
+    "\"required\":[\"name\",\"stage_id\",\"parent\",\"carries\",\"backend\",\"base_id\","
+    "\"bytes\",\"created\",\"sessions\"]}";
+
+static const char stage_list_out[] =
+    "{\"type\":\"object\",\"properties\":{\"stages\":{\"type\":\"array\",\"items\":{"
+    "\"type\":\"object\",\"properties\":{" STAGE_PROPS "},\"required\":[\"name\",\"stage_id\"]}},"
+    "\"bytes_used\":{\"type\":\"integer\"},\"bytes_max\":{\"type\":\"integer\"}},"
+    "\"required\":[\"stages\"]}";
+
+static const char stage_rm_out[] =
+    "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},"
+    "\"name\":{\"type\":\"string\"}},\"required\":[\"ok\",\"name\"]}";
 
 static json_t *parse(const char *s) {
   json_error_t e;
@@ -113,11 +166,11 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       tools,
       tool("open_session", "Open a sandbox session",
            "Open a new sandbox session: a private machine (a microVM, or a namespace sandbox where "
-           "no VM can run) cloned from a clean image. Returns its session_id, which every other "
-           "tool needs, and how it is isolated. Open one per task and reuse it; close it when "
-           "done.",
-           input(json_object(), (const char *[]){NULL}), open_session_out, false, false, false,
-           false));
+           "no VM can run) cloned from a clean image, or from a stage saved with commit. Returns "
+           "its session_id, which every other tool needs, and how it is isolated. Open one per "
+           "task and reuse it; close it when done.",
+           input(json_pack("{s:o}", "stage", parse(stage_name_schema)), (const char *[]){NULL}),
+           open_session_out, false, false, false, false));
   json_array_append_new(
       tools,
       tool("run", "Run a command", run_desc,
@@ -160,8 +213,10 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       tools,
       tool("reset", "Reset a session",
            "Throw away everything in a session (files, processes) and give it a fresh sandbox "
-           "under the same session_id. Use it when the environment is broken.",
-           input(json_pack("{s:o}", "session_id", parse(session_id_schema)),
+           "under the same session_id: the clean base, or stage `stage` (roll back to a state "
+           "saved with commit). Use it when the environment is broken.",
+           input(json_pack("{s:o, s:o}", "session_id", parse(session_id_schema), "stage",
+                           parse(stage_name_schema)),
                  (const char *[]){"session_id", NULL}),
            open_session_out, false, true, true, false));
   json_array_append_new(
@@ -177,5 +232,53 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       tool("list_sessions", "List sessions",
            "List the open sessions with their isolation, age and idle time, and the session cap.",
            input(json_object(), (const char *[]){NULL}), list_out, true, false, true, false));
+  json_array_append_new(
+      tools,
+      tool("commit", "Save a session as a stage",
+           "Save a session as it is now as stage `name` (e.g. myproject/data-deps); the session "
+           "keeps running. Set an environment up once (install packages, build), commit it, then "
+           "open_session(stage) or fork instead of repeating the setup. On a microVM the stage "
+           "carries memory: running processes continue in sessions started from it; on a "
+           "namespace sandbox it carries files only. A name that exists is replaced only with "
+           "replace: true. A stage is a copy of the sandbox: it holds whatever was typed into it.",
+           input(json_pack("{s:o, s:o, s:{s:s, s:b, s:s}}", "session_id",
+                           parse(session_id_schema), "name", parse(stage_name_schema), "replace",
+                           "type", "boolean", "default", 0, "description",
+                           "Replace a stage of that name."),
+                 (const char *[]){"session_id", "name", NULL}),
+           commit_out, false, false, false, false));
+  json_array_append_new(
+      tools,
+      tool("fork", "Fork a session",
+           "Make `count` (1-8) new sessions, each an independent copy of a session as it is now "
+           "(the source keeps running). Use it to try several approaches from one prepared "
+           "state: one fork per attempt, then close the ones you do not keep.",
+           input(json_pack("{s:o, s:{s:s, s:i, s:i, s:i}}", "session_id",
+                           parse(session_id_schema), "count", "type", "integer", "minimum", 1,
+                           "maximum", 8, "default", 1),
+                 (const char *[]){"session_id", NULL}),
+           fork_out, false, false, false, false));
+  json_array_append_new(
+      tools,
+      tool("stage_list", "List stages",
+           "List the stages saved with commit, with their size and the space they may use.",
+           input(json_object(), (const char *[]){NULL}), stage_list_out, true, false, true,
+           false));
+  json_array_append_new(
+      tools,
+      tool("stage_info", "Describe a stage",
+           "Describe stage `name`: its id, parent, what it carries, size, age and how many "
+           "sessions run from it.",
+           input(json_pack("{s:o}", "name", parse(stage_name_schema)),
+                 (const char *[]){"name", NULL}),
+           stage_info_out, true, false, true, false));
+  json_array_append_new(
+      tools,
+      tool("stage_rm", "Remove a stage",
+           "Remove stage `name`. Sessions running from it keep working; its files are freed when "
+           "the last of them closes.",
+           input(json_pack("{s:o}", "name", parse(stage_name_schema)),
+                 (const char *[]){"name", NULL}),
+           stage_rm_out, false, true, true, false));
   return tools;
 }

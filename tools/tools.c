@@ -12,6 +12,7 @@
 
 #include "common/util.h"
 #include "mcp/config.h"
+#include "sandbox/stage.h"
 #include "session/session.h"
 #include "tools/args.h"
 
@@ -69,10 +70,12 @@ static json_t *err_result_free(char *msg) {
 static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   (void)ctx;
   char *err = NULL;
-  if (args_check(args, "open_session", (const char *[]){NULL}, &err) < 0)
+  const char *stage = NULL;
+  if (args_check(args, "open_session", (const char *[]){"stage", NULL}, &err) < 0 ||
+      arg_string(args, "open_session", "stage", false, 1, STAGE_NAME_MAX, &stage, NULL, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_open(&info, &err) < 0)
+  if (session_open(stage, &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }
@@ -270,12 +273,13 @@ static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
 static json_t *tool_reset(json_t *args, struct call_ctx *ctx) {
   (void)ctx;
   char *err = NULL;
-  const char *id;
-  if (args_check(args, "reset", (const char *[]){"session_id", NULL}, &err) < 0 ||
-      arg_session_id(args, &id, &err) < 0)
+  const char *id, *stage = NULL;
+  if (args_check(args, "reset", (const char *[]){"session_id", "stage", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0 ||
+      arg_string(args, "reset", "stage", false, 1, STAGE_NAME_MAX, &stage, NULL, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_reset(id, &info, &err) < 0)
+  if (session_reset(id, stage, &info, &err) < 0)
     return err_result_free(err);
   json_object_set_new(info, "ok", json_true());
   return ok_result(info);
@@ -301,6 +305,72 @@ static json_t *tool_list_sessions(json_t *args, struct call_ctx *ctx) {
   return ok_result(session_list());
 }
 
+static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  const char *id, *name;
+  bool replace = false;
+  if (args_check(args, "commit", (const char *[]){"session_id", "name", "replace", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0 ||
+      arg_string(args, "commit", "name", true, 1, STAGE_NAME_MAX, &name, NULL, &err) < 0 ||
+      arg_bool(args, "commit", "replace", &replace, &err) < 0)
+    return err_result_free(err);
+  json_t *info;
+  if (session_commit(id, name, replace, &info, &err) < 0)
+    return err_result_free(err);
+  return ok_result(info);
+}
+
+static json_t *tool_fork(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  const char *id;
+  long long count = 1;
+  if (args_check(args, "fork", (const char *[]){"session_id", "count", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0 ||
+      arg_int(args, "fork", "count", 1, SESSION_FORK_MAX, &count, &err) < 0)
+    return err_result_free(err);
+  json_t *info;
+  if (session_fork(id, (unsigned)count, &info, &err) < 0)
+    return err_result_free(err);
+  return ok_result(info);
+}
+
+static json_t *tool_stage_list(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  if (args_check(args, "stage_list", (const char *[]){NULL}, &err) < 0)
+    return err_result_free(err);
+  return ok_result(stage_list());
+}
+
+static json_t *tool_stage_info(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  const char *name;
+  if (args_check(args, "stage_info", (const char *[]){"name", NULL}, &err) < 0 ||
+      arg_string(args, "stage_info", "name", true, 1, STAGE_NAME_MAX, &name, NULL, &err) < 0 ||
+      stage_name_check(name, &err) < 0)
+    return err_result_free(err);
+  json_t *info;
+  if (stage_info(name, &info, &err) < 0)
+    return err_result_free(err);
+  return ok_result(info);
+}
+
+static json_t *tool_stage_rm(json_t *args, struct call_ctx *ctx) {
+  (void)ctx;
+  char *err = NULL;
+  const char *name;
+  if (args_check(args, "stage_rm", (const char *[]){"name", NULL}, &err) < 0 ||
+      arg_string(args, "stage_rm", "name", true, 1, STAGE_NAME_MAX, &name, NULL, &err) < 0 ||
+      stage_name_check(name, &err) < 0)
+    return err_result_free(err);
+  if (stage_rm(name, &err) < 0)
+    return err_result_free(err);
+  return ok_result(json_pack("{s:b, s:s}", "ok", 1, "name", name));
+}
+
 /* ---- definitions ---- */
 
 struct tool {
@@ -312,7 +382,9 @@ static const struct tool tools[] = {
     {"open_session", tool_open_session}, {"run", tool_run},
     {"write_file", tool_write_file},     {"read_file", tool_read_file},
     {"reset", tool_reset},               {"close", tool_close},
-    {"list_sessions", tool_list_sessions},
+    {"list_sessions", tool_list_sessions}, {"commit", tool_commit},
+    {"fork", tool_fork},                 {"stage_list", tool_stage_list},
+    {"stage_info", tool_stage_info},     {"stage_rm", tool_stage_rm},
 };
 
 bool tools_exists(const char *name) {

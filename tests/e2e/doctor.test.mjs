@@ -555,7 +555,7 @@ describe('make install', () => {
     let kids = [];
     try {
       const tools = await client.listTools();
-      assert.equal(tools.tools.length, 7);
+      assert.equal(tools.tools.length, TOOL_NAMES.length);
       const opened = await call(client, 'open_session', {}, { timeout: 300_000 });
       assert.equal(opened.backend, BACKEND, stderr);
       const r = await call(client, 'run', { session_id: opened.session_id, command: 'echo hi' });

@@ -408,6 +408,11 @@ const BASE = {
   read_file: { session_id: SID, path: '/root/hostile.txt' },
   reset: { session_id: SID },
   close: { session_id: SID },
+  commit: { session_id: SID, name: 'hostile/never' },
+  fork: { session_id: SID },
+  stage_list: {},
+  stage_info: { name: 'hostile/never' },
+  stage_rm: { name: 'hostile/never' },
 };
 const GENERATED = [];
 let gid = 1000;

@@ -1,0 +1,460 @@
+/* test_stage.c: the stage store on a real directory: names, making,
+ * opening, listing, replacing and removing stages, references that keep a
+ * removed stage's files, anonymous stages, the quota, checksums that catch
+ * a flipped byte, the clean-up of dead servers' leftovers, content ids, and
+ * trees a sandbox may have filled with links, FIFOs and deep directories. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "common/fs.h"
+#include "common/util.h"
+#include "mcp/config.h"
+#include "sandbox/stage.h"
+#include "test.h"
+
+static char store[] = "/tmp/test-stage-XXXXXX";
+
+static const struct stage_new vm_new = {
+    .backend = "vm", .inputs_id = "b-aaaa", .carries = "memory", .parent = NULL};
+
+static void write_file(const char *dir, const char *name, const char *content) {
+  _cleanup_free_ char *p = xasprintf("%s/%s", dir, name);
+  int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  CHECK(fd >= 0);
+  if (fd >= 0) {
+    CHECK(write(fd, content, strlen(content)) == (ssize_t)strlen(content));
+    close(fd);
+  }
+}
+
+static bool exists(const char *p) {
+  struct stat st;
+  return lstat(p, &st) == 0;
+}
+
+/* A stage of NAME (NULL: anonymous) holding files "ram" and "state". */
+static struct stage *make(const char *name, const char *ram, bool replace, int *ret_r,
+                          char **ret_err) {
+  char *dir = NULL, *err = NULL;
+  struct stage *s = NULL;
+  int r = stage_begin(1 << 20, &dir, &err);
+  CHECK_EQ_INT(r, 0);
+  if (r < 0) {
+    fprintf(stderr, "  %s\n", err);
+    free(err);
+    return NULL;
+  }
+  write_file(dir, "ram", ram);
+  write_file(dir, "state", "device state");
+  r = stage_finish(dir, name, replace, &vm_new, &s, &err);
+  CHECK(!exists(dir) || r == 0);
+  free(dir);
+  if (ret_r)
+    *ret_r = r;
+  if (ret_err)
+    *ret_err = err;
+  else
+    free(err);
+  return r == 0 ? s : NULL;
+}
+
+static size_t count_entries(const char *prefix) {
+  _cleanup_free_ char *sd = xasprintf("%s/stages", store);
+  size_t n = 0;
+  DIR *d = opendir(sd);
+  struct dirent *e;
+  while (d && (e = readdir(d)))
+    if (!strncmp(e->d_name, prefix, strlen(prefix)))
+      n++;
+  if (d)
+    closedir(d);
+  return n;
+}
+
+static void name_rules(void) {
+  char *err = NULL;
+  CHECK_EQ_INT(stage_name_check("myproject/data-deps", &err), 0);
+  CHECK_EQ_INT(stage_name_check("a", &err), 0);
+  CHECK_EQ_INT(stage_name_check("0.x_y-z/w", &err), 0);
+  const char *bad[] = {"", "Abc", ".hidden", "-x", "/x", "a+b", "a b", "a\nb", "é", "a:b"};
+  for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+    err = NULL;
+    CHECK_EQ_INT(stage_name_check(bad[i], &err), -EINVAL);
+    CHECK(err && strstr(err, STAGE_NAME_RULE) && strstr(err, "myproject/data-deps"));
+    free(err);
+  }
+  char longname[STAGE_NAME_MAX + 2];
+  memset(longname, 'a', sizeof longname - 1);
+  longname[sizeof longname - 1] = '\0';
+  err = NULL;
+  CHECK_EQ_INT(stage_name_check(longname, &err), -EINVAL);
+  free(err);
+  longname[STAGE_NAME_MAX] = '\0';
+  CHECK_EQ_INT(stage_name_check(longname, &err), 0);
+}
+
+static void make_open_list_info_rm(void) {
+  struct stage *s = make("proj/one", "hello ram", false, NULL, NULL);
+  CHECK(s != NULL);
+  if (!s)
+    return;
+  CHECK_STREQ(s->name, "proj/one");
+  CHECK(strncmp(s->id, "st-", 3) == 0 && strlen(s->id) == 35);
+  CHECK(s->parent == NULL);
+  CHECK_STREQ(s->carries, "memory");
+  CHECK(s->bytes > 0);
+  _cleanup_free_ char *dir = xasprintf("%s/stages/proj+one", store);
+  CHECK_STREQ(s->dir, dir);
+  _cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
+  struct stat st;
+  CHECK(stat(meta, &st) == 0 && (st.st_mode & 0777) == 0600);
+  _cleanup_free_ char *sd = xasprintf("%s/stages", store);
+  CHECK(stat(sd, &st) == 0 && (st.st_mode & 0777) == 0700);
+
+  struct stage *o = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-aaaa", &o, &err), 0);
+  CHECK(o == s); /* one struct per stage */
+  CHECK_EQ_INT(s->refs, 2);
+  stage_sessions_add(o, 1);
+
+  json_t *info = NULL;
+  CHECK_EQ_INT(stage_info("proj/one", &info, &err), 0);
+  CHECK_STREQ(json_string_value(json_object_get(info, "stage_id")), s->id);
+  CHECK_STREQ(json_string_value(json_object_get(info, "backend")), "vm");
+  CHECK_STREQ(json_string_value(json_object_get(info, "base_id")), "b-aaaa");
+  CHECK_EQ_INT(json_integer_value(json_object_get(info, "sessions")), 1);
+  CHECK(json_is_null(json_object_get(info, "parent")));
+  json_decref(info);
+
+  json_t *list = stage_list();
+  json_t *arr = json_object_get(list, "stages");
+  CHECK_EQ_INT(json_array_size(arr), 1);
+  CHECK_STREQ(json_string_value(json_object_get(json_array_get(arr, 0), "name")), "proj/one");
+  CHECK(json_integer_value(json_object_get(list, "bytes_used")) >= (json_int_t)s->bytes);
+  CHECK_EQ_INT(json_integer_value(json_object_get(list, "bytes_max")),
+               (json_int_t)cfg.stages_max_mb << 20);
+  json_decref(list);
+
+  /* Wrong backend, other inputs, unknown name. */
+  struct stage *x = NULL;
+  CHECK_EQ_INT(stage_open("proj/one", "ns", "b-aaaa", &x, &err), -EXDEV);
+  CHECK(err && strstr(err, "made by the vm backend; this server runs the ns backend"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-bbbb", &x, &err), -ESTALE);
+  CHECK(err && strstr(err, "b-aaaa") && strstr(err, "b-bbbb") && strstr(err, s->id) &&
+        strstr(err, "replace: true"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("nope", "vm", "b-aaaa", &x, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'nope'") && strstr(err, "stage_list"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_info("nope", &info, &err), -ENOENT);
+  free(err);
+  err = NULL;
+
+  /* A child records its parent. */
+  char *cdir = NULL;
+  struct stage *c = NULL;
+  CHECK_EQ_INT(stage_begin(0, &cdir, &err), 0);
+  write_file(cdir, "ram", "child");
+  struct stage_new cn = vm_new;
+  cn.parent = s;
+  CHECK_EQ_INT(stage_finish(cdir, "proj/child", false, &cn, &c, &err), 0);
+  free(cdir);
+  CHECK(c && c->parent && !strcmp(c->parent, s->id) && !strcmp(c->parent_name, "proj/one"));
+  CHECK_EQ_INT(stage_info("proj/child", &info, &err), 0);
+  CHECK_STREQ(json_string_value(json_object_get(info, "parent")), "proj/one");
+  json_decref(info);
+
+  /* rm while held: the name goes at once, the files with the last reference. */
+  CHECK_EQ_INT(stage_rm("proj/one", &err), 0);
+  CHECK(!exists(dir));
+  CHECK(s->removed);
+  CHECK(exists(s->dir));
+  _cleanup_free_ char *aside = strdup(s->dir);
+  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-aaaa", &x, &err), -ENOENT);
+  free(err);
+  err = NULL;
+  stage_gc(); /* held: gc leaves it */
+  CHECK(exists(aside));
+  stage_sessions_add(o, -1);
+  stage_unref(o);
+  CHECK(exists(aside));
+  stage_unref(s);
+  CHECK(!exists(aside));
+  CHECK_EQ_INT(stage_rm("proj/one", &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("proj/child", &err), 0);
+  stage_unref(c);
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+  CHECK_EQ_INT(count_entries("proj"), 0);
+}
+
+static void replace_only_when_asked(void) {
+  struct stage *a = make("rep", "first", false, NULL, NULL);
+  int r;
+  char *err = NULL;
+  struct stage *b = make("rep", "second", false, &r, &err);
+  CHECK(b == NULL);
+  CHECK_EQ_INT(r, -EEXIST);
+  CHECK(err && strstr(err, "exists already") && strstr(err, "replace: true"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(count_entries(".tmp-"), 0);
+  /* Replaced while A is held: the name holds the new one at once; A's
+   * files stay until A's last reference. */
+  b = make("rep", "second", true, &r, &err);
+  CHECK(b != NULL);
+  CHECK(a && a->removed && exists(a->dir));
+  CHECK(b && a && strcmp(a->id, b->id) != 0);
+  struct stage *o = NULL;
+  CHECK_EQ_INT(stage_open("rep", "vm", "b-aaaa", &o, &err), 0);
+  CHECK(o == b);
+  _cleanup_free_ char *aside = a ? strdup(a->dir) : NULL;
+  stage_unref(a);
+  CHECK(!aside || !exists(aside));
+  /* Replaced while nobody holds the old one: it goes at once. */
+  stage_unref(o);
+  stage_unref(b);
+  struct stage *c = make("rep", "third", true, &r, &err);
+  CHECK(c != NULL);
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+  stage_unref(c);
+  CHECK_EQ_INT(stage_rm("rep", &err), 0);
+}
+
+static void anonymous_goes_with_last_ref(void) {
+  struct stage *s = make(NULL, "fork", false, NULL, NULL);
+  CHECK(s && s->name == NULL);
+  if (!s)
+    return;
+  CHECK(strstr(s->dir, "/.anon-") != NULL && exists(s->dir));
+  _cleanup_free_ char *dir = strdup(s->dir);
+  json_t *list = stage_list();
+  CHECK_EQ_INT(json_array_size(json_object_get(list, "stages")), 0);
+  json_decref(list);
+  stage_ref(s);
+  stage_gc();
+  CHECK(exists(dir));
+  stage_unref(s);
+  CHECK(exists(dir));
+  stage_unref(s);
+  CHECK(!exists(dir));
+}
+
+static void quota_refused_with_the_way_out(void) {
+  unsigned saved = cfg.stages_max_mb;
+  cfg.stages_max_mb = 1;
+  char *dir = NULL, *err = NULL;
+  CHECK_EQ_INT(stage_begin(2 << 20, &dir, &err), -ENOSPC);
+  CHECK(err && strstr(err, "the stages in ") && strstr(err, "of the 1 MiB IGN_MCP_STAGES_MAX_MB") &&
+        strstr(err, "this one may need 2 MiB") && strstr(err, "stage_rm") &&
+        strstr(err, "stage_list"));
+  free(err);
+  err = NULL;
+  /* begin lets a small one start; finish measures it and refuses. */
+  CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+  _cleanup_free_ char *big = xasprintf("%s/ram", dir);
+  int fd = open(big, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  static char buf[1 << 20];
+  memset(buf, 'x', sizeof buf);
+  CHECK(write(fd, buf, sizeof buf) == sizeof buf && write(fd, buf, sizeof buf) == sizeof buf);
+  close(fd);
+  struct stage *s = NULL;
+  CHECK_EQ_INT(stage_finish(dir, "big", false, &vm_new, &s, &err), -ENOSPC);
+  CHECK(err && strstr(err, "IGN_MCP_STAGES_MAX_MB"));
+  CHECK(!exists(dir));
+  free(dir);
+  free(err);
+  cfg.stages_max_mb = saved;
+}
+
+static void flipped_byte_fails_first_open(void) {
+  struct stage *s = make("flip", "0123456789", false, NULL, NULL);
+  if (!s)
+    return;
+  _cleanup_free_ char *ram = xasprintf("%s/ram", s->dir);
+  stage_unref(s);
+  /* Trusted by the server that made it; a fresh server checks. */
+  stage_test_forget();
+  struct stage *o = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  stage_unref(o);
+  int fd = open(ram, O_WRONLY | O_CLOEXEC);
+  CHECK(pwrite(fd, "X", 1, 3) == 1);
+  close(fd);
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0); /* verified once: cached */
+  stage_unref(o);
+  stage_test_forget();
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK(err && strstr(err, "'flip'") && strstr(err, "stage_rm") && strstr(err, "commit"));
+  free(err);
+  err = NULL;
+  /* A file added is caught too. */
+  fd = open(ram, O_WRONLY | O_CLOEXEC);
+  CHECK(pwrite(fd, "3", 1, 3) == 1);
+  close(fd);
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  stage_unref(o);
+  stage_test_forget();
+  _cleanup_free_ char *dir = xasprintf("%s/stages/flip", store);
+  write_file(dir, "extra", "");
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("flip", &err), 0);
+}
+
+static void gc_removes_dead_servers_leftovers(void) {
+  pid_t pid = fork();
+  if (pid == 0)
+    _exit(0);
+  waitpid(pid, NULL, 0);
+  _cleanup_free_ char *tmp = xasprintf("%s/stages/.tmp-%d-1", store, (int)pid);
+  _cleanup_free_ char *anon = xasprintf("%s/stages/.anon-%d-1", store, (int)pid);
+  _cleanup_free_ char *mine = xasprintf("%s/stages/.tmp-%d-999999", store, (int)getpid());
+  CHECK(mkdir(tmp, 0700) == 0 && mkdir(anon, 0700) == 0 && mkdir(mine, 0700) == 0);
+  write_file(tmp, "ram", "half");
+  write_file(anon, "meta.json", "{}");
+  stage_gc();
+  CHECK(!exists(tmp));
+  CHECK(!exists(anon));
+  CHECK(exists(mine)); /* a live server's is being made */
+  rmdir(mine);
+}
+
+static void ids_follow_content(void) {
+  struct stage *a = make(NULL, "same", false, NULL, NULL);
+  struct stage *b = make(NULL, "same", false, NULL, NULL);
+  struct stage *c = make(NULL, "other", false, NULL, NULL);
+  CHECK(a && b && c);
+  if (a && b && c) {
+    CHECK_STREQ(a->id, b->id);
+    CHECK(strcmp(a->id, c->id) != 0);
+  }
+  stage_unref(a);
+  stage_unref(b);
+  stage_unref(c);
+  CHECK_EQ_INT(count_entries(".anon-"), 0);
+}
+
+/* Holes and explicit zeros hash the same; a 256 MiB sparse RAM file hashes
+ * fast. */
+static void sparse_ram_hashes_fast(void) {
+  char *dirs[2] = {NULL, NULL}, *err = NULL;
+  struct stage *s[2] = {NULL, NULL};
+  uint64_t ms[2];
+  static char buf[1 << 20];
+  for (int i = 0; i < 2; i++) {
+    CHECK_EQ_INT(stage_begin(0, &dirs[i], &err), 0);
+    _cleanup_free_ char *ram = xasprintf("%s/ram", dirs[i]);
+    int fd = open(ram, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    CHECK(ftruncate(fd, 256 << 20) == 0);
+    memset(buf, 0, sizeof buf);
+    if (i == 1) /* the other one has 2 MiB of real zeros in its holes */
+      CHECK(pwrite(fd, buf, sizeof buf, 10 << 20) == sizeof buf &&
+            pwrite(fd, buf, sizeof buf, 100 << 20) == sizeof buf);
+    memset(buf, 0x5a, sizeof buf);
+    for (int k = 0; k < 16; k++)
+      CHECK(pwrite(fd, buf, sizeof buf, (off_t)k * (8 << 20) + 4096) == sizeof buf);
+    close(fd);
+    uint64_t t0 = mono_ms();
+    CHECK_EQ_INT(stage_finish(dirs[i], NULL, false, &vm_new, &s[i], &err), 0);
+    ms[i] = mono_ms() - t0;
+    free(dirs[i]);
+  }
+  CHECK(s[0] && s[1] && !strcmp(s[0]->id, s[1]->id));
+  CHECK(s[0] && s[0]->bytes < (64u << 20));
+  fprintf(stderr, "  256 MiB sparse RAM file with 16 MiB of data: finished in %llu and %llu ms\n",
+          (unsigned long long)ms[0], (unsigned long long)ms[1]);
+  CHECK(ms[0] < 1000);
+  stage_unref(s[0]);
+  stage_unref(s[1]);
+}
+
+/* What a sandbox may leave: a link out, a FIFO, a whiteout, an opaque dir,
+ * a tree deeper than a stage may be. */
+static void hostile_tree_neither_followed_nor_hanging(void) {
+  char *dir = NULL, *err = NULL;
+  struct stage *s = NULL;
+  CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+  _cleanup_free_ char *layer = xasprintf("%s/layer", dir);
+  _cleanup_free_ char *lnk = xasprintf("%s/passwd", layer);
+  _cleanup_free_ char *fifo = xasprintf("%s/fifo", layer);
+  _cleanup_free_ char *wh = xasprintf("%s/gone", layer);
+  CHECK(mkdir(layer, 0755) == 0);
+  CHECK(symlink("/etc/passwd", lnk) == 0);
+  CHECK(mkfifo(fifo, 0600) == 0);
+  CHECK(mknod(wh, S_IFCHR | 0000, makedev(0, 0)) == 0 || errno == EPERM);
+  setxattr(layer, "user.overlay.opaque", "y", 1, 0); /* where the fs allows it */
+  uint64_t t0 = mono_ms();
+  CHECK_EQ_INT(stage_finish(dir, "hostile", false, &vm_new, &s, &err), 0);
+  CHECK(mono_ms() - t0 < 5000);
+  free(dir);
+  if (s) {
+    _cleanup_free_ char *moved = xasprintf("%s/layer/passwd", s->dir);
+    char target[64] = "";
+    CHECK(readlink(moved, target, sizeof target - 1) > 0 && !strcmp(target, "/etc/passwd"));
+    stage_unref(s);
+    stage_test_forget();
+    CHECK_EQ_INT(stage_open("hostile", "vm", "b-aaaa", &s, &err), 0);
+    stage_unref(s);
+  }
+  CHECK_EQ_INT(stage_rm("hostile", &err), 0);
+  CHECK(exists("/etc/passwd"));
+
+  /* 600 directories deep: refused with a clear error, and removed. */
+  CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (int i = 0; i < 600 && fd >= 0; i++) {
+    CHECK(mkdirat(fd, "d", 0700) == 0);
+    int nfd = openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    close(fd);
+    fd = nfd;
+  }
+  if (fd >= 0)
+    close(fd);
+  s = NULL;
+  CHECK_EQ_INT(stage_finish(dir, "deep", false, &vm_new, &s, &err), -ELOOP);
+  CHECK(err && strstr(err, "512 directories deep"));
+  CHECK(!exists(dir));
+  free(err);
+  free(dir);
+  CHECK_EQ_INT(count_entries(".tmp-"), 0);
+  CHECK_EQ_INT(count_entries("deep"), 0);
+}
+
+static void setup(void) {
+  if (!mkdtemp(store))
+    abort();
+  cfg.store = store;
+  cfg.stages_max_mb = 1024;
+}
+
+static void stage_gone_after_all(void) {
+  stage_gc();
+  CHECK_EQ_INT(count_entries(".tmp-") + count_entries(".rm-") + count_entries(".anon-"), 0);
+  fs_remove_tree(store);
+  CHECK(!exists(store));
+}
+
+static void run_setup(void) { setup(); }
+
+TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(make_open_list_info_rm),
+          TEST(replace_only_when_asked), TEST(anonymous_goes_with_last_ref),
+          TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
+          TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
+          TEST(sparse_ram_hashes_fast), TEST(hostile_tree_neither_followed_nor_hanging),
+          TEST(stage_gone_after_all))
