@@ -889,8 +889,8 @@ async function stageRows(backend, n) {
     commit: `${backend}: commit of an idle session (wall)`,
     commitMs: `${backend}: commit of an idle session (commit_ms, server)`,
     commitPause: `${backend}: commit: the source paused (paused_ms)`,
-    baseBytes: `${backend}: warm base RAM file, allocated`,
-    stageBytes: `${backend}: stage of an idle session, allocated (bytes)`,
+    baseBytes: `${backend}: warm base RAM file, allocated (MiB)`,
+    stageBytes: `${backend}: stage of an idle session, allocated (MiB)`,
   };
   const rows = [];
   const all = Object.values(L).filter((l) => backend === 'vm' || l !== L.baseBytes);
@@ -918,7 +918,7 @@ async function stageRows(backend, n) {
       const kept = commits.slice(1);
       rows.push(row(L.commit, wall, { group: g, baseline: L.base, extra: 'target under TCG: ≤ 1 s for an idle 256 MiB guest' }));
       rows.push(row(L.commitMs, kept.map((c) => c.commit_ms), { group: g, baseline: L.base }));
-      rows.push(row(L.commitPause, kept.map((c) => c.paused_ms), { group: g, baseline: L.base, extra: 'target: ≤ 10 ms' }));
+      rows.push(row(L.commitPause, kept.map((c) => c.paused_ms), { group: g, extra: 'target: ≤ 10 ms' }));
       doneLine(L.commit, wall);
 
       const bytes = kept.map((c) => c.bytes / MiB);
@@ -950,7 +950,7 @@ async function stageRows(backend, n) {
         forkMs.push(f.fork_ms);
       }
       rows.push(row(L.fork, forks, { group: g, baseline: L.base, extra: `target under TCG: ≤ 600 ms; the server's fork_ms median ${median(forkMs)}` }));
-      rows.push(row(L.forkPause, pauses, { group: g, baseline: L.base, extra: 'target: ≤ 10 ms' }));
+      rows.push(row(L.forkPause, pauses, { group: g, extra: 'target: ≤ 10 ms' }));
       doneLine(L.fork, forks);
       await srv.tool('stage_rm', { name: 'bench/idle' });
     });
@@ -974,7 +974,7 @@ async function sectionStages() {
   const notes = [
     'Every row of a backend comes from one server with a store of the section\'s own (made fresh, removed after), IGN_MCP_POOL=0 and IGN_MCP_SPARES=0, so that the base restore (the baseline) and the stage rows take the same path: a new QEMU restored from a RAM file and a device state (vm), a new namespace sandbox (ns).',
     'open_session rows: wall time of the call, each session closed (untimed) before the next. fork: wall time from the fork call to the answer of run(\'true\') in the new session; its close is not timed. The source session is idle (it ran `true` once).',
-    'commit: the same idle session committed again and again under one name (replace: true); wall time of the call as the client sees it, and the commit_ms and paused_ms the server reported. paused_ms is how long the source was stopped (vm: QEMU\'s own downtime of the live migration plus the server\'s latency to continue it; ns: how long its cgroup was frozen while its files were copied).',
+    'commit: the same idle session committed again and again under one name (replace: true); wall time of the call as the client sees it, and the commit_ms and paused_ms the server reported. paused_ms is how long the source was stopped, as the backend reports it (vm: from stopping its QEMU to continuing it; ns: how long its cgroup was frozen while its files were copied); the pause rows have no baseline.',
     'Sizes: the bytes the commit reported (allocated blocks of the stage\'s files), against the blocks allocated to the warm base\'s RAM file in the same store (du, not the apparent 256 MiB).',
   ];
   return { id: 'stages', title: '8. Stages and forks', unit: 'ms', rows, notes, grouped: true };

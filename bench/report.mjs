@@ -131,7 +131,7 @@ function headline(results) {
     ['vm fork to the first run in the fork', 'stages', "vm: fork(count 1) to the first run('true') answering in the fork", 'vm: open_session, base restore'],
     ['vm commit of an idle session', 'stages', 'vm: commit of an idle session (wall)', 'vm: open_session, base restore'],
     ['vm open_session(stage)', 'stages', 'vm: open_session(stage)', 'vm: open_session, base restore'],
-    ['vm stage of an idle session on disk', 'stages', 'vm: stage of an idle session, allocated (bytes)', 'vm: warm base RAM file, allocated', 'MiB'],
+    ['vm stage of an idle session on disk', 'stages', 'vm: stage of an idle session, allocated (MiB)', 'vm: warm base RAM file, allocated (MiB)', 'MiB'],
     ['ns fork to the first run in the fork', 'stages', "ns: fork(count 1) to the first run('true') answering in the fork", 'ns: open_session from the base'],
     ['ns commit of an idle session', 'stages', 'ns: commit of an idle session (wall)', 'ns: open_session from the base'],
     ['ns open_session(stage)', 'stages', 'ns: open_session(stage)', 'ns: open_session from the base'],
