@@ -872,13 +872,18 @@ describe('servers and the store', () => {
     assert.equal(fs.existsSync(stageDir(name)), false, 'a stage was left under the name by a killed commit');
     assert.ok(hiddenStageDirs(STORE.dir, raw.pid, ['tmp']).length > 0, 'no temporary directory is left: the check below is blind');
     const s = await server(t);
-    const l = await call(s.client, 'stage_list', {});
-    assert.ok(!l.stages.some((x) => x.name === name), 'stage_list lists a stage of a killed commit');
-    assert.match(await callErr(s.client, 'open_session', { stage: name }), /no stage named/);
-    // The name can be committed; by then (a server making a stage cleans
-    // the store first) the dead server's temporary directory is gone.
-    const a = await open(s.client);
-    assert.equal((await commit(s.client, a.session_id, name)).stage, name);
+    try {
+      const l = await call(s.client, 'stage_list', {});
+      assert.ok(!l.stages.some((x) => x.name === name), 'stage_list lists a stage of a killed commit');
+      assert.match(await callErr(s.client, 'open_session', { stage: name }), /no stage named/);
+      // The name can be committed; by then (a server making a stage cleans
+      // the store first) the dead server's temporary directory is gone.
+      const a = await open(s.client);
+      assert.equal((await commit(s.client, a.session_id, name)).stage, name);
+    } catch (e) {
+      e.message += `\nthe killed server's stderr:\n${raw.stderrText().slice(-3000)}\nthe next server's stderr:\n${s.stderrText().slice(-3000)}`;
+      throw e;
+    }
     const gone = await waitUntil(() => hiddenStageDirs(STORE.dir, raw.pid).length === 0, { timeoutMs: 5000 });
     assert.ok(gone, `the next server left the dead one's temporary directory: ${hiddenStageDirs(STORE.dir, raw.pid)}`);
   });
