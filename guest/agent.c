@@ -2,11 +2,13 @@
  *
  * Modes (command line):
  *   --serve-fd N   serve the protocol on fd N with no setup (tests, benchmarks)
- *   --ns --rootfs DIR [--rootfs-fd N] --overlay-mb N --hostname H
+ *   --ns --rootfs DIR [--rootfs-fd N] [--stage DIR | --stage-fd N]
+ *        --overlay-mb N --hostname H
  *                  PID 1 of a namespace sandbox the server has cloned (root
  *                  of its own user namespace): build the sandbox (ns_setup.c)
  *                  from the rootfs tree, or from the idmapped mount of it on
- *                  fd N, drop privileges (confine.c), serve on fd 3
+ *                  fd N, with a stage's layer over it when given, drop
+ *                  privileges (confine.c), serve on fd 3
  *   (as PID 1, without --ns)
  *                  PID 1 of a microVM (vm_init.c): mount the rootfs disk under
  *                  an overlay, serve on the virtio-serial port "agent".  A
@@ -438,8 +440,8 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, int *re
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ign-agent --serve-fd N\n"
-          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--overlay-mb N]\n"
-          "                 [--hostname NAME]\n"
+          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--stage ABS_DIR | --stage-fd N]\n"
+          "                 [--overlay-mb N] [--hostname NAME]\n"
           "Serves the ignition-mcp agent protocol (version %u) on a channel fd.\n",
           PROTO_VERSION);
 }
@@ -460,6 +462,8 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     OPT_NS,
     OPT_ROOTFS,
     OPT_ROOTFS_FD,
+    OPT_STAGE,
+    OPT_STAGE_FD,
     OPT_OVERLAY_MB,
     OPT_HOSTNAME,
     OPT_HELP,
@@ -470,6 +474,8 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
       {"ns", no_argument, NULL, OPT_NS},
       {"rootfs", required_argument, NULL, OPT_ROOTFS},
       {"rootfs-fd", required_argument, NULL, OPT_ROOTFS_FD},
+      {"stage", required_argument, NULL, OPT_STAGE},
+      {"stage-fd", required_argument, NULL, OPT_STAGE_FD},
       {"overlay-mb", required_argument, NULL, OPT_OVERLAY_MB},
       {"hostname", required_argument, NULL, OPT_HOSTNAME},
       {"help", no_argument, NULL, OPT_HELP},
@@ -479,7 +485,7 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
   struct agent_options o = {
       .mode = AGENT_MODE_FD,
       .fd = -1,
-      .ns = {.rootfs_fd = -1, .overlay_mb = 1024, .hostname = "sandbox"},
+      .ns = {.rootfs_fd = -1, .stage_fd = -1, .overlay_mb = 1024, .hostname = "sandbox"},
   };
   bool ns = false;
   unsigned long v;
@@ -506,6 +512,18 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
         return -EINVAL;
       }
       o.ns.rootfs_fd = (int)v;
+      break;
+    case OPT_STAGE:
+      o.ns.stage = optarg;
+      break;
+    case OPT_STAGE_FD:
+      if (parse_uint(optarg, INT_MAX, &v) < 0 || v < 3 || v == AGENT_NS_STATE_FD) {
+        agent_log("--stage-fd wants the number of an inherited mount fd (3 or more, not %d), got "
+                  "'%s'",
+                  AGENT_NS_STATE_FD, optarg);
+        return -EINVAL;
+      }
+      o.ns.stage_fd = (int)v;
       break;
     case OPT_OVERLAY_MB:
       if (parse_uint(optarg, 1u << 20, &v) < 0 || v == 0) {
@@ -539,6 +557,10 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     o.mode = AGENT_MODE_NS;
     if (!o.ns.rootfs) {
       agent_log("--ns needs --rootfs ABS_DIR");
+      return -EINVAL;
+    }
+    if (o.ns.stage && o.ns.stage_fd >= 0) {
+      agent_log("give at most one of --stage ABS_DIR and --stage-fd N");
       return -EINVAL;
     }
   }

@@ -10,8 +10,11 @@
  *   2. mount a tmpfs of --overlay-mb MiB on /tmp and pivot_root into it, so
  *      the host's root sits at /oldroot (with its real /tmp, where a test's
  *      rootfs may live);
- *   3. overlay the read-only rootfs tree (lower) with upper and work dirs on
- *      that tmpfs, whose size caps what the sandbox can write (ENOSPC).  A
+ *   3. overlay the read-only rootfs tree (lower), and a stage's layer above
+ *      it when the session starts from a stage (--stage, --stage-fd), with
+ *      upper and work dirs on that tmpfs, whose size caps what the sandbox
+ *      can write (ENOSPC).  The tmpfs stays open on AGENT_NS_STATE_FD for
+ *      the server to read a commit from (agent.h).  A
  *      root server hands us the tree as an idmapped mount (--rootfs-fd), in
  *      which its files belong to our uids, so every file can be changed
  *      (copied up); without it (a server run as a user) files owned by an
@@ -125,6 +128,24 @@ static bool ns_exists(const char *path) {
   return lstat(path, &st) == 0;
 }
 
+/* The setup tmpfs stays open on AGENT_NS_STATE_FD for the server's commits
+ * (agent.h): the upper layer stays on this size-capped tmpfs, and the
+ * server reads it through the fd instead of the sandbox writing to the
+ * host.  Close-on-exec: no command inherits it. */
+static int ns_keep_state_fd(void) {
+  int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return ns_fail("cannot open the setup tmpfs");
+  if (fd == AGENT_NS_STATE_FD)
+    return 0;
+  /* Fds 0-3 and the layers' (4, 5) are all that is open here. */
+  int r = dup3(fd, AGENT_NS_STATE_FD, O_CLOEXEC);
+  close(fd);
+  if (r < 0)
+    return ns_fail("cannot keep the setup tmpfs on fd %d", AGENT_NS_STATE_FD);
+  return 0;
+}
+
 /* Steps 1-2: private mounts, a tmpfs root, the host at /oldroot. */
 static int ns_enter_tmpfs(unsigned overlay_mb) {
   char opts[64];
@@ -136,7 +157,8 @@ static int ns_enter_tmpfs(unsigned overlay_mb) {
     return r;
   if (chdir("/tmp") < 0)
     return ns_fail("cannot enter the new tmpfs");
-  static const char *const dirs[] = {"newroot", "oldroot", "upper", "work", "lower", "scratch"};
+  static const char *const dirs[] = {"newroot", "oldroot", "upper", "work",
+                                     "lower",   "stage",   "scratch"};
   for (size_t i = 0; i < ARRAY_SIZE(dirs); i++)
     if (mkdir(dirs[i], 0755) < 0)
       return ns_fail("cannot create /tmp/%s", dirs[i]);
@@ -144,7 +166,7 @@ static int ns_enter_tmpfs(unsigned overlay_mb) {
     return r;
   if (chdir("/") < 0)
     return ns_fail("cannot enter the new root");
-  return 0;
+  return ns_keep_state_fd();
 }
 
 /* Are we in a user namespace other than the host's?  (Its uid_map is then
@@ -161,50 +183,57 @@ static bool ns_in_userns(void) {
          count != 4294967295ul;
 }
 
-/* Step 3: the rootfs tree under a writable overlay at /newroot. */
-static int ns_mount_overlay(const struct ns_options *o) {
-  const char *rootfs = o->rootfs;
-  char lower[PATH_MAX], opts[PATH_MAX + 64];
+/* Puts a lower layer at AT (/lower, /stage): the server's mount of it on
+ * FD (an idmapped one), or a bind of PATH as seen from the host
+ * (/oldroot/PATH).  WHAT names it in messages. */
+static int ns_attach_layer(const char *what, const char *path, int fd, const char *at) {
+  char host[PATH_MAX];
   struct stat st;
-  /* Any absolute path: it reaches overlayfs as /lower, not in its options
+  /* Any absolute path: it reaches overlayfs as AT, not in its options
    * (which split on ',', ':' and '\\'). */
-  if (rootfs[0] != '/') {
+  if (fd < 0 && path[0] != '/') {
     errno = EINVAL;
-    return ns_fail("rootfs '%s' must be an absolute path", rootfs);
+    return ns_fail("%s '%s' must be an absolute path", what, path);
   }
-  if (o->rootfs_fd >= 0) {
-    /* The server's idmapped mount of the tree, attached where overlay can
-     * take it as its lower layer. */
-    int r = move_mount(o->rootfs_fd, "", AT_FDCWD, "/lower", MOVE_MOUNT_F_EMPTY_PATH);
-    if (r < 0)
-      return ns_fail("cannot attach the idmapped mount of rootfs '%s' (fd %d)", rootfs,
-                     o->rootfs_fd);
-    close(o->rootfs_fd);
-    strcpy(lower, "/lower");
-  } else {
-    int n = snprintf(lower, sizeof lower, "/oldroot%s", rootfs);
-    if (n < 0 || (size_t)n >= sizeof lower) {
-      errno = ENAMETOOLONG;
-      return ns_fail("rootfs '%s'", rootfs);
-    }
+  if (fd >= 0) {
+    if (move_mount(fd, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      return ns_fail("cannot attach the idmapped mount of %s '%s' (fd %d)", what, path, fd);
+    close(fd);
+    return 0;
   }
-  if (stat(lower, &st) < 0)
-    return ns_fail("cannot use rootfs '%s'", rootfs);
+  int n = snprintf(host, sizeof host, "/oldroot%s", path);
+  if (n < 0 || (size_t)n >= sizeof host) {
+    errno = ENAMETOOLONG;
+    return ns_fail("%s '%s'", what, path);
+  }
+  if (stat(host, &st) < 0)
+    return ns_fail("cannot use %s '%s'", what, path);
   if (!S_ISDIR(st.st_mode)) {
     errno = ENOTDIR;
-    return ns_fail("rootfs '%s'", rootfs);
+    return ns_fail("%s '%s'", what, path);
   }
-  /* The overlay's options are shown in /proc/self/mountinfo: the rootfs is
-   * at /lower (the server's idmapped mount, or bound there), so that they
-   * name it and not its host path.  /lower goes with the setup tmpfs at the
-   * end; the overlay keeps its own reference to the layer. */
-  if (o->rootfs_fd < 0) {
-    int r = ns_bind(lower, "/lower");
-    if (r < 0)
-      return r;
-  }
-  snprintf(opts, sizeof opts, "lowerdir=/lower,upperdir=/upper,workdir=/work%s",
-           ns_in_userns() ? ",userxattr" : "");
+  return ns_bind(host, at);
+}
+
+/* Step 3: the rootfs tree under a writable overlay at /newroot, with a
+ * stage's layer between them when the session starts from one.  The stage
+ * keeps overlay's own marks (whiteouts, opaque directories) as a lower
+ * layer does: what the session that made it deleted or replaced stays so. */
+static int ns_mount_overlay(const struct ns_options *o) {
+  char opts[128];
+  int r;
+  /* The overlay's options are shown in /proc/self/mountinfo: the layers are
+   * at /lower and /stage (the server's idmapped mounts, or bound there), so
+   * that they name them and not their host paths.  Both go with the setup
+   * tmpfs at the end; the overlay keeps its own references to its layers. */
+  if ((r = ns_attach_layer("rootfs", o->rootfs, o->rootfs_fd, "/lower")) < 0)
+    return r;
+  bool stage = o->stage_fd >= 0 || o->stage;
+  if (stage &&
+      (r = ns_attach_layer("stage", o->stage ? o->stage : "(fd)", o->stage_fd, "/stage")) < 0)
+    return r;
+  snprintf(opts, sizeof opts, "lowerdir=%s/lower,upperdir=/upper,workdir=/work%s",
+           stage ? "/stage:" : "", ns_in_userns() ? ",userxattr" : "");
   return ns_mount("overlay", "/newroot", "overlay", MS_NOSUID | MS_NODEV, opts);
 }
 

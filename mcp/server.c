@@ -92,7 +92,8 @@ static size_t sending_bytes;
 static size_t line_bytes;
 
 void mcp_send(json_t *msg) {
-  char *s = json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY);
+  /* Twelve significant digits: timings like 6.733 ms, not 6.7329999999999997. */
+  char *s = json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(12));
   json_decref(msg);
   if (!s) {
     log_error("cannot encode a response (out of memory)");

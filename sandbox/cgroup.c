@@ -15,7 +15,13 @@
  * groups go under a group below the root, /sys/fs/cgroup/ignition-mcp (root
  * may make it; the ns backend runs as root), with a warning: they no longer
  * count against the server's group.  The server pid in the name lets the next
- * server remove groups a killed server left behind. */
+ * server remove groups a killed server left behind.
+ *
+ * Freezing (a commit copies a sandbox's files while its processes are
+ * stopped): v2 has cgroup.freeze in the same group; v1 gets a group in the
+ * freezer hierarchy too when it is there and writable (freezer.state), and
+ * the session runs without one otherwise.  v1 frozen tasks do not die until
+ * thawed, so a group is thawed before it is destroyed. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,8 +44,14 @@
 #define CG_TCP_SHIFT 2
 
 struct cgroup {
-  char *dirs[2];
+  char *dirs[3];
   int n;
+  /* The group whose freezer stops the sandbox's processes (the v2 group,
+   * or the v1 freezer group), or NULL when there is none (a v1 host
+   * without a writable freezer hierarchy: not a reason to refuse the
+   * session, only to commit it while it runs). */
+  const char *freezer;
+  bool v2;
 };
 
 static int write_file(const char *dir, const char *name, const char *value) {
@@ -166,6 +178,24 @@ static int v2_parent(const char **ret, char **ret_err) {
   return r;
 }
 
+/* v1: a freezer group too, where the hierarchy is there and ours to write;
+ * without it the session still runs (its commits copy a running sandbox). */
+static void v1_add_freezer(struct cgroup *cg, const char *name) {
+  _cleanup_free_ char *base = own_group("freezer");
+  if (!base || access(base, W_OK) < 0)
+    return;
+  char *dir = xasprintf("%s/%s", base, name);
+  if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+    log_warn("cannot create the freezer cgroup %s (%s): commits of its session copy a running "
+             "sandbox",
+             dir, strerror(errno));
+    free(dir);
+    return;
+  }
+  cg->dirs[cg->n++] = dir;
+  cg->freezer = dir;
+}
+
 int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cgroup **ret,
                   char **ret_err) {
   _cleanup_free_ struct cgroup *cg = calloc(1, sizeof *cg);
@@ -195,6 +225,8 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
       return r;
     }
     write_file(dir, "memory.swap.max", "0");
+    cg->freezer = dir;
+    cg->v2 = true;
     *ret = steal_ptr(cg);
     return 0;
   }
@@ -239,6 +271,7 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
                  dir, strerror(-r));
     }
   }
+  v1_add_freezer(cg, name);
   *ret = steal_ptr(cg);
   return 0;
 }
@@ -257,11 +290,72 @@ int cgroup_attach(struct cgroup *cg, pid_t pid) {
 void cgroup_destroy(struct cgroup *cg) {
   if (!cg)
     return;
+  /* v1 frozen tasks do not die until thawed. */
+  if (cg->freezer)
+    write_file(cg->freezer, cg->v2 ? "cgroup.freeze" : "freezer.state", cg->v2 ? "0" : "THAWED");
   for (int i = 0; i < cg->n; i++) {
     destroy_dir(cg->dirs[i]);
     free(cg->dirs[i]);
   }
   free(cg);
+}
+
+bool cgroup_can_freeze(const struct cgroup *cg) { return cg && cg->freezer; }
+
+/* Reads NAME of the freezer group into BUF (NUL-terminated). */
+static int read_small(const char *dir, const char *name, char *buf, size_t size) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  ssize_t n = read(fd, buf, size - 1);
+  if (n < 0)
+    return -errno;
+  buf[n] = '\0';
+  return 0;
+}
+
+/* Has the freezer group reached the state asked for? */
+static bool freezer_reached(const struct cgroup *cg, bool frozen) {
+  char buf[512];
+  if (cg->v2) {
+    if (read_small(cg->freezer, "cgroup.events", buf, sizeof buf) < 0)
+      return false;
+    const char *f = strstr(buf, "frozen ");
+    return f && (f[7] == '1') == frozen;
+  }
+  if (read_small(cg->freezer, "freezer.state", buf, sizeof buf) < 0)
+    return false;
+  buf[strcspn(buf, "\n")] = '\0';
+  return strcmp(buf, frozen ? "FROZEN" : "THAWED") == 0;
+}
+
+int cgroup_freeze(struct cgroup *cg, bool frozen, unsigned timeout_ms, char **ret_err) {
+  if (!cgroup_can_freeze(cg)) {
+    *ret_err = strdup("the sandbox has no freezer cgroup");
+    return -EOPNOTSUPP;
+  }
+  const char *file = cg->v2 ? "cgroup.freeze" : "freezer.state";
+  const char *value = cg->v2 ? (frozen ? "1" : "0") : (frozen ? "FROZEN" : "THAWED");
+  int r = write_file(cg->freezer, file, value);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot write %s to %s/%s: %s", value, cg->freezer, file, strerror(-r));
+    return r;
+  }
+  /* v2 reports frozen in cgroup.events once every task stopped; v1 says
+   * FREEZING until then.  Polled: the wait is short (tasks stop at their
+   * next return to user space), and a task stuck in the kernel makes it
+   * time out rather than hang the caller. */
+  for (unsigned waited = 0; !freezer_reached(cg, frozen); waited++) {
+    if (waited >= timeout_ms * 10) {
+      *ret_err = xasprintf("the processes of cgroup %s did not %s within %u ms", cg->freezer,
+                           frozen ? "stop" : "resume", timeout_ms);
+      return -ETIMEDOUT;
+    }
+    usleep(100);
+  }
+  return 0;
 }
 
 static void cleanup_stale_in(const char *base) {
@@ -291,7 +385,7 @@ void cgroup_cleanup_stale(void) {
     cleanup_stale_in(CG_V2_SHARED);
     return;
   }
-  static const char *const controllers[] = {"memory", "pids"};
+  static const char *const controllers[] = {"memory", "pids", "freezer"};
   for (size_t i = 0; i < ARRAY_SIZE(controllers); i++) {
     _cleanup_free_ char *base = own_group(controllers[i]);
     if (base)

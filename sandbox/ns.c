@@ -59,10 +59,18 @@
  *     not the user's others; memory is then not enforced, and the limits
  *     string says so.
  *
+ * Stages (see "stages" below and ns_stage.c): a commit copies the files the
+ * sandbox changed (its overlay upper, read through the agent's fd of its
+ * setup tmpfs) onto its own stage's layer, into one tree; a session from a
+ * stage gets that tree as a second lower layer above the rootfs
+ * (lowerdir=/stage:/lower), idmapped like the rootfs as root, bound from
+ * /oldroot as a user.  Processes are not carried: "files".
+ *
  * Life and death: the agent's channel is one end of a socketpair whose other
  * end only the server holds, and the agent exits when it reads EOF; it also
  * has PR_SET_PDEATHSIG.  When PID 1 of a pid namespace exits, the kernel
  * kills everything else in it, so a SIGKILLed server leaves nothing behind. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -81,15 +89,25 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/util.h"
+#include "mcp/config.h"
 #include "mcp/log.h"
+#include "sandbox/ns_stage.h"
 #include "sandbox/sandbox.h"
+#include "sandbox/stage.h"
 
 /* Host-wide (not the server's run directory, which tests/fence.sh gives
  * each fenced server a private copy of). */
 #define NS_UID_LOCK_DIR "/run/ignition-mcp-uids"
 #define NS_ROOTFS_FD 4            /* the idmapped rootfs in the agent */
+#define NS_STAGE_FD 5             /* the idmapped stage layer in the agent */
+/* The agent's setup tmpfs (upper/, scratch/), open for its whole life:
+ * AGENT_NS_STATE_FD of guest/agent.h. */
+#define NS_STATE_FD 6
+/* How long a commit waits for the sandbox's processes to stop. */
+#define NS_FREEZE_TIMEOUT_MS 2000u
 
 struct ns_sandbox {
   struct sandbox base;
@@ -103,11 +121,15 @@ struct ns_sandbox {
   char err_msg[1024];
   size_t err_len;
   int uid_lock_fds[2];      /* flocks held on the uid block's lock files, or -1 */
+  unsigned host_uid;        /* uid 0 inside on the host (the block's first, or ours) */
+  const struct stage *stage; /* the stage it started from (held by the session), or NULL */
+  char session_id[80];      /* for messages */
 };
 
 struct clone_args_ns {
   const char *agent;
   char **argv;              /* ends "--rootfs-fd", "4", NULL: cut when no mount came */
+  bool want_stage_fd;       /* argv has "--stage-fd 5": the message must carry it */
   size_t rootfs_fd_arg;     /* index of "--rootfs-fd" in argv */
   char *const *envp;
   int chan_fd;              /* child's end of the socketpair */
@@ -165,10 +187,10 @@ static int clone_agent(void *p) {
     return -clone_errno;
   if (pid == 0) {
     char c = 0;
-    int tree_fd = -1;
+    int tree_fd = -1, stage_fd = -1, fds[2] = {-1, -1};
     union {
       struct cmsghdr h;
-      char buf[CMSG_SPACE(sizeof(int))];
+      char buf[CMSG_SPACE(2 * sizeof(int))];
     } u;
     struct iovec iov = {.iov_base = &c, .iov_len = 1};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
@@ -179,8 +201,14 @@ static int clone_agent(void *p) {
     if (recvmsg(a->sync_fd, &mh, MSG_CMSG_CLOEXEC) != 1 || c != 'x')
       _exit(126);
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-      memcpy(&tree_fd, CMSG_DATA(cm), sizeof tree_fd);
+    if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      memcpy(fds, CMSG_DATA(cm), (n > 2 ? 2 : n) * sizeof(int));
+      tree_fd = fds[0];
+      stage_fd = n > 1 ? fds[1] : -1;
+    }
+    if (a->want_stage_fd && stage_fd < 0)
+      _exit(126);
     /* Until now we were the server's host uid, unmapped in here: become
      * root of the namespace (the block's first uid, or the user's own). */
     if (syscall(SYS_setresgid, 0, 0, 0) < 0 ||
@@ -204,14 +232,18 @@ static int clone_agent(void *p) {
     }
     if (tree_fd >= 0 && (tree_fd = fcntl(tree_fd, F_DUPFD, 10)) < 0)
       _exit(126);
+    if (stage_fd >= 0 && (stage_fd = fcntl(stage_fd, F_DUPFD, 10)) < 0)
+      _exit(126);
     if (tree_fd < 0)
       a->argv[a->rootfs_fd_arg] = NULL; /* our own copy of the array */
     if (dup2(a->null_fd, 0) < 0 || dup2(a->null_fd, 1) < 0 || dup2(a->err_fd, 2) < 0 ||
-        dup2(a->chan_fd, 3) < 0 || (tree_fd >= 0 && dup2(tree_fd, NS_ROOTFS_FD) < 0))
+        dup2(a->chan_fd, 3) < 0 || (tree_fd >= 0 && dup2(tree_fd, NS_ROOTFS_FD) < 0) ||
+        (stage_fd >= 0 && dup2(stage_fd, NS_STAGE_FD) < 0))
       _exit(126);
-    /* Only fds 0-3 (and the rootfs) reach the sandbox, whatever the server
-     * inherited. */
-    if (syscall(SYS_close_range, tree_fd >= 0 ? NS_ROOTFS_FD + 1 : 4, ~0U, 0) < 0)
+    /* Only fds 0-3 (and the rootfs and stage mounts) reach the sandbox,
+     * whatever the server inherited. */
+    int keep = stage_fd >= 0 ? NS_STAGE_FD + 1 : tree_fd >= 0 ? NS_ROOTFS_FD + 1 : 4;
+    if (syscall(SYS_close_range, keep, ~0U, 0) < 0)
       _exit(126);
     sandbox_child_reset_signals();
     execve(a->agent, a->argv, a->envp);
@@ -330,9 +362,10 @@ static int ns_write_maps(pid_t pid, unsigned uid, char **ret_err) {
   return ns_write_proc(pid, "gid_map", map, ret_err);
 }
 
-/* A detached, read-only mount of ROOTFS in which host uid k shows as uid k
- * of the child's user namespace. */
-static int ns_idmapped_rootfs(const char *rootfs, pid_t pid, int *ret_fd, char **ret_err) {
+/* A detached, read-only mount of ROOTFS (the rootfs, or a stage's layer:
+ * WHAT) in which host uid k shows as uid k of the child's user namespace. */
+static int ns_idmapped_tree(const char *what, const char *rootfs, pid_t pid, int *ret_fd,
+                            char **ret_err) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
   _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
@@ -344,9 +377,9 @@ static int ns_idmapped_rootfs(const char *rootfs, pid_t pid, int *ret_fd, char *
   _cleanup_close_ int tree = open_tree(AT_FDCWD, rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (tree < 0) {
     int r = -errno;
-    *ret_err = xasprintf("cannot make a mount of the rootfs %s (open_tree: %s); Linux 5.12 or "
+    *ret_err = xasprintf("cannot make a mount of the %s %s (open_tree: %s); Linux 5.12 or "
                          "later is needed",
-                         rootfs, strerror(errno));
+                         what, rootfs, strerror(errno));
     return r;
   }
   struct mount_attr attr = {
@@ -355,10 +388,10 @@ static int ns_idmapped_rootfs(const char *rootfs, pid_t pid, int *ret_fd, char *
   };
   if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
     int r = -errno;
-    *ret_err = xasprintf("cannot make an idmapped mount of the rootfs %s (mount_setattr: %s): "
+    *ret_err = xasprintf("cannot make an idmapped mount of the %s %s (mount_setattr: %s): "
                          "its file system does not support idmapped mounts on this kernel; put "
-                         "the rootfs on ext4, xfs or btrfs (or tmpfs with Linux 6.3 or later)",
-                         rootfs, strerror(errno));
+                         "it on ext4, xfs or btrfs (or tmpfs with Linux 6.3 or later)",
+                         what, rootfs, strerror(errno));
     return r;
   }
   *ret_fd = steal_fd(tree);
@@ -397,23 +430,25 @@ static void ns_close_pair(int fds[2]) {
 
 /* Releases the child (with the rootfs mount, or none) and waits for it to
  * say it is root of its namespace. */
-static int ns_release(int sync_fd, int tree_fd) {
+static int ns_release(int sync_fd, int tree_fd, int stage_fd) {
   char c = 'x';
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(2 * sizeof(int))];
   } u;
   memset(&u, 0, sizeof u);
   struct iovec iov = {.iov_base = &c, .iov_len = 1};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (tree_fd >= 0) {
+  int fds[2] = {tree_fd, stage_fd};
+  size_t nfds = tree_fd < 0 ? 0 : stage_fd < 0 ? 1 : 2;
+  if (nfds) {
     mh.msg_control = u.buf;
-    mh.msg_controllen = sizeof u.buf;
+    mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &tree_fd, sizeof tree_fd);
+    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
   }
   if (sendmsg(sync_fd, &mh, MSG_NOSIGNAL) != 1)
     return -errno;
@@ -422,6 +457,8 @@ static int ns_release(int sync_fd, int tree_fd) {
     ;
   return n == 1 && c == 'y' ? 0 : n < 0 ? -errno : -ECHILD;
 }
+
+static int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err);
 
 static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                      struct sandbox **ret, char **ret_err) {
@@ -447,7 +484,8 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
 
   bool root = ns_as_root();
   unsigned host_uid = (unsigned)geteuid();
-  _cleanup_close_ int tree_fd = -1;
+  _cleanup_close_ int tree_fd = -1, stage_fd = -1;
+  _cleanup_free_ char *layer = cfg->stage ? xasprintf("%s/layer", cfg->stage->dir) : NULL;
   int r;
   if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, sb->uid_lock_fds, ret_err)) < 0)
     return r;
@@ -492,14 +530,30 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
     goto fail;
   }
 
-  char overlay[16], rootfs_fd[16];
+  char overlay[16], rootfs_fd[16], stage_fd_arg[16];
   snprintf(overlay, sizeof overlay, "%u", overlay_mb);
   snprintf(rootfs_fd, sizeof rootfs_fd, "%d", NS_ROOTFS_FD);
-  char *argv[] = {"ign-agent", "--ns", "--rootfs", (char *)cfg->rootfs, "--overlay-mb", overlay,
-                  "--hostname", (char *)session_id, "--rootfs-fd", rootfs_fd, NULL};
+  snprintf(stage_fd_arg, sizeof stage_fd_arg, "%d", NS_STAGE_FD);
+  /* A stage's layer: as root an idmapped mount like the rootfs's (its
+   * files belong to on-disk uids 0..65535, the sandbox's through the
+   * mapping); as a user its path, which the agent binds from /oldroot. */
+  char *argv[16] = {"ign-agent", "--ns", "--rootfs", (char *)cfg->rootfs, "--overlay-mb",
+                    overlay, "--hostname", (char *)session_id};
+  size_t argc = 8;
+  if (layer) {
+    argv[argc++] = root ? "--stage-fd" : "--stage";
+    argv[argc++] = root ? stage_fd_arg : layer;
+  }
+  argv[argc++] = "--rootfs-fd";
+  argv[argc++] = rootfs_fd;
+  argv[argc] = NULL;
+  sb->stage = cfg->stage;
+  snprintf(sb->session_id, sizeof sb->session_id, "%s", session_id);
+  sb->host_uid = host_uid;
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
-      .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = ARRAY_SIZE(argv) - 3, .envp = envp,
+      .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = argc - 2, .envp = envp,
+      .want_stage_fd = layer && root,
       .chan_fd = sv[1], .err_fd = errp[1], .sync_fd = syncp[1], .null_fd = null_fd,
       .owner = root ? (uid_t)host_uid : (uid_t)-1, .clear_groups = root, .nproc = nproc,
       .data = data,
@@ -527,7 +581,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
      * /tmp: said in its limits, and logged once per server. */
     static _Atomic bool warned;
     _cleanup_free_ char *why = NULL;
-    if (ns_idmapped_rootfs(cfg->rootfs, a.ret_pid, &tree_fd, &why) < 0) {
+    if (ns_idmapped_tree("rootfs", cfg->rootfs, a.ret_pid, &tree_fd, &why) < 0) {
       if (!warned) {
         warned = true;
         log_warn("%s; namespace sessions see the rootfs's files read-only", why);
@@ -536,11 +590,21 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
       snprintf(sb->base.limits + n, sizeof sb->base.limits - n,
                "; rootfs read-only (no idmapped mount)");
     }
+    if (layer && tree_fd < 0) {
+      r = -EOPNOTSUPP;
+      *ret_err = xasprintf("cannot start session %s from stage %s: a root server lays a stage "
+                           "through an idmapped mount, and none can be made here (%s); start it "
+                           "from the base instead",
+                           session_id, cfg->stage->name ? cfg->stage->name : cfg->stage->id, why);
+      goto fail_child;
+    }
+    if (layer && (r = ns_idmapped_tree("stage layer", layer, a.ret_pid, &stage_fd, ret_err)) < 0)
+      goto fail_child;
   }
   if (sb->cg && (r = cgroup_attach(sb->cg, a.ret_pid)) < 0)
     log_warn("cannot move the sandbox of session %s into its cgroup: %s", session_id,
              strerror(-r));
-  if ((r = ns_release(syncp[0], tree_fd)) < 0) {
+  if ((r = ns_release(syncp[0], tree_fd, stage_fd)) < 0) {
     *ret_err = r == -EPIPE || r == -ECHILD
                    ? strdup("the sandbox's first process exited before it became root of its "
                             "user namespace (setresuid or setgroups failed)")
@@ -549,7 +613,17 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   }
   ns_close_pair(syncp);
 
+  /* What the sandbox is made of, for a stage committed from it later. */
+  if (cfg->stage) {
+    snprintf(sb->base.inputs_id, sizeof sb->base.inputs_id, "%s", cfg->stage->inputs_id);
+  } else {
+    _cleanup_free_ char *id = NULL, *text = NULL, *err = NULL;
+    if (ns_inputs_id(&id, &text, &err) == 0)
+      snprintf(sb->base.inputs_id, sizeof sb->base.inputs_id, "%s", id);
+  }
   sb->base.info = json_pack("{s:I}", "host_uid", (json_int_t)host_uid);
+  if (cfg->stage && sb->base.info)
+    json_object_set_new(sb->base.info, "stage_layer", json_string("files (overlay lower layer)"));
   sb->base.fd = sv[0];
   *ret = &steal_ptr(sb)->base;
   return 0;
@@ -631,6 +705,287 @@ static char *ns_death_reason(struct sandbox *base) {
                    msg[0] ? ": " : "", msg);
 }
 
+/* ---- stages ----
+ *
+ * A commit copies the sandbox's files (ns_stage.c): its overlay upper, and
+ * its /root and /tmp when they are scratch directories apart from it.  The
+ * upper stays where it is, on the sandbox's tmpfs, whose size is the
+ * sandbox's disk limit: a write past it is ENOSPC inside the sandbox, the
+ * pages are charged to its memory cgroup, and nothing is left on the host
+ * when it dies (a host-side upper directory would need a quota of its own
+ * and a cleanup after a killed server).  The server reads it through the
+ * agent's fd of the setup tmpfs, /proc/<agent pid>/fd/NS_STATE_FD: a root
+ * server may (CAP_SYS_PTRACE over every user namespace), and so may a user
+ * server (it owns the sandbox's user namespace, where it holds every
+ * capability, and the agent runs as its uid); the sandbox's own processes
+ * may not (the agent is not dumpable).
+ *
+ * While the copy runs, the sandbox's processes are frozen when it has a
+ * cgroup with a freezer, so the files are those of one instant.  Without
+ * one (a user server without delegated cgroups) the copy is of a running
+ * sandbox: a file written meanwhile may be copied half old, half new; the
+ * session layer makes sure no call of ours runs, but a background process
+ * of the sandbox's may.  The log says so. */
+
+/* The agent's setup tmpfs, opened from the host. */
+static int ns_open_state(struct ns_sandbox *sb, int *ret_fd, char **ret_err) {
+  pthread_mutex_lock(&sb->proc.lock);
+  pid_t pid = sb->proc.reaped ? 0 : sb->proc.pid;
+  int pidfd = sb->proc.pidfd;
+  pthread_mutex_unlock(&sb->proc.lock);
+  if (pid <= 0) {
+    *ret_err = xasprintf("the sandbox of session %s is gone: close it and open a new one",
+                         sb->session_id);
+    return -ESRCH;
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, NS_STATE_FD);
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open the files of session %s through %s (the agent's setup "
+                         "tmpfs): %s%s",
+                         sb->session_id, path, strerror(errno),
+                         errno == EACCES || errno == EPERM
+                             ? "; the server needs ptrace access to its sandboxes' agents "
+                               "(root, or the owner of their user namespaces)"
+                             : "");
+    return r;
+  }
+  /* Alive after the open: the pid was the agent's when it was opened. */
+  if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) < 0) {
+    close(fd);
+    *ret_err = xasprintf("the sandbox of session %s died while it was being committed",
+                         sb->session_id);
+    return -ESRCH;
+  }
+  *ret_fd = fd;
+  return 0;
+}
+
+static int ns_open_dir_at(int dfd, const char *name, int *ret_fd, char **ret_err) {
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open %s: %s", name, strerror(errno));
+    return r;
+  }
+  *ret_fd = fd;
+  return 0;
+}
+
+/* The copy itself: the parent stage's layer (if any) is linked before the
+ * freeze, the upper and scratch directories copied while frozen. */
+static int ns_copy_layer(struct ns_sandbox *sb, int state, int layer, bool *frozen,
+                         uint64_t *t0, struct ns_layer_stats *st, char **ret_err) {
+  bool root = ns_as_root();
+  struct ns_layer_opts own = {.owners = root ? NS_LAYER_OWNERS_BLOCK : NS_LAYER_OWNERS_SELF,
+                              .base = sb->host_uid};
+  struct ns_layer_opts keep = {.owners = root ? NS_LAYER_OWNERS_KEEP : NS_LAYER_OWNERS_SELF};
+  _cleanup_close_ int upper = -1, parent = -1, scratch = -1;
+  int r;
+  if ((r = ns_open_dir_at(state, "upper", &upper, ret_err)) < 0)
+    return r;
+  if (sb->stage) {
+    _cleanup_free_ char *path = xasprintf("%s/layer", sb->stage->dir);
+    if ((r = ns_open_dir_at(AT_FDCWD, path, &parent, ret_err)) < 0 ||
+        (r = ns_layer_link(parent, layer, &keep, st, ret_err)) < 0)
+      return r;
+  }
+  if (cgroup_can_freeze(sb->cg)) {
+    *t0 = mono_us();
+    *frozen = true;
+    if ((r = cgroup_freeze(sb->cg, true, NS_FREEZE_TIMEOUT_MS, ret_err)) < 0)
+      return r;
+  }
+  if ((r = ns_layer_apply(upper, layer, &own, st, ret_err)) < 0)
+    return r;
+  /* /root and /tmp of a sandbox that could not write the rootfs's. */
+  if (ns_open_dir_at(state, "scratch", &scratch, ret_err) < 0) {
+    free(steal_ptr(*ret_err));
+    return 0;
+  }
+  static const char *const names[] = {"root", "tmp"};
+  for (size_t i = 0; i < ARRAY_SIZE(names); i++) {
+    _cleanup_close_ int fd = -1;
+    if (ns_open_dir_at(scratch, names[i], &fd, ret_err) < 0) {
+      free(steal_ptr(*ret_err));
+      continue;
+    }
+    if ((r = ns_layer_apply_dir(fd, layer, names[i], &own, st, ret_err)) < 0)
+      return r;
+  }
+  return 0;
+}
+
+static int ns_snapshot(struct sandbox *base, const char *dir, struct sandbox_snapshot *ret,
+                       char **ret_err) {
+  struct ns_sandbox *sb = (struct ns_sandbox *)base;
+  _cleanup_close_ int state = -1, dirfd = -1, layer = -1;
+  int r = ns_open_state(sb, &state, ret_err);
+  if (r < 0)
+    return r;
+  if ((r = ns_open_dir_at(AT_FDCWD, dir, &dirfd, ret_err)) < 0)
+    return r;
+  if (mkdirat(dirfd, "layer", 0755) < 0) {
+    r = -errno;
+    *ret_err = xasprintf("cannot create %s/layer: %s", dir, strerror(errno));
+    return r;
+  }
+  if ((r = ns_open_dir_at(dirfd, "layer", &layer, ret_err)) < 0)
+    return r;
+  struct ns_layer_stats st = {0};
+  bool frozen = false;
+  uint64_t t0 = 0;
+  _cleanup_free_ char *err = NULL;
+  r = ns_copy_layer(sb, state, layer, &frozen, &t0, &st, &err);
+  uint64_t paused = 0;
+  if (frozen) {
+    _cleanup_free_ char *thaw_err = NULL;
+    /* Every path thaws: a sandbox left frozen would hang every call. */
+    if (cgroup_freeze(sb->cg, false, NS_FREEZE_TIMEOUT_MS, &thaw_err) < 0)
+      log_warn("session %s: %s", sb->session_id, thaw_err);
+    paused = mono_us() - t0;
+  }
+  if (r < 0) {
+    *ret_err = xasprintf("cannot save the files of session %s: %s", sb->session_id,
+                         err ? err : strerror(-r));
+    return r;
+  }
+  if (!frozen)
+    log_info("session %s: committed while its processes ran (no cgroup freezer here): a file "
+             "written meanwhile may be saved half written",
+             sb->session_id);
+  if (st.dropped_special || st.skipped_owner || st.unreadable || st.xattrs_dropped)
+    log_warn("session %s: the stage leaves out %llu device nodes or sockets, %llu files owned "
+             "by uids outside the sandbox, %llu files the server could not read and %llu "
+             "extended attributes",
+             sb->session_id, (unsigned long long)st.dropped_special,
+             (unsigned long long)st.skipped_owner, (unsigned long long)st.unreadable,
+             (unsigned long long)st.xattrs_dropped);
+  log_info("session %s: layer of %llu entries (%llu linked from its stage, %llu whiteouts), "
+           "%llu bytes copied, paused %llu us",
+           sb->session_id, (unsigned long long)st.entries, (unsigned long long)st.linked,
+           (unsigned long long)st.whiteouts, (unsigned long long)st.bytes,
+           (unsigned long long)paused);
+  ret->carries = "files";
+  ret->paused_us = paused;
+  return 0;
+}
+
+/* What the agent binary is: XXH3-64 of its content, computed once per
+ * version of the file (device, inode, size, mtime). */
+static int ns_agent_hash(const char *path, uint64_t *ret, char **ret_err) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static struct stat seen;
+  static uint64_t hash;
+  static bool known;
+  _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat s;
+  if (fd < 0 || fstat(fd, &s) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot read the agent %s: %s", path, strerror(errno));
+    return r;
+  }
+  pthread_mutex_lock(&lock);
+  bool same = known && s.st_dev == seen.st_dev && s.st_ino == seen.st_ino &&
+              s.st_size == seen.st_size && s.st_mtim.tv_sec == seen.st_mtim.tv_sec &&
+              s.st_mtim.tv_nsec == seen.st_mtim.tv_nsec;
+  uint64_t h = hash;
+  pthread_mutex_unlock(&lock);
+  if (!same) {
+    XXH3_state_t *x = XXH3_createState();
+    if (!x)
+      return -ENOMEM;
+    XXH3_64bits_reset(x);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+      XXH3_64bits_update(x, buf, (size_t)n);
+    h = XXH3_64bits_digest(x);
+    XXH3_freeState(x);
+    if (n < 0) {
+      int r = -errno;
+      *ret_err = xasprintf("cannot read the agent %s: %s", path, strerror(errno));
+      return r;
+    }
+    pthread_mutex_lock(&lock);
+    seen = s;
+    hash = h;
+    known = true;
+    pthread_mutex_unlock(&lock);
+  }
+  *ret = h;
+  return 0;
+}
+
+/* What the rootfs tree is: the image build's stamp (image/build-rootfs-*.sh
+ * write .ign-rootfs-stamp last, from their inputs), else the tree's own
+ * directory and top-level entries (inode and mtime: a rebuilt or swapped
+ * tree differs). */
+static int ns_rootfs_id(const char *rootfs, uint64_t *ret, const char **ret_how,
+                        char **ret_err) {
+  _cleanup_free_ char *stamp = xasprintf("%s/.ign-rootfs-stamp", rootfs);
+  _cleanup_close_ int fd = open(stamp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  char buf[4096];
+  if (fd >= 0) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0) {
+      *ret = XXH3_64bits(buf, (size_t)n);
+      *ret_how = "its build stamp";
+      return 0;
+    }
+  }
+  DIR *d = opendir(rootfs);
+  struct stat s;
+  if (!d || fstat(dirfd(d), &s) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot read the rootfs %s: %s", rootfs, strerror(errno));
+    if (d)
+      closedir(d);
+    return r;
+  }
+  XXH64_hash_t h = XXH3_64bits_withSeed(&s.st_ino, sizeof s.st_ino, (uint64_t)s.st_mtim.tv_sec);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    struct stat es;
+    if (fstatat(dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) < 0)
+      continue;
+    /* Order-independent: readdir's order is not the tree's identity. */
+    uint64_t v[3] = {(uint64_t)es.st_ino, (uint64_t)es.st_mtim.tv_sec,
+                     (uint64_t)es.st_mtim.tv_nsec};
+    h ^= XXH3_64bits_withSeed(v, sizeof v, XXH3_64bits(e->d_name, strlen(e->d_name)));
+  }
+  closedir(d);
+  *ret = h;
+  *ret_how = "its top-level entries (no build stamp)";
+  return 0;
+}
+
+static int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err) {
+  if (!cfg.rootfs || !cfg.agent) {
+    *ret_err = xasprintf("no %s: build it with `make images` (or point %s at one)",
+                         !cfg.rootfs ? "rootfs" : "ign-agent",
+                         !cfg.rootfs ? "IGN_MCP_ROOTFS" : "the server's install");
+    return -ENOENT;
+  }
+  uint64_t agent, rootfs;
+  const char *how;
+  int r;
+  if ((r = ns_agent_hash(cfg.agent, &agent, ret_err)) < 0 ||
+      (r = ns_rootfs_id(cfg.rootfs, &rootfs, &how, ret_err)) < 0)
+    return r;
+  /* The id names contents, not paths: servers with other checkouts of the
+   * same agent and rootfs share their stages. */
+  char key[128];
+  snprintf(key, sizeof key, NS_LAYER_VERSION " agent=%016llx rootfs=%016llx",
+           (unsigned long long)agent, (unsigned long long)rootfs);
+  *ret_id = xasprintf("b-%016llx", (unsigned long long)XXH3_64bits(key, strlen(key)));
+  *ret_text = xasprintf("ns: %s (agent %s, content XXH3 %016llx; rootfs %s, by %s)", key,
+                        cfg.agent, (unsigned long long)agent, cfg.rootfs, how);
+  return 0;
+}
+
 const struct sandbox_ops sandbox_ns_ops = {
     .name = "ns",
     .create = ns_create,
@@ -638,4 +993,6 @@ const struct sandbox_ops sandbox_ns_ops = {
     .kill = ns_kill,
     .destroy = ns_destroy,
     .death_reason = ns_death_reason,
+    .inputs_id = ns_inputs_id,
+    .snapshot = ns_snapshot,
 };

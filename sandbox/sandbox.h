@@ -182,3 +182,8 @@ int cgroup_attach(struct cgroup *cg, pid_t pid);
 void cgroup_destroy(struct cgroup *cg);
 /* Removes groups left behind by servers that are no longer running. */
 void cgroup_cleanup_stale(void);
+/* Does CG (or NULL) have a freezer (v2 cgroup.freeze, v1 freezer.state)? */
+bool cgroup_can_freeze(const struct cgroup *cg);
+/* Stops (FROZEN) or resumes every process of CG and waits up to TIMEOUT_MS
+ * until the kernel says it is done.  0, or a negative errno with *ret_err. */
+int cgroup_freeze(struct cgroup *cg, bool frozen, unsigned timeout_ms, char **ret_err);

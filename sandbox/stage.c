@@ -6,8 +6,10 @@
  *   .anon-<pid>-<n>/         a fork's anonymous stage
  *   .rm-<pid>-<n>/           removed or replaced, deleted once nobody holds it
  *   .lock                    flock LOCK_EX around every change of names
- * A stage in use is held by a shared flock on its meta.json; a directory is
- * deleted only under .lock by whoever gets LOCK_EX on its meta.
+ * A stage in use is held by a shared flock on its meta.json, and a .tmp
+ * being made by an flock on the directory itself (so that no server, in
+ * whatever pid namespace, removes one that is alive); a directory is deleted
+ * only under .lock by whoever gets LOCK_EX on it (on its meta for stages).
  *
  * The checksum is one XXH3-128 over a canonical walk of the stage's tree
  * (names sorted; per entry its name, type, mode, owner, size, device
@@ -24,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <search.h>
 #include <signal.h>
@@ -55,6 +58,10 @@
 
 static char *stages_dir(void) { return xasprintf("%s/stages", cfg.store); }
 
+/* stages/ is the server's (a stage is a copy of a sandbox and may hold
+ * secrets typed into it): made 0700, never a link, and never open to
+ * others; group rights given on purpose (the vm backend's QEMUs, group
+ * VM_GID, must reach a stage's files as they reach a base's) are kept. */
 static int ensure_stages_dir(char **ret_err) {
   _cleanup_free_ char *d = stages_dir();
   int r = fs_mkdir_p(d, 0700);
@@ -64,6 +71,15 @@ static int ensure_stages_dir(char **ret_err) {
                          d, strerror(-r));
     return r;
   }
+  struct stat st;
+  if (lstat(d, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    *ret_err = xasprintf("%s is not a directory (a link?): move it away so that the server can "
+                         "make its stage directory there",
+                         d);
+    return -ENOTDIR;
+  }
+  if (st.st_uid == geteuid() && (st.st_mode & 007) && chmod(d, st.st_mode & 0770) < 0)
+    log_warn("cannot take the rights of others from %s: %s", d, strerror(errno));
   return 0;
 }
 
@@ -206,12 +222,17 @@ static void upd_str(struct walk *w, const char *s, size_t n) {
   upd(w, s, n);
 }
 
-static void walk_fail(struct walk *w, const char *rel, const char *what, int err) {
+/* Records the first failure of the walk; -ERR (-EIO when 0). */
+static int walk_fail(struct walk *w, const char *rel, const char *what, int err) {
   if (!w->err)
-    w->err = err ? xasprintf("%s: %s: %s", rel, what, strerror(err)) : xasprintf("%s: %s", rel, what);
+    w->err = err ? xasprintf("%s: %s: %s", rel, what, strerror(err))
+                 : xasprintf("%s: %s", rel, what);
+  return err ? -err : -EIO;
 }
 
-static bool all_zero(const uint8_t *p, size_t n) { return n == 0 || (p[0] == 0 && !memcmp(p, p + 1, n - 1)); }
+static bool all_zero(const uint8_t *p, size_t n) {
+  return n == 0 || (p[0] == 0 && !memcmp(p, p + 1, n - 1));
+}
 
 /* Hashes the content of the regular file FD of SIZE bytes (see the top). */
 static int hash_content(struct walk *w, int fd, uint64_t size, const char *rel) {
@@ -241,12 +262,10 @@ static int hash_content(struct walk *w, int fd, uint64_t size, const char *rel) 
       if (k < 0 && errno == EINTR)
         continue;
       if (k < 0) {
-        walk_fail(w, rel, "cannot be read", errno);
-        return -errno;
+        return walk_fail(w, rel, "cannot be read", errno);
       }
       if (k == 0) {
-        walk_fail(w, rel, "became shorter while it was read", 0);
-        return -EIO;
+        return walk_fail(w, rel, "became shorter while it was read", 0);
       }
       got += (size_t)k;
     }
@@ -274,20 +293,21 @@ static int cmp_strs(const void *a, const void *b) { return cmp_names(a, b); }
 static int hash_xattrs(struct walk *w, int fd, const char *rel) {
   if (!w->st)
     return 0;
-  char list[XATTR_LIST_MAX];
-  ssize_t n = flistxattr(fd, list, sizeof list);
+  _cleanup_free_ char *list = malloc(XATTR_LIST_MAX);
+  _cleanup_free_ const char **names = calloc(XATTR_LIST_MAX / 6, sizeof *names);
+  if (!list || !names)
+    return -ENOMEM;
+  ssize_t n = flistxattr(fd, list, XATTR_LIST_MAX);
   if (n < 0 && (errno == ENOTSUP || errno == EPERM))
     n = 0;
   if (n < 0) {
-    walk_fail(w, rel, "its extended attributes cannot be listed", errno);
-    return -errno;
+    return walk_fail(w, rel, "its extended attributes cannot be listed", errno);
   }
-  const char *names[XATTR_LIST_MAX / 6];
   size_t k = 0;
   for (ssize_t i = 0; i < n; i += (ssize_t)strlen(list + i) + 1)
-    if (strncmp(list + i, "user.", 5) == 0 && k < ARRAY_SIZE(names))
+    if (strncmp(list + i, "user.", 5) == 0 && k < XATTR_LIST_MAX / 6)
       names[k++] = list + i;
-  qsort(names, k, sizeof names[0], cmp_strs);
+  qsort(names, k, sizeof *names, cmp_strs);
   upd_u64(w, k);
   _cleanup_free_ char *val = malloc(XATTR_SIZE_MAX);
   if (!val)
@@ -295,8 +315,7 @@ static int hash_xattrs(struct walk *w, int fd, const char *rel) {
   for (size_t i = 0; i < k; i++) {
     ssize_t v = fgetxattr(fd, names[i], val, XATTR_SIZE_MAX);
     if (v < 0) {
-      walk_fail(w, rel, "an extended attribute cannot be read", errno);
-      return -errno;
+      return walk_fail(w, rel, "an extended attribute cannot be read", errno);
     }
     upd_str(w, names[i], strlen(names[i]));
     upd_str(w, val, (size_t)v);
@@ -305,6 +324,20 @@ static int hash_xattrs(struct walk *w, int fd, const char *rel) {
 }
 
 static int walk_dir(struct walk *w, int dfd, const char *rel, unsigned depth, const char *skip);
+
+/* A link's target (never followed); out of walk_entry, whose frame is on the
+ * stack once per level of the tree. */
+static int hash_link(struct walk *w, int dfd, const char *name, const char *rel) {
+  _cleanup_free_ char *target = malloc(PATH_MAX);
+  if (!target)
+    return -ENOMEM;
+  ssize_t n = readlinkat(dfd, name, target, PATH_MAX);
+  if (n < 0) {
+    return walk_fail(w, rel, "the link cannot be read", errno);
+  }
+  upd_str(w, target, (size_t)n);
+  return 0;
+}
 
 /* A path for messages: REL/NAME, shortened when long. */
 static char *child_rel(const char *rel, const char *name) {
@@ -319,8 +352,7 @@ static int walk_entry(struct walk *w, int dfd, const char *name, const char *rel
   if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
     if (w->lenient)
       return 0;
-    walk_fail(w, rel, "cannot be examined", errno);
-    return -errno;
+    return walk_fail(w, rel, "cannot be examined", errno);
   }
   count_blocks(w, &st);
   uint32_t rec[4] = {(uint32_t)(st.st_mode & S_IFMT), (uint32_t)(st.st_mode & 07777),
@@ -329,28 +361,17 @@ static int walk_entry(struct walk *w, int dfd, const char *name, const char *rel
   upd(w, rec, sizeof rec);
   if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
     upd_u64(w, (uint64_t)st.st_rdev);
-  if (S_ISLNK(st.st_mode) && w->st) {
-    char target[4096];
-    ssize_t n = readlinkat(dfd, name, target, sizeof target);
-    if (n < 0) {
-      walk_fail(w, rel, "the link cannot be read", errno);
-      return -errno;
-    }
-    upd_str(w, target, (size_t)n);
-  }
+  if (S_ISLNK(st.st_mode) && w->st)
+    return hash_link(w, dfd, name, rel);
   if (S_ISREG(st.st_mode) && w->st) {
     _cleanup_close_ int fd =
         openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     struct stat fst;
-    if (fd < 0) {
-      walk_fail(w, rel, "cannot be opened", errno);
-      return -errno;
-    }
+    if (fd < 0)
+      return walk_fail(w, rel, "cannot be opened", errno);
     if (fstat(fd, &fst) < 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino ||
-        fst.st_dev != st.st_dev) {
-      walk_fail(w, rel, "changed while it was read", 0);
-      return -EIO;
-    }
+        fst.st_dev != st.st_dev)
+      return walk_fail(w, rel, "changed while it was read", 0);
     int r = hash_content(w, fd, (uint64_t)fst.st_size, rel);
     if (r == 0)
       r = hash_xattrs(w, fd, rel);
@@ -371,8 +392,7 @@ static int walk_entry(struct walk *w, int dfd, const char *name, const char *rel
     if (fd < 0) {
       if (w->lenient)
         return 0;
-      walk_fail(w, rel, "cannot be opened", errno);
-      return -errno;
+      return walk_fail(w, rel, "cannot be opened", errno);
     }
     int r = hash_xattrs(w, fd, rel);
     if (r == 0)
@@ -427,7 +447,8 @@ static int read_names(struct walk *w, int dfd, const char *rel, const char *skip
     free(names);
     return r;
   }
-  qsort(names, n, sizeof *names, cmp_names);
+  if (n)
+    qsort(names, n, sizeof *names, cmp_names);
   *ret_names = names;
   *ret_n = n;
   return 0;
@@ -452,7 +473,7 @@ static int walk_dir(struct walk *w, int dfd, const char *rel, unsigned depth, co
 
 /* Walks DIR (minus its meta.json): its checksum as 32 hex digits into HEX
  * (when not NULL) and its allocated bytes. */
-static int tree_digest(const char *dir, char hex[33], uint64_t *ret_bytes, char **ret_err) {
+static int tree_digest(int dir_fd, char hex[33], uint64_t *ret_bytes, char **ret_err) {
   struct walk w = {0};
   if (hex) {
     w.st = XXH3_createState();
@@ -464,14 +485,13 @@ static int tree_digest(const char *dir, char hex[33], uint64_t *ret_bytes, char 
     w.lenient = true;
   }
   int r;
-  _cleanup_close_ int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
-  if (fd < 0 || fstat(fd, &st) < 0) {
+  if (fstat(dir_fd, &st) < 0) {
     r = -errno;
-    w.err = xasprintf("cannot open %s: %s", dir, strerror(errno));
+    w.err = xasprintf("cannot examine the stage's directory: %s", strerror(errno));
   } else {
     count_blocks(&w, &st);
-    r = walk_dir(&w, fd, "", 0, "meta.json");
+    r = walk_dir(&w, dir_fd, "", 0, "meta.json");
   }
   if (r == 0) {
     if (hex) {
@@ -551,11 +571,14 @@ static int meta_read(int fd, struct meta *m, char **ret_why) {
     *ret_why = xasprintf("its meta.json is not a regular file of at most %d bytes", STAGE_META_MAX);
     return -EBADMSG;
   }
-  char buf[STAGE_META_MAX + 1];
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  _cleanup_free_ char *buf = malloc(STAGE_META_MAX + 1);
+  if (!buf)
+    return -ENOMEM;
+  ssize_t n = pread(fd, buf, STAGE_META_MAX, 0);
   if (n < 0) {
-    *ret_why = xasprintf("its meta.json cannot be read: %s", strerror(errno));
-    return -errno;
+    int r = -errno;
+    *ret_why = xasprintf("its meta.json cannot be read: %s", strerror(-r));
+    return r;
   }
   json_error_t e;
   json_t *j = json_loadb(buf, (size_t)n, JSON_REJECT_DUPLICATES, &e);
@@ -746,7 +769,7 @@ static void reg_moved(const char *aside) {
 static bool delete_if_free(const char *dir) {
   _cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
   _cleanup_close_ int fd = open(meta, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0 && errno != ENOENT && errno != ELOOP)
+  if (fd < 0 && errno != ENOENT && errno != ELOOP && errno != ENOTDIR)
     return false;
   if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0)
     return false;
@@ -787,12 +810,13 @@ static uint64_t stages_used(const char *skip) {
       struct meta m;
       _cleanup_free_ char *why = NULL;
       if (fd >= 0 && meta_read(fd, &m, &why) == 0) {
-        used += m.bytes;
+        used = m.bytes > UINT64_MAX - used ? UINT64_MAX : used + m.bytes;
         json_decref(m.j);
         continue;
       }
     }
-    used += stage_tree_bytes(p);
+    uint64_t b = stage_tree_bytes(p);
+    used = b > UINT64_MAX - used ? UINT64_MAX : used + b;
   }
   closedir(d);
   return used;
@@ -808,10 +832,57 @@ static char *quota_error(uint64_t used, uint64_t need) {
 }
 
 static bool over_quota(uint64_t used, uint64_t need) {
-  return used + need > (uint64_t)cfg.stages_max_mb * MiB;
+  uint64_t max = (uint64_t)cfg.stages_max_mb * MiB;
+  return need > max || used > max - need;
 }
 
 /* ---- making a stage ---- */
+
+/* The .tmp dirs this server is making, each held by an flock on an fd of
+ * it: stage_gc (of any server) removes a .tmp only when it can lock it, so
+ * never one that is being made, whatever pid namespace its server is in. */
+struct tmp_hold {
+  char *dir;
+  int fd;
+};
+static struct tmp_hold *tmps;
+static size_t tmps_n, tmps_cap;
+
+static void tmp_add(const char *dir, int fd) {
+  pthread_mutex_lock(&reg_lock);
+  if (tmps_n == tmps_cap) {
+    tmps_cap = tmps_cap ? tmps_cap * 2 : 4;
+    struct tmp_hold *n = realloc(tmps, tmps_cap * sizeof *n);
+    if (!n)
+      abort();
+    tmps = n;
+  }
+  tmps[tmps_n++] = (struct tmp_hold){.dir = dup_or_null(dir), .fd = fd};
+  pthread_mutex_unlock(&reg_lock);
+}
+
+/* A new fd of the .tmp DIR being made (for its walk), or -1. */
+static int tmp_fd(const char *dir) {
+  int fd = -1;
+  pthread_mutex_lock(&reg_lock);
+  for (size_t i = 0; i < tmps_n && fd < 0; i++)
+    if (!strcmp(tmps[i].dir, dir))
+      fd = fcntl(tmps[i].fd, F_DUPFD_CLOEXEC, 3);
+  pthread_mutex_unlock(&reg_lock);
+  return fd;
+}
+
+static void tmp_release(const char *dir) {
+  pthread_mutex_lock(&reg_lock);
+  for (size_t i = 0; i < tmps_n; i++)
+    if (!strcmp(tmps[i].dir, dir)) {
+      close(tmps[i].fd);
+      free(tmps[i].dir);
+      tmps[i] = tmps[--tmps_n];
+      break;
+    }
+  pthread_mutex_unlock(&reg_lock);
+}
 
 int stage_begin(uint64_t need, char **ret_dir, char **ret_err) {
   int r = ensure_stages_dir(ret_err);
@@ -834,6 +905,16 @@ int stage_begin(uint64_t need, char **ret_dir, char **ret_err) {
   for (int tries = 0; tries < 16; tries++) {
     _cleanup_free_ char *dir = aside_path("tmp");
     if (mkdir(dir, 0700) == 0) {
+      int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        r = -errno;
+        *ret_err = xasprintf("cannot hold %s: %s", dir, strerror(errno));
+        if (fd >= 0)
+          close(fd);
+        rmdir(dir);
+        return r;
+      }
+      tmp_add(dir, fd);
       *ret_dir = steal_ptr(dir);
       return 0;
     }
@@ -854,8 +935,10 @@ static bool is_tmp_dir(const char *dir) {
 }
 
 void stage_abort(const char *dir) {
-  if (dir && is_tmp_dir(dir))
+  if (dir && is_tmp_dir(dir)) {
     fs_remove_tree(dir);
+    tmp_release(dir);
+  }
   else if (dir)
     log_warn("not removing %s: it is not a temporary stage directory", dir);
 }
@@ -934,7 +1017,15 @@ static int finish_checked(const char *dir, const char *name, bool replace,
   char digest[33], id[36];
   uint64_t bytes = 0;
   _cleanup_free_ char *why = NULL;
-  int r = tree_digest(dir, digest, &bytes, &why);
+  _cleanup_close_ int dfd = tmp_fd(dir);
+  if (dfd < 0)
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open %s: %s", dir, strerror(errno));
+    return r;
+  }
+  int r = tree_digest(dfd, digest, &bytes, &why);
   if (r < 0) {
     *ret_err = xasprintf("cannot checksum the stage's files: %s", why);
     return r;
@@ -994,6 +1085,7 @@ int stage_finish(const char *dir, const char *name, bool replace, const struct s
     r = finish_checked(dir, name, replace, in, ret, ret_err);
   if (r < 0)
     fs_remove_tree(dir);
+  tmp_release(dir);
   return r;
 }
 
@@ -1003,35 +1095,42 @@ static char *no_such(const char *name) {
   return xasprintf("no stage named '%s' (stage_list shows the stages in %s)", name, cfg.store);
 }
 
-/* Opens and holds NAME's meta.json under the names lock, so that it is not
- * moved aside in between: the fd, or -errno with *ret_err. */
-static int open_held(const char *name, const char *dir, char **ret_err) {
-  _cleanup_free_ char *err = NULL;
-  int lock = stages_lock(&err);
-  if (lock < 0) {
-    *ret_err = steal_ptr(err);
+/* Opens and holds NAME's meta.json, and opens its directory, under the
+ * names lock, so that neither is moved aside in between: the meta's fd
+ * (*RET_DIR_FD the directory's), or -errno with *ret_err. */
+static int open_held(const char *name, const char *dir, int *ret_dir_fd, char **ret_err) {
+  int lock = stages_lock(ret_err);
+  if (lock < 0)
     return lock;
-  }
   int fd = hold(dir);
+  int dfd = fd >= 0 ? open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+  int e = errno;
   close(lock);
+  if (fd >= 0 && dfd < 0) {
+    close(fd);
+    fd = -e;
+  }
   if (fd == -ENOENT || fd == -ENOTDIR || fd == -ELOOP) {
     struct stat st;
-    if (fd == -ENOENT && lstat(dir, &st) == 0)
+    if (fd == -ENOENT && lstat(dir, &st) == 0) {
       *ret_err = xasprintf("stage '%s' has no meta.json (it is damaged): remove it with "
                            "stage_rm and commit it again",
                            name);
-    else
-      *ret_err = no_such(name);
+      return -EBADMSG;
+    }
+    *ret_err = no_such(name);
     return -ENOENT;
   }
   if (fd < 0)
     *ret_err = xasprintf("cannot open stage '%s' (%s/meta.json): %s", name, dir, strerror(-fd));
+  else
+    *ret_dir_fd = dfd;
   return fd;
 }
 
 /* Checks the stage of meta M against this server and its files against
  * their checksum (the first time). */
-static int open_check(const char *name, const char *dir, const struct meta *m,
+static int open_check(const char *name, int dir_fd, const struct meta *m,
                       const char *backend, const char *inputs_id, char **ret_err) {
   if (strcmp(m->backend, backend) != 0) {
     *ret_err = xasprintf("stage '%s' was made by the %s backend; this server runs the %s backend",
@@ -1055,7 +1154,7 @@ static int open_check(const char *name, const char *dir, const struct meta *m,
   char digest[33], id[36];
   _cleanup_free_ char *why = NULL;
   uint64_t t0 = mono_ms();
-  int r = tree_digest(dir, digest, NULL, &why);
+  int r = tree_digest(dir_fd, digest, NULL, &why);
   if (r < 0) {
     *ret_err = xasprintf("stage '%s' (%s) cannot be checked: %s; remove it with stage_rm and "
                          "commit it again",
@@ -1082,7 +1181,8 @@ int stage_open(const char *name, const char *backend, const char *inputs_id, str
   if (r < 0)
     return r;
   _cleanup_free_ char *dir = name_dir(name);
-  _cleanup_close_ int fd = open_held(name, dir, ret_err);
+  _cleanup_close_ int dir_fd = -1;
+  _cleanup_close_ int fd = open_held(name, dir, &dir_fd, ret_err);
   if (fd < 0)
     return fd;
   struct stat st;
@@ -1098,12 +1198,13 @@ int stage_open(const char *name, const char *backend, const char *inputs_id, str
                          name, why);
     return r;
   }
-  if ((r = open_check(name, dir, &m, backend, inputs_id, ret_err)) == 0) {
+  if ((r = open_check(name, dir_fd, &m, backend, inputs_id, ret_err)) == 0) {
     pthread_mutex_lock(&reg_lock);
     struct stage_obj *o = reg_find(st.st_dev, st.st_ino);
     if (o) {
       o->s.refs++;
     } else {
+      m.name = name; /* where it is now, whatever it was made as */
       o = obj_new(&m, dir, steal_fd(fd), &st);
       reg_add(o);
     }
@@ -1132,10 +1233,20 @@ void stage_unref(struct stage *s) {
   if (!last)
     return;
   bool gone = s->removed || !s->name;
+  /* Moved aside by another server (or by an rm of this one that raced this
+   * last reference): the name holds another inode, or none. */
+  bool moved = false;
+  if (!gone) {
+    _cleanup_free_ char *meta = xasprintf("%s/meta.json", s->dir);
+    struct stat st;
+    moved = lstat(meta, &st) < 0 || st.st_dev != o->dev || st.st_ino != o->ino;
+  }
   _cleanup_free_ char *dir = gone ? strdup(s->dir) : NULL;
   obj_free(o); /* closes hold_fd */
   if (dir)
     delete_later_or_now(dir);
+  else if (moved)
+    stage_gc();
 }
 
 void stage_sessions_add(struct stage *s, int delta) {
@@ -1161,8 +1272,9 @@ static unsigned sessions_of(int fd) {
   return n;
 }
 
-static json_t *meta_json(const struct meta *m, unsigned sessions) {
-  json_t *j = json_pack("{s:s?, s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I, s:i}", "name", m->name,
+/* NAME is where the stage is (its meta's name is what it was made as). */
+static json_t *meta_json(const char *name, const struct meta *m, unsigned sessions) {
+  json_t *j = json_pack("{s:s?, s:s, s:s?, s:s?, s:s, s:s, s:s, s:I, s:I, s:i}", "name", name,
                         "stage_id", m->id, "parent", m->parent_name ? m->parent_name : m->parent,
                         "parent_id", m->parent, "carries", m->carries, "backend", m->backend,
                         "base_id", m->inputs_id, "bytes", (json_int_t)m->bytes, "created",
@@ -1188,17 +1300,21 @@ json_t *stage_list(void) {
   while (d && (e = readdir(d))) {
     if (e->d_name[0] == '.')
       continue;
+    _cleanup_free_ char *name = strdup(e->d_name), *bad = NULL;
+    if (!name)
+      abort();
+    for (char *p = name; *p; p++)
+      if (*p == '+')
+        *p = '/';
+    if (stage_name_check(name, &bad) < 0)
+      continue; /* not made by a server: no name could open it */
     _cleanup_free_ char *mp = xasprintf("%s/%s/meta.json", sd, e->d_name);
     _cleanup_close_ int fd = open(mp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct meta m;
     _cleanup_free_ char *why = NULL;
     if (fd < 0 || meta_read(fd, &m, &why) < 0) {
-      log_warn("stage directory %s/%s is not listed: %s", sd, e->d_name,
+      log_warn("stage '%s' is not listed: %s; remove it with stage_rm", name,
                why ? why : "it has no meta.json");
-      continue;
-    }
-    if (!m.name) {
-      json_decref(m.j);
       continue;
     }
     if (n == cap) {
@@ -1208,7 +1324,7 @@ json_t *stage_list(void) {
         abort();
       items = ni;
     }
-    items[n++] = meta_json(&m, sessions_of(fd));
+    items[n++] = meta_json(name, &m, sessions_of(fd));
     json_decref(m.j);
   }
   if (d)
@@ -1246,7 +1362,7 @@ int stage_info(const char *name, json_t **ret, char **ret_err) {
                          name, why);
     return r;
   }
-  *ret = meta_json(&m, sessions_of(fd));
+  *ret = meta_json(name, &m, sessions_of(fd));
   json_decref(m.j);
   return 0;
 }
@@ -1299,9 +1415,12 @@ void stage_gc(void) {
     const char *n = e->d_name;
     _cleanup_free_ char *p = xasprintf("%s/%s", sd, n);
     if (!strncmp(n, ".tmp-", 5)) {
-      if (pid_dead(n + 5)) {
-        log_info("removing %s: a stage its server did not finish", p);
-        fs_remove_tree(p);
+      _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      /* Its meta is checked too: a replaced stage that could not be moved
+       * to .rm-* stays at its .tmp-* name, maybe held. */
+      if (fd < 0 ? errno == ENOTDIR || errno == ELOOP : flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        if (delete_if_free(p))
+          log_info("removed %s: a stage its server did not finish", p);
       }
     } else if (!strncmp(n, ".anon-", 6)) {
       _cleanup_free_ char *mp = xasprintf("%s/meta.json", p);

@@ -931,6 +931,10 @@ int sessions_init(char **ret_err) {
 started:
   if (r < 0 && ret_err)
     *ret_err = strdup(backend_error);
+  /* What servers that died left in the stages (unfinished commits, their
+   * forks' anonymous stages). */
+  if (backend && backend->snapshot)
+    stage_gc();
 
   pthread_t t;
   pthread_attr_t attr;

@@ -46,7 +46,7 @@ static json_t *text_block(const char *text) {
 }
 
 static json_t *ok_result(json_t *structured) {
-  _cleanup_free_ char *text = json_dumps(structured, JSON_COMPACT);
+  _cleanup_free_ char *text = json_dumps(structured, JSON_COMPACT | JSON_REAL_PRECISION(12));
   return json_pack("{s:o, s:o, s:b}", "content", text_block(text ? text : "{}"),
                    "structuredContent", structured, "isError", 0);
 }

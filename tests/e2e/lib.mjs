@@ -116,14 +116,28 @@ export function uniqueSleepSecs() {
   return 100000 + crypto.randomInt(0, 800000);
 }
 
+/* The store of this test file's ns servers: made on first use, removed
+ * when the file's process exits. */
+let nsStoreDir = null;
+function nsStore() {
+  if (!nsStoreDir) {
+    nsStoreDir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-ns-store-'));
+    fs.chmodSync(nsStoreDir, 0o755);
+    process.on('exit', () => fs.rmSync(nsStoreDir, { recursive: true, force: true }));
+  }
+  return nsStoreDir;
+}
+
 export function serverEnv({ env = {}, tools = false } = {}) {
   const e = { ...process.env };
   // The runner may export the server knobs for its own reasons; start clean.
   for (const k of Object.keys(e)) if (k.startsWith('IGN_MCP_')) delete e[k];
   e.IGN_MCP_BACKEND = BACKEND;
   e.IGN_MCP_ROOTFS = tools ? ROOTFS_TOOLS_NAME : ROOTFS_SMALL_NAME;
-  // The runner gives the vm pass a store of its own (warm bases).
+  // The runner gives the vm pass a store of its own (warm bases); an ns
+  // server gets one per test file (stages), never the user's own.
   if (IS_VM && VM_STORE) e.IGN_MCP_STORE = VM_STORE;
+  if (IS_NS) e.IGN_MCP_STORE = nsStore();
   if (fs.existsSync(AGENT)) e.IGN_MCP_AGENT = AGENT;
   if (!e.ASAN_OPTIONS) e.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
   for (const [k, v] of Object.entries(env)) {

@@ -105,9 +105,25 @@ static void env_checks(void) {
   json_decref(bad);
 }
 
+static void bool_checks(void) {
+  json_t *a = json_pack("{s:b, s:s, s:n}", "yes", 1, "word", "true", "none");
+  bool v = false;
+  char *err = NULL;
+  CHECK_EQ_INT(arg_bool(a, "commit", "yes", &v, &err), 0);
+  CHECK(v);
+  v = false;
+  CHECK_EQ_INT(arg_bool(a, "commit", "none", &v, &err), 0);
+  CHECK_EQ_INT(arg_bool(a, "commit", "absent", &v, &err), 0);
+  CHECK(!v);
+  CHECK_EQ_INT(arg_bool(a, "commit", "word", &v, &err), -EINVAL);
+  CHECK(err && strstr(err, "'word' must be true or false, not a string"));
+  free(err);
+  json_decref(a);
+}
+
 static void definitions_are_complete(void) {
   json_t *tools = tool_definitions(false, 65536, 1 << 20, 1 << 20);
-  CHECK_EQ_INT(json_array_size(tools), 7);
+  CHECK_EQ_INT(json_array_size(tools), 12);
   size_t i;
   json_t *t;
   json_array_foreach(tools, i, t) {
@@ -122,4 +138,4 @@ static void definitions_are_complete(void) {
 }
 
 TEST_MAIN(TEST(base64_round_trip), TEST(base64_refuses_garbage), TEST(utf8_sanitize_replaces_invalid),
-          TEST(arg_checks), TEST(env_checks), TEST(definitions_are_complete))
+          TEST(arg_checks), TEST(env_checks), TEST(bool_checks), TEST(definitions_are_complete))

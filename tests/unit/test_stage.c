@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -98,6 +99,30 @@ static void name_rules(void) {
   free(err);
   longname[STAGE_NAME_MAX] = '\0';
   CHECK_EQ_INT(stage_name_check(longname, &err), 0);
+}
+
+/* Only directories from stage_begin are turned into stages or removed. */
+static void only_begin_dirs_are_taken(void) {
+  char outside[] = "/tmp/test-stage-outside-XXXXXX";
+  CHECK(mkdtemp(outside) != NULL);
+  write_file(outside, "keep", "mine");
+  char *err = NULL;
+  struct stage *s = NULL;
+  CHECK_EQ_INT(stage_finish(outside, "x", false, &vm_new, &s, &err), -EINVAL);
+  free(err);
+  err = NULL;
+  stage_abort(outside);
+  _cleanup_free_ char *keep = xasprintf("%s/keep", outside);
+  CHECK(exists(keep));
+  fs_remove_tree(outside);
+  /* A bad name fails finish, and its directory goes. */
+  char *dir = NULL;
+  CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+  CHECK_EQ_INT(stage_finish(dir, "Bad Name", false, &vm_new, &s, &err), -EINVAL);
+  CHECK(err && strstr(err, STAGE_NAME_RULE));
+  CHECK(dir && !exists(dir));
+  free(err);
+  free(dir);
 }
 
 static void make_open_list_info_rm(void) {
@@ -263,6 +288,9 @@ static void quota_refused_with_the_way_out(void) {
         strstr(err, "stage_list"));
   free(err);
   err = NULL;
+  CHECK_EQ_INT(stage_begin(UINT64_MAX, &dir, &err), -ENOSPC); /* no wrap-around */
+  free(err);
+  err = NULL;
   /* begin lets a small one start; finish measures it and refuses. */
   CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
   _cleanup_free_ char *big = xasprintf("%s/ram", dir);
@@ -314,6 +342,30 @@ static void flipped_byte_fails_first_open(void) {
   CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
   free(err);
   err = NULL;
+  /* A meta whose inputs were edited to pass the inputs check is caught by
+   * its content id. */
+  _cleanup_free_ char *extra = xasprintf("%s/extra", dir);
+  unlink(extra);
+  stage_test_forget();
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  stage_unref(o);
+  _cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
+  char text[4096];
+  int mfd = open(meta, O_RDWR | O_CLOEXEC);
+  ssize_t n = pread(mfd, text, sizeof text - 1, 0);
+  CHECK(n > 0);
+  text[n > 0 ? n : 0] = '\0';
+  char *at = strstr(text, "b-aaaa");
+  CHECK(at != NULL);
+  if (at) {
+    memcpy(at, "b-cccc", 6);
+    CHECK(pwrite(mfd, text, (size_t)n, 0) == n);
+  }
+  close(mfd);
+  stage_test_forget();
+  CHECK_EQ_INT(stage_open("flip", "vm", "b-cccc", &o, &err), -EBADMSG);
+  free(err);
+  err = NULL;
   CHECK_EQ_INT(stage_rm("flip", &err), 0);
 }
 
@@ -324,15 +376,27 @@ static void gc_removes_dead_servers_leftovers(void) {
   waitpid(pid, NULL, 0);
   _cleanup_free_ char *tmp = xasprintf("%s/stages/.tmp-%d-1", store, (int)pid);
   _cleanup_free_ char *anon = xasprintf("%s/stages/.anon-%d-1", store, (int)pid);
-  _cleanup_free_ char *mine = xasprintf("%s/stages/.tmp-%d-999999", store, (int)getpid());
-  CHECK(mkdir(tmp, 0700) == 0 && mkdir(anon, 0700) == 0 && mkdir(mine, 0700) == 0);
+  char *mine = NULL, *err = NULL;
+  CHECK_EQ_INT(stage_begin(0, &mine, &err), 0);
+  CHECK(mkdir(tmp, 0700) == 0 && mkdir(anon, 0700) == 0);
   write_file(tmp, "ram", "half");
   write_file(anon, "meta.json", "{}");
+  write_file(anon, "ram", "");
+  write_file(store, "stages/.rm-1-1", "not even a directory");
   stage_gc();
   CHECK(!exists(tmp));
   CHECK(!exists(anon));
-  CHECK(exists(mine)); /* a live server's is being made */
-  rmdir(mine);
+  CHECK(exists(mine)); /* being made by a live server (this one) */
+  _cleanup_free_ char *rmfile = xasprintf("%s/stages/.rm-1-1", store);
+  CHECK(!exists(rmfile));
+  /* A pid that lives (this one) does not keep a .tmp nobody holds. */
+  _cleanup_free_ char *stale = xasprintf("%s/stages/.tmp-%d-999999", store, (int)getpid());
+  CHECK(mkdir(stale, 0700) == 0);
+  stage_gc();
+  CHECK(!exists(stale));
+  stage_abort(mine);
+  CHECK(!exists(mine));
+  free(mine);
 }
 
 static void ids_follow_content(void) {
@@ -348,6 +412,44 @@ static void ids_follow_content(void) {
   stage_unref(b);
   stage_unref(c);
   CHECK_EQ_INT(count_entries(".anon-"), 0);
+
+  /* An opaque dir (user.overlay.opaque) differs from a plain one; the mode
+   * of a file counts; the time of a file does not. */
+  char *ids[4] = {NULL};
+  for (int i = 0; i < 4; i++) {
+    char *dir = NULL, *err = NULL;
+    struct stage *s = NULL;
+    CHECK_EQ_INT(stage_begin(0, &dir, &err), 0);
+    _cleanup_free_ char *sub = xasprintf("%s/d", dir);
+    CHECK(mkdir(sub, 0755) == 0);
+    write_file(sub, "f", "content");
+    _cleanup_free_ char *f = xasprintf("%s/f", sub);
+    if (i == 1 && setxattr(sub, "user.overlay.opaque", "y", 1, 0) < 0)
+      fprintf(stderr, "  (no user xattrs here: %s)\n", strerror(errno));
+    if (i == 2)
+      CHECK(chmod(f, 0755) == 0);
+    if (i == 3) {
+      struct timespec ts[2] = {{.tv_sec = 1}, {.tv_sec = 1}};
+      CHECK(utimensat(AT_FDCWD, f, ts, 0) == 0);
+    }
+    CHECK_EQ_INT(stage_finish(dir, NULL, false, &vm_new, &s, &err), 0);
+    free(dir);
+    ids[i] = s ? strdup(s->id) : NULL;
+    stage_unref(s);
+  }
+  CHECK(ids[0] && ids[1] && ids[2] && ids[3]);
+  if (ids[0] && ids[1] && ids[2] && ids[3]) {
+    CHECK(strcmp(ids[0], ids[2]) != 0);
+    CHECK_STREQ(ids[0], ids[3]);
+    char probe[] = "/tmp/test-stage-xattr-XXXXXX";
+    if (mkdtemp(probe)) {
+      if (setxattr(probe, "user.x", "y", 1, 0) == 0)
+        CHECK(strcmp(ids[0], ids[1]) != 0);
+      rmdir(probe);
+    }
+  }
+  for (int i = 0; i < 4; i++)
+    free(ids[i]);
 }
 
 /* Holes and explicit zeros hash the same; a 256 MiB sparse RAM file hashes
@@ -379,7 +481,7 @@ static void sparse_ram_hashes_fast(void) {
   CHECK(s[0] && s[0]->bytes < (64u << 20));
   fprintf(stderr, "  256 MiB sparse RAM file with 16 MiB of data: finished in %llu and %llu ms\n",
           (unsigned long long)ms[0], (unsigned long long)ms[1]);
-  CHECK(ms[0] < 1000);
+  CHECK(ms[0] < 2000); /* ASan, and a loaded host: the plain build takes a fraction */
   stage_unref(s[0]);
   stage_unref(s[1]);
 }
@@ -436,15 +538,125 @@ static void hostile_tree_neither_followed_nor_hanging(void) {
   CHECK_EQ_INT(count_entries("deep"), 0);
 }
 
+
+/* Another server (a child process with the same store) holds a stage this
+ * one removes: the name goes, the files stay until that server lets go. */
+static void held_by_another_server(void) {
+  struct stage *s = make("shared", "ram of a shared stage", false, NULL, NULL);
+  if (!s)
+    return;
+  stage_unref(s);
+  int up[2], down[2];
+  CHECK(pipe(up) == 0 && pipe(down) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct stage *o = NULL;
+    char *err = NULL;
+    int r = stage_open("shared", "vm", "b-aaaa", &o, &err);
+    char c = r == 0 ? 'y' : 'n';
+    if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) < 0)
+      _exit(2);
+    _exit(r == 0 ? 0 : 1);
+  }
+  char c = 0;
+  CHECK(read(up[0], &c, 1) == 1 && c == 'y');
+  char *err = NULL;
+  CHECK_EQ_INT(stage_rm("shared", &err), 0);
+  CHECK_EQ_INT(count_entries(".rm-"), 1);
+  stage_gc();
+  CHECK_EQ_INT(count_entries(".rm-"), 1);
+  CHECK(write(down[1], "x", 1) == 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  stage_gc();
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+  close(up[0]), close(up[1]), close(down[0]), close(down[1]);
+
+  /* The other way round: another server removes a stage this one holds;
+   * this one's last reference frees it, with no clean-up called. */
+  s = make("shared2", "ram", false, NULL, NULL);
+  if (!s)
+    return;
+  pid = fork();
+  if (pid == 0) {
+    char *e = NULL;
+    _exit(stage_rm("shared2", &e) == 0 ? 0 : 1);
+  }
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK_EQ_INT(count_entries(".rm-"), 1);
+  stage_unref(s);
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+}
+
+static void *open_many(void *arg) {
+  struct stage **out = arg;
+  char *err = NULL;
+  for (int i = 0; i < 8; i++)
+    if (stage_open("threads", "vm", "b-aaaa", &out[i], &err) < 0) {
+      free(err);
+      out[i] = NULL;
+    }
+  return NULL;
+}
+
+/* Opens from many threads share one struct and count every reference; a
+ * fresh server verifies concurrently without harm. */
+static void concurrent_opens_share_one_stage(void) {
+  struct stage *s = make("threads", "threaded ram", false, NULL, NULL);
+  if (!s)
+    return;
+  stage_unref(s);
+  stage_test_forget();
+  enum { T = 4 };
+  struct stage *got[T][8];
+  pthread_t t[T];
+  for (int i = 0; i < T; i++)
+    pthread_create(&t[i], NULL, open_many, got[i]);
+  for (int i = 0; i < T; i++)
+    pthread_join(t[i], NULL);
+  struct stage *first = got[0][0];
+  CHECK(first != NULL);
+  for (int i = 0; i < T; i++)
+    for (int k = 0; k < 8; k++)
+      CHECK(got[i][k] == first);
+  if (first)
+    CHECK_EQ_INT(first->refs, T * 8);
+  for (int i = 0; i < T; i++)
+    for (int k = 0; k < 8; k++)
+      stage_unref(got[i][k]);
+  char *err = NULL;
+  CHECK_EQ_INT(stage_rm("threads", &err), 0);
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+}
+
+static int count_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  while (d && readdir(d))
+    n++;
+  if (d)
+    closedir(d);
+  return n;
+}
+
+static int fds_at_start;
+
 static void setup(void) {
+  fds_at_start = count_fds();
   if (!mkdtemp(store))
     abort();
   cfg.store = store;
   cfg.stages_max_mb = 1024;
+  /* Made open to others by someone before: closed on first use. */
+  _cleanup_free_ char *sd = xasprintf("%s/stages", store);
+  CHECK(mkdir(sd, 0705) == 0 && chmod(sd, 0705) == 0);
 }
 
 static void stage_gone_after_all(void) {
   stage_gc();
+  CHECK_EQ_INT(count_fds(), fds_at_start); /* no fd left open by the store */
   CHECK_EQ_INT(count_entries(".tmp-") + count_entries(".rm-") + count_entries(".anon-"), 0);
   fs_remove_tree(store);
   CHECK(!exists(store));
@@ -452,9 +664,11 @@ static void stage_gone_after_all(void) {
 
 static void run_setup(void) { setup(); }
 
-TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(make_open_list_info_rm),
+TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
+          TEST(make_open_list_info_rm),
           TEST(replace_only_when_asked), TEST(anonymous_goes_with_last_ref),
           TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
-          TEST(sparse_ram_hashes_fast), TEST(hostile_tree_neither_followed_nor_hanging),
+          TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
+          TEST(concurrent_opens_share_one_stage), TEST(hostile_tree_neither_followed_nor_hanging),
           TEST(stage_gone_after_all))
