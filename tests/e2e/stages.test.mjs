@@ -827,18 +827,18 @@ describe('servers and the store', () => {
     // looked at the store: s2 did not know the stage it used was removed).
     const s3 = await server(t);
     const l = await call(s3.client, 'stage_list', {});
+    // The removed stage's files: gone once no session used it (s2 did not
+    // know that the stage its session used was removed: the next server to
+    // start or to make a stage removes them).
+    const gone = await waitUntil(() => hiddenStageDirs(STORE.dir, s1.pid).length + hiddenStageDirs(STORE.dir, s2.pid).length === 0, { timeoutMs: 5000 });
+    assert.ok(gone, `left by the servers that closed: ${hiddenStageDirs(STORE.dir, s1.pid)} ${hiddenStageDirs(STORE.dir, s2.pid)}`);
     assert.ok(!l.stages.some((x) => x.name === n1), 'a removed stage came back');
     const i = l.stages.find((x) => x.name === n2);
     assert.ok(i, `${n2} did not survive the restart: ${JSON.stringify(l.stages.map((x) => x.name))}`);
     assert.equal(i.stage_id, r2.stage_id);
     const x = await open(s3.client, n2);
     assert.equal(await sh(s3.client, x.session_id, 'cat /root/from-s1 /root/from-s2'), 's1s2');
-    // The removed stage's files: gone at the latest once a server made a
-    // stage after the last session from it closed (s2 did not know that the
-    // stage its session used was removed).
     await commit(s3.client, x.session_id, `shared-${process.pid}/three`);
-    const gone = await waitUntil(() => hiddenStageDirs(STORE.dir, s1.pid).length + hiddenStageDirs(STORE.dir, s2.pid).length === 0, { timeoutMs: 5000 });
-    assert.ok(gone, `left by the servers that closed: ${hiddenStageDirs(STORE.dir, s1.pid)} ${hiddenStageDirs(STORE.dir, s2.pid)}`);
   });
 
   test('a server killed (SIGKILL) during a commit leaves no stage; the next server removes its temporary directory', T, async (t) => {
@@ -875,17 +875,17 @@ describe('servers and the store', () => {
     try {
       const l = await call(s.client, 'stage_list', {});
       assert.ok(!l.stages.some((x) => x.name === name), 'stage_list lists a stage of a killed commit');
+      // A starting server removes what dead servers left.
+      const gone = await waitUntil(() => hiddenStageDirs(STORE.dir, raw.pid).length === 0, { timeoutMs: 5000 });
+      assert.ok(gone, `the next server left the dead one's temporary directory: ${hiddenStageDirs(STORE.dir, raw.pid)}`);
       assert.match(await callErr(s.client, 'open_session', { stage: name }), /no stage named/);
-      // The name can be committed; by then (a server making a stage cleans
-      // the store first) the dead server's temporary directory is gone.
+      // The name can be committed.
       const a = await open(s.client);
       assert.equal((await commit(s.client, a.session_id, name)).stage, name);
     } catch (e) {
       e.message += `\nthe killed server's stderr:\n${raw.stderrText().slice(-3000)}\nthe next server's stderr:\n${s.stderrText().slice(-3000)}`;
       throw e;
     }
-    const gone = await waitUntil(() => hiddenStageDirs(STORE.dir, raw.pid).length === 0, { timeoutMs: 5000 });
-    assert.ok(gone, `the next server left the dead one's temporary directory: ${hiddenStageDirs(STORE.dir, raw.pid)}`);
   });
 
   test('after every server closed: no QEMU of this file, no temporary, anonymous or removed stage left', T, async () => {
