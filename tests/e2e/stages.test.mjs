@@ -600,6 +600,26 @@ describe('names and replace', () => {
   });
 });
 
+describe('again and again', () => {
+  test('one session committed four times in a row under one name (replace: true): every commit answers, the last one wins', T, async (t) => {
+    const s = await server(t);
+    const c = s.client;
+    const a = await open(c);
+    const name = `again-${process.pid}`;
+    const ids = [];
+    for (let i = 0; i < 4; i++) {
+      await writeFile(c, a.session_id, '/root/round', String(i));
+      const r = await commit(c, a.session_id, name, { replace: i > 0 });
+      ids.push(r.stage_id);
+      assert.equal(await cat(c, a.session_id, '/root/round'), String(i), `the source after commit ${i}`);
+    }
+    assert.equal(new Set(ids).size, 4, `stage ids: ${ids}`);
+    const o = await open(c, name);
+    assert.equal(o.stage_id, ids[3]);
+    assert.equal(await cat(c, o.session_id, '/root/round'), '3');
+  });
+});
+
 describe('stage_list, stage_info and stage_rm', () => {
   test('stage_list and stage_info give every field', T, async (t) => {
     const MAX_MB = 65536;
