@@ -21,7 +21,13 @@
  * stopped): v2 has cgroup.freeze in the same group; v1 gets a group in the
  * freezer hierarchy too when it is there and writable (freezer.state), and
  * the session runs without one otherwise.  v1 frozen tasks do not die until
- * thawed, so a group is thawed before it is destroyed. */
+ * thawed, so a group is thawed before it is destroyed, and a v1 group is
+ * frozen only with a watchdog beside it: a process of the server's that
+ * thaws it when the server dies before it does (a killed server would
+ * otherwise leave its sandboxes frozen for ever: unkillable, their pid
+ * namespaces never torn down).  A server that is PID 1 of a pid namespace
+ * takes its watchdog with it; the next server thaws the groups of dead
+ * servers before it removes them. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -52,6 +59,8 @@ struct cgroup {
    * session, only to commit it while it runs). */
   const char *freezer;
   bool v2;
+  pid_t watchdog;       /* v1 while frozen: thaws the group if we die first, or 0 */
+  int watchdog_fd;      /* its pipe: EOF (our exit, or our death) makes it thaw */
 };
 
 static int write_file(const char *dir, const char *name, const char *value) {
@@ -185,10 +194,13 @@ static void v1_add_freezer(struct cgroup *cg, const char *name) {
   if (!base || access(base, W_OK) < 0)
     return;
   char *dir = xasprintf("%s/%s", base, name);
-  if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-    log_warn("cannot create the freezer cgroup %s (%s): commits of its session copy a running "
+  /* One that exists is another server's (one with our pid in another pid
+   * namespace): freezing or destroying it would stop or kill its sandbox. */
+  if (mkdir(dir, 0755) < 0) {
+    log_warn("cannot create the freezer cgroup %s (%s%s): commits of its session copy a running "
              "sandbox",
-             dir, strerror(errno));
+             dir, strerror(errno),
+             errno == EEXIST ? "; a server with the same pid in another pid namespace has it" : "");
     free(dir);
     return;
   }
@@ -287,9 +299,12 @@ int cgroup_attach(struct cgroup *cg, pid_t pid) {
   return 0;
 }
 
+static void watchdog_stop(struct cgroup *cg);
+
 void cgroup_destroy(struct cgroup *cg) {
   if (!cg)
     return;
+  watchdog_stop(cg);
   /* v1 frozen tasks do not die until thawed. */
   if (cg->freezer)
     write_file(cg->freezer, cg->v2 ? "cgroup.freeze" : "freezer.state", cg->v2 ? "0" : "THAWED");
@@ -331,6 +346,61 @@ static bool freezer_reached(const struct cgroup *cg, bool frozen) {
   return strcmp(buf, frozen ? "FROZEN" : "THAWED") == 0;
 }
 
+/* v1: a child that writes THAWED into the group's freezer.state when its
+ * pipe reaches EOF: when cgroup_freeze thaws (it closes the pipe), or when
+ * this process dies.  Not in the group (it stays in ours), in a session of
+ * its own (a signal to our process group is not its), holding no fd of
+ * ours but the pipe and the state file. */
+static int watchdog_start(struct cgroup *cg, char **ret_err) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/freezer.state", cg->freezer);
+  int state = open(path, O_WRONLY | O_CLOEXEC);
+  int p[2];
+  if (state < 0 || pipe2(p, O_CLOEXEC) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot prepare the freezer's watchdog (%s): %s", path, strerror(errno));
+    if (state >= 0)
+      close(state);
+    return r;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    /* Async-signal-safe calls only: the parent has threads. */
+    setsid();
+    if (dup2(p[0], 0) < 0 || dup2(state, 1) < 0)
+      _exit(1);
+    close_range(2, ~0U, 0);
+    char c;
+    while (read(0, &c, 1) != 0 && errno == EINTR)
+      ;
+    (void)!write(1, "THAWED", 6);
+    _exit(0);
+  }
+  int e = errno;
+  close(p[0]);
+  close(state);
+  if (pid < 0) {
+    close(p[1]);
+    *ret_err = xasprintf("cannot start the freezer's watchdog: %s", strerror(e));
+    return -e;
+  }
+  cg->watchdog = pid;
+  cg->watchdog_fd = p[1];
+  return 0;
+}
+
+/* Lets the watchdog go (it thaws: the group is thawed already or being
+ * destroyed) and reaps it. */
+static void watchdog_stop(struct cgroup *cg) {
+  if (cg->watchdog <= 0)
+    return;
+  close(cg->watchdog_fd);
+  while (waitpid(cg->watchdog, NULL, 0) < 0 && errno == EINTR)
+    ;
+  cg->watchdog = 0;
+  cg->watchdog_fd = -1;
+}
+
 int cgroup_freeze(struct cgroup *cg, bool frozen, unsigned timeout_ms, char **ret_err) {
   if (!cgroup_can_freeze(cg)) {
     *ret_err = strdup("the sandbox has no freezer cgroup");
@@ -338,7 +408,12 @@ int cgroup_freeze(struct cgroup *cg, bool frozen, unsigned timeout_ms, char **re
   }
   const char *file = cg->v2 ? "cgroup.freeze" : "freezer.state";
   const char *value = cg->v2 ? (frozen ? "1" : "0") : (frozen ? "FROZEN" : "THAWED");
-  int r = write_file(cg->freezer, file, value);
+  int r;
+  if (frozen && !cg->v2 && cg->watchdog <= 0 && (r = watchdog_start(cg, ret_err)) < 0)
+    return r;
+  r = write_file(cg->freezer, file, value);
+  if (!frozen && !cg->v2 && r == 0)
+    watchdog_stop(cg);
   if (r < 0) {
     *ret_err = xasprintf("cannot write %s to %s/%s: %s", value, cg->freezer, file, strerror(-r));
     return r;
@@ -371,6 +446,9 @@ static void cleanup_stale_in(const char *base) {
       continue;
     char *dir = xasprintf("%s/%s", base, e->d_name);
     log_info("removing cgroup %s left by a server (pid %ld) that is gone", dir, pid);
+    /* v1: a group its server froze and could not thaw (it died in a
+     * commit): its tasks die only once thawed. */
+    write_file(dir, "freezer.state", "THAWED");
     destroy_dir(dir);
     free(dir);
   }

@@ -122,7 +122,9 @@ struct ns_sandbox {
   size_t err_len;
   int uid_lock_fds[2];      /* flocks held on the uid block's lock files, or -1 */
   unsigned host_uid;        /* uid 0 inside on the host (the block's first, or ours) */
+  unsigned overlay_mb;      /* its disk: the tmpfs of its upper and scratch directories */
   const struct stage *stage; /* the stage it started from (held by the session), or NULL */
+  int stage_layer_fd;       /* its layer/ (O_PATH), whatever is moved or renamed since, or -1 */
   char session_id[80];      /* for messages */
 };
 
@@ -363,9 +365,10 @@ static int ns_write_maps(pid_t pid, unsigned uid, char **ret_err) {
 }
 
 /* A detached, read-only mount of ROOTFS (the rootfs, or a stage's layer:
- * WHAT) in which host uid k shows as uid k of the child's user namespace. */
-static int ns_idmapped_tree(const char *what, const char *rootfs, pid_t pid, int *ret_fd,
-                            char **ret_err) {
+ * WHAT) in which host uid k shows as uid k of the child's user namespace.
+ * TREE_FD >= 0: the directory is that fd's (ROOTFS names it in messages). */
+static int ns_idmapped_tree(const char *what, const char *rootfs, int tree_fd, pid_t pid,
+                            int *ret_fd, char **ret_err) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
   _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
@@ -374,7 +377,9 @@ static int ns_idmapped_tree(const char *what, const char *rootfs, pid_t pid, int
     *ret_err = xasprintf("cannot open %s: %s", path, strerror(errno));
     return r;
   }
-  _cleanup_close_ int tree = open_tree(AT_FDCWD, rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  _cleanup_close_ int tree =
+      tree_fd >= 0 ? open_tree(tree_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)
+                   : open_tree(AT_FDCWD, rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (tree < 0) {
     int r = -errno;
     *ret_err = xasprintf("cannot make a mount of the %s %s (open_tree: %s); Linux 5.12 or "
@@ -460,6 +465,22 @@ static int ns_release(int sync_fd, int tree_fd, int stage_fd) {
 
 static int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err);
 
+/* STAGE's layer/ as an O_PATH fd: neither the stage's directory nor its
+ * layer may be a link (what would be laid is then outside the stage). */
+static int ns_open_layer(const struct stage *stage, int *ret_fd, char **ret_err) {
+  _cleanup_close_ int dir = open(stage->dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = dir < 0 ? -1 : openat(dir, "layer", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("stage %s cannot be used: %s/layer is not a directory of its own (%s); "
+                         "remove the stage with stage_rm and commit it again",
+                         stage->name ? stage->name : stage->id, stage->dir, strerror(errno));
+    return r == -ELOOP || r == -ENOTDIR ? -EBADMSG : r;
+  }
+  *ret_fd = fd;
+  return 0;
+}
+
 static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                      struct sandbox **ret, char **ret_err) {
   static _Atomic unsigned seq;
@@ -478,6 +499,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->base.ops = &sandbox_ns_ops;
   sb->base.isolation = "namespace";
   sb->err_fd = -1;
+  sb->stage_layer_fd = -1;
   sandbox_proc_init(&sb->proc);
   pthread_mutex_init(&sb->err_lock, NULL);
   sb->uid_lock_fds[0] = sb->uid_lock_fds[1] = -1;
@@ -487,6 +509,11 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   _cleanup_close_ int tree_fd = -1, stage_fd = -1;
   _cleanup_free_ char *layer = cfg->stage ? xasprintf("%s/layer", cfg->stage->dir) : NULL;
   int r;
+  /* The stage's directory and its layer, opened without following a link
+   * (the mount is made of this fd: a name swapped meanwhile is not used). */
+  _cleanup_close_ int layer_fd = -1;
+  if (layer && (r = ns_open_layer(cfg->stage, &layer_fd, ret_err)) < 0)
+    return r;
   if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, sb->uid_lock_fds, ret_err)) < 0)
     return r;
 
@@ -550,6 +577,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->stage = cfg->stage;
   snprintf(sb->session_id, sizeof sb->session_id, "%s", session_id);
   sb->host_uid = host_uid;
+  sb->overlay_mb = overlay_mb;
   char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
   struct clone_args_ns a = {
       .agent = cfg->agent, .argv = argv, .rootfs_fd_arg = argc - 2, .envp = envp,
@@ -581,7 +609,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
      * /tmp: said in its limits, and logged once per server. */
     static _Atomic bool warned;
     _cleanup_free_ char *why = NULL;
-    if (ns_idmapped_tree("rootfs", cfg->rootfs, a.ret_pid, &tree_fd, &why) < 0) {
+    if (ns_idmapped_tree("rootfs", cfg->rootfs, -1, a.ret_pid, &tree_fd, &why) < 0) {
       if (!warned) {
         warned = true;
         log_warn("%s; namespace sessions see the rootfs's files read-only", why);
@@ -598,7 +626,8 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
                            session_id, cfg->stage->name ? cfg->stage->name : cfg->stage->id, why);
       goto fail_child;
     }
-    if (layer && (r = ns_idmapped_tree("stage layer", layer, a.ret_pid, &stage_fd, ret_err)) < 0)
+    if (layer && (r = ns_idmapped_tree("stage layer", layer, layer_fd, a.ret_pid, &stage_fd,
+                                       ret_err)) < 0)
       goto fail_child;
   }
   if (sb->cg && (r = cgroup_attach(sb->cg, a.ret_pid)) < 0)
@@ -625,6 +654,7 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   if (cfg->stage && sb->base.info)
     json_object_set_new(sb->base.info, "stage_layer", json_string("files (overlay lower layer)"));
   sb->base.fd = sv[0];
+  sb->stage_layer_fd = steal_fd(layer_fd);
   *ret = &steal_ptr(sb)->base;
   return 0;
 
@@ -668,6 +698,8 @@ static void ns_destroy(struct sandbox *base) {
   if (sb->err_fd >= 0)
     close(sb->err_fd);
   pthread_mutex_destroy(&sb->err_lock);
+  if (sb->stage_layer_fd >= 0)
+    close(sb->stage_layer_fd);
   /* Reaped: nothing runs under the uid block any more. */
   ns_close_pair(sb->uid_lock_fds);
   json_decref(sb->base.info);
@@ -779,16 +811,20 @@ static int ns_open_dir_at(int dfd, const char *name, int *ret_fd, char **ret_err
 static int ns_copy_layer(struct ns_sandbox *sb, int state, int layer, bool *frozen,
                          uint64_t *t0, struct ns_layer_stats *st, char **ret_err) {
   bool root = ns_as_root();
+  /* What is copied from the sandbox is at most what its disk holds. */
   struct ns_layer_opts own = {.owners = root ? NS_LAYER_OWNERS_BLOCK : NS_LAYER_OWNERS_SELF,
-                              .base = sb->host_uid};
+                              .base = sb->host_uid,
+                              .max_bytes = (uint64_t)sb->overlay_mb << 20};
   struct ns_layer_opts keep = {.owners = root ? NS_LAYER_OWNERS_KEEP : NS_LAYER_OWNERS_SELF};
   _cleanup_close_ int upper = -1, parent = -1, scratch = -1;
   int r;
   if ((r = ns_open_dir_at(state, "upper", &upper, ret_err)) < 0)
     return r;
-  if (sb->stage) {
-    _cleanup_free_ char *path = xasprintf("%s/layer", sb->stage->dir);
-    if ((r = ns_open_dir_at(AT_FDCWD, path, &parent, ret_err)) < 0 ||
+  /* The layer the sandbox was laid over, by the fd opened then: not by
+   * its path, whose name another server may have given to another stage
+   * since (stage_rm, replace). */
+  if (sb->stage_layer_fd >= 0) {
+    if ((r = ns_open_dir_at(sb->stage_layer_fd, ".", &parent, ret_err)) < 0 ||
         (r = ns_layer_link(parent, layer, &keep, st, ret_err)) < 0)
       return r;
   }
@@ -863,10 +899,11 @@ static int ns_snapshot(struct sandbox *base, const char *dir, struct sandbox_sna
              sb->session_id, (unsigned long long)st.dropped_special,
              (unsigned long long)st.skipped_owner, (unsigned long long)st.unreadable,
              (unsigned long long)st.xattrs_dropped);
-  log_info("session %s: layer of %llu entries (%llu linked from its stage, %llu whiteouts), "
-           "%llu bytes copied, paused %llu us",
+  log_info("session %s: layer of %llu entries (%llu linked from its stage, %llu hard links of "
+           "its own, %llu whiteouts), %llu bytes copied, paused %llu us",
            sb->session_id, (unsigned long long)st.entries, (unsigned long long)st.linked,
-           (unsigned long long)st.whiteouts, (unsigned long long)st.bytes,
+           (unsigned long long)st.relinked, (unsigned long long)st.whiteouts,
+           (unsigned long long)st.bytes,
            (unsigned long long)paused);
   ret->carries = "files";
   ret->paused_us = paused;

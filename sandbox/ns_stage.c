@@ -23,11 +23,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <search.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -39,6 +42,10 @@
 #define LAYER_XATTR_LIST (64u << 10)
 #define LAYER_XATTR_VALUE (64u << 10) /* XATTR_SIZE_MAX */
 #define LAYER_MODE_BITS (07777 & ~(S_ISUID | S_ISGID))
+/* The most memory the upper's hard links are remembered in (paths of up to
+ * PATH_MAX, for up to a million entries): past it, files are copied (and
+ * max_bytes bounds what that costs). */
+#define LAYER_LINKS_MEM (32u << 20)
 
 struct layer_ctx {
   const struct ns_layer_opts *o;
@@ -49,7 +56,28 @@ struct layer_ctx {
   char *buf;                    /* LAYER_COPY_CHUNK */
   char *names;                  /* LAYER_XATTR_LIST */
   char *value;                  /* LAYER_XATTR_VALUE */
+  bool applying;                /* copying from the sandbox (max_bytes counts) */
+  int root_fd;                  /* the layer's top (c->path is relative to it), or -1 */
+  void *links;                  /* tsearch tree of struct layer_link: the upper's hard links */
+  size_t links_mem;             /* bytes of it */
 };
+
+/* A file of the upper with more than one link, and the copy made of it:
+ * its other names become links to that copy. */
+struct layer_link {
+  dev_t src_dev;
+  ino_t src_ino;
+  dev_t dst_dev;
+  ino_t dst_ino;
+  char rel[];                   /* the copy's path under root_fd */
+};
+
+static int link_cmp(const void *a, const void *b) {
+  const struct layer_link *x = a, *y = b;
+  if (x->src_dev != y->src_dev)
+    return x->src_dev < y->src_dev ? -1 : 1;
+  return x->src_ino < y->src_ino ? -1 : x->src_ino > y->src_ino;
+}
 
 static int ctx_init(struct layer_ctx *c, const struct ns_layer_opts *o,
                     struct ns_layer_stats *st, char **ret_err) {
@@ -57,6 +85,7 @@ static int ctx_init(struct layer_ctx *c, const struct ns_layer_opts *o,
   c->o = o;
   c->st = st;
   c->ret_err = ret_err;
+  c->root_fd = -1;
   c->buf = malloc(LAYER_COPY_CHUNK);
   c->names = malloc(LAYER_XATTR_LIST);
   c->value = malloc(LAYER_XATTR_VALUE);
@@ -68,6 +97,7 @@ static int ctx_init(struct layer_ctx *c, const struct ns_layer_opts *o,
 }
 
 static void ctx_fini(struct layer_ctx *c) {
+  tdestroy(c->links, free);
   free(c->buf);
   free(c->names);
   free(c->value);
@@ -258,6 +288,12 @@ static int layer_copy_data(struct layer_ctx *c, int in, int out, off_t size) {
       hole = size;
     for (off_t at = data; at < hole;) {
       size_t want = (size_t)(hole - at) < LAYER_COPY_CHUNK ? (size_t)(hole - at) : LAYER_COPY_CHUNK;
+      if (c->applying && c->o->max_bytes && c->st->upper_bytes + want > c->o->max_bytes)
+        return layer_refuse(c, -EFBIG,
+                            "the sandbox's files came to more than its disk (%llu MiB) while "
+                            "they were saved: a process of it wrote meanwhile; let it finish "
+                            "(or stop it), then commit again; at",
+                            (unsigned long long)(c->o->max_bytes >> 20));
       ssize_t n = pread(in, c->buf, want, at);
       if (n < 0 && errno == EINTR)
         continue;
@@ -277,12 +313,96 @@ static int layer_copy_data(struct layer_ctx *c, int in, int out, off_t size) {
       }
       at += n;
       c->st->bytes += (uint64_t)n;
+      if (c->applying)
+        c->st->upper_bytes += (uint64_t)n;
     }
     pos = hole;
   }
   if (ftruncate(out, size) < 0)
     return layer_fail(c, -errno, "cannot size the stage's copy of");
   return 0;
+}
+
+/* The copy L made of an upper file, opened beneath the layer's top without
+ * following any link: the directory it is in (*ret_base its name there),
+ * or -1 when it is no longer there as made. */
+static int layer_link_dir(struct layer_ctx *c, const struct layer_link *l, const char **ret_base) {
+  const char *slash = strrchr(l->rel, '/');
+  _cleanup_free_ char *dir = slash ? strndup(l->rel, (size_t)(slash - l->rel)) : strdup(".");
+  if (!dir)
+    return -1;
+  struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+                         .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+                                    RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+  int fd = (int)syscall(SYS_openat2, c->root_fd, dir, &how, sizeof how);
+  if (fd < 0)
+    return -1;
+  const char *base = slash ? slash + 1 : l->rel;
+  struct stat d;
+  if (fstatat(fd, base, &d, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(d.st_mode) ||
+      d.st_dev != l->dst_dev || d.st_ino != l->dst_ino) {
+    close(fd);
+    return -1;
+  }
+  *ret_base = base;
+  return fd;
+}
+
+/* DFD/NAME as one more link to the copy already made of the upper's inode
+ * S: 1 when done, 0 when the file is to be copied (not seen yet, or its
+ * copy is gone), or a negative errno. */
+static int layer_relink(struct layer_ctx *c, int dfd, const char *name, const struct stat *s) {
+  if (!c->applying || c->root_fd < 0 || s->st_nlink < 2)
+    return 0;
+  struct layer_link key = {.src_dev = s->st_dev, .src_ino = s->st_ino};
+  struct layer_link **found = tfind(&key, &c->links, link_cmp);
+  if (!found)
+    return 0;
+  const char *base;
+  _cleanup_close_ int pfd = layer_link_dir(c, *found, &base);
+  if (pfd < 0)
+    return 0;
+  int r = layer_rm(c, dfd, name, 0);
+  if (r < 0)
+    return r;
+  if (linkat(pfd, base, dfd, name, 0) < 0)
+    return errno == EMLINK || errno == ENOENT ? 0
+                                              : layer_fail(c, -errno, "cannot link the stage's copy of");
+  c->st->relinked++;
+  return 1;
+}
+
+/* Remembers DFD/NAME as the copy of the upper's inode S (more than one link). */
+static void layer_link_note(struct layer_ctx *c, int dfd, const char *name, const struct stat *s) {
+  struct stat d;
+  if (!c->applying || c->root_fd < 0 || s->st_nlink < 2 || c->path_len < 2 ||
+      c->path_len >= sizeof c->path - 1 || fstatat(dfd, name, &d, AT_SYMLINK_NOFOLLOW) < 0)
+    return;
+  struct layer_link key = {.src_dev = s->st_dev, .src_ino = s->st_ino};
+  struct layer_link **found = tfind(&key, &c->links, link_cmp);
+  if (found) {
+    /* Its first copy is gone (replaced meanwhile): this one stands in. */
+    (*found)->dst_dev = d.st_dev;
+    (*found)->dst_ino = d.st_ino;
+    if (strlen((*found)->rel) >= c->path_len - 1) {
+      memcpy((*found)->rel, c->path + 1, c->path_len);
+      return;
+    }
+    struct layer_link *old = *found;
+    tdelete(old, &c->links, link_cmp);
+    free(old);
+  }
+  if (c->links_mem + sizeof(struct layer_link) + c->path_len > LAYER_LINKS_MEM)
+    return;
+  struct layer_link *l = malloc(sizeof *l + c->path_len);
+  if (!l)
+    return;
+  c->links_mem += sizeof *l + c->path_len;
+  *l = (struct layer_link){.src_dev = s->st_dev, .src_ino = s->st_ino, .dst_dev = d.st_dev,
+                           .dst_ino = d.st_ino};
+  memcpy(l->rel, c->path + 1, c->path_len); /* without the leading '/', with the NUL */
+  if (!tsearch(l, &c->links, link_cmp))
+    free(l);
 }
 
 /* A regular file SFD/NAME (stat S) as DFD/NAME, made anew. */
@@ -323,6 +443,8 @@ static int layer_copy_file(struct layer_ctx *c, int sfd, int dfd, const char *na
     r = layer_set_attrs(c, in, out, &now, uid, gid, all_xattrs);
   close(in);
   close(out);
+  if (r == 0)
+    layer_link_note(c, dfd, name, &now);
   return r;
 }
 
@@ -470,8 +592,10 @@ static int layer_entry(struct layer_ctx *c, int sfd, int dfd, const char *name, 
     if (errno != EMLINK)
       return layer_fail(c, -errno, "cannot link the parent stage's");
   }
-  if (S_ISREG(s.st_mode))
-    return layer_copy_file(c, sfd, dfd, name, &s, uid, gid, link);
+  if (S_ISREG(s.st_mode)) {
+    int r = layer_relink(c, dfd, name, &s);
+    return r != 0 ? (r < 0 ? r : 0) : layer_copy_file(c, sfd, dfd, name, &s, uid, gid, link);
+  }
   if (S_ISCHR(s.st_mode) && s.st_rdev == makedev(0, 0))
     return layer_whiteout(c, dfd, name, &s, uid, gid);
   if (S_ISLNK(s.st_mode) || S_ISFIFO(s.st_mode))
@@ -493,6 +617,7 @@ static int layer_merge(struct layer_ctx *c, int sfd, int dfd, unsigned depth, bo
     close(dup_fd);
     return layer_fail(c, r, "cannot read the directory");
   }
+  rewinddir(d); /* the fd's position is shared with the caller's */
   int r = 0;
   struct dirent *e;
   while (r == 0 && (errno = 0, e = readdir(d))) {
@@ -538,6 +663,8 @@ int ns_layer_apply(int upper_fd, int dst_fd, const struct ns_layer_opts *o,
                    struct ns_layer_stats *st, char **ret_err) {
   struct layer_ctx c;
   int r = ctx_init(&c, o, st, ret_err);
+  c.applying = true;
+  c.root_fd = dst_fd;
   if (r == 0)
     r = layer_merge(&c, upper_fd, dst_fd, 0, false);
   if (r == 0)
@@ -554,6 +681,8 @@ int ns_layer_apply_dir(int src_fd, int dst_fd, const char *name, const struct ns
     ctx_fini(&c);
     return r;
   }
+  c.applying = true;
+  c.root_fd = dst_fd;
   size_t old = path_push(&c, name);
   /* What the sandbox saw there was this directory alone, nothing of the
    * rootfs's: it replaces what the layer had and hides what lies below

@@ -30,12 +30,20 @@ enum ns_layer_owners {
 struct ns_layer_opts {
   enum ns_layer_owners owners;
   uid_t base;                   /* NS_LAYER_OWNERS_BLOCK: the block's first host uid/gid */
+  /* The most data bytes the applies of one commit copy from the sandbox
+   * (its disk: the tmpfs that holds its upper and scratch directories), 0
+   * for no cap.  Hard links of the upper stay hard links, so a frozen
+   * sandbox never needs more; a running one that writes while it is
+   * copied could make the copy grow without end. */
+  uint64_t max_bytes;
 };
 
 /* What a copy did, for the log. */
 struct ns_layer_stats {
   uint64_t entries;
   uint64_t bytes;               /* data bytes copied (hard links: none) */
+  uint64_t upper_bytes;         /* ... of them from the sandbox (ns_layer_apply*) */
+  uint64_t relinked;            /* hard links of the upper kept as hard links */
   uint64_t linked;              /* entries hard-linked from the parent's layer */
   uint64_t whiteouts;
   uint64_t dropped_special;     /* devices and sockets: not kept */
@@ -55,7 +63,9 @@ int ns_layer_link(int src_fd, int dst_fd, const struct ns_layer_opts *o,
  * overlayfs would see it: a whiteout (char 0:0) removes the entry and stays
  * a whiteout, an opaque directory replaces the one in DST, a directory
  * merges, anything else replaces (unlinked first: a hard link to a parent
- * stage's inode is never written through).  DST's own attributes become
+ * stage's inode is never written through).  Files hard-linked together in
+ * the upper are one inode in the layer too (copied once: a sandbox cannot
+ * make the host's disk hold a file once per link).  DST's own attributes become
  * UPPER's.  The upper is untrusted: no link is followed, opens are
  * O_NOFOLLOW|O_NONBLOCK, entries that vanish are passed over, depth and
  * entries are capped.  Modes lose setuid and setgid; devices and sockets

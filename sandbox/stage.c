@@ -53,15 +53,21 @@
 #define STAGE_LOCK_WAIT_MS 60000
 #define CHUNK (1u << 20)
 #define MiB ((uint64_t)1 << 20)
+/* What the quota charges for each inode of a stage besides its blocks: an
+ * empty file or a link takes no block but an inode of the store's file
+ * system, and a sandbox can make a million of them in its tmpfs for free;
+ * charged as a block each, a quota of N GiB holds at most N * 256 Ki inodes. */
+#define STAGE_INODE_CHARGE 4096u
 
 /* ---- paths and names ---- */
 
 static char *stages_dir(void) { return xasprintf("%s/stages", cfg.store); }
 
 /* stages/ is the server's (a stage is a copy of a sandbox and may hold
- * secrets typed into it): made 0700, never a link, and never open to
- * others; group rights given on purpose (the vm backend's QEMUs, group
- * VM_GID, must reach a stage's files as they reach a base's) are kept. */
+ * secrets typed into it): made 0700, never a link, owned by the server's
+ * uid, never open to others nor writable by its group; group read and
+ * search given on purpose (the vm backend's QEMUs, group VM_GID, must
+ * reach a stage's files as they reach a base's) are kept. */
 static int ensure_stages_dir(char **ret_err) {
   _cleanup_free_ char *d = stages_dir();
   int r = fs_mkdir_p(d, 0700);
@@ -78,8 +84,24 @@ static int ensure_stages_dir(char **ret_err) {
                          d);
     return -ENOTDIR;
   }
-  if (st.st_uid == geteuid() && (st.st_mode & 007) && chmod(d, st.st_mode & 0770) < 0)
-    log_warn("cannot take the rights of others from %s: %s", d, strerror(errno));
+  /* Whoever may write in stages/ may plant a stage, swap one for a link
+   * while a server checks, deletes or lays it, or rename what a server is
+   * about to delete: only the server's own uid, never a group (QEMU's
+   * group needs to reach a vm stage's files, never to make entries). */
+  if (st.st_uid != geteuid()) {
+    *ret_err = xasprintf("%s belongs to uid %u, not to the server's uid %u: whoever owns it can "
+                         "plant or swap stages; move it away (or chown it to uid %u) and try "
+                         "again",
+                         d, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
+    return -EPERM;
+  }
+  if ((st.st_mode & 027) && chmod(d, st.st_mode & 0750) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("%s is writable by its group or open to others, and its mode cannot be "
+                         "narrowed (%s): chmod 0700 it and try again",
+                         d, strerror(errno));
+    return r;
+  }
   return 0;
 }
 
@@ -178,6 +200,7 @@ struct walk {
   uint8_t *buf;      /* CHUNK bytes, when hashing */
   void *inodes;      /* tsearch tree of the multiply linked inodes counted */
   uint64_t bytes;
+  uint64_t ninodes;  /* counted once each, like their blocks */
   bool lenient;      /* bytes only: skip what cannot be read instead of failing */
   char *err;
 };
@@ -210,6 +233,13 @@ static void count_blocks(struct walk *w, const struct stat *st) {
     }
   }
   w->bytes += (uint64_t)st->st_blocks * 512;
+  w->ninodes++;
+}
+
+/* What the quota charges for BYTES of blocks and INODES inodes. */
+static uint64_t charge(uint64_t bytes, uint64_t inodes) {
+  uint64_t i = inodes > UINT64_MAX / STAGE_INODE_CHARGE ? UINT64_MAX : inodes * STAGE_INODE_CHARGE;
+  return bytes > UINT64_MAX - i ? UINT64_MAX : bytes + i;
 }
 
 static void upd(struct walk *w, const void *p, size_t n) {
@@ -472,8 +502,9 @@ static int walk_dir(struct walk *w, int dfd, const char *rel, unsigned depth, co
 }
 
 /* Walks DIR (minus its meta.json): its checksum as 32 hex digits into HEX
- * (when not NULL) and its allocated bytes. */
-static int tree_digest(int dir_fd, char hex[33], uint64_t *ret_bytes, char **ret_err) {
+ * (when not NULL), its allocated bytes and its inodes. */
+static int tree_digest(int dir_fd, char hex[33], uint64_t *ret_bytes, uint64_t *ret_inodes,
+                       char **ret_err) {
   struct walk w = {0};
   if (hex) {
     w.st = XXH3_createState();
@@ -500,6 +531,8 @@ static int tree_digest(int dir_fd, char hex[33], uint64_t *ret_bytes, char **ret
     }
     if (ret_bytes)
       *ret_bytes = w.bytes;
+    if (ret_inodes)
+      *ret_inodes = w.ninodes;
   } else if (ret_err) {
     *ret_err = steal_ptr(w.err);
   }
@@ -510,10 +543,13 @@ static int tree_digest(int dir_fd, char hex[33], uint64_t *ret_bytes, char **ret
   return r;
 }
 
-uint64_t stage_tree_bytes(const char *path) {
+/* The bytes allocated under PATH (a file or a tree), and its inodes. */
+static uint64_t tree_usage(const char *path, uint64_t *ret_inodes) {
   struct stat st;
+  *ret_inodes = 0;
   if (lstat(path, &st) < 0)
     return 0;
+  *ret_inodes = 1;
   if (!S_ISDIR(st.st_mode))
     return (uint64_t)st.st_blocks * 512;
   uint64_t bytes = 0;
@@ -523,10 +559,16 @@ uint64_t stage_tree_bytes(const char *path) {
     count_blocks(&w, &st);
     walk_dir(&w, fd, "", 0, NULL);
     bytes = w.bytes;
+    *ret_inodes = w.ninodes;
   }
   free(w.err);
   tdestroy(w.inodes, free);
   return bytes;
+}
+
+uint64_t stage_tree_bytes(const char *path) {
+  uint64_t inodes;
+  return tree_usage(path, &inodes);
 }
 
 static void make_id(const char *digest, const char *parent, const char *inputs_id,
@@ -549,6 +591,7 @@ struct meta {
   json_t *j;
   const char *name, *id, *parent, *parent_name, *backend, *inputs_id, *carries, *digest;
   uint64_t bytes;
+  uint64_t inodes;  /* 0 in a meta.json written before they were counted */
   int64_t created;
 };
 
@@ -597,6 +640,9 @@ static int meta_read(int fd, struct meta *m, char **ret_why) {
   m->digest = opt_str(j, "digest");
   json_t *b = json_object_get(j, "bytes"), *c = json_object_get(j, "created");
   m->bytes = json_is_integer(b) && json_integer_value(b) >= 0 ? (uint64_t)json_integer_value(b) : 0;
+  json_t *ino = json_object_get(j, "inodes");
+  m->inodes =
+      json_is_integer(ino) && json_integer_value(ino) >= 0 ? (uint64_t)json_integer_value(ino) : 0;
   m->created = json_is_integer(c) ? json_integer_value(c) : 0;
   if (json_integer_value(json_object_get(j, "version")) != 1 || !hex_id(m->id, "st-", 32) ||
       !hex_id(m->digest, "", 32) || !m->backend || !m->inputs_id || !m->carries ||
@@ -611,15 +657,15 @@ static int meta_read(int fd, struct meta *m, char **ret_why) {
 }
 
 static int meta_write(const char *dir, const char *name, const char *id, const char *digest,
-                      const struct stage_new *in, uint64_t bytes, int64_t created,
-                      char **ret_err) {
+                      const struct stage_new *in, uint64_t bytes, uint64_t inodes,
+                      int64_t created, char **ret_err) {
   json_t *j = json_pack(
-      "{s:i, s:o, s:s, s:o, s:o, s:s, s:s, s:s, s:I, s:I, s:s}", "version", 1, "name",
+      "{s:i, s:o, s:s, s:o, s:o, s:s, s:s, s:s, s:I, s:I, s:I, s:s}", "version", 1, "name",
       name ? json_string(name) : json_null(), "stage_id", id, "parent",
       in->parent ? json_string(in->parent->id) : json_null(), "parent_name",
       in->parent && in->parent->name ? json_string(in->parent->name) : json_null(), "backend",
       in->backend, "base_id", in->inputs_id, "carries", in->carries, "bytes", (json_int_t)bytes,
-      "created", (json_int_t)created, "digest", digest);
+      "inodes", (json_int_t)inodes, "created", (json_int_t)created, "digest", digest);
   if (!j)
     abort();
   _cleanup_free_ char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
@@ -790,8 +836,9 @@ static void delete_later_or_now(const char *dir) {
 
 /* ---- space ---- */
 
-/* The bytes all stages use (their metas' bytes; the walk of .tmp dirs and
- * of directories without a meta), leaving out the entry SKIP. */
+/* The bytes all stages use as the quota counts them (blocks, and
+ * STAGE_INODE_CHARGE per inode; from their metas, or a walk of .tmp dirs
+ * and of directories without a meta), leaving out the entry SKIP. */
 static uint64_t stages_used(const char *skip) {
   _cleanup_free_ char *sd = stages_dir();
   DIR *d = opendir(sd);
@@ -810,12 +857,14 @@ static uint64_t stages_used(const char *skip) {
       struct meta m;
       _cleanup_free_ char *why = NULL;
       if (fd >= 0 && meta_read(fd, &m, &why) == 0) {
-        used = m.bytes > UINT64_MAX - used ? UINT64_MAX : used + m.bytes;
+        uint64_t c = charge(m.bytes, m.inodes);
+        used = c > UINT64_MAX - used ? UINT64_MAX : used + c;
         json_decref(m.j);
         continue;
       }
     }
-    uint64_t b = stage_tree_bytes(p);
+    uint64_t inodes, b = tree_usage(p, &inodes);
+    b = charge(b, inodes);
     used = b > UINT64_MAX - used ? UINT64_MAX : used + b;
   }
   closedir(d);
@@ -826,8 +875,9 @@ static uint64_t mib_up(uint64_t b) { return (b + MiB - 1) / MiB; }
 
 static char *quota_error(uint64_t used, uint64_t need) {
   return xasprintf("the stages in %s use %" PRIu64 " MiB of the %u MiB IGN_MCP_STAGES_MAX_MB "
-                   "allows (this one may need %" PRIu64 " MiB): remove stages you no longer "
-                   "need with stage_rm (stage_list shows them), or raise IGN_MCP_STAGES_MAX_MB",
+                   "allows (this one may need %" PRIu64 " MiB; each file, directory and link "
+                   "counts 4 KiB at least): remove stages you no longer need with stage_rm "
+                   "(stage_list shows them), or raise IGN_MCP_STAGES_MAX_MB",
                    cfg.store, mib_up(used), cfg.stages_max_mb, mib_up(need));
 }
 
@@ -1015,7 +1065,7 @@ static int hold(const char *dir) {
 static int finish_checked(const char *dir, const char *name, bool replace,
                           const struct stage_new *in, struct stage **ret, char **ret_err) {
   char digest[33], id[36];
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, inodes = 0;
   _cleanup_free_ char *why = NULL;
   _cleanup_close_ int dfd = tmp_fd(dir);
   if (dfd < 0)
@@ -1025,20 +1075,20 @@ static int finish_checked(const char *dir, const char *name, bool replace,
     *ret_err = xasprintf("cannot open %s: %s", dir, strerror(errno));
     return r;
   }
-  int r = tree_digest(dfd, digest, &bytes, &why);
+  int r = tree_digest(dfd, digest, &bytes, &inodes, &why);
   if (r < 0) {
     *ret_err = xasprintf("cannot checksum the stage's files: %s", why);
     return r;
   }
   const char *base = strrchr(dir, '/') + 1;
   uint64_t used = stages_used(base);
-  if (over_quota(used, bytes)) {
-    *ret_err = quota_error(used, bytes);
+  if (over_quota(used, charge(bytes, inodes))) {
+    *ret_err = quota_error(used, charge(bytes, inodes));
     return -ENOSPC;
   }
   make_id(digest, in->parent ? in->parent->id : NULL, in->inputs_id, in->backend, id);
   int64_t created = (int64_t)time(NULL);
-  if ((r = meta_write(dir, name, id, digest, in, bytes, created, ret_err)) < 0)
+  if ((r = meta_write(dir, name, id, digest, in, bytes, inodes, created, ret_err)) < 0)
     return r;
   _cleanup_close_ int fd = hold(dir);
   struct stat st;
@@ -1154,7 +1204,7 @@ static int open_check(const char *name, int dir_fd, const struct meta *m,
   char digest[33], id[36];
   _cleanup_free_ char *why = NULL;
   uint64_t t0 = mono_ms();
-  int r = tree_digest(dir_fd, digest, NULL, &why);
+  int r = tree_digest(dir_fd, digest, NULL, NULL, &why);
   if (r < 0) {
     *ret_err = xasprintf("stage '%s' (%s) cannot be checked: %s; remove it with stage_rm and "
                          "commit it again",

@@ -1,6 +1,7 @@
-/* vm.h: the microVM backend's internals shared by its files:
- * vm.c (environment, warm base, pool, sandbox ops) and vm_spawn.c (starting
- * one confined QEMU). */
+/* vm.h: the microVM backend's public side (session.c, doctor.c and the
+ * tests use it).  The backend lives in sandbox/vm/: accel.c, qemu.c,
+ * spawn.c, uid.c, qmp.c, store.c, pool.c, vm.c; what they share among
+ * themselves is in sandbox/vm/internal.h. */
 #pragma once
 
 #include <pthread.h>
@@ -48,7 +49,7 @@ enum {
   VM_SPAWN_EXIT_EXEC,     /* execve of QEMU */
   VM_SPAWN_EXIT_MAX = VM_SPAWN_EXIT_EXEC,
 };
-/* The uids of a root server's QEMUs (vm_uid.c): VM_UID_BASE + n, n <
+/* The uids of a root server's QEMUs (sandbox/vm/uid.c): VM_UID_BASE + n, n <
  * VM_UID_SPAN, group VM_GID. */
 #define VM_UID_BASE 0x49474e00u
 #define VM_UID_SPAN 4096u
@@ -68,7 +69,7 @@ void vm_uid_started(struct vm_uids *u, uid_t uid, pid_t pid);
 void vm_uid_release(struct vm_uids *u, uid_t uid);
 /* Whether a process PID exists (a zombie too) with real uid UID. */
 bool vm_uid_process_alive(uid_t uid, pid_t pid);
-/* Does KVM help here (accel.c): a tiny guest in long mode at ring 0 runs
+/* Does KVM help here (sandbox/vm/accel.c): a tiny guest in long mode at ring 0 runs
  * LOOPS iterations of a countdown loop under KVM, given BUDGET_MS. */
 #define KVM_PROBE_LOOPS 1000000u
 #define KVM_PROBE_BUDGET_MS 100u

@@ -330,6 +330,125 @@ static void scratch_dir_replaces(void) {
   free(err);
 }
 
+/* A file hard-linked many times in the upper costs the host its size once,
+ * not once per link: the layer keeps the links. */
+static void upper_hard_links_kept(void) {
+  fresh();
+  static char mib[1 << 20];
+  memset(mib, 'x', sizeof mib);
+  int fd = open(at("upper/big"), O_WRONLY | O_CREAT, 0644);
+  CHECK(fd >= 0);
+  CHECK_EQ_INT(write(fd, mib, sizeof mib), sizeof mib);
+  close(fd);
+  mkdir(at("upper/sub"), 0755);
+  char rel[64];
+  for (int i = 0; i < 40; i++) {
+    snprintf(rel, sizeof rel, "upper/%sl%d", i % 2 ? "sub/" : "", i);
+    CHECK_EQ_INT(link(at("upper/big"), at(rel)), 0);
+  }
+  struct ns_layer_stats st;
+  char *err = NULL;
+  CHECK_EQ_INT(commit(&st, &err), 0);
+  struct stat big, l;
+  CHECK_EQ_INT(stat(at("child/big"), &big), 0);
+  CHECK_EQ_INT(big.st_nlink, 41);
+  CHECK_EQ_INT(stat(at("child/sub/l39"), &l), 0);
+  CHECK_EQ_INT(l.st_ino, big.st_ino);
+  CHECK_EQ_INT(st.bytes, sizeof mib);
+  CHECK_EQ_INT(st.relinked, 40);
+  /* And the upper's inode is not the layer's. */
+  struct stat u;
+  CHECK_EQ_INT(stat(at("upper/big"), &u), 0);
+  CHECK(u.st_ino != big.st_ino);
+  free(err);
+}
+
+/* What the applies copy is capped (a running sandbox that rewrites a file
+ * while it is copied cannot make the copy grow without end). */
+static void apply_capped(void) {
+  fresh();
+  static char mib[1 << 20];
+  memset(mib, 'y', sizeof mib);
+  for (int i = 0; i < 3; i++) {
+    char rel[32];
+    snprintf(rel, sizeof rel, "upper/f%d", i);
+    int fd = open(at(rel), O_WRONLY | O_CREAT, 0644);
+    CHECK(fd >= 0);
+    CHECK_EQ_INT(write(fd, mib, sizeof mib), sizeof mib);
+    close(fd);
+  }
+  struct ns_layer_opts o = {.owners = NS_LAYER_OWNERS_KEEP, .max_bytes = 2u << 20};
+  struct ns_layer_stats st = {0};
+  char *err = NULL;
+  int u = open(at("upper"), O_RDONLY | O_DIRECTORY), c = open(at("child"), O_RDONLY | O_DIRECTORY);
+  CHECK_EQ_INT(ns_layer_apply(u, c, &o, &st, &err), -EFBIG);
+  CHECK(err && strstr(err, "more than its disk (2 MiB)") && strstr(err, "commit again"));
+  CHECK(st.upper_bytes <= 2u << 20);
+  free(err);
+  err = NULL;
+  o.max_bytes = 3u << 20;
+  fs_remove_tree(at("child"));
+  mkdir(at("child"), 0755);
+  close(c);
+  c = open(at("child"), O_RDONLY | O_DIRECTORY);
+  memset(&st, 0, sizeof st);
+  CHECK_EQ_INT(ns_layer_apply(u, c, &o, &st, &err), 0);
+  CHECK_EQ_INT(st.upper_bytes, 3u << 20);
+  close(u);
+  close(c);
+  free(err);
+}
+
+/* Only user.* xattrs reach a stage (no trusted.*, security.*: file
+ * capabilities, SELinux labels, overlay's trusted marks), user.overlay.* of
+ * an upper is overlay's own and is not kept, and many or large ones neither
+ * fail the copy nor overflow its buffers. */
+static void xattrs_filtered(void) {
+  fresh();
+  put("upper/f", "x", 0755);
+  mkdir(at("upper/d"), 0755);
+  put("parent/d", "below", 0644);
+  bool root_here = geteuid() == 0;
+  if (root_here) {
+    /* v3 file capability data: cap_sys_admin, effective. */
+    static const unsigned char cap[24] = {0x01, 0, 0, 0x03, 0, 0, 0x20, 0, 0, 0, 0, 0};
+    CHECK_EQ_INT(setxattr(at("upper/f"), "trusted.x", "t", 1, 0), 0);
+    setxattr(at("upper/f"), "security.capability", cap, sizeof cap, 0);
+    CHECK_EQ_INT(setxattr(at("upper/d"), "trusted.overlay.opaque", "y", 1, 0), 0);
+  }
+  CHECK_EQ_INT(setxattr(at("upper/f"), "user.overlay.redirect", "/etc", 4, 0), 0);
+  static char big[4000];
+  memset(big, 'v', sizeof big);
+  int kept = 0;
+  for (int i = 0; i < 64; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "user.big-%02d-%040d", i, 0);
+    if (setxattr(at("upper/f"), name, big, sizeof big, 0) == 0)
+      kept++;
+  }
+  struct ns_layer_stats st;
+  char *err = NULL;
+  CHECK_EQ_INT(commit(&st, &err), 0);
+  char v[4096];
+  CHECK(getxattr(at("child/f"), "trusted.x", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/f"), "security.capability", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/f"), "user.overlay.redirect", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/d"), "trusted.overlay.opaque", v, sizeof v) < 0);
+  CHECK(getxattr(at("child/d"), NS_LAYER_OPAQUE_XATTR, v, sizeof v) < 0);
+  int got = 0;
+  for (int i = 0; i < 64; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "user.big-%02d-%040d", i, 0);
+    if (getxattr(at("child/f"), name, v, sizeof v) == (ssize_t)sizeof big)
+      got++;
+  }
+  CHECK(got + (int)st.xattrs_dropped >= kept);
+  CHECK(got > 0 || kept == 0);
+  struct stat s;
+  CHECK(lstat(at("child/d"), &s) == 0 && S_ISDIR(s.st_mode)); /* merged, not opaque */
+  free(err);
+}
+
 static void cleanup(void) {
   if (root[0])
     fs_remove_tree(root);
@@ -340,4 +459,6 @@ TEST_MAIN(TEST(whiteouts_remove_and_stay), TEST(opaque_dir_replaces),
           TEST(hard_links_never_written_through), TEST(setuid_stripped),
           TEST(links_copied_never_followed), TEST(fifo_kept_devices_dropped),
           TEST(sparse_stays_sparse), TEST(deep_tree), TEST(owners_of_the_block),
-          TEST(scratch_dir_replaces), TEST(cleanup))
+          TEST(scratch_dir_replaces), TEST(upper_hard_links_kept), TEST(apply_capped),
+          TEST(xattrs_filtered),
+          TEST(cleanup))

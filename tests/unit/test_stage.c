@@ -643,6 +643,75 @@ static int count_fds(void) {
 
 static int fds_at_start;
 
+/* Inodes count against the quota (4 KiB each): empty files take no block,
+ * and without this a sandbox's million empty files made a stage of a few
+ * MiB of directories that took a million of the store's inodes. */
+static void quota_counts_inodes(void) {
+  unsigned old_max = cfg.stages_max_mb;
+  cfg.stages_max_mb = 8;
+  char *dir = NULL, *err = NULL;
+  struct stage *s = NULL;
+  CHECK_EQ_INT(stage_begin(1 << 20, &dir, &err), 0);
+  for (int i = 0; i < 3000 && dir; i++) {
+    _cleanup_free_ char *p = xasprintf("%s/e%d", dir, i);
+    int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    CHECK(fd >= 0);
+    close(fd);
+  }
+  CHECK_EQ_INT(stage_finish(dir, "inodes/many", false, &vm_new, &s, &err), -ENOSPC);
+  CHECK(err && strstr(err, "IGN_MCP_STAGES_MAX_MB") && strstr(err, "stage_rm") &&
+        strstr(err, "4 KiB"));
+  CHECK(s == NULL && !exists(dir));
+  free(dir);
+  free(err);
+  dir = err = NULL;
+  /* A few hundred fit, and are recorded in the meta. */
+  CHECK_EQ_INT(stage_begin(1 << 20, &dir, &err), 0);
+  for (int i = 0; i < 300 && dir; i++) {
+    _cleanup_free_ char *p = xasprintf("%s/e%d", dir, i);
+    int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    close(fd);
+  }
+  CHECK_EQ_INT(stage_finish(dir, "inodes/few", false, &vm_new, &s, &err), 0);
+  if (s) {
+    _cleanup_free_ char *mp = xasprintf("%s/meta.json", s->dir);
+    json_t *j = json_load_file(mp, 0, NULL);
+    CHECK(j && json_integer_value(json_object_get(j, "inodes")) == 301); /* the directory and its files */
+    json_decref(j);
+    stage_unref(s);
+  }
+  CHECK_EQ_INT(stage_rm("inodes/few", &err), 0);
+  free(dir);
+  free(err);
+  cfg.stages_max_mb = old_max;
+}
+
+/* stages/ of another uid is refused (its owner could plant or swap
+ * stages); one its group may write in loses the group's write right. */
+static void stages_dir_only_the_servers(void) {
+  _cleanup_free_ char *sd = xasprintf("%s/stages", store);
+  char *dir = NULL, *err = NULL;
+  if (geteuid() == 0) {
+    CHECK_EQ_INT(chown(sd, 4242, 4242), 0);
+    CHECK_EQ_INT(stage_begin(1 << 20, &dir, &err), -EPERM);
+    CHECK(err && strstr(err, "belongs to uid 4242") && strstr(err, "move it away"));
+    CHECK(dir == NULL);
+    free(err);
+    err = NULL;
+    CHECK_EQ_INT(chown(sd, 0, 0), 0);
+  } else {
+    printf("# skip the owner half of stages_dir_only_the_servers: needs root to chown\n");
+  }
+  CHECK_EQ_INT(chmod(sd, 0775), 0);
+  CHECK_EQ_INT(stage_begin(1 << 20, &dir, &err), 0);
+  struct stat st;
+  CHECK(stat(sd, &st) == 0 && (st.st_mode & 07777) == 0750);
+  stage_abort(dir);
+  free(dir);
+  free(err);
+  CHECK_EQ_INT(chmod(sd, 0700), 0);
+}
+
 static void setup(void) {
   fds_at_start = count_fds();
   if (!mkdtemp(store))
@@ -671,4 +740,4 @@ TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
           TEST(concurrent_opens_share_one_stage), TEST(hostile_tree_neither_followed_nor_hanging),
-          TEST(stage_gone_after_all))
+          TEST(stages_dir_only_the_servers), TEST(quota_counts_inodes), TEST(stage_gone_after_all))

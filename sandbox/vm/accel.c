@@ -16,6 +16,8 @@
  * come back even then is left behind (its thread detached) rather than
  * waited for: the probe never hangs its caller. */
 #include <errno.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <pthread.h>
@@ -28,7 +30,9 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "sandbox/vm.h"
+#include "mcp/config.h"
+#include "mcp/log.h"
+#include "sandbox/vm/internal.h"
 
 #define GUEST_MEM (64 << 10)
 #define CODE_ADDR 0x4000
@@ -260,4 +264,153 @@ out:
   if (p)
     probe_free(p);
   return r;
+}
+
+/* Why /dev/kvm cannot make a VM for this process, or NULL when it can. */
+static char *kvm_open_why(char **ret_fix) {
+  _cleanup_close_ int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT)
+    return strdup("/dev/kvm does not exist (the host offers no hardware virtualisation to this "
+                  "machine, or the kvm module is not loaded)");
+  if (fd < 0 && errno == EACCES) {
+    /* Say which: a device only root may use, or a group this user is not in. */
+    struct stat st;
+    struct group *g = getgrnam("kvm");
+    bool kvm_group = stat("/dev/kvm", &st) == 0 && g && st.st_gid == g->gr_gid &&
+                     (st.st_mode & 0060) == 0060;
+    if (kvm_group) {
+      *ret_fix = strdup("sudo usermod -aG kvm \"$USER\" (then log in again)");
+      return strdup("/dev/kvm cannot be opened: Permission denied (it belongs to group kvm, "
+                    "which this user is not in)");
+    }
+    *ret_fix = strdup("sudo chgrp kvm /dev/kvm && sudo chmod 0660 /dev/kvm && sudo usermod -aG kvm "
+                      "\"$USER\" (then log in again); or run the server as root");
+    return xasprintf("/dev/kvm cannot be opened: Permission denied (mode %03o, owner %u, group %u: "
+                     "only root may use KVM on this host, so as a user it is not usable)",
+                     (unsigned)(st.st_mode & 0777), (unsigned)st.st_uid, (unsigned)st.st_gid);
+  }
+  if (fd < 0)
+    return xasprintf("/dev/kvm cannot be opened: %s", strerror(errno));
+  if (ioctl(fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION)
+    return strdup("/dev/kvm speaks another KVM API version");
+  int vm = ioctl(fd, KVM_CREATE_VM, 0);
+  if (vm < 0)
+    return xasprintf("/dev/kvm opens but cannot create a VM: %s", strerror(errno));
+  close(vm);
+  return NULL;
+}
+
+/* Sets the accelerator the backend uses (and says in its isolation). */
+void vm_set_accel(const char *accel) {
+  pthread_mutex_lock(&vmb.lock);
+  vmb.accel = accel;
+  snprintf(vmb.isolation, sizeof vmb.isolation, "microvm/%s", accel);
+  pthread_mutex_unlock(&vmb.lock);
+}
+
+/* QEMUs of a root server run as unprivileged uids with the kvm group: they
+ * can use /dev/kvm only if that group may read and write it. */
+static bool kvm_reachable(char **ret_why, char **ret_fix) {
+  if (getuid() != 0)
+    return true;
+  struct stat st;
+  struct group *g = getgrnam("kvm");
+  if (stat("/dev/kvm", &st) < 0)
+    return false;
+  if ((st.st_mode & 0006) == 0006 || (g && st.st_gid == g->gr_gid && (st.st_mode & 0060) == 0060))
+    return true;
+  *ret_why = xasprintf("/dev/kvm (mode %03o, gid %u) cannot be opened by the unprivileged QEMU "
+                       "user: give it to group kvm with mode 0660 (Debian's udev rules do)",
+                       st.st_mode & 0777, (unsigned)st.st_gid);
+  *ret_fix = strdup(g ? "chgrp kvm /dev/kvm && chmod 0660 /dev/kvm"
+                      : "groupadd --system kvm && chgrp kvm /dev/kvm && chmod 0660 /dev/kvm");
+  return false;
+}
+
+/* The KVM probe runs once per process (the doctor and the backend ask the
+ * same question), under this lock. */
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool probe_ran;
+static int probe_rc;
+static struct vm_kvm_probe probe_res;
+static char *probe_err;
+
+bool vm_kvm_probe_last(struct vm_kvm_probe *ret, char **ret_err) {
+  pthread_mutex_lock(&probe_lock);
+  bool ran = probe_ran;
+  if (ran && probe_rc == 0)
+    *ret = probe_res;
+  if (ran && probe_rc < 0 && ret_err)
+    *ret_err = strdup(probe_err);
+  pthread_mutex_unlock(&probe_lock);
+  return ran && probe_rc == 0;
+}
+
+char *vm_kvm_probe_text(void) {
+  struct vm_kvm_probe p;
+  _cleanup_free_ char *err = NULL;
+  if (!vm_kvm_probe_last(&p, &err))
+    return err ? xasprintf("the KVM probe could not run: %s", err) : NULL;
+  if (p.finished)
+    return xasprintf("KVM probe: a guest in kernel mode ran %u loop iterations in %.2f ms (budget "
+                     "%u ms; VM set up in %.2f ms)",
+                     p.loops, p.run_ns / 1e6, p.budget_ms, p.setup_ns / 1e6);
+  return xasprintf("KVM probe: a guest in kernel mode did not finish %u loop iterations in %u ms%s "
+                   "(real KVM takes about 1 ms; VM set up in %.2f ms)",
+                   p.loops, p.budget_ms, p.stuck ? ", and its vCPU did not come back when stopped" : "",
+                   p.setup_ns / 1e6);
+}
+
+/* Why KVM does not help on this host (it runs guest kernel code far slower
+ * than TCG would), or NULL when it does. */
+static char *kvm_slow_why(char **ret_fix) {
+  pthread_mutex_lock(&probe_lock);
+  if (!probe_ran) {
+    probe_rc = vm_kvm_probe(KVM_PROBE_LOOPS, KVM_PROBE_BUDGET_MS, &probe_res, &probe_err);
+    probe_ran = true;
+  }
+  int rc = probe_rc;
+  struct vm_kvm_probe p = probe_res;
+  pthread_mutex_unlock(&probe_lock);
+  if (rc == 0 && p.finished)
+    return NULL;
+  _cleanup_free_ char *text = vm_kvm_probe_text();
+  *ret_fix = strdup("nothing to do: TCG is faster here (IGN_MCP_ACCEL=kvm would insist on KVM)");
+  if (rc < 0)
+    return xasprintf("KVM opens but cannot run a guest: %s", text);
+  return xasprintf("KVM does not help on this host: %s, so guest kernels would run far slower "
+                   "than under TCG (a paravirtual or nested hypervisor)",
+                   text);
+}
+
+const char *vm_probe_accel(char **ret_why, char **ret_fix) {
+  *ret_why = *ret_fix = NULL;
+  if (strcmp(cfg.accel, "tcg") == 0) {
+    *ret_why = strdup("IGN_MCP_ACCEL=tcg");
+    return "tcg";
+  }
+  char *why = kvm_open_why(ret_fix);
+  if (!why) {
+    why = kvm_slow_why(ret_fix);
+    /* IGN_MCP_ACCEL=kvm insists on a KVM that works, however slow. */
+    if (why && strcmp(cfg.accel, "kvm") == 0) {
+      log_warn("%s; using it anyway (IGN_MCP_ACCEL=kvm)", why);
+      free(steal_ptr(why));
+      free(steal_ptr(*ret_fix));
+    }
+  }
+  if (!why)
+    kvm_reachable(&why, ret_fix);
+  /* A guest that failed under KVM once is not retried (IGN_MCP_ACCEL=kvm
+   * insists). */
+  _cleanup_free_ char *marker = xasprintf("%s/kvm-unusable", cfg.store);
+  if (!why && strcmp(cfg.accel, "auto") == 0 && file_exists(marker)) {
+    why = xasprintf("a guest did not boot under KVM on this host before (the marker %s says so)",
+                    marker);
+    *ret_fix = xasprintf("rm %s (to try KVM again)", marker);
+  }
+  if (!why)
+    return "kvm";
+  *ret_why = why;
+  return strcmp(cfg.accel, "kvm") == 0 ? NULL : "tcg";
 }

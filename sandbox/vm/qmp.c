@@ -5,7 +5,7 @@
  * {"error":...}, with asynchronous {"event":...} lines in between (skipped
  * here).  Every wait is bounded by a deadline so a stuck QEMU is an error,
  * never a hang.  File descriptors travel with getfd over SCM_RIGHTS. */
-#include "sandbox/qmp.h"
+#include "sandbox/vm/qmp.h"
 
 #include <errno.h>
 #include <poll.h>
