@@ -2,6 +2,11 @@
 //
 //   node bench/bench.mjs [--quick] [--only 1,2,...]
 //
+// With --only, the sections not named are kept from the last run's
+// bench/results.json (each says so in BENCHMARKS.md). BENCH_STORE=DIR runs
+// every server on that store instead of the server's default (section 8
+// always uses stores of its own).
+//
 // Drives the real server (build/ignition-mcp) through the official MCP SDK
 // client over stdio, for both backends, and writes bench/BENCHMARKS.md
 // (tables of median, p90, p99, samples and the ratio to each section's
@@ -44,8 +49,8 @@ const ONLY = onlyArg > 0 ? new Set(process.argv[onlyArg + 1].split(',').map(Numb
 
 /* Sample counts: quick finishes in a few minutes on 2 cores. */
 const N = QUICK
-  ? { open: 15, openVm: 8, cold: 3, bwrap: 20, qemu: 3, exec: 60, f4k: 15, f1m: 8, f32m: 3, tputReps: 3, py: 8, gcc: 4, srt: 10, srtCli: 5, peerOurs: 30 }
-  : { open: 100, openVm: 30, cold: 6, bwrap: 100, qemu: 6, exec: 600, f4k: 100, f1m: 40, f32m: 8, tputReps: 5, py: 40, gcc: 20, srt: 60, srtCli: 20, peerOurs: 200 };
+  ? { open: 15, openVm: 8, stage: 10, stageVm: 5, cold: 3, bwrap: 20, qemu: 3, exec: 60, f4k: 15, f1m: 8, f32m: 3, tputReps: 3, py: 8, gcc: 4, srt: 10, srtCli: 5, peerOurs: 30 }
+  : { open: 100, openVm: 30, stage: 40, stageVm: 15, cold: 6, bwrap: 100, qemu: 6, exec: 600, f4k: 100, f1m: 40, f32m: 8, tputReps: 5, py: 40, gcc: 20, srt: 60, srtCli: 20, peerOurs: 200 };
 const RUNS_PER_SESSION = 50;
 const POOL_SIZE = 2;
 const POOL_REFILL_MS = Number(process.env.BENCH_POOL_REFILL_MS || 1500);
@@ -852,6 +857,129 @@ async function sectionPeer() {
   return { id: 'peer', title: '7. Peer: Anthropic sandbox runtime', unit: 'ms', baseline: rows[0].label, rows, notes };
 }
 
+// ---------------------------------------------------------------- 8. stages and forks
+
+/* The allocated bytes of a file (its blocks, not its apparent size). */
+function allocatedBytes(file) {
+  return fs.statSync(file).blocks * 512;
+}
+
+/* The RAM file of the warm base in STORE (the vm backend's
+ * <store>/<rootfs>-base-<16 hex>/ram), or null. */
+function baseRamFile(store) {
+  for (const n of fs.readdirSync(store)) {
+    const f = path.join(store, n, 'ram');
+    if (/-base-[0-9a-f]{16}$/.test(n) && fs.existsSync(f)) return f;
+  }
+  return null;
+}
+
+/* The rows of one backend: base restore (the baseline) against
+ * open_session(stage), fork to the first run answering in the fork, commit
+ * of an idle session, and the sizes. Every server of the backend uses one
+ * store of the section's own, so that its base and stages are measured
+ * together and nothing is left in the user's store. */
+async function stageRows(backend, n) {
+  const g = backend === 'vm' ? 'vm (QEMU microVMs, IGN_MCP_POOL=0)' : 'ns (namespaces)';
+  const L = {
+    base: backend === 'vm' ? 'vm: open_session, base restore' : 'ns: open_session from the base',
+    stage: `${backend}: open_session(stage)`,
+    fork: `${backend}: fork(count 1) to the first run('true') answering in the fork`,
+    forkPause: `${backend}: fork: the source paused (paused_ms)`,
+    commit: `${backend}: commit of an idle session (wall)`,
+    commitMs: `${backend}: commit of an idle session (commit_ms, server)`,
+    commitPause: `${backend}: commit: the source paused (paused_ms)`,
+    baseBytes: `${backend}: warm base RAM file, allocated (MiB)`,
+    stageBytes: `${backend}: stage of an idle session, allocated (MiB)`,
+  };
+  const rows = [];
+  const all = Object.values(L).filter((l) => backend === 'vm' || l !== L.baseBytes);
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), `ign-bench-stages-${backend}.`));
+  fs.chmodSync(store, 0o755); // as root the QEMUs run as other uids
+  const env = { ...BACKENDS[backend], IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store };
+  try {
+    await withServer(env, async (srv) => {
+      const src = await srv.open(); // the base is made here on vm
+      await srv.run(src.session_id, 'true');
+
+      log(`${backend}: open_session from the base (baseline)`);
+      const base = await timeN(n, async () => {
+        const s = await srv.open();
+        await srv.tool('close', { session_id: s.session_id });
+      }, { warmup: 2, label: L.base });
+      rows.push(row(L.base, base, { group: g, baseline: L.base }));
+      doneLine(L.base, base);
+
+      log(`${backend}: commit of an idle session`);
+      const commits = [];
+      const wall = await timeN(n, async (i) => {
+        commits.push(await srv.tool('commit', { session_id: src.session_id, name: 'bench/idle', replace: i > 0 }));
+      }, { warmup: 1, label: L.commit });
+      const kept = commits.slice(1);
+      rows.push(row(L.commit, wall, { group: g, baseline: L.base, extra: backend === 'vm' ? 'target under TCG: ≤ 1 s for an idle 256 MiB guest' : '' }));
+      rows.push(row(L.commitMs, kept.map((c) => c.commit_ms), { group: g, baseline: L.base }));
+      rows.push(row(L.commitPause, kept.map((c) => c.paused_ms), { group: g, extra: backend === 'vm' ? 'target: ≤ 10 ms' : '' }));
+      doneLine(L.commit, wall);
+
+      const bytes = kept.map((c) => c.bytes / MiB);
+      const ram = backend === 'vm' ? baseRamFile(store) : null;
+      if (ram) rows.push(row(L.baseBytes, [allocatedBytes(ram) / MiB], { group: g, unit: 'MiB', baseline: L.baseBytes, extra: `${path.relative(store, ram)}, ${(fs.statSync(ram).size / MiB).toFixed(0)} MiB apparent` }));
+      rows.push(row(L.stageBytes, bytes, { group: g, unit: 'MiB', baseline: ram ? L.baseBytes : undefined, extra: ram ? 'target: ≤ 1.1× the base' : 'the layer of an idle session: what it wrote' }));
+
+      log(`${backend}: open_session(stage)`);
+      const fromStage = await timeN(n, async () => {
+        const s = await srv.tool('open_session', { stage: 'bench/idle' });
+        await srv.tool('close', { session_id: s.session_id });
+      }, { warmup: 2, label: L.stage });
+      rows.push(row(L.stage, fromStage, { group: g, baseline: L.base, extra: backend === 'vm' ? 'target: ≤ 1.2× a base restore' : '' }));
+      doneLine(L.stage, fromStage);
+
+      log(`${backend}: fork to the first run in the fork`);
+      const forks = [];
+      const pauses = [];
+      const forkMs = [];
+      for (let i = 0; i < n + 1; i++) {
+        const t = nowNs();
+        const f = await srv.tool('fork', { session_id: src.session_id, count: 1 });
+        await srv.run(f.sessions[0].session_id, 'true');
+        const ms = msSince(t);
+        await srv.tool('close', { session_id: f.sessions[0].session_id });
+        if (i === 0) continue; // one untimed warm-up
+        forks.push(ms);
+        pauses.push(f.paused_ms);
+        forkMs.push(f.fork_ms);
+      }
+      rows.push(row(L.fork, forks, { group: g, baseline: L.base, extra: `${backend === 'vm' ? 'target under TCG: ≤ 600 ms; ' : ''}the server's fork_ms median ${median(forkMs)}` }));
+      rows.push(row(L.forkPause, pauses, { group: g, extra: backend === 'vm' ? 'target: ≤ 10 ms' : '' }));
+      doneLine(L.fork, forks);
+      await srv.tool('stage_rm', { name: 'bench/idle' });
+    });
+  } catch (e) {
+    for (const l of all) if (!rows.some((r) => r.label === l)) rows.push(notMeasured(l, firstLine(e.message), { group: g }));
+  } finally {
+    fs.rmSync(store, { recursive: true, force: true });
+  }
+  return rows;
+}
+
+async function sectionStages() {
+  const rows = [];
+  for (const backend of ['vm', 'ns']) {
+    if (backend === 'vm' && vmError) {
+      rows.push(notMeasured('vm: stages and forks', vmError, { group: 'vm (QEMU microVMs, IGN_MCP_POOL=0)' }));
+      continue;
+    }
+    rows.push(...(await stageRows(backend, backend === 'vm' ? N.stageVm : N.stage)));
+  }
+  const notes = [
+    'Every row of a backend comes from one server with a store of the section\'s own (made fresh, removed after), IGN_MCP_POOL=0 and IGN_MCP_SPARES=0, so that the base restore (the baseline) and the stage rows take the same path: a new QEMU restored from a RAM file and a device state (vm), a new namespace sandbox (ns).',
+    'open_session rows: wall time of the call, each session closed (untimed) before the next. fork: wall time from the fork call to the answer of run(\'true\') in the new session; its close is not timed. The source session is idle (it ran `true` once).',
+    'commit: the same idle session committed again and again under one name (replace: true); wall time of the call as the client sees it, and the commit_ms and paused_ms the server reported. paused_ms is how long the source was stopped, as the backend reports it (vm: from stopping its QEMU to continuing it; ns: how long its cgroup was frozen while its files were copied); the pause rows have no baseline.',
+    'Sizes: the bytes the commit reported (allocated blocks of the stage\'s files), against the blocks allocated to the warm base\'s RAM file in the same store (du, not the apparent 256 MiB).',
+  ];
+  return { id: 'stages', title: '8. Stages and forks', unit: 'ms', rows, notes, grouped: true };
+}
+
 // ---------------------------------------------------------------- main
 
 async function main() {
@@ -867,12 +995,25 @@ async function main() {
 
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
-    [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer],
+    [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages],
   ];
+  // With --only, the sections not run are kept from the last run's
+  // bench/results.json (each says so), so that BENCHMARKS.md stays whole.
+  let previous = null;
+  if (ONLY) {
+    try {
+      previous = JSON.parse(fs.readFileSync(path.join(REPO, 'bench/results.json'), 'utf8'));
+    } catch {}
+  }
   const sections = [];
   for (const [i, fn] of plan) {
-    if (ONLY && !ONLY.has(i)) continue;
-    setSection(`${i}/7 ${fn.name.replace('section', '').toLowerCase()}`);
+    if (ONLY && !ONLY.has(i)) {
+      const id = fn.name.replace('section', '').toLowerCase();
+      const old = previous?.sections?.find((x) => x.id === id || x.id === fn.name);
+      if (old) sections.push({ ...old, kept_from: old.kept_from ?? previous.started });
+      continue;
+    }
+    setSection(`${i}/${plan.length} ${fn.name.replace('section', '').toLowerCase()}`);
     const t = Date.now();
     try {
       const s = await fn();

@@ -65,6 +65,7 @@ function tableFor(section, rows) {
 
 function sectionMd(section) {
   const out = [`## ${section.title}`, ''];
+  if (section.kept_from) out.push(`(Not measured again in this run: kept from the run of ${section.kept_from}.)`, '');
   if (section.failed) {
     out.push(`The section failed: ${esc(section.failed)}`, '');
     return out.join('\n');
@@ -116,7 +117,7 @@ function headline(results) {
     ['ns open_session', 'start', 'ns open_session (MCP, SDK client)', 'bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --die-with-parent true'],
     ['vm open_session, pool hit', 'start', 'vm open_session, pool hit', 'bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --die-with-parent true'],
     ['vm open_session, restore', 'start', 'vm open_session, restore (IGN_MCP_POOL=0)', 'bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --die-with-parent true'],
-    ['vm cold boot', 'start', 'vm open_session, cold boot (no snapshot: empty IGN_MCP_STORE, IGN_MCP_POOL=0)', 'bare QEMU cold boot to agent HELLO_OK (tcg, no server)'],
+    ['vm cold boot', 'start', 'vm open_session, cold boot (no snapshot: IGN_MCP_BASE=none)', 'bare QEMU cold boot to agent HELLO_OK (tcg, no server)'],
     ["ns run('true'), MCP", 'exec', 'ns: MCP run, SDK client: true', "host: sh -c 'true'"],
     ["ns run('true'), no MCP", 'exec', 'ns: session layer, no MCP: true', "host: sh -c 'true'"],
     ["vm run('true'), MCP", 'exec', 'vm: MCP run, SDK client: true', "host: sh -c 'true'"],
@@ -127,16 +128,31 @@ function headline(results) {
     ['vm memory, 8 idle sessions', 'memory', '8 idle: vm sessions', '8 idle: bwrap sandbox running sleep', 'MiB'],
     ["ns python3 -c 'print(1)'", 'workload', "python3 -c 'print(1)': ns session (MCP run)", "python3 -c 'print(1)': host"],
     ['ns gcc hello.c', 'workload', 'gcc -o hello hello.c: ns session (MCP run)', 'gcc -o hello hello.c: host'],
+    ['vm fork to the first run in the fork', 'stages', "vm: fork(count 1) to the first run('true') answering in the fork", 'vm: open_session, base restore'],
+    ['vm commit of an idle session', 'stages', 'vm: commit of an idle session (wall)', 'vm: open_session, base restore'],
+    ['vm open_session(stage)', 'stages', 'vm: open_session(stage)', 'vm: open_session, base restore'],
+    ['vm stage of an idle session on disk', 'stages', 'vm: stage of an idle session, allocated (MiB)', 'vm: warm base RAM file, allocated (MiB)', 'MiB'],
+    ['ns fork to the first run in the fork', 'stages', "ns: fork(count 1) to the first run('true') answering in the fork", 'ns: open_session from the base'],
+    ['ns commit of an idle session', 'stages', 'ns: commit of an idle session (wall)', 'ns: open_session from the base'],
+    ['ns open_session(stage)', 'stages', 'ns: open_session(stage)', 'ns: open_session from the base'],
     ['srt per command (library)', 'peer', "srt (sandbox-runtime library): wrapWithSandbox('true') + spawn", 'host: sh -c true via Node child_process.spawn'],
     ["ours, ns run('true') (same section)", 'peer', "ignition-mcp ns: run('true') through MCP (SDK client), live session", 'host: sh -c true via Node child_process.spawn'],
   ];
   // The bare QEMU row names its accelerator.
   const bare = results.sections.find((s) => s.id === 'start')?.rows.find((r) => r.label.startsWith('bare QEMU'));
   const bwrap = [['start', 'bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --die-with-parent true']];
+  // The vm stage rows also against a cold boot (section 1).
+  const cold = [['start', 'vm open_session, cold boot (no snapshot: IGN_MCP_BASE=none)']];
   for (const [what, id, label, base, unit] of lines) {
     const b = id === 'start' && base.startsWith('bare QEMU') && bare ? bare.label : base;
-    const k = keyLine(results, id, label, b, unit, id === 'exec' ? bwrap : []);
+    const also = id === 'exec' ? bwrap : id === 'stages' && label.startsWith('vm') && unit !== 'MiB' ? cold : [];
+    const k = keyLine(results, id, label, b, unit, also);
     if (k) out.push(`- ${what}: ${k}`);
+  }
+  for (const b of ['vm', 'ns']) {
+    const f = findRow(results, 'stages', `${b}: fork: the source paused (paused_ms)`);
+    const c = findRow(results, 'stages', `${b}: commit: the source paused (paused_ms)`);
+    if (f?.stats && c?.stats) out.push(`- ${b}: the source of a fork was paused ${fmt(f.stats.median, 'ms')} ms at the median (p99 ${fmt(f.stats.p99, 'ms')}), of a commit ${fmt(c.stats.median, 'ms')} ms (p99 ${fmt(c.stats.p99, 'ms')}), as the server reports it (paused_ms).`);
   }
   const exec = results.sections.find((s) => s.id === 'exec');
   if (exec?.layers?.length > 1) {
