@@ -651,6 +651,14 @@ static int snapshot_lease(const struct lease *l, const char *name, bool replace,
                                err ? err : strerror(-r));
     return r;
   }
+  /* A guest stopped for the snapshot (vm) has a clock that stood still
+   * meanwhile: set it to the host's again, as for a clone. */
+  if (ret_snap->carries && strcmp(ret_snap->carries, "memory") == 0) {
+    _cleanup_free_ char *clock_err = NULL;
+    if (agent_setup(l->h->conn, NULL, 0, now_ns(CLOCK_REALTIME), NULL, NULL, &clock_err) < 0)
+      log_warn("session %s: its clock could not be set after the snapshot: %s", l->s->id,
+               clock_err ? clock_err : "?");
+  }
   struct stage_new in = {.backend = backend->name, .inputs_id = inputs,
                          .carries = ret_snap->carries, .parent = l->h->stage};
   return stage_finish(dir, name, replace, &in, ret, ret_err);

@@ -72,7 +72,7 @@ static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *stage = NULL;
   if (args_check(args, "open_session", (const char *[]){"stage", NULL}, &err) < 0 ||
-      arg_string(args, "open_session", "stage", false, 1, STAGE_NAME_MAX, &stage, NULL, &err) < 0)
+      arg_string(args, "open_session", "stage", false, 0, ARG_MAX_PATH, &stage, NULL, &err) < 0)
     return err_result_free(err);
   json_t *info;
   if (session_open(stage, &info, &err) < 0)
@@ -276,7 +276,7 @@ static json_t *tool_reset(json_t *args, struct call_ctx *ctx) {
   const char *id, *stage = NULL;
   if (args_check(args, "reset", (const char *[]){"session_id", "stage", NULL}, &err) < 0 ||
       arg_session_id(args, &id, &err) < 0 ||
-      arg_string(args, "reset", "stage", false, 1, STAGE_NAME_MAX, &stage, NULL, &err) < 0)
+      arg_string(args, "reset", "stage", false, 0, ARG_MAX_PATH, &stage, NULL, &err) < 0)
     return err_result_free(err);
   json_t *info;
   if (session_reset(id, stage, &info, &err) < 0)
@@ -312,7 +312,7 @@ static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
   bool replace = false;
   if (args_check(args, "commit", (const char *[]){"session_id", "name", "replace", NULL}, &err) < 0 ||
       arg_session_id(args, &id, &err) < 0 ||
-      arg_string(args, "commit", "name", true, 1, STAGE_NAME_MAX, &name, NULL, &err) < 0 ||
+      arg_string(args, "commit", "name", true, 0, ARG_MAX_PATH, &name, NULL, &err) < 0 ||
       arg_bool(args, "commit", "replace", &replace, &err) < 0)
     return err_result_free(err);
   json_t *info;
@@ -349,7 +349,7 @@ static json_t *tool_stage_info(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *name;
   if (args_check(args, "stage_info", (const char *[]){"name", NULL}, &err) < 0 ||
-      arg_string(args, "stage_info", "name", true, 1, STAGE_NAME_MAX, &name, NULL, &err) < 0 ||
+      arg_string(args, "stage_info", "name", true, 0, ARG_MAX_PATH, &name, NULL, &err) < 0 ||
       stage_name_check(name, &err) < 0)
     return err_result_free(err);
   json_t *info;
@@ -363,7 +363,7 @@ static json_t *tool_stage_rm(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *name;
   if (args_check(args, "stage_rm", (const char *[]){"name", NULL}, &err) < 0 ||
-      arg_string(args, "stage_rm", "name", true, 1, STAGE_NAME_MAX, &name, NULL, &err) < 0 ||
+      arg_string(args, "stage_rm", "name", true, 0, ARG_MAX_PATH, &name, NULL, &err) < 0 ||
       stage_name_check(name, &err) < 0)
     return err_result_free(err);
   if (stage_rm(name, &err) < 0)
