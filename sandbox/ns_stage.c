@@ -405,21 +405,32 @@ static void layer_link_note(struct layer_ctx *c, int dfd, const char *name, cons
     free(l);
 }
 
+/* Opens SFD/NAME of the upper (never following a link) with FLAGS added:
+ * the fd; -ENOENT when it vanished or cannot be read (counted, skipped);
+ * else layer_fail's error with WHAT. */
+static int layer_open_entry(struct layer_ctx *c, int sfd, const char *name, int flags,
+                            const char *what) {
+  int in = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | flags);
+  if (in >= 0)
+    return in;
+  if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || errno == ENXIO) {
+    c->st->vanished++;
+    return -ENOENT;
+  }
+  if (errno == EACCES || errno == EPERM) {
+    c->st->unreadable++;
+    return -ENOENT;
+  }
+  int r = layer_fail(c, -errno, "%s", what);
+  return r == -ENOENT ? -EIO : r;
+}
+
 /* A regular file SFD/NAME (stat S) as DFD/NAME, made anew. */
 static int layer_copy_file(struct layer_ctx *c, int sfd, int dfd, const char *name,
                            const struct stat *s, uid_t uid, gid_t gid, bool all_xattrs) {
-  int in = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (in < 0) {
-    if (errno == ENOENT || errno == ELOOP || errno == ENXIO) {
-      c->st->vanished++;
-      return 0;
-    }
-    if (errno == EACCES || errno == EPERM) {
-      c->st->unreadable++;
-      return 0;
-    }
-    return layer_fail(c, -errno, "cannot open");
-  }
+  int in = layer_open_entry(c, sfd, name, O_NOCTTY, "cannot open");
+  if (in < 0)
+    return in == -ENOENT ? 0 : in;
   struct stat now;
   if (fstat(in, &now) < 0 || !S_ISREG(now.st_mode) || now.st_ino != s->st_ino ||
       now.st_dev != s->st_dev) {
@@ -484,18 +495,9 @@ static int layer_dir(struct layer_ctx *c, int sfd, int dfd, const char *name,
                       "the sandbox's directories nest deeper than %u levels (a stage keeps at "
                       "most that many; remove or flatten the tree, then commit again) at",
                       NS_LAYER_MAX_DEPTH);
-  int in = openat(sfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (in < 0) {
-    if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) {
-      c->st->vanished++;
-      return 0;
-    }
-    if (errno == EACCES || errno == EPERM) {
-      c->st->unreadable++;
-      return 0;
-    }
-    return layer_fail(c, -errno, "cannot open the directory");
-  }
+  int in = layer_open_entry(c, sfd, name, O_DIRECTORY, "cannot open the directory");
+  if (in < 0)
+    return in == -ENOENT ? 0 : in;
   struct stat now;
   if (fstat(in, &now) < 0) {
     int r = layer_fail(c, -errno, "cannot stat");

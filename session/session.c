@@ -395,8 +395,10 @@ static struct session *wait_reset_locked(struct session *s) {
   return s;
 }
 
-int session_acquire(const char *id, struct lease *ret, char **ret_err) {
-  pthread_mutex_lock(&lock);
+/* Session ID once no reset or snapshot is under way on it, with a reference
+ * for the caller; NULL and *ret_err when there is none or it has no
+ * sandbox (under the lock). */
+static struct session *find_serving_locked(const char *id, char **ret_err) {
   struct session *s = find_locked(id);
   if (s)
     wait_reset_locked(s);
@@ -404,6 +406,15 @@ int session_acquire(const char *id, struct lease *ret, char **ret_err) {
     *ret_err = s && s->removed ? removed_while_waiting(s) : unknown_id(id);
     if (s)
       session_unref_locked(s);
+    return NULL;
+  }
+  return s;
+}
+
+int session_acquire(const char *id, struct lease *ret, char **ret_err) {
+  pthread_mutex_lock(&lock);
+  struct session *s = find_serving_locked(id, ret_err);
+  if (!s) {
     pthread_mutex_unlock(&lock);
     return -ENOENT;
   }
@@ -570,13 +581,8 @@ int session_close(const char *id, char **ret_err) {
  * skips the session) to give back with quiet_end. */
 static int quiet_begin(const char *id, const char *what, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&lock);
-  struct session *s = find_locked(id);
-  if (s)
-    wait_reset_locked(s);
-  if (!s || s->removed || !s->h) {
-    *ret_err = s && s->removed ? removed_while_waiting(s) : unknown_id(id);
-    if (s)
-      session_unref_locked(s);
+  struct session *s = find_serving_locked(id, ret_err);
+  if (!s) {
     pthread_mutex_unlock(&lock);
     return -ENOENT;
   }
