@@ -17,6 +17,8 @@
 #include "sandbox/vm/qmp.h"
 
 #define QMP_TIMEOUT_MS 10000
+/* How long a waiting loader QEMU has to answer before a snapshot uses it. */
+#define LOADER_CHECK_MS 1000
 #define COLD_BOOT_TIMEOUT_MS 90000
 #define KVM_BOOT_TIMEOUT_MS 20000
 #define RESTORE_TIMEOUT_MS 20000
