@@ -599,7 +599,7 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
   if (r == 0) {
     r = qmp_command(src->qmp, "migrate", json_pack("{s:s}", "uri", "fd:mig"), QMP_TIMEOUT_MS,
                     NULL, ret_err);
-    started = r == 0;
+    started = started || r == 0; /* stopped, or migrating: continued on failure */
   }
   if (r == 0)
     r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, ret_paused_us, ret_err);
