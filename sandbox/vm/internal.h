@@ -31,6 +31,8 @@
 #define MIGRATE_MAX_BANDWIDTH (10ull << 30)
 #define MIGRATE_DOWNTIME_MS 5
 #define MIGRATE_TIMEOUT_MS 60000
+/* How long a snapshot's stream may make no progress (the source is stopped). */
+#define MIGRATE_STALL_MS 5000
 /* Whether the source keeps running while its RAM streams (live migration:
  * paused ~2-10 ms) or is stopped for the whole stream (paused for the
  * stream's time, ~0.4-0.9 s for 256 MiB under TCG).  Measured with QEMU 7.2

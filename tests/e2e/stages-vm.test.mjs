@@ -79,7 +79,7 @@ describe('vm stages: failing loaders', { skip: VM_ONLY('QEMU loaders'), ...T }, 
     // Enough memory in use that the stream lasts long enough to be cut.
     await sh(c, id, 'dd if=/dev/urandom of=/tmp/r bs=1M count=60 2>/dev/null');
     // A loader waits once a snapshot was made.
-    await call(c, 'commit', { session_id: id, name: 'rev2/pre' });
+    await call(c, 'commit', { session_id: id, name: 'rev2/pre', replace: true });
     assert.ok(await waitUntil(() => loaders(srv.pid).length === 1, { timeoutMs: 30000 }), 'no waiting loader');
     const [l] = loaders(srv.pid);
     const p = callErr(c, 'commit', { session_id: id, name: 'rev2/cut' });
@@ -93,6 +93,31 @@ describe('vm stages: failing loaders', { skip: VM_ONLY('QEMU loaders'), ...T }, 
     await callErr(c, 'stage_info', { name: 'rev2/cut' });
     // The next commit works (another loader).
     await call(c, 'commit', { session_id: id, name: 'rev2/cut' });
+    await srv.close();
+    assert.deepEqual(storeLeftovers(), [], 'snapshot files left in the store');
+  });
+
+  test('a loader that hangs during the stream: the source, stopped for it, runs again within seconds, not at the 60 s deadline', T, async (t) => {
+    const srv = await startServer({ env: ENV });
+    t.after(() => srv.close());
+    const c = srv.client;
+    const id = await counting(c);
+    await sh(c, id, 'dd if=/dev/urandom of=/tmp/r bs=1M count=60 2>/dev/null');
+    await call(c, 'commit', { session_id: id, name: 'rev2/pre', replace: true });
+    assert.ok(await waitUntil(() => loaders(srv.pid).length === 1, { timeoutMs: 30000 }), 'no waiting loader');
+    const [l] = loaders(srv.pid);
+    const t0 = Date.now();
+    const p = callErr(c, 'commit', { session_id: id, name: 'rev2/hung' });
+    await sleep(150);
+    process.kill(l.pid, 'SIGSTOP');
+    const err = await p;
+    const ms = Date.now() - t0;
+    try {
+      process.kill(l.pid, 'SIGCONT');
+    } catch {}
+    assert.match(err, /no progress/);
+    assert.ok(ms < 20000, `the commit (and the stopped source) waited ${ms} ms for a hung loader`);
+    await assertRuns(c, id);
     await srv.close();
     assert.deepEqual(storeLeftovers(), [], 'snapshot files left in the store');
   });
