@@ -637,9 +637,11 @@ static bool loader_answers(struct vm *v) {
  * to the loader, or to a source that still runs, is a failed snapshot. */
 static int snap_result(struct vm *src, int r) {
   int status;
-  if (sandbox_proc_wait(&src->proc, 0, &status))
+  bool broken = r == -EPIPE || r == -ECONNRESET;
+  /* A QEMU whose channel just broke may take a moment to exit. */
+  if (sandbox_proc_wait(&src->proc, broken ? 500 : 0, &status))
     return -EPIPE;
-  return r == -EPIPE || r == -ECONNRESET ? -EIO : r;
+  return broken ? -EIO : r;
 }
 
 /* The snapshot of a running VM (docs/vm-recipe.md, "Live snapshot"): a

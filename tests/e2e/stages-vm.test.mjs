@@ -122,6 +122,26 @@ describe('vm stages: failing loaders', { skip: VM_ONLY('QEMU loaders'), ...T }, 
     assert.deepEqual(storeLeftovers(), [], 'snapshot files left in the store');
   });
 
+  test('the source QEMU killed during the stream: the commit says the session is dead; no half stage is left', T, async (t) => {
+    const srv = await startServer({ env: ENV });
+    t.after(() => srv.close());
+    const c = srv.client;
+    const id = await counting(c);
+    await sh(c, id, 'dd if=/dev/urandom of=/tmp/r bs=1M count=60 2>/dev/null');
+    await call(c, 'commit', { session_id: id, name: 'rev2/pre', replace: true });
+    const src = qemuChildren(srv.pid).filter((q) => !/ -S( |$)/.test(q.cmd));
+    assert.equal(src.length, 1, `one session QEMU expected: ${JSON.stringify(src)}`);
+    const p = callErr(c, 'commit', { session_id: id, name: 'rev2/src-killed' });
+    await sleep(150);
+    process.kill(src[0].pid, 'SIGKILL');
+    const err = await p;
+    assert.match(err, /is dead/, `the error does not say the session died: ${err}`);
+    await callErr(c, 'stage_info', { name: 'rev2/src-killed' });
+    assert.deepEqual(storeLeftovers().filter((n) => n.startsWith('.tmp-')), [], 'a half stage was left');
+    await srv.close();
+    assert.deepEqual(storeLeftovers(), [], 'snapshot files left in the store');
+  });
+
   test("a stage's RAM file: the server's, not world-readable, unchanged by sessions that write their memory", T, async (t) => {
     const srv = await startServer({ env: ENV });
     t.after(() => srv.close());
