@@ -17,6 +17,8 @@
 #include "sandbox/vm/qmp.h"
 
 #define QMP_TIMEOUT_MS 10000
+/* How long a waiting loader QEMU has to answer before a snapshot uses it. */
+#define LOADER_CHECK_MS 1000
 #define COLD_BOOT_TIMEOUT_MS 90000
 #define KVM_BOOT_TIMEOUT_MS 20000
 #define RESTORE_TIMEOUT_MS 20000
@@ -29,6 +31,8 @@
 #define MIGRATE_MAX_BANDWIDTH (10ull << 30)
 #define MIGRATE_DOWNTIME_MS 5
 #define MIGRATE_TIMEOUT_MS 60000
+/* How long a snapshot's stream may make no progress (the source is stopped). */
+#define MIGRATE_STALL_MS 5000
 /* Whether the source keeps running while its RAM streams (live migration:
  * paused ~2-10 ms) or is stopped for the whole stream (paused for the
  * stream's time, ~0.4-0.9 s for 256 MiB under TCG).  Measured with QEMU 7.2

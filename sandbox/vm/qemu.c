@@ -526,12 +526,21 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
                                  char **ret_err) {
   uint64_t deadline = mono_ms() + timeout_ms;
   uint64_t t_prev = mono_us();
+  /* The source is stopped meanwhile: a stream that stalls (a loader that
+   * hangs) ends after MIGRATE_STALL_MS without progress, not at DEADLINE. */
+  json_int_t sent = -1;
+  uint64_t t_progress = mono_ms();
   for (;;) {
     uint64_t t_sent = mono_us();
     json_t *res = NULL;
     int r = qmp_command(src->qmp, "query-migrate", NULL, QMP_TIMEOUT_MS, &res, ret_err);
     if (r < 0)
       return r;
+    json_int_t now_sent = json_integer_value(json_object_get(json_object_get(res, "ram"), "transferred"));
+    if (now_sent != sent) {
+      sent = now_sent;
+      t_progress = mono_ms();
+    }
     const char *status = json_string_value(json_object_get(res, "status"));
     if (status && strcmp(status, "completed") == 0) {
       json_int_t downtime_ms = json_integer_value(json_object_get(res, "downtime"));
@@ -552,6 +561,12 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
       return -EIO;
     if (mono_ms() >= deadline) {
       *ret_err = xasprintf("the live migration did not complete in %u ms", timeout_ms);
+      return -ETIMEDOUT;
+    }
+    if (mono_ms() - t_progress >= MIGRATE_STALL_MS) {
+      *ret_err = xasprintf("the stream to the loader QEMU made no progress for %u ms (%" PRId64
+                           " bytes sent); it was stopped so that the session runs again",
+                           MIGRATE_STALL_MS, (int64_t)sent);
       return -ETIMEDOUT;
     }
     t_prev = t_sent;
@@ -599,7 +614,7 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
   if (r == 0) {
     r = qmp_command(src->qmp, "migrate", json_pack("{s:s}", "uri", "fd:mig"), QMP_TIMEOUT_MS,
                     NULL, ret_err);
-    started = r == 0;
+    started = started || r == 0; /* stopped, or migrating: continued on failure */
   }
   if (r == 0)
     r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, ret_paused_us, ret_err);

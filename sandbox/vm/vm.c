@@ -621,6 +621,29 @@ static void snap_error(struct snap *s, const char *step, char **ret_err) {
     vm_add_log_tail(s->loader, ret_err);
 }
 
+/* Whether the loader the pool kept waiting is still there to receive a
+ * stream: its QEMU may have died meanwhile (killed, out of memory), and a
+ * dead one would fail the snapshot for nothing. */
+static bool loader_answers(struct vm *v) {
+  int status;
+  if (sandbox_proc_wait(&v->proc, 0, &status))
+    return false;
+  _cleanup_free_ char *err = NULL;
+  return qmp_command(v->qmp, "query-status", NULL, LOADER_CHECK_MS, NULL, &err) == 0;
+}
+
+/* The error of a snapshot that failed: a broken channel means the session
+ * is dead only when its own QEMU is (the session layer then says so); one
+ * to the loader, or to a source that still runs, is a failed snapshot. */
+static int snap_result(struct vm *src, int r) {
+  int status;
+  bool broken = r == -EPIPE || r == -ECONNRESET;
+  /* A QEMU whose channel just broke may take a moment to exit. */
+  if (sandbox_proc_wait(&src->proc, broken ? 500 : 0, &status))
+    return -EPIPE;
+  return broken ? -EIO : r;
+}
+
 /* The snapshot of a running VM (docs/vm-recipe.md, "Live snapshot"): a
  * loader QEMU maps DIR/ram share=on and receives the source's live
  * migration (the whole RAM, x-ignore-shared off; the source is stopped only
@@ -639,6 +662,10 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
   int r = 0;
   /* The loader the pool keeps waiting, its RAM file moved into DIR. */
   struct vm *pre = vm_take_loader();
+  if (pre && !loader_answers(pre)) {
+    log_warn("the waiting loader QEMU is gone (%s); starting another", pre->ram);
+    vm_loader_free(steal_ptr(pre));
+  }
   if (pre && rename(pre->ram, ram) == 0) {
     free(pre->ram);
     pre->ram = strdup(ram); /* DIR's now: the caller's to remove */
@@ -677,7 +704,7 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
   if (r < 0) {
     snap_error(&s, step, ret_err);
     snap_fini(&s);
-    return r;
+    return snap_result(src, r);
   }
   vm_free(steal_ptr(s.loader));
   r = vm_punch_zero_pages(s.ram_fd, &punched, ret_err);
