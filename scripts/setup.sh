@@ -28,6 +28,8 @@ trap on_exit EXIT
 packages=(
 	# build
 	build-essential gcc make pkg-config libjansson-dev libseccomp-dev libxxhash-dev git
+	# libarchive for the server, and static for the agent with what it links
+	libarchive-dev libacl1-dev nettle-dev libzstd-dev liblz4-dev libbz2-dev liblzma-dev zlib1g-dev libxml2-dev
 	# sanitizers, fuzzing, benchmarks
 	clang lld llvm libclang-rt-14-dev valgrind hyperfine
 	# sandboxes and images
