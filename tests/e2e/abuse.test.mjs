@@ -200,14 +200,22 @@ describe('abusive guests', () => {
     } finally {
       clearInterval(poll);
     }
-    assert.equal(n.result.timed_out, true, `the bomb ended by itself: ${JSON.stringify(n.result).slice(0, 300)}`);
-    // The session answers again, with the bomb gone.
+    // The bomb is ended by its timeout; in a microVM the guest's own OOM
+    // killer may end it first (256 MiB of guest RAM), which kills the shell
+    // with SIGKILL: contained by the guest either way.
+    const oomInGuest = IS_VM && !n.result.timed_out && n.result.signal === 'SIGKILL';
+    assert.ok(n.result.timed_out === true || oomInGuest, `the bomb ended by itself: ${JSON.stringify(n.result).slice(0, 300)}`);
+    // The session answers again, and the bomb's processes are gone: the
+    // guest reaps thousands of them under TCG, so this is waited for.
+    let last = null;
     const left = await waitUntil(async () => {
       const a = await c.callTool({ name: 'run', arguments: { session_id: sid, command: 'n=0; for p in /proc/[0-9]*; do [ -s $p/cmdline ] && n=$((n+1)); done; echo $n', timeout_s: 10 } }, undefined, { timeout: 30000 });
-      return a.isError ? null : a.structuredContent;
-    }, { timeoutMs: 30000, intervalMs: 1000 });
-    assert.ok(left, 'the bombed session never answered again');
-    assert.ok(Number(left.stdout) < 10, `${left.stdout.trim()} processes left in the sandbox after the bomb's timeout`);
+      if (a.isError) return null;
+      last = a.structuredContent;
+      return Number(last.stdout) < 10 ? last : null;
+    }, { timeoutMs: 60000, intervalMs: 1000 });
+    assert.ok(last, 'the bombed session never answered again');
+    assert.ok(left, `${last.stdout.trim()} processes still in the sandbox 60 s after the bomb's timeout`);
     const f = assertFenceUntouched(s, 'fork bomb');
     let figure;
     if (IS_NS && !cg) {
@@ -227,7 +235,7 @@ describe('abusive guests', () => {
     } else {
       const added = descendants(s.pid).filter((d) => !kidsBefore.has(d.pid) && !/qemu-system|ignition-mcp/.test(d.cmd ?? ''));
       assert.deepEqual(added.map((d) => `${d.pid} ${d.cmd}`), [], 'the fork bomb made processes on the host');
-      figure = `fork bomb (vm): contained by the guest kernel, host processes under the server +0, host pids ${hostBefore} -> peak ${hostPeak} (other tenants included)`;
+      figure = `fork bomb (vm): contained by the guest kernel (${oomInGuest ? 'ended by the guest\'s OOM killer' : 'ended by its timeout'}), host processes under the server +0, host pids ${hostBefore} -> peak ${hostPeak} (other tenants included)`;
     }
     t.diagnostic(`${figure}; ${f ? `fence peak ${fencePeak} of ${FENCE_PIDS} tasks, never hit (${f.events} refusals)` : `fence: RLIMIT_NPROC ${FENCE_PIDS}`}; ${n.line}`);
   });
