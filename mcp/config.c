@@ -160,6 +160,57 @@ static void load_vm(void) {
   cfg.accel = strdup(accel && *accel ? accel : "auto");
 }
 
+/* IGN_MCP_HOST_IO_ROOT: an existing directory, resolved (symlinks and all)
+ * once, so every host path a tool names is checked against its real name. */
+static int load_host_io(void) {
+  const char *v = getenv("IGN_MCP_HOST_IO_ROOT");
+  _cleanup_free_ char *cwd = getcwd(NULL, 0);
+  const char *root = v && *v ? v : cwd;
+  if (!root) {
+    fprintf(stderr, "ignition-mcp: the working directory cannot be read (%m); set "
+                    "IGN_MCP_HOST_IO_ROOT to the directory host paths are confined to\n");
+    return -EINVAL;
+  }
+  cfg.host_io_root = realpath(root, NULL);
+  if (!cfg.host_io_root || !is_dir(cfg.host_io_root)) {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_HOST_IO_ROOT=%s is invalid: give an existing "
+                    "directory (host paths of stdin_file, copy_in and copy_out are confined "
+                    "to it)\n", root);
+    return -EINVAL;
+  }
+  const char *c = getenv("IGN_MCP_COPY_OUT");
+  if (!c || !*c || strcmp(c, "on") == 0)
+    cfg.copy_out = true;
+  else if (strcmp(c, "off") == 0)
+    cfg.copy_out = false;
+  else {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_COPY_OUT=%s is invalid: use on or off\n", c);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* IGN_MCP_LOG_DIR, else $XDG_STATE_HOME/ignition-mcp/logs, else
+ * ~/.local/state/ignition-mcp/logs, else /tmp/ignition-mcp-<uid>/logs.  Made
+ * (0700) when the first log is written. */
+static int load_log_dir(void) {
+  const char *v = getenv("IGN_MCP_LOG_DIR"), *xdg = getenv("XDG_STATE_HOME"),
+             *home = getenv("HOME");
+  if (v && *v) {
+    if (v[0] != '/') {
+      fprintf(stderr, "ignition-mcp: IGN_MCP_LOG_DIR=%s is invalid: give an absolute path\n", v);
+      return -EINVAL;
+    }
+    cfg.log_dir = strdup(v);
+  } else if (xdg && xdg[0] == '/')
+    cfg.log_dir = xasprintf("%s/ignition-mcp/logs", xdg);
+  else if (home && home[0] == '/')
+    cfg.log_dir = xasprintf("%s/.local/state/ignition-mcp/logs", home);
+  else
+    cfg.log_dir = xasprintf("/tmp/ignition-mcp-%u/logs", (unsigned)getuid());
+  return 0;
+}
+
 int config_load(void) {
   ssize_t n = readlink("/proc/self/exe", exe_dir, sizeof exe_dir - 1);
   if (n > 0) {
@@ -206,6 +257,11 @@ int config_load(void) {
   U("IGN_MCP_SPARES", 1, 0, 64, spares);
   U("IGN_MCP_VM_MEMORY_MB", 256, 64, 1 << 16, vm_memory_mb);
   U("IGN_MCP_STAGES_MAX_MB", 10240, 0, 1u << 30, stages_max_mb);
+  U("IGN_MCP_COPY_MAX_MB", 1024, 1, 1 << 20, copy_max_mb);
+  U("IGN_MCP_COPY_MAX_FILES", 100000, 1, 1 << 24, copy_max_files);
+  U("IGN_MCP_LOG_CAP", 64ull << 20, 0, 1ull << 40, log_cap);
+  U("IGN_MCP_LOG_KEEP_MB", 1024, 0, 1u << 30, log_keep_mb);
+  U("IGN_MCP_LOG_KEEP_DAYS", 7, 0, 3650, log_keep_days);
   /* Above the uids of accounts (< 65536), every block below 2^32 - 1. */
   U("IGN_MCP_NS_UID_BASE", NS_UID_BASE_DEFAULT, 65536,
     0xffffffffull - (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK, ns_uid_base);
@@ -213,6 +269,9 @@ int config_load(void) {
   if (r < 0)
     return r;
   cfg.net = getenv("IGN_MCP_NET") && *getenv("IGN_MCP_NET");
+
+  if (load_host_io() < 0 || load_log_dir() < 0)
+    return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");
   cfg.rootfs_spec = strdup(rs && *rs ? rs : "tools");

@@ -35,6 +35,16 @@ struct config {
   unsigned vm_memory_mb;
   char *accel;           /* auto, kvm, tcg */
   unsigned stages_max_mb; /* IGN_MCP_STAGES_MAX_MB: the space all stages may use in the store */
+  /* host files named by tool arguments (stdin_file, copy_in, copy_out) */
+  char *host_io_root;    /* IGN_MCP_HOST_IO_ROOT, resolved; default: the working directory */
+  bool copy_out;         /* IGN_MCP_COPY_OUT=off: nothing is written to the host */
+  unsigned copy_max_mb;  /* IGN_MCP_COPY_MAX_MB: bytes of one copy_in/copy_out */
+  unsigned copy_max_files; /* IGN_MCP_COPY_MAX_FILES: entries of one copy */
+  /* complete output logs */
+  char *log_dir;         /* IGN_MCP_LOG_DIR */
+  size_t log_cap;        /* IGN_MCP_LOG_CAP: bytes kept per log file */
+  unsigned log_keep_mb;  /* IGN_MCP_LOG_KEEP_MB: all logs together, oldest removed first */
+  unsigned log_keep_days; /* IGN_MCP_LOG_KEEP_DAYS: older logs are removed */
 };
 
 extern struct config cfg;

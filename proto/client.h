@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/tarstream.h"
+
 struct agent_conn;
 
 /* What a waiting call can be interrupted or informed by. */
@@ -34,6 +36,11 @@ struct agent_exec_req {
   const void *stdin_data;    /* NULL: no stdin */
   size_t stdin_len;
   size_t out_cap;            /* bytes kept per stream */
+  /* Called with every byte of output as it arrives, before the cap (the
+   * complete logs); from the connection's reader thread, so it must not
+   * block.  STREAM is 1 (stdout) or 2 (stderr).  NULL: none. */
+  void (*on_output)(void *ctx, int stream, const void *data, size_t len);
+  void *output_ctx;
 };
 
 struct agent_exec_res {
@@ -91,3 +98,27 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
  * machine id (NULL: skip). */
 int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, uint64_t time_ns,
                 const char *hostname, const char *machine_id, char **ret_err);
+
+/* Trees (copy_in, copy_out), streamed as tar with flow control in both
+ * directions, so a tree of any size passes in bounded memory and a slow side
+ * never stalls the connection's other calls.
+ *
+ * agent_unpack: reads a tar stream (as tar_pack() writes it) from IN_FD until
+ * EOF and sends it to the agent, which makes the tree at GUEST_PATH (absolute)
+ * as tar_unpack() does, within LIM.  *ret_rep gets the agent's report.
+ *
+ * agent_pack: the agent packs GUEST_PATH (absolute) as tar_pack() does, naming
+ * the top entry after GUEST_PATH's last component, and the stream is written
+ * to OUT_FD (the host checks LIM on what it receives as well: the agent is
+ * not trusted to).  A write to OUT_FD that fails (EPIPE: the reader gave up)
+ * ends the call with that error and stops the agent.
+ *
+ * Both return 0 or a negative errno with *ret_err, as the calls above;
+ * -EREMOTEIO carries the agent's refusal (e.g. "/x: no such file or
+ * directory", "the tree is over 1024 MiB"). */
+int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
+                 const struct tar_limits *lim, const struct agent_ctl *ctl,
+                 struct tar_report *ret_rep, char **ret_err);
+int agent_pack(struct agent_conn *c, const char *guest_path, int out_fd,
+               const struct tar_limits *lim, const struct agent_ctl *ctl,
+               struct tar_report *ret_rep, char **ret_err);
