@@ -269,9 +269,13 @@ out:
 /* Why /dev/kvm cannot make a VM for this process, or NULL when it can. */
 static char *kvm_open_why(char **ret_fix) {
   _cleanup_close_ int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT)
+  if (fd < 0 && errno == ENOENT) {
+    *ret_fix = strdup("if grep -qwE 'vmx|svm' /proc/cpuinfo, load the module: modprobe kvm_intel "
+                      "or modprobe kvm_amd (as root); in a virtual machine, enable nested "
+                      "virtualisation on its host; nothing is needed to keep running under TCG");
     return strdup("/dev/kvm does not exist (the host offers no hardware virtualisation to this "
                   "machine, or the kvm module is not loaded)");
+  }
   if (fd < 0 && errno == EACCES) {
     /* Say which: a device only root may use, or a group this user is not in. */
     struct stat st;
