@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/hostio.h"
@@ -647,7 +648,43 @@ static void hostile_sizes_hit_the_caps(void) {
   teardown();
 }
 
-TEST_MAIN(TEST(round_trip_keeps_tree_modes_and_inner_symlinks),
+/* Through a pipe between two processes, both ends non-blocking as the
+ * agent's are: the sender finishes cleanly (its padding after the end
+ * marker is read, not cut off with SIGPIPE). */
+static void stream_through_a_pipe(void) {
+  setup();
+  sh("cd %s && mkdir -p src/d && head -c 3000000 /dev/urandom > src/d/big && "
+     "for i in $(seq 1 200); do echo $i > src/f$i; done",
+     root);
+  int p[2];
+  CHECK_EQ_INT(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    char *err = NULL;
+    struct tar_report rep = {0};
+    int r = hostio_copy_from("src", p[1], &big, NULL, &rep, &err);
+    _exit(r == 0 && rep.files == 201 ? 0 : 1);
+  }
+  close(p[1]);
+  struct tar_report rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(hostio_copy_to(p[0], "dst", &big, NULL, &rep, &err), 0);
+  if (err)
+    fprintf(stderr, "  %s\n", err);
+  free(err);
+  close(p[0]);
+  int status;
+  CHECK_EQ_INT(waitpid(pid, &status, 0), pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK_EQ_INT(rep.files, 201);
+  CHECK_EQ_INT(rep.bytes, 3000000 + 9 * 2 + 90 * 3 + 101 * 4);
+  CHECK_EQ_INT(sh("cd %s && diff -r src dst", root), 0);
+  tar_report_free(&rep);
+  teardown();
+}
+
+TEST_MAIN(TEST(stream_through_a_pipe), TEST(round_trip_keeps_tree_modes_and_inner_symlinks),
           TEST(read_refuses_paths_that_leave_the_root), TEST(fifo_is_refused_without_blocking),
           TEST(device_nodes_are_skipped), TEST(destination_symlink_is_refused),
           TEST(copy_out_off_refuses_writes), TEST(failed_copy_leaves_destination_intact),
