@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/runlog.h"
 #include "common/util.h"
 #include "mcp/config.h"
 #include "sandbox/stage.h"
@@ -124,10 +125,14 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   struct lease l;
   if (session_acquire(id, &l, &err) < 0)
     return err_result_free(err);
+  /* The complete output, on the host; a run without logs still runs. */
+  struct runlog *logs[2];
+  _cleanup_free_ char *log_err = NULL;
+  runlog_open_run(id, logs, &log_err);
   struct agent_exec_req req = {
       .command = command, .cwd = cwd, .env = env, .n_env = n_env,
       .timeout_ms = (uint32_t)timeout_s * 1000, .stdin_data = in, .stdin_len = in_len,
-      .out_cap = cfg.output_cap,
+      .out_cap = cfg.output_cap, .on_output = runlog_tap, .output_ctx = logs,
   };
   struct agent_ctl ctl = {.cancelled = &ctx->cancelled,
                           .progress = ctx->progress_token ? on_progress : NULL, .ctx = ctx};
@@ -146,6 +151,9 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
                                       err ? err : strerror(-r)));
     free(err);
     session_release(&l);
+    json_t *dropped = json_object();
+    runlog_close_run(logs, log_err, dropped);
+    json_decref(dropped);
     return out;
   }
   session_release(&l);
@@ -153,11 +161,13 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   size_t out_len = 0, errs_len = 0;
   _cleanup_free_ char *out = utf8_sanitize(res.out, res.out_len, &out_len);
   _cleanup_free_ char *errs = utf8_sanitize(res.err, res.err_len, &errs_len);
+  json_t *o = json_object();
   if (!out || !errs) {
+    runlog_close_run(logs, log_err, o);
+    json_decref(o);
     agent_exec_res_free(&res);
     return err_result("out of memory shaping the output; lower IGN_MCP_OUTPUT_CAP");
   }
-  json_t *o = json_object();
   json_object_set_new(o, "stdout", json_stringn(out, out_len));
   json_object_set_new(o, "stderr", json_stringn(errs, errs_len));
   /* The client bounds both (signal 0..64, exit code -1..255): no overflow. */
@@ -176,6 +186,7 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   json_object_set_new(o, "stdout_truncated", json_boolean(res.out_total > res.out_len));
   json_object_set_new(o, "stderr_truncated", json_boolean(res.err_total > res.err_len));
   agent_exec_res_free(&res);
+  runlog_close_run(logs, log_err, o);
   return ok_result(o);
 }
 
