@@ -51,6 +51,11 @@
 /* Headers per entry the raw stream may carry besides file content: long
  * names and link targets in pax headers take a few KiB at most. */
 #define TAR_HEADER_ALLOWANCE (16 * 1024)
+/* The raw bytes one archive_read_next_header may read: what libarchive
+ * parses there it keeps in memory, a sparse map at ten times its size or
+ * more, so a header must not be as big as the whole stream may be.  Ours
+ * are a few KiB; libarchive refuses a pax header over 1 MiB itself. */
+#define TAR_HEADER_MAX (2 * 1024 * 1024)
 /* A directory tree being removed is walked this deep before its deeper
  * parts are moved up (fds stay bounded whatever the depth). */
 #define TAR_REMOVE_DEPTH 64
@@ -557,6 +562,9 @@ struct unpack {
   const char *name;
   uint64_t max_bytes, max_files;
   uint64_t stream_bytes, stream_cap;
+  uint64_t header_from; /* stream_bytes when the header being read began */
+  bool in_header;       /* in archive_read_next_header */
+  bool draining;        /* after the end marker: stop when nothing comes */
   const atomic_bool *cancelled;
   struct tar_report *rep;
   uint64_t entries;
@@ -600,6 +608,8 @@ static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_b
       archive_set_error(a, errno, "poll");
       return -1;
     }
+    if (r == 0 && u->draining)
+      return 0;
     if (r <= 0)
       continue;
     ssize_t n = read(u->in_fd, u->buf, TAR_BLOCK);
@@ -616,6 +626,11 @@ static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_b
       archive_set_error(a, EFBIG, "stream cap");
       return -1;
     }
+    if (u->in_header && u->stream_bytes - u->header_from > TAR_HEADER_MAX + TAR_BLOCK) {
+      u->io_errno = EOVERFLOW;
+      archive_set_error(a, EOVERFLOW, "header cap");
+      return -1;
+    }
     return n;
   }
 }
@@ -625,6 +640,11 @@ static int unpack_archive_fail(struct unpack *u, const char *what, const char *p
     return unpack_fail(u, -ECANCELED, "the copy was cancelled");
   if (u->io_errno == EFBIG)
     return unpack_fail(u, -EFBIG, CAP_BYTES_FMT, cap_bytes_msg((char[CAP_MSG_LEN]){0}, u->max_bytes));
+  if (u->io_errno == EOVERFLOW)
+    return unpack_fail(u, -EOVERFLOW, "the stream is refused %s%s: an entry's header (a pax "
+                       "header, a long name, a sparse map) is larger than %d MiB; the sending "
+                       "side is not ours or is broken",
+                       what, path ? path : "", TAR_HEADER_MAX / (1024 * 1024));
   if (u->io_errno)
     return unpack_fail(u, -u->io_errno, "reading the stream: %s", strerror(u->io_errno));
   const char *msg = archive_error_string(u->a);
@@ -1086,10 +1106,15 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
   }
   while (r == 0) {
     struct archive_entry *e;
+    u.in_header = true;
+    u.header_from = u.stream_bytes;
     int ar = archive_read_next_header(u.a, &e);
+    u.in_header = false;
     if (ar == ARCHIVE_EOF)
       break;
-    if (ar < ARCHIVE_WARN) {
+    /* ARCHIVE_RETRY (a damaged header) is above ARCHIVE_WARN but holds no
+     * entry. */
+    if (ar != ARCHIVE_OK && ar != ARCHIVE_WARN) {
       r = unpack_archive_fail(&u, "after ", u.top ? u.top : "its start");
       break;
     }
@@ -1113,8 +1138,10 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
   if (r == 0 && !u.top)
     r = unpack_fail(&u, -ENODATA, "the stream holds no entry that can be copied");
   /* Block padding after the end marker: read, so the sender sees its
-   * stream taken whole. */
+   * stream taken whole, but not waited for past a poll interval (a sender
+   * that keeps the stream open must not hold a complete copy back). */
   if (r == 0) {
+    u.draining = true;
     uint64_t drained = 0;
     while (drained < TAR_DRAIN_MAX) {
       const void *b;
