@@ -464,6 +464,26 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
 
 /* ------------------------------------------------------ removing a tree */
 
+/* Opens the directory NAME in DFD, never following a symlink.  One its
+ * owner may not read or search (a 0000 or 0100 directory from a tree) is
+ * given 0700 first, through AT_SYMLINK_NOFOLLOW: without it a tree that
+ * has one can be neither filled nor removed by an unprivileged user.
+ * *RET_MODE (may be NULL) is set to its mode before, when it was changed. */
+static int open_dir_at(int dfd, const char *name, mode_t *ret_mode) {
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0 || errno != EACCES)
+    return fd;
+  struct stat st;
+  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) ||
+      fchmodat(dfd, name, (st.st_mode & 07777) | 0700, AT_SYMLINK_NOFOLLOW) < 0) {
+    errno = EACCES;
+    return -1;
+  }
+  if (ret_mode)
+    *ret_mode = st.st_mode & 07777;
+  return openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
 static unsigned long tar_counter(void) {
   static atomic_ulong n;
   return atomic_fetch_add(&n, 1);
@@ -503,7 +523,7 @@ static int remove_children(int top_fd, int fd, unsigned depth, bool *pending) {
         r = -errno;
       continue;
     }
-    int cfd = openat(fd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int cfd = open_dir_at(fd, n, NULL);
     if (cfd < 0) {
       r = -errno;
       continue;
@@ -528,7 +548,7 @@ static int remove_tree_at(int dfd, const char *name) {
     return 0;
   if (errno != EISDIR && errno != EPERM)
     return -errno;
-  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = open_dir_at(dfd, name, NULL);
   if (fd < 0)
     return -errno;
   fchmod(fd, 0700);
@@ -679,7 +699,8 @@ static int open_parent(struct unpack *u, char **comps, unsigned n, const char **
   for (unsigned i = k; i < n; i++) {
     int pfd = i == 0 ? u->dirfd : u->stack[i - 1].fd;
     const char *nm = i == 0 ? u->staging : comps[i];
-    int fd = openat(pfd, nm, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    mode_t was = (mode_t)-1;
+    int fd = open_dir_at(pfd, nm, &was);
     if (fd < 0) {
       if (errno == ENOENT) {
         *ret_why = "its directory is not in the stream before it";
@@ -702,7 +723,7 @@ static int open_parent(struct unpack *u, char **comps, unsigned n, const char **
     l->name = strdup(comps[i]);
     if (!l->name)
       abort();
-    l->mode = st.st_mode & 07777;
+    l->mode = was != (mode_t)-1 ? was : st.st_mode & 07777;
     l->mtime = st.st_mtim;
     l->restore_mode = (l->mode & 0700) != 0700;
     if (l->restore_mode)

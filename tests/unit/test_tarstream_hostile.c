@@ -253,5 +253,60 @@ static void sender_that_keeps_the_stream_open_does_not_hold_the_copy(void) {
   teardown();
 }
 
+/* Root in the test bypasses permissions: the child drops the capabilities
+ * that do (it then sees a directory as its owner does), as the server,
+ * run by a user, always does. */
+static void drop_dac_override(void) {
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+  struct __user_cap_data_struct d[2];
+  if (syscall(SYS_capget, &h, d) < 0)
+    return;
+  for (int i = 0; i < 2; i++)
+    d[i].effective &= ~(1u << CAP_DAC_OVERRIDE | 1u << CAP_DAC_READ_SEARCH | 1u << CAP_FOWNER);
+  if (syscall(SYS_capset, &h, d) < 0)
+    abort();
+}
+
+/* A directory its owner may neither read nor search (mode 0000, 0100)
+ * with entries below it: the copy either makes it, mode and all, or fails,
+ * and in both cases leaves no staging behind, nor an old tree that held
+ * one when it is replaced. */
+static void unreadable_directory_leaves_nothing_behind(void) {
+  setup();
+  for (int round = 0; round < 3; round++) {
+    int fd = mem_fd();
+    header(fd, "T/", '5', 0, 0755, false);
+    header(fd, "T/d/", '5', 0, round == 1 ? 0100 : 0, false);
+    header(fd, "T/d/e/", '5', 0, 0, false);
+    header(fd, "T/d/e/f", '0', 2, 0644, false);
+    put(fd, "hi", 2);
+    pad(fd);
+    if (round < 2)
+      end_marker(fd); /* round 2: cut, the copy fails */
+    lseek(fd, 0, SEEK_SET);
+    pid_t pid = fork();
+    if (pid == 0) {
+      drop_dac_override();
+      char *err = NULL;
+      struct tar_report rep = {0};
+      int r = unpack_in_dir(fd, "dst", &big, &rep, &err);
+      if (r < 0)
+        fprintf(stderr, "  round %d: %s\n", round, err);
+      _exit(r == 0 ? (rep.files == 1 ? 0 : 2) : 1);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == (round < 2 ? 0 : 1));
+    close(fd);
+    char cmd[2 * PATH_MAX + 128];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && test \"$(ls -A)\" = dst && test \"$(stat -c %%a dst/d)\" = %s", dir,
+             round == 0 ? "0" : "100"); /* round 2 left round 1's copy */
+    CHECK_EQ_INT(system(cmd), 0);
+  }
+  teardown();
+}
+
 TEST_MAIN(TEST(sparse_map_is_not_held_in_memory), TEST(damaged_header_is_a_broken_stream),
-          TEST(sender_that_keeps_the_stream_open_does_not_hold_the_copy))
+          TEST(sender_that_keeps_the_stream_open_does_not_hold_the_copy),
+          TEST(unreadable_directory_leaves_nothing_behind))
