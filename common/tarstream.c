@@ -51,6 +51,11 @@
 /* Headers per entry the raw stream may carry besides file content: long
  * names and link targets in pax headers take a few KiB at most. */
 #define TAR_HEADER_ALLOWANCE (16 * 1024)
+/* The raw bytes one archive_read_next_header may read: what libarchive
+ * parses there it keeps in memory, a sparse map at ten times its size or
+ * more, so a header must not be as big as the whole stream may be.  Ours
+ * are a few KiB; libarchive refuses a pax header over 1 MiB itself. */
+#define TAR_HEADER_MAX (2 * 1024 * 1024)
 /* A directory tree being removed is walked this deep before its deeper
  * parts are moved up (fds stay bounded whatever the depth). */
 #define TAR_REMOVE_DEPTH 64
@@ -459,6 +464,26 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
 
 /* ------------------------------------------------------ removing a tree */
 
+/* Opens the directory NAME in DFD, never following a symlink.  One its
+ * owner may not read or search (a 0000 or 0100 directory from a tree) is
+ * given 0700 first, through AT_SYMLINK_NOFOLLOW: without it a tree that
+ * has one can be neither filled nor removed by an unprivileged user.
+ * *RET_MODE (may be NULL) is set to its mode before, when it was changed. */
+static int open_dir_at(int dfd, const char *name, mode_t *ret_mode) {
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0 || errno != EACCES)
+    return fd;
+  struct stat st;
+  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) ||
+      fchmodat(dfd, name, (st.st_mode & 07777) | 0700, AT_SYMLINK_NOFOLLOW) < 0) {
+    errno = EACCES;
+    return -1;
+  }
+  if (ret_mode)
+    *ret_mode = st.st_mode & 07777;
+  return openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
 static unsigned long tar_counter(void) {
   static atomic_ulong n;
   return atomic_fetch_add(&n, 1);
@@ -498,7 +523,7 @@ static int remove_children(int top_fd, int fd, unsigned depth, bool *pending) {
         r = -errno;
       continue;
     }
-    int cfd = openat(fd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int cfd = open_dir_at(fd, n, NULL);
     if (cfd < 0) {
       r = -errno;
       continue;
@@ -523,7 +548,7 @@ static int remove_tree_at(int dfd, const char *name) {
     return 0;
   if (errno != EISDIR && errno != EPERM)
     return -errno;
-  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = open_dir_at(dfd, name, NULL);
   if (fd < 0)
     return -errno;
   fchmod(fd, 0700);
@@ -557,6 +582,9 @@ struct unpack {
   const char *name;
   uint64_t max_bytes, max_files;
   uint64_t stream_bytes, stream_cap;
+  uint64_t header_from; /* stream_bytes when the header being read began */
+  bool in_header;       /* in archive_read_next_header */
+  bool draining;        /* after the end marker: stop when nothing comes */
   const atomic_bool *cancelled;
   struct tar_report *rep;
   uint64_t entries;
@@ -600,6 +628,8 @@ static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_b
       archive_set_error(a, errno, "poll");
       return -1;
     }
+    if (r == 0 && u->draining)
+      return 0;
     if (r <= 0)
       continue;
     ssize_t n = read(u->in_fd, u->buf, TAR_BLOCK);
@@ -616,6 +646,11 @@ static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_b
       archive_set_error(a, EFBIG, "stream cap");
       return -1;
     }
+    if (u->in_header && u->stream_bytes - u->header_from > TAR_HEADER_MAX + TAR_BLOCK) {
+      u->io_errno = EOVERFLOW;
+      archive_set_error(a, EOVERFLOW, "header cap");
+      return -1;
+    }
     return n;
   }
 }
@@ -625,6 +660,11 @@ static int unpack_archive_fail(struct unpack *u, const char *what, const char *p
     return unpack_fail(u, -ECANCELED, "the copy was cancelled");
   if (u->io_errno == EFBIG)
     return unpack_fail(u, -EFBIG, CAP_BYTES_FMT, cap_bytes_msg((char[CAP_MSG_LEN]){0}, u->max_bytes));
+  if (u->io_errno == EOVERFLOW)
+    return unpack_fail(u, -EOVERFLOW, "the stream is refused %s%s: an entry's header (a pax "
+                       "header, a long name, a sparse map) is larger than %d MiB; the sending "
+                       "side is not ours or is broken",
+                       what, path ? path : "", TAR_HEADER_MAX / (1024 * 1024));
   if (u->io_errno)
     return unpack_fail(u, -u->io_errno, "reading the stream: %s", strerror(u->io_errno));
   const char *msg = archive_error_string(u->a);
@@ -659,7 +699,8 @@ static int open_parent(struct unpack *u, char **comps, unsigned n, const char **
   for (unsigned i = k; i < n; i++) {
     int pfd = i == 0 ? u->dirfd : u->stack[i - 1].fd;
     const char *nm = i == 0 ? u->staging : comps[i];
-    int fd = openat(pfd, nm, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    mode_t was = (mode_t)-1;
+    int fd = open_dir_at(pfd, nm, &was);
     if (fd < 0) {
       if (errno == ENOENT) {
         *ret_why = "its directory is not in the stream before it";
@@ -682,7 +723,7 @@ static int open_parent(struct unpack *u, char **comps, unsigned n, const char **
     l->name = strdup(comps[i]);
     if (!l->name)
       abort();
-    l->mode = st.st_mode & 07777;
+    l->mode = was != (mode_t)-1 ? was : st.st_mode & 07777;
     l->mtime = st.st_mtim;
     l->restore_mode = (l->mode & 0700) != 0700;
     if (l->restore_mode)
@@ -1086,10 +1127,15 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
   }
   while (r == 0) {
     struct archive_entry *e;
+    u.in_header = true;
+    u.header_from = u.stream_bytes;
     int ar = archive_read_next_header(u.a, &e);
+    u.in_header = false;
     if (ar == ARCHIVE_EOF)
       break;
-    if (ar < ARCHIVE_WARN) {
+    /* ARCHIVE_RETRY (a damaged header) is above ARCHIVE_WARN but holds no
+     * entry. */
+    if (ar != ARCHIVE_OK && ar != ARCHIVE_WARN) {
       r = unpack_archive_fail(&u, "after ", u.top ? u.top : "its start");
       break;
     }
@@ -1113,8 +1159,10 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
   if (r == 0 && !u.top)
     r = unpack_fail(&u, -ENODATA, "the stream holds no entry that can be copied");
   /* Block padding after the end marker: read, so the sender sees its
-   * stream taken whole. */
+   * stream taken whole, but not waited for past a poll interval (a sender
+   * that keeps the stream open must not hold a complete copy back). */
   if (r == 0) {
+    u.draining = true;
     uint64_t drained = 0;
     while (drained < TAR_DRAIN_MAX) {
       const void *b;

@@ -15,7 +15,11 @@
  * Everything else (device nodes, FIFOs, sockets, hard links, absolute or
  * escaping symlinks, names with "..", absolute names) is skipped and
  * reported, on the way in and on the way out.  Neither side ever follows a
- * symlink inside the tree.
+ * symlink inside the tree.  A file with several names (st_nlink > 1) is
+ * packed under each name it has in the tree, as a regular file: its other
+ * names may be outside the tree, and what is read is what the user who
+ * runs the copy can read anyway (the kernel's protected_hardlinks keeps
+ * anyone else from planting a link to a file they cannot read).
  *
  * Both functions check LIM while they run (bytes of file content, entries)
  * and stop with -EFBIG (bytes) or -E2BIG (entries) and a message that names
