@@ -67,8 +67,11 @@ all: $(BUILD)/ignition-mcp $(BUILD)/ign-agent
 $(BUILD)/ignition-mcp: $(call objs,plain,$(SERVER_SRCS)) | $(BUILD)
 	$(CC) $(CFLAGS) $(HARDEN_LD) -o $@ $^ $(SERVER_LIBS)
 
+# --gc-sections: libarchive's format table (reached from its pax writer)
+# names every format it has; unused, they and their libraries (libxml2
+# with ICU for xar) are dropped instead of linked.
 $(BUILD)/ign-agent: $(call objs,agent,$(AGENT_SRCS)) | $(BUILD)
-	$(CC) $(CFLAGS) -static -o $@ $^ $(AGENT_LIBS)
+	$(CC) $(CFLAGS) -static -Wl,--gc-sections -o $@ $^ $(AGENT_LIBS)
 
 # Sanitizer builds used by the tests.
 # It finds the agent and the images next to itself, like the plain build.
