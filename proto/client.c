@@ -1387,12 +1387,14 @@ static int tree_wait(struct agent_conn *c, struct pending *p, const struct agent
                      bool (*ready)(const struct tree_call *t)) {
   uint64_t last_progress = mono_ms();
   for (;;) {
-    if (p->done || (ready && ready(p->tree)))
+    if (p->done)
       return 0;
     if (c->dead)
       return dead_code(c);
     if (cancelled(ctl))
       return -ECANCELED;
+    if (ready && ready(p->tree))
+      return 0;
     uint64_t now = mono_ms();
     if (now - p->tree->last_ms >= TREE_IDLE_MS)
       return -ETIMEDOUT;
