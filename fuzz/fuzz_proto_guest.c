@@ -1,6 +1,6 @@
 /* fuzz_proto_guest.c: bytes from the host, as the agent reads them.  The
  * input is the host side of the channel: the real agent (its event loop,
- * exec.c, files.c, machine.c) serves it on a socketpair until EOF, exactly as
+ * exec.c, files.c, tree.c, machine.c) serves it on a socketpair until EOF, exactly as
  * in a sandbox, and its answers are read and dropped.
  *
  * The agent acts on what it reads (it writes files, forks commands, sets the

@@ -8,11 +8,15 @@
  * Call 6 (first byte 0xfe) is an upload larger than the client's send
  * queue, cancelled from the start: it gives up after the WRITE, takes its
  * queued frames back and ends the upload short, whatever the peer answers.
+ * Calls 7 (0xfd) and 8 (0xfc) are trees: an UNPACK that sends a short
+ * stream within the CREDIT the peer grants, and a PACK whose DATA goes to
+ * /dev/null, with small caps.
  *
  * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.
  * In both answers a frame header whose id is 0 gets the id of the request it
  * answers, so the fuzzer need not guess ids. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -135,6 +139,35 @@ static void call(struct agent_conn *c, unsigned which) {
     agent_write_file(c, "/tmp/f", 0644, data, sizeof data, &ctl, &err);
     break;
   }
+  case 7:
+  case 8: {
+    static const uint8_t stream[3000] = "tar stream";
+    const struct tar_limits lim = {.max_bytes = 4096, .max_files = 8};
+    struct tar_report rep = {0};
+    int r;
+    if (which == 7) {
+      int pfd[2];
+      if (pipe2(pfd, O_CLOEXEC) < 0)
+        abort();
+      if (write(pfd[1], stream, sizeof stream) != (ssize_t)sizeof stream)
+        abort();
+      close(pfd[1]);
+      r = agent_unpack(c, "/work/src", pfd[0], &lim, &ctl, &rep, &err);
+      close(pfd[0]);
+    } else {
+      int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (fd < 0)
+        abort();
+      r = agent_pack(c, "/work/out", fd, &lim, &ctl, &rep, &err);
+      close(fd);
+    }
+    if (r == 0)
+      for (size_t i = 0; i < rep.n_listed; i++) {
+        free(rep.listed[i].path);
+        free(rep.listed[i].reason);
+      }
+    break;
+  }
   default:
     agent_setup(c, "0123456789abcdef0123456789abcdef", 32, 1, "fuzz",
                 "0123456789abcdef0123456789abcdef", &err);
@@ -154,8 +187,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 3)
     return 0;
-  /* 0xfe picks call 6 (no input of the corpus before it starts so). */
-  unsigned which = data[0] == 0xfe ? 6 : data[0] % 6;
+  /* 0xfe, 0xfd, 0xfc pick calls 6, 7, 8 (no input of the corpus before
+   * them started so). */
+  unsigned which = data[0] >= 0xfc && data[0] <= 0xfe ? 6u + (0xfeu - data[0]) : data[0] % 6u;
   size_t hello_len = data[1] | (size_t)data[2] << 8;
   data += 3;
   size -= 3;

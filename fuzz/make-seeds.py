@@ -11,11 +11,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # proto/proto.h
 T = dict(HELLO=1, HELLO_OK=2, ERROR=3, PING=4, PONG=5, EXEC=10, STDIN=11, STDIN_END=12,
          STDOUT=13, STDERR=14, EXIT=15, KILL=16, WRITE=20, DATA=21, DATA_END=22, OK=23,
-         READ=24, READ_END=25, SETUP=30)
+         READ=24, READ_END=25, SETUP=30, UNPACK=40, PACK=41, PACK_END=42, CREDIT=43)
 TAG = dict(VERSION=1, INFO=2, ERRNO=3, MESSAGE=4, COMMAND=10, CWD=11, ENV=12, TIMEOUT_MS=13,
            HAS_STDIN=14, EXIT_CODE=15, SIGNAL=16, TIMED_OUT=17, DURATION_US=18, PATH=20,
            MODE=21, SIZE=22, OFFSET=23, MAX=24, EOF=25, BYTES=26, ENTROPY=30, TIME_NS=31,
-           HOSTNAME=32, MACHINE_ID=33)
+           HOSTNAME=32, MACHINE_ID=33, MAX_BYTES=40, MAX_FILES=41, WINDOW=42, FILES=43,
+           DIRS=44, SYMLINKS=45, TREE_BYTES=46, SKIPPED=47, SKIP_PATH=48, SKIP_REASON=49)
 
 
 def tlv(tag, val):
@@ -111,8 +112,47 @@ def proto_host():
     write('fuzz_proto_host', 'setup', host(5, b'', frame('OK', 0)))
     write('fuzz_proto_host', 'hello-error', host(0, frame('ERROR', 0, u32('ERRNO', 71)
                                                           + tlv('MESSAGE', 'bad')), b''))
+    def report(stream, skips=()):
+        r = (u64('FILES', 1) + u64('DIRS', 1) + u64('SYMLINKS', 0) + u64('TREE_BYTES', 10)
+             + u64('SKIPPED', len(skips)))
+        for path, why in skips:
+            r += tlv('SKIP_PATH', path) + tlv('SKIP_REASON', why)
+        return r + u64('BYTES', stream)
+    write('fuzz_proto_host', 'unpack', host(0xfd, b'', frame('CREDIT', 0, u32('WINDOW', 1 << 20))
+                                           + frame('OK', 0, report(3000, [('src/dev/null', 'a device node')]))))
+    write('fuzz_proto_host', 'unpack-credit-trickle',
+          host(0xfd, b'', b''.join(frame('CREDIT', 0, u32('WINDOW', 1000)) for _ in range(3))
+               + frame('ERROR', 0, u32('ERRNO', 27) + tlv('MESSAGE', 'the copy is larger than its cap'))))
+    write('fuzz_proto_host', 'pack', host(0xfc, b'', frame('DATA', 0, b'x' * 1024)
+                                         + frame('DATA', 0, b'y' * 100)
+                                         + frame('PACK_END', 0, report(1124, [('out/a', 'a FIFO'),
+                                                                             ('out/b', 'a socket')]))))
+    write('fuzz_proto_host', 'pack-too-long', host(0xfc, b'', frame('DATA', 0, b'z' * 65536) * 2
+                                                   + frame('PACK_END', 0, report(131072))))
     write('fuzz_proto_host', 'conn-error', host(1, b'', frame('ERROR', 0, tlv('MESSAGE', 'x'))[:8]
                                                 + b'\0\0\0\0' + tlv('MESSAGE', 'x')))
+
+
+def open_tar_seed():
+    """A small tree as the pax tar stream a host sends (made in memory)."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode='w', format=tarfile.PAX_FORMAT) as t:
+        d = tarfile.TarInfo('dst')
+        d.type = tarfile.DIRTYPE
+        d.mode = 0o755
+        t.addfile(d)
+        for name, data in (('dst/a', b'hello\n'), ('dst/sub/b', b'x' * 5000)):
+            f = tarfile.TarInfo(name)
+            f.size = len(data)
+            f.mode = 0o644
+            t.addfile(f, io.BytesIO(data))
+        s = tarfile.TarInfo('dst/link')
+        s.type = tarfile.SYMTYPE
+        s.linkname = 'a'
+        t.addfile(s)
+    return buf.getvalue()
 
 
 def proto_guest():
@@ -133,6 +173,19 @@ def proto_guest():
     write('fuzz_proto_guest', 'setup', frame('SETUP', 8, tlv('ENTROPY', b'\1' * 32) + u64('TIME_NS', 1)
                                              + tlv('HOSTNAME', 'fuzz')
                                              + tlv('MACHINE_ID', '0123456789abcdef0123456789abcdef')))
+    tar = open_tar_seed()
+    write('fuzz_proto_guest', 'unpack', hello + frame('UNPACK', 11, tlv('PATH', '/t/made/dst')
+                                                      + u64('MAX_BYTES', 1 << 20) + u64('MAX_FILES', 100))
+          + frame('DATA', 11, tar[:4096]) + frame('DATA', 11, tar[4096:]) + frame('DATA_END', 11)
+          + frame('PACK', 12, tlv('PATH', '/t/made/dst') + u64('MAX_BYTES', 1 << 20)
+                  + u64('MAX_FILES', 100) + u32('WINDOW', 512))
+          + frame('CREDIT', 12, u32('WINDOW', 4096)) + frame('CREDIT', 12, u32('WINDOW', 1 << 20)))
+    write('fuzz_proto_guest', 'unpack-kill', frame('UNPACK', 13, tlv('PATH', 'x') + u64('MAX_BYTES', 10)
+                                                   + u64('MAX_FILES', 1))
+          + frame('DATA', 13, tar[:1000]) + frame('KILL', 13) + frame('DATA_END', 13)
+          + frame('PACK', 14, tlv('PATH', '/nope') + u64('MAX_BYTES', 1) + u64('MAX_FILES', 1)
+                  + u32('WINDOW', 1))
+          + frame('DATA', 15, b'x') + frame('CREDIT', 16, u32('WINDOW', 0)))
     write('fuzz_proto_guest', 'bad', frame('STDOUT', 9, b'x') + frame('EXEC', 10, b'\1\0\xff\xff\xff\xff'))
 
 

@@ -454,6 +454,78 @@ static void test_ns_rootfs_path_with_commas(void) {
   unlink(odd);
 }
 
+/* A tree in and out (UNPACK, PACK) inside the sandbox: the tar processes
+ * run under the sandbox's seccomp filter without capabilities, as PID 1's
+ * children; the parents of the destination are created. */
+static void test_ns_tree_in_and_out(void) {
+  START(s);
+  char dir[80], cmd[1024];
+  snprintf(dir, sizeof dir, "%.60s/tree-src", ns_base);
+  snprintf(cmd, sizeof cmd,
+           "set -e; mkdir -p %s/t/sub; printf hi > %s/t/a; ln -s ../a %s/t/sub/l;"
+           " tar --format=pax -C %s -cf %s/t.tar t",
+           dir, dir, dir, dir, dir);
+  CHECK(system(cmd) == 0);
+  snprintf(cmd, sizeof cmd, "%s/t.tar", dir);
+  static uint8_t tar[1 << 16];
+  int fd = open(cmd, O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, tar, sizeof tar) : -1;
+  if (fd >= 0)
+    close(fd);
+  CHECK(n > 0 && n < (ssize_t)sizeof tar);
+
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_UNPACK, 77);
+  proto_put_str(&b, TAG_PATH, "/root/made/here/t");
+  proto_put_u64(&b, TAG_MAX_BYTES, 1 << 20);
+  proto_put_u64(&b, TAG_MAX_FILES, 100);
+  CHECK_EQ_INT(ac_send(s.fd, &b), 0);
+  struct proto_header h;
+  CHECK_EQ_INT(ac_recv(s.fd, &h, AC_TIMEOUT_MS), 0);
+  CHECK_EQ_INT(h.type, PROTO_CREDIT);
+  CHECK(ac_u32(ac_payload, h.len, TAG_WINDOW, 0) >= (uint32_t)n);
+  CHECK_EQ_INT(ac_send_raw(s.fd, PROTO_DATA, 77, tar, (size_t)n), 0);
+  CHECK_EQ_INT(ac_send_raw(s.fd, PROTO_DATA_END, 77, NULL, 0), 0);
+  do
+    CHECK_EQ_INT(ac_recv(s.fd, &h, AC_TIMEOUT_MS), 0);
+  while (h.type == PROTO_CREDIT);
+  if (h.type == PROTO_ERROR) {
+    char msg[512];
+    ac_str(ac_payload, h.len, TAG_MESSAGE, msg, sizeof msg);
+    fprintf(stderr, "  UNPACK: %s\n", msg);
+  }
+  CHECK_EQ_INT(h.type, PROTO_OK);
+  CHECK_EQ_INT(ac_u64(ac_payload, h.len, TAG_FILES, 0), 1);
+  CHECK_EQ_INT(ac_u64(ac_payload, h.len, TAG_SYMLINKS, 0), 1);
+  CHECK_EQ_INT(ac_u64(ac_payload, h.len, TAG_BYTES, 0), (uint64_t)n);
+  expect_sh(&s, "cat /root/made/here/t/a; readlink /root/made/here/t/sub/l; ls -A /root/made/here",
+            "hi../a\nt\n");
+
+  proto_frame_begin(&b, PROTO_PACK, 78);
+  proto_put_str(&b, TAG_PATH, "/root/made/here/t");
+  proto_put_u64(&b, TAG_MAX_BYTES, 1 << 20);
+  proto_put_u64(&b, TAG_MAX_FILES, 100);
+  proto_put_u32(&b, TAG_WINDOW, 1 << 20);
+  CHECK_EQ_INT(ac_send(s.fd, &b), 0);
+  uint64_t got = 0;
+  bool saw_a = false;
+  for (;;) {
+    if (ac_recv(s.fd, &h, AC_TIMEOUT_MS) != 0) {
+      CHECK(!"no PACK_END");
+      break;
+    }
+    if (h.type != PROTO_DATA)
+      break;
+    got += h.len;
+    saw_a |= memmem(ac_payload, h.len, "t/a", 3) != NULL;
+  }
+  CHECK_EQ_INT(h.type, PROTO_PACK_END);
+  CHECK_EQ_INT(ac_u64(ac_payload, h.len, TAG_BYTES, 0), got);
+  CHECK_EQ_INT(ac_u64(ac_payload, h.len, TAG_FILES, 0), 1);
+  CHECK(saw_a);
+  STOP(s);
+}
+
 static void test_ns_setup_failure_is_reported(void) {
   struct sandbox s;
   CHECK(sandbox_start_with(&s, "/nonexistent/rootfs"));
@@ -526,6 +598,7 @@ int main(void) {
       TEST(test_ns_seccomp_every_rule),
       TEST(test_ns_rootfs_path_with_commas),
       TEST(test_ns_setup_failure_is_reported),
+      TEST(test_ns_tree_in_and_out),
   };
   const char *skip = geteuid() != 0 ? "needs root" : build_rootfs();
   if (skip) {
