@@ -38,7 +38,7 @@ struct peer {
   atomic_bool call_done;           /* stop trickling: the call returned */
   /* What the peer saw after HELLO, in order (types), and how many. */
   uint8_t seen[4096];
-  size_t n_seen;
+  _Atomic size_t n_seen; /* published after its entry is written */
   uint64_t data_bytes;
   pthread_t thread;
 };
@@ -510,11 +510,19 @@ static void exited_command_drops_its_stdin(void) {
   atomic_store(&pe.resume, true);
   CHECK_EQ_INT(agent_ping(c, 60000, &err), 0);
   free(err);
+  /* PING is a control frame and overtakes the queued stdin, so the PONG
+   * can come back before the peer has read STDIN_END: wait for it. */
   bool saw_end = false;
   uint64_t stdin_frames = 0;
-  for (size_t i = 0; i < pe.n_seen; i++) {
-    saw_end |= pe.seen[i] == PROTO_STDIN_END;
-    stdin_frames += pe.seen[i] == PROTO_STDIN;
+  for (int tries = 0; !saw_end && tries < 500; tries++) {
+    if (tries)
+      usleep(10000);
+    stdin_frames = 0;
+    size_t n = atomic_load(&pe.n_seen);
+    for (size_t i = 0; i < n; i++) {
+      saw_end |= pe.seen[i] == PROTO_STDIN_END;
+      stdin_frames += pe.seen[i] == PROTO_STDIN;
+    }
   }
   CHECK(saw_end);
   CHECK(stdin_frames < BIG / PROTO_CHUNK);
