@@ -89,18 +89,18 @@ static void env_checks(void) {
   size_t n = 0;
   char *buf = NULL, *err = NULL;
   json_t *ok = json_pack("{s:{s:s, s:s}}", "env", "A", "1", "B", "x=y");
-  CHECK_EQ_INT(arg_env(ok, env, 4, &n, &buf, &err), 0);
+  CHECK_EQ_INT(arg_env(ok, "run", env, 4, &n, &buf, &err), 0);
   CHECK_EQ_INT(n, 2);
   CHECK(strcmp(env[0], "A=1") == 0 || strcmp(env[1], "A=1") == 0);
   free(buf);
   json_decref(ok);
   json_t *bad = json_pack("{s:{s:i}}", "env", "A", 1);
-  CHECK_EQ_INT(arg_env(bad, env, 4, &n, &buf, &err), -EINVAL);
+  CHECK_EQ_INT(arg_env(bad, "run", env, 4, &n, &buf, &err), -EINVAL);
   free(err);
   json_decref(bad);
   bad = json_pack("{s:{s:s}}", "env", "A=B", "1");
   err = NULL;
-  CHECK_EQ_INT(arg_env(bad, env, 4, &n, &buf, &err), -EINVAL);
+  CHECK_EQ_INT(arg_env(bad, "run", env, 4, &n, &buf, &err), -EINVAL);
   free(err);
   json_decref(bad);
 }
