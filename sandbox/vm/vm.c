@@ -553,11 +553,6 @@ static int vm_ready(struct sandbox *sb, struct agent_conn *conn, char **ret_err)
                            vmb.accel, "phases_ms", "spawn", v->t_spawn_us / 1000.0, "restore",
                            v->t_restore_us / 1000.0, "cont", v->t_cont_us / 1000.0, "setup",
                            (mono_us() - t0) / 1000.0);
-  /* The guest's console, while the sandbox lives (sandbox_run keeps a copy). */
-  if (v->dir) {
-    _cleanup_free_ char *serial = xasprintf("%s/qemu.log", v->dir);
-    json_object_set_new(info, "serial_log_path", json_string(serial));
-  }
   sb->info = info;
   return 0;
 }
