@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/runlog.h"
 #include "common/util.h"
 #include "mcp/config.h"
 #include "mcp/doctor.h"
@@ -134,6 +135,16 @@ int main(int argc, char **argv) {
   sigaddset(&mask, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &mask, NULL);
   signal(SIGPIPE, SIG_IGN);
+
+  _cleanup_free_ char *log_err = NULL;
+  if (runlog_init(cfg.log_dir, cfg.log_cap, (uint64_t)cfg.log_keep_mb << 20, cfg.log_keep_days,
+                  &log_err) < 0)
+    log_warn("run logs: %s; results carry log_error until this is fixed", log_err);
+  else if (cfg.log_cap)
+    log_info("run logs: %s, %zu bytes per stream, kept %u days and %u MiB in all", cfg.log_dir,
+             cfg.log_cap, cfg.log_keep_days, cfg.log_keep_mb);
+  else
+    log_info("run logs: off (IGN_MCP_LOG_CAP=0)");
 
   _cleanup_free_ char *err = NULL;
   if (sessions_init(&err) < 0) {

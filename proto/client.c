@@ -67,6 +67,8 @@ struct pending {
   /* exec */
   struct agent_exec_res *res;
   size_t out_cap;
+  void (*on_output)(void *ctx, int stream, const void *data, size_t len);
+  void *output_ctx;
   char tail[TAIL_SIZE];
   size_t tail_len;
   /* read */
@@ -630,6 +632,8 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
   switch (h->type) {
   case PROTO_STDOUT:
   case PROTO_STDERR:
+    if (p->on_output)
+      p->on_output(p->output_ctx, h->type == PROTO_STDERR ? 2 : 1, payload, h->len);
     keep_output(p, h->type == PROTO_STDERR, payload, h->len);
     return NULL;
   case PROTO_DATA:
@@ -979,7 +983,8 @@ int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
                struct agent_exec_res *ret, char **ret_err) {
   struct agent_exec_res res = {.exit_code = -1};
-  struct pending p = {.res = &res, .out_cap = req->out_cap};
+  struct pending p = {.res = &res, .out_cap = req->out_cap, .on_output = req->on_output,
+                      .output_ctx = req->output_ctx};
   if (register_pending(c, &p, PROTO_EXEC) < 0)
     return dead_error(c, ret_err);
 

@@ -250,6 +250,9 @@ static json_t *describe(const struct session *s, uint64_t open_ms) {
   json_object_set_new(o, "stage_id", st ? json_string(st->id) : json_null());
   if (s->h->sb->info)
     json_object_update(o, s->h->sb->info);
+  /* Only a vm has a serial console. */
+  if (!json_object_get(o, "serial_log_path"))
+    json_object_set_new(o, "serial_log_path", json_null());
   return o;
 }
 

@@ -22,6 +22,9 @@ static const char open_session_out[] =
     "\"stage\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"description\":\"The "
     "stage the sandbox started from, or null (the clean base, or a fork).\"},"
     "\"stage_id\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+    "\"serial_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"
+    "\"description\":\"vm: the guest's serial console (kernel messages) on the host, the first "
+    "1 MiB; null on namespace sandboxes.\"},"
     "\"ok\":{\"type\":\"boolean\"}},"
     "\"required\":[\"session_id\",\"isolation\",\"backend\"]}";
 
@@ -35,9 +38,19 @@ static const char run_out[] =
     "\"description\":\"The signal that killed the command (e.g. SIGKILL), or null.\"},"
     "\"duration_ms\":{\"type\":\"integer\"},"
     "\"stdout_bytes\":{\"type\":\"integer\"},\"stderr_bytes\":{\"type\":\"integer\"},"
-    "\"stdout_truncated\":{\"type\":\"boolean\"},\"stderr_truncated\":{\"type\":\"boolean\"}},"
+    "\"stdout_truncated\":{\"type\":\"boolean\"},\"stderr_truncated\":{\"type\":\"boolean\"},"
+    "\"stdout_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"
+    "\"description\":\"The complete stdout on the host (up to IGN_MCP_LOG_CAP bytes, then a "
+    "marker line), readable only by the server's user; null when logs are off or could not be "
+    "made.\"},"
+    "\"stderr_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"
+    "\"description\":\"The complete stderr on the host, as stdout_log_path.\"},"
+    "\"log_error\":{\"type\":\"string\",\"description\":\"Present when a log is incomplete "
+    "or could not be made (full disk, a disk slower than the output, a refused log "
+    "directory); the run itself is unaffected.\"}},"
     "\"required\":[\"stdout\",\"stderr\",\"exit_code\",\"timed_out\",\"signal\",\"duration_ms\","
-    "\"stdout_bytes\",\"stderr_bytes\",\"stdout_truncated\",\"stderr_truncated\"]}";
+    "\"stdout_bytes\",\"stderr_bytes\",\"stdout_truncated\",\"stderr_truncated\","
+    "\"stdout_log_path\",\"stderr_log_path\"]}";
 
 static const char write_out[] =
     "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},"
@@ -148,7 +161,8 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       "stderr and exit code. Every run starts a fresh shell in /root (or cwd): `cd` and `export` "
       "do not carry over to the next run, but files do. Background processes (`server &`) keep "
       "running after the call returns. Output beyond %zu bytes per stream is cut (the *_bytes "
-      "fields give the full size): redirect big output to a file and use read_file. The command "
+      "fields give the full size); the complete output is kept on the host at stdout_log_path "
+      "and stderr_log_path. The command "
       "is killed after timeout_s seconds (default 30, at most 3600).%s",
       output_cap, net ? "" : " The sandbox has no network.");
   _cleanup_free_ char *write_desc = xasprintf(

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/runlog.h"
 #include "common/util.h"
 #include "mcp/config.h"
 #include "sandbox/stage.h"
@@ -70,10 +71,14 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   struct lease l;
   if (session_acquire(id, &l, &err) < 0)
     return err_result_free(err);
+  /* The complete output, on the host; a run without logs still runs. */
+  struct runlog *logs[2];
+  _cleanup_free_ char *log_err = NULL;
+  runlog_open_run(id, logs, &log_err);
   struct agent_exec_req req = {
       .command = command, .cwd = cwd, .env = env, .n_env = n_env,
       .timeout_ms = (uint32_t)timeout_s * 1000, .stdin_data = in, .stdin_len = in_len,
-      .out_cap = cfg.output_cap,
+      .out_cap = cfg.output_cap, .on_output = runlog_tap, .output_ctx = logs,
   };
   struct agent_ctl ctl = {.cancelled = &ctx->cancelled,
                           .progress = ctx->progress_token ? on_progress : NULL, .ctx = ctx};
@@ -92,14 +97,22 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
                                       err ? err : strerror(-r)));
     free(err);
     session_release(&l);
+    json_t *dropped = json_object();
+    runlog_close_run(logs, log_err, dropped);
+    json_decref(dropped);
     return out;
   }
   session_release(&l);
 
   json_t *o = exec_result_json(&res);
   agent_exec_res_free(&res);
-  if (!o)
+  if (!o) {
+    json_t *discard = json_object();
+    runlog_close_run(logs, log_err, discard);
+    json_decref(discard);
     return err_result("out of memory shaping the output; lower IGN_MCP_OUTPUT_CAP");
+  }
+  runlog_close_run(logs, log_err, o);
   return ok_result(o);
 }
 

@@ -364,7 +364,7 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
   _cleanup_close_ int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   char log_path[4096];
   snprintf(log_path, sizeof log_path, "%s/qemu.log", req->dir);
-  _cleanup_close_ int log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  _cleanup_close_ int log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (null_fd < 0 || log_fd < 0) {
     *ret_err = xasprintf("cannot open %s: %s", log_path, strerror(errno));
     return -errno;

@@ -553,6 +553,9 @@ static int vm_ready(struct sandbox *sb, struct agent_conn *conn, char **ret_err)
                            vmb.accel, "phases_ms", "spawn", v->t_spawn_us / 1000.0, "restore",
                            v->t_restore_us / 1000.0, "cont", v->t_cont_us / 1000.0, "setup",
                            (mono_us() - t0) / 1000.0);
+  /* The guest's serial console: QEMU writes it, bounded by RLIMIT_FSIZE. */
+  if (info && v->dir)
+    json_object_set_new(info, "serial_log_path", json_sprintf("%s/qemu.log", v->dir));
   sb->info = info;
   return 0;
 }
