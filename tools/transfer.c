@@ -391,10 +391,14 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
       arg_int(args, tool, "timeout_s", 1, MAX_TIMEOUT_S, &a->timeout_s, ret_err) < 0 ||
       arg_env(args, tool, a->env, MAX_ENV, &a->n_env, env_buf, ret_err) < 0)
     return -EINVAL;
-  if (a->stage && stage_name_check(a->stage, ret_err) < 0)
-    return -EINVAL;
-  if (a->commit_as && stage_name_check(a->commit_as, ret_err) < 0)
-    return -EINVAL;
+  const char *names[2][2] = {{"stage", a->stage}, {"commit_as", a->commit_as}};
+  for (int i = 0; i < 2; i++) {
+    _cleanup_free_ char *e = NULL;
+    if (names[i][1] && stage_name_check(names[i][1], &e) < 0) {
+      *ret_err = xasprintf("sandbox_run: '%s': %s", names[i][0], e);
+      return -EINVAL;
+    }
+  }
   json_t *hosts = json_object_get(args, "allow_hosts");
   if (hosts && !json_is_null(hosts)) {
     *ret_err = strdup("sandbox_run: 'allow_hosts' is not available yet: this server has no "
