@@ -321,7 +321,7 @@ describe('Codex', () => {
     assert.match(toml, new RegExp(`^command = "${escapeRe(SERVER)}"$`, 'm'), toml);
   });
 
-  it('codex app-server connects: server info and the twelve tools', async () => {
+  it('codex app-server connects: server info and the fifteen tools', async () => {
     const app = new CodexAppServer(codex, { cwd: ctx.project, env: ctx.env });
     try {
       await app.start();
