@@ -10,7 +10,7 @@ CFLAGS   += -std=gnu17 $(WARN) -D_GNU_SOURCE -DIGN_VERSION='"$(VERSION)"' -I.
 SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c sandbox/vm/*.c common/*.c) proto/proto.c proto/client.c
-AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c
+AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c common/tarstream.c
 HEADERS     := $(wildcard */*.h */*/*.h)
 SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive
 # The agent is static: libarchive with every library it can pull in.
@@ -67,8 +67,11 @@ all: $(BUILD)/ignition-mcp $(BUILD)/ign-agent
 $(BUILD)/ignition-mcp: $(call objs,plain,$(SERVER_SRCS)) | $(BUILD)
 	$(CC) $(CFLAGS) $(HARDEN_LD) -o $@ $^ $(SERVER_LIBS)
 
+# --gc-sections: libarchive's format table (reached from its pax writer)
+# names every format it has; unused, they and their libraries (libxml2
+# with ICU for xar) are dropped instead of linked.
 $(BUILD)/ign-agent: $(call objs,agent,$(AGENT_SRCS)) | $(BUILD)
-	$(CC) $(CFLAGS) -static -o $@ $^ $(AGENT_LIBS)
+	$(CC) $(CFLAGS) -static -Wl,--gc-sections -o $@ $^ $(AGENT_LIBS)
 
 # Sanitizer builds used by the tests.
 # It finds the agent and the images next to itself, like the plain build.

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hostio.h"
 #include "common/runlog.h"
 #include "common/util.h"
 #include "mcp/config.h"
@@ -147,6 +148,12 @@ int main(int argc, char **argv) {
     log_info("run logs: off (IGN_MCP_LOG_CAP=0)");
 
   _cleanup_free_ char *err = NULL;
+  {
+    /* Host paths: without the root, the tools that name one say why. */
+    _cleanup_free_ char *herr = NULL;
+    if (hostio_init(cfg.host_io_root, cfg.copy_out, &herr) < 0)
+      log_warn("%s; stdin_file, copy_in and copy_out will fail until it is fixed", herr);
+  }
   if (sessions_init(&err) < 0) {
     /* Still serve: the client connects, lists the tools, and every
      * open_session says what is missing and how to fix it. */
