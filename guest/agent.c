@@ -18,7 +18,7 @@
  * entropy and the clock) is shared by all modes.
  *
  * The loop is single-threaded: poll() over the channel, a signalfd for
- * SIGCHLD and the output pipes of commands, with a timeout computed from the
+ * SIGCHLD, the output pipes of commands and the pipes of tree copies, with a timeout computed from the
  * nearest command deadline.  A readable channel yields one whole frame: the
  * host writes whole frames, so finishing a partial one with blocking reads
  * never stalls for long.  Writes to the channel block; the host always
@@ -143,7 +143,8 @@ bool agent_ignoring(struct agent *a, uint32_t id, enum proto_type end_type, bool
 }
 
 bool agent_id_busy(struct agent *a, uint32_t id) {
-  return exec_id_busy(&a->exec, id) || files_id_busy(&a->files, id);
+  return exec_id_busy(&a->exec, id) || files_id_busy(&a->files, id) ||
+         tree_id_busy(&a->trees, id);
 }
 
 /* ---- request fields ----------------------------------------------------- */
@@ -237,17 +238,32 @@ static void agent_dispatch(struct agent *a, const struct proto_header *h, const 
     proto_put_u32(&a->out, TAG_VERSION, PROTO_VERSION);
     agent_send(a);
     break;
+  case PROTO_KILL:
+    if (tree_id_busy(&a->trees, h->id))
+      tree_handle(a, h, p);
+    else
+      exec_handle(a, h, p);
+    break;
   case PROTO_EXEC:
   case PROTO_STDIN:
   case PROTO_STDIN_END:
-  case PROTO_KILL:
     exec_handle(a, h, p);
     break;
-  case PROTO_WRITE:
   case PROTO_DATA:
   case PROTO_DATA_END:
+    if (tree_id_busy(&a->trees, h->id))
+      tree_handle(a, h, p);
+    else
+      files_handle(a, h, p);
+    break;
+  case PROTO_WRITE:
   case PROTO_READ:
     files_handle(a, h, p);
+    break;
+  case PROTO_UNPACK:
+  case PROTO_PACK:
+  case PROTO_CREDIT:
+    tree_handle(a, h, p);
     break;
   case PROTO_SETUP:
     machine_handle_setup(a, h->id, p, h->len);
@@ -269,6 +285,8 @@ static void agent_read_request(struct agent *a) {
     return;
   }
   if (a->mode == AGENT_MODE_VM && (r == -ENODATA || r == -ECONNRESET)) {
+    /* Nobody waits for a tree copy any more. */
+    tree_cancel_all(a);
     vm_wait_host(a->chan);
     return;
   }
@@ -334,11 +352,15 @@ static void agent_on_signal(struct agent *a) {
 
 int agent_serve(struct agent *a) {
   while (a->chan_ok) {
-    struct pollfd pfd[2 + EXEC_POLL_MAX];
+    struct pollfd pfd[2 + EXEC_POLL_MAX + TREE_MAX];
     pfd[0] = (struct pollfd){.fd = a->chan, .events = POLLIN};
     pfd[1] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
     size_t n_exec = exec_pollfds(&a->exec, pfd + 2);
-    int r = poll(pfd, 2 + n_exec, exec_poll_timeout(&a->exec));
+    size_t n_tree = tree_pollfds(&a->trees, pfd + 2 + n_exec);
+    int timeout = exec_poll_timeout(&a->exec), tree_timeout = tree_poll_timeout(&a->trees);
+    if (tree_timeout >= 0 && (timeout < 0 || tree_timeout < timeout))
+      timeout = tree_timeout;
+    int r = poll(pfd, 2 + n_exec + n_tree, timeout);
     if (r < 0) {
       if (errno == EINTR)
         continue;
@@ -348,12 +370,15 @@ int agent_serve(struct agent *a) {
     }
     /* Output first, then exits (which drain what is left), then new work. */
     exec_on_poll(a, pfd + 2, n_exec);
+    tree_on_poll(a, pfd + 2 + n_exec, n_tree);
     if (pfd[1].revents)
       agent_on_signal(a);
     exec_check_timeouts(a);
+    tree_check_timeouts(a);
     if (a->chan_ok && pfd[0].revents)
       agent_read_request(a);
   }
+  tree_shutdown(&a->trees);
   exec_shutdown(&a->exec);
   files_shutdown(&a->files);
   proto_buf_free(&a->out);

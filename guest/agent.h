@@ -5,13 +5,15 @@
  * and hands each request to the module that serves it:
  *   exec.c      EXEC / STDIN / STDIN_END / KILL, output pipes, reaping
  *   files.c     WRITE / DATA / DATA_END / READ
+ *   tree.c      UNPACK / PACK / CREDIT (and their DATA, DATA_END, KILL):
+ *               tar streams, each in a forked child (common/tarstream.h)
  *   machine.c   SETUP, hostname, loopback
  *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
  *   vm_init.c   PID 1 of a microVM: modules, root disk, overlay, channel
  *   confine.c   the privilege drop: open files, capabilities, no_new_privs,
  *               seccomp (its deny list: confine.h)
- * Every request ends with exactly one terminal frame (EXIT, OK, READ_END or
- * ERROR); handlers send it themselves through the agent_send_* helpers. */
+ * Every request ends with exactly one terminal frame (EXIT, OK, READ_END,
+ * PACK_END or ERROR); handlers send it themselves through the agent_send_* helpers. */
 #pragma once
 
 #include <limits.h>
@@ -35,6 +37,7 @@
 #define FILES_MAX_WRITES 16u           /* WRITE requests open at once */
 #define FILES_MAX_READ (64u << 20)     /* bytes per READ */
 #define AGENT_MAX_IGNORED 64u          /* failed multi-frame requests remembered */
+#define TREE_MAX 8u                    /* UNPACK and PACK requests at once */
 
 enum agent_mode {
   AGENT_MODE_FD, /* --serve-fd N: no setup, for tests and benchmarks */
@@ -90,6 +93,37 @@ struct files_state {
   struct file_write writes[FILES_MAX_WRITES];
 };
 
+enum tree_kind { TREE_FREE = 0, TREE_UNPACK, TREE_PACK };
+
+/* One UNPACK or PACK: its tar child and the stream between it and the
+ * channel.  An all-zero slot is free. */
+struct tree {
+  enum tree_kind kind;
+  uint32_t id;
+  pid_t pid;            /* the tar child; 0 once reaped */
+  int status;           /* its wait status, once reaped */
+  int fd;               /* UNPACK: the child's input pipe, PACK: its output; -1 once closed */
+  int result_fd;        /* memfd the child writes its result (a TLV payload) to */
+  char path[PATH_MAX];
+  uint64_t stream_bytes; /* DATA payload received (UNPACK) or sent (PACK) */
+  /* UNPACK: outstanding + buf_len + uncredited == TREE_WINDOW. */
+  uint8_t *buf;         /* received, not yet in the pipe (TREE_WINDOW bytes) */
+  size_t buf_off, buf_len;
+  uint64_t outstanding; /* granted to the host and not used yet */
+  uint64_t uncredited;  /* drained, not granted again yet */
+  bool got_end;         /* DATA_END arrived */
+  /* PACK: bytes the host lets us send. */
+  uint64_t credit;
+  /* KILL, or the connection is gone: the child is told to stop, and
+   * SIGKILLed if it has not by then. */
+  bool killed;
+  uint64_t kill_deadline_ms;
+};
+
+struct tree_state {
+  struct tree trees[TREE_MAX];
+};
+
 /* A failed multi-frame request: frames for ID are dropped until END_TYPE. */
 struct agent_ignored {
   uint32_t id;
@@ -108,6 +142,7 @@ struct agent {
   size_t n_ignored;
   struct exec_state exec;
   struct files_state files;
+  struct tree_state trees;
 };
 
 /* agent.c */
@@ -159,6 +194,22 @@ void files_init(struct files_state *f);
 void files_handle(struct agent *a, const struct proto_header *h, const uint8_t *payload);
 bool files_id_busy(const struct files_state *f, uint32_t id);
 void files_shutdown(struct files_state *f);
+
+/* tree.c (an all-zero tree_state is a valid empty one) */
+void tree_handle(struct agent *a, const struct proto_header *h, const uint8_t *payload);
+bool tree_id_busy(const struct tree_state *t, uint32_t id);
+size_t tree_pollfds(const struct tree_state *t, struct pollfd *pfd);
+void tree_on_poll(struct agent *a, const struct pollfd *pfd, size_t n);
+/* A child was reaped: true if it was a tree's. */
+bool tree_reaped(struct agent *a, pid_t pid, int status);
+/* Poll timeout in ms (-1: none) for the kill deadlines. */
+int tree_poll_timeout(const struct tree_state *t);
+void tree_check_timeouts(struct agent *a);
+/* The host is gone (a vm's port hung up): stop every tree. */
+void tree_cancel_all(struct agent *a);
+/* The agent is ending: stop every child, wait for them briefly, SIGKILL
+ * what is left. */
+void tree_shutdown(struct tree_state *t);
 
 /* machine.c */
 int machine_set_hostname(const char *name, size_t len);

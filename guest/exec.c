@@ -672,10 +672,13 @@ void exec_reap(struct agent *a) {
       continue;
     if (pid <= 0)
       break;
-    /* Other pids are orphans of the sandbox: reaping them is all we do. */
+    /* Other pids are tree copies' tar processes (tree.c), or orphans of the
+     * sandbox: reaping them is all we do. */
     struct exec_cmd *c = exec_find_pid(&a->exec, pid);
     if (c)
       exec_finish(a, c, status);
+    else
+      tree_reaped(a, pid, status);
   }
 }
 

@@ -110,6 +110,7 @@ bool proto_type_known(uint8_t type) {
   case PROTO_EXEC: case PROTO_STDIN: case PROTO_STDIN_END: case PROTO_STDOUT:
   case PROTO_STDERR: case PROTO_EXIT: case PROTO_KILL: case PROTO_WRITE: case PROTO_DATA:
   case PROTO_DATA_END: case PROTO_OK: case PROTO_READ: case PROTO_READ_END: case PROTO_SETUP:
+  case PROTO_UNPACK: case PROTO_PACK: case PROTO_PACK_END: case PROTO_CREDIT:
     return true;
   default:
     return false;
@@ -259,6 +260,10 @@ const char *proto_type_name(uint8_t type) {
   case PROTO_READ: return "READ";
   case PROTO_READ_END: return "READ_END";
   case PROTO_SETUP: return "SETUP";
+  case PROTO_UNPACK: return "UNPACK";
+  case PROTO_PACK: return "PACK";
+  case PROTO_PACK_END: return "PACK_END";
+  case PROTO_CREDIT: return "CREDIT";
   default: return "unknown";
   }
 }

@@ -14,7 +14,7 @@
  * All integers are little-endian.  Requests are multiplexed: the host picks a
  * fresh id per request, and every frame that belongs to it carries that id.
  * Each request ends with exactly one terminal frame from the agent (EXIT, OK,
- * READ_END or ERROR).
+ * READ_END, PACK_END or ERROR).
  *
  * Payloads of control frames are TLV records: u16 tag, u32 len, value.  Fixed
  * width integers are encoded LE with len 4 or 8; strings are raw bytes (no
@@ -31,6 +31,28 @@
  *                                        the agent ignores the rest of the id)
  *   READ{PATH,OFFSET,MAX}             -> DATA* READ_END{SIZE,EOF,BYTES} | ERROR
  *   SETUP{ENTROPY?,TIME_NS?,HOSTNAME?,MACHINE_ID?} -> OK | ERROR
+ *   UNPACK{PATH,MAX_BYTES,MAX_FILES}  -> CREDIT{WINDOW} (the first grant)
+ *     DATA* DATA_END (a tar stream, never more bytes than granted)
+ *                                     <- CREDIT* (more window as it drains)
+ *                                     -> OK{report, BYTES} | ERROR (ERROR may
+ *                                        come early; the agent ignores the
+ *                                        rest of the id up to DATA_END)
+ *   PACK{PATH,MAX_BYTES,MAX_FILES,WINDOW}
+ *     CREDIT* (more window as the host writes the stream out)
+ *                                     -> DATA* (within the window)
+ *                                        PACK_END{report, BYTES} | ERROR
+ *   KILL (same id as an UNPACK/PACK)  -> (ends with ERROR; an UNPACK's tree is
+ *                                        left as it was, no staging behind)
+ *
+ * Trees (UNPACK, PACK) are tar streams (common/tarstream.h) with flow control
+ * in both directions: the receiver grants CREDIT{WINDOW=n} (n more bytes of
+ * DATA payload) as it drains what it got, so neither side buffers more than
+ * one window (TREE_WINDOW) per tree, and a slow tar process or a slow host
+ * file never stalls the other requests on the channel.  For UNPACK the agent
+ * grants, for PACK the host (its first grant is PACK's WINDOW).  The report
+ * is FILES, DIRS, SYMLINKS, TREE_BYTES (file content), SKIPPED (a count) and
+ * up to TAR_SKIPPED_LISTED pairs of SKIP_PATH, SKIP_REASON (in that order,
+ * repeated); BYTES is the length of the stream that went through DATA.
  *
  * A host that gives up on a request (cancelled, timed out) sends KILL for a
  * command (then STDIN_END if its stdin was not finished), or DATA_END before
@@ -56,6 +78,12 @@
 #define PROTO_MAX_COMMAND (1024u * 1024u)
 #define PROTO_MAX_ENV 256u
 #define PROTO_MAX_ENV_ENTRY 32768u
+/* Trees: the window each side grants at most (and the agent's buffer per
+ * UNPACK), and the longest SKIP_PATH / SKIP_REASON in a report (longer
+ * ones are cut), so a report of TAR_SKIPPED_LISTED entries fits a frame. */
+#define TREE_WINDOW (1024u * 1024u)
+#define PROTO_MAX_SKIP_PATH 1024u
+#define PROTO_MAX_SKIP_REASON 256u
 
 enum proto_type {
   PROTO_HELLO = 1,
@@ -77,6 +105,10 @@ enum proto_type {
   PROTO_READ = 24,
   PROTO_READ_END = 25,
   PROTO_SETUP = 30,
+  PROTO_UNPACK = 40,
+  PROTO_PACK = 41,
+  PROTO_PACK_END = 42,
+  PROTO_CREDIT = 43,
 };
 
 enum proto_tag {
@@ -104,6 +136,16 @@ enum proto_tag {
   TAG_TIME_NS = 31,    /* u64 CLOCK_REALTIME in ns */
   TAG_HOSTNAME = 32,   /* string */
   TAG_MACHINE_ID = 33, /* string, 32 hex chars */
+  TAG_MAX_BYTES = 40,  /* u64, tar_limits.max_bytes */
+  TAG_MAX_FILES = 41,  /* u64, tar_limits.max_files */
+  TAG_WINDOW = 42,     /* u32, bytes of DATA granted (1..TREE_WINDOW) */
+  TAG_FILES = 43,      /* u64 */
+  TAG_DIRS = 44,       /* u64 */
+  TAG_SYMLINKS = 45,   /* u64 */
+  TAG_TREE_BYTES = 46, /* u64, file content */
+  TAG_SKIPPED = 47,    /* u64, entries left out */
+  TAG_SKIP_PATH = 48,  /* string, repeatable, each followed by its SKIP_REASON */
+  TAG_SKIP_REASON = 49, /* string, repeatable */
 };
 
 struct proto_header {
