@@ -53,8 +53,8 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
       arg_string(args, "run", "command", true, 1, MAX_COMMAND, &command, NULL, &err) < 0 ||
       arg_int(args, "run", "timeout_s", 1, MAX_TIMEOUT_S, &timeout_s, &err) < 0 ||
       arg_string(args, "run", "cwd", false, 1, ARG_MAX_PATH, &cwd, NULL, &err) < 0 ||
-      arg_stdin(args, "run", cfg.max_stdin, &in, &in_len, &err) < 0 ||
-      arg_stdin_file(args, "run", &in_file, &err) < 0)
+      arg_stdin_file(args, "run", &in_file, &err) < 0 ||
+      arg_stdin(args, "run", cfg.max_stdin, &in, &in_len, &err) < 0)
     return err_result_free(err);
   const char *env[MAX_ENV];
   _cleanup_free_ char *env_buf = NULL;

@@ -382,8 +382,8 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
       arg_string(args, tool, "commit_as", false, 0, ARG_MAX_PATH, &a->commit_as, NULL,
                  ret_err) < 0 ||
       arg_bool(args, tool, "network", &network, ret_err) < 0 ||
-      arg_stdin(args, tool, cfg.max_stdin, &a->in, &a->in_len, ret_err) < 0 ||
       arg_stdin_file(args, tool, &a->in_file, ret_err) < 0 ||
+      arg_stdin(args, tool, cfg.max_stdin, &a->in, &a->in_len, ret_err) < 0 ||
       arg_copies(args, tool, "copy_in", a->cin, SANDBOX_RUN_MAX_COPIES, &a->n_cin, ret_err) < 0 ||
       arg_copies(args, tool, "copy_out", a->cout, SANDBOX_RUN_MAX_COPIES, &a->n_cout, ret_err) <
           0 ||
