@@ -50,7 +50,8 @@
 struct watch {
   pthread_t thread;
   bool started;
-  atomic_bool stop;       /* what every copy polls */
+  atomic_bool stop;       /* the call is cancelled or out of time */
+  _Atomic(atomic_bool *) copy_stop; /* the copy under way's own stop flag */
   atomic_bool done;
   atomic_bool expired;    /* the deadline passed (not a cancel) */
   atomic_bool opening;    /* a sandbox is being started for LEASE */
@@ -68,6 +69,9 @@ static void *watch_main(void *arg) {
       atomic_store(&w->expired, true);
     if (cancelled || late) {
       atomic_store(&w->stop, true);
+      atomic_bool *cs = atomic_load(&w->copy_stop);
+      if (cs)
+        atomic_store(cs, true);
       /* Kills the sandbox being started, if any (until the open returns). */
       if (atomic_load(&w->opening))
         session_kill_starting(w->lease);
@@ -142,6 +146,8 @@ struct copy {
   char *guest_err;
   struct tar_report guest_rep;
   atomic_int first;           /* enum side: which failed first */
+  atomic_bool stop;           /* what both sides poll: set by either side failing, or the
+                               * watcher */
   uint64_t ms;
 };
 
@@ -157,16 +163,16 @@ static void copy_failed(struct copy *c, enum side side) {
   atomic_compare_exchange_strong(&c->first, &none, (int)side);
   /* Before the failing side closes its end: the other side must see a stop,
    * not a stream that merely ended. */
-  atomic_store(&c->w->stop, true);
+  atomic_store(&c->stop, true);
 }
 
 static void *host_main(void *arg) {
   struct copy *c = arg;
   if (c->in)
-    c->host_r = hostio_copy_from(c->host, c->host_fd, &c->lim, &c->w->stop, &c->host_rep,
+    c->host_r = hostio_copy_from(c->host, c->host_fd, &c->lim, &c->stop, &c->host_rep,
                                  &c->host_err);
   else
-    c->host_r = hostio_copy_to(c->host_fd, c->host, &c->lim, &c->w->stop, &c->host_rep,
+    c->host_r = hostio_copy_to(c->host_fd, c->host, &c->lim, &c->stop, &c->host_rep,
                                &c->host_err);
   if (c->host_r < 0)
     copy_failed(c, SIDE_HOST);
@@ -174,10 +180,22 @@ static void *host_main(void *arg) {
   return NULL;
 }
 
+static int copy_run_watched(struct copy *c, struct agent_conn *conn);
+
 /* Runs copy C on the agent connection CONN: 0, or a negative errno (the
  * caller shapes the message with copy_error). */
 static int copy_run(struct copy *c, struct agent_conn *conn) {
   uint64_t t0 = mono_us();
+  atomic_store(&c->w->copy_stop, &c->stop);
+  if (atomic_load(&c->w->stop))
+    atomic_store(&c->stop, true);
+  int r = copy_run_watched(c, conn);
+  atomic_store(&c->w->copy_stop, NULL);
+  c->ms = (mono_us() - t0) / 1000;
+  return r;
+}
+
+static int copy_run_watched(struct copy *c, struct agent_conn *conn) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) {
     c->host_r = -errno;
@@ -199,7 +217,7 @@ static int copy_run(struct copy *c, struct agent_conn *conn) {
     atomic_store(&c->first, SIDE_HOST);
     return -EAGAIN;
   }
-  struct agent_ctl ctl = {.cancelled = &c->w->stop};
+  struct agent_ctl ctl = {.cancelled = &c->stop};
   if (c->in)
     c->guest_r = agent_unpack(conn, c->guest, guest_fd, &c->lim, &ctl, &c->guest_rep,
                               &c->guest_err);
@@ -208,12 +226,11 @@ static int copy_run(struct copy *c, struct agent_conn *conn) {
                             &c->guest_err);
   if (c->guest_r < 0 && c->guest_r != -ECANCELED)
     copy_failed(c, SIDE_GUEST);
-  else if (c->guest_r == -ECANCELED && !atomic_load(&c->w->stop))
+  else if (c->guest_r == -ECANCELED && !atomic_load(&c->stop))
     copy_failed(c, SIDE_GUEST);
   /* Closing our end ends the host side: EOF (copy_out) or EPIPE (copy_in). */
   close(guest_fd);
   pthread_join(t, NULL);
-  c->ms = (mono_us() - t0) / 1000;
   if (c->host_r < 0 || c->guest_r < 0)
     return c->guest_r < 0 && atomic_load(&c->first) != SIDE_HOST ? c->guest_r : c->host_r;
   return 0;
