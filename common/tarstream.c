@@ -145,6 +145,7 @@ struct pack {
   struct tar_report *rep;
   uint64_t entries;
   int io_errno; /* set by the write callback */
+  bool shut;    /* after a failure: nothing more is written */
   char *buf;
   char path[TAR_MAX_NAME + 1];
   size_t path_len;
@@ -165,6 +166,10 @@ __attribute__((format(printf, 3, 4))) static int pack_fail(struct pack *p, int c
 
 static la_ssize_t pack_write_cb(struct archive *a, void *ud, const void *buf, size_t len) {
   struct pack *p = ud;
+  if (p->shut) {
+    archive_set_error(a, ECANCELED, "the stream failed");
+    return -1;
+  }
   size_t done = 0;
   while (done < len) {
     if (is_cancelled(p->cancelled)) {
@@ -434,9 +439,13 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
   if (r == 0 && archive_write_close(p.a) != ARCHIVE_OK)
     r = pack_archive_fail(&p, "finishing the stream after");
   /* A failed stream must not end with an end marker: the receiver would
-   * take what came before it for the whole tree. */
-  if (r < 0)
-    archive_write_fail(p.a);
+   * take what came before it for the whole tree.  The output is shut
+   * before the archive is closed (archive_write_fail would skip the close
+   * and leak libarchive's buffers). */
+  if (r < 0) {
+    p.shut = true;
+    archive_write_close(p.a);
+  }
   archive_write_free(p.a);
   archive_entry_free(p.e);
   free(p.buf);
