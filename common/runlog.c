@@ -173,15 +173,21 @@ static bool remove_unlocked(int dfd, const char *name, const struct stat *seen) 
 }
 
 /* Oldest first: every log older than keep_days, then more until all of them
- * together fit keep_bytes.  0 for either means no such limit. */
-static void prune(int dfd, uint64_t keep_bytes, unsigned keep_days) {
+ * together fit keep_bytes.  0 for either means no such limit.  One pruner at
+ * a time (a flock on the directory): two that counted the same total would
+ * remove twice what is needed.  WAIT: for the one running, else skip. */
+static void prune(int dfd, uint64_t keep_bytes, unsigned keep_days, bool wait) {
   if (!keep_bytes && !keep_days)
     return;
-  int dup_fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  int own_fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (own_fd >= 0 && flock(own_fd, LOCK_EX | (wait ? 0 : LOCK_NB)) < 0) {
+    close(own_fd);
+    return;
+  }
+  DIR *d = own_fd >= 0 ? fdopendir(own_fd) : NULL;
   if (!d) {
-    if (dup_fd >= 0)
-      close(dup_fd);
+    if (own_fd >= 0)
+      close(own_fd);
     return;
   }
   struct entry *e = NULL;
@@ -207,8 +213,8 @@ static void prune(int dfd, uint64_t keep_bytes, unsigned keep_days) {
     e[n].size = st.st_size;
     n++;
   }
-  closedir(d);
-  qsort(e, n, sizeof *e, by_mtime);
+  if (n > 1)
+    qsort(e, n, sizeof *e, by_mtime);
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++)
     total += (uint64_t)e[i].size;
@@ -225,6 +231,7 @@ static void prune(int dfd, uint64_t keep_bytes, unsigned keep_days) {
       removed++;
     }
   }
+  closedir(d); /* and the pruner's flock with it */
   for (size_t i = 0; i < n; i++)
     free(e[i].name);
   free(e);
@@ -336,7 +343,7 @@ static void *writer_main(void *arg) {
       uint64_t keep = rl.keep_bytes;
       unsigned days = rl.keep_days;
       pthread_mutex_unlock(&rl.lock);
-      prune(dfd, keep, days);
+      prune(dfd, keep, days, false);
       pthread_mutex_lock(&rl.lock);
       continue;
     }
@@ -435,7 +442,7 @@ void runlog_test_prune(void) {
   int dfd = rl.dirfd;
   pthread_mutex_unlock(&rl.lock);
   if (dfd >= 0)
-    prune(dfd, rl.keep_bytes, rl.keep_days);
+    prune(dfd, rl.keep_bytes, rl.keep_days, true);
 }
 
 int runlog_init(const char *dir, size_t cap, uint64_t keep_bytes, unsigned keep_days,

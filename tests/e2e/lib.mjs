@@ -128,6 +128,17 @@ function nsStore() {
   return nsStoreDir;
 }
 
+/* The run logs of this test file's servers (IGN_MCP_LOG_DIR), removed at exit. */
+let logDirPath = null;
+export function logDir() {
+  if (!logDirPath) {
+    const top = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-logs-'));
+    logDirPath = path.join(top, 'logs');
+    process.on('exit', () => fs.rmSync(top, { recursive: true, force: true }));
+  }
+  return logDirPath;
+}
+
 export function serverEnv({ env = {}, tools = false } = {}) {
   const e = { ...process.env };
   // The runner may export the server knobs for its own reasons; start clean.
@@ -138,6 +149,8 @@ export function serverEnv({ env = {}, tools = false } = {}) {
   // server gets one per test file (stages), never the user's own.
   if (IS_VM && VM_STORE) e.IGN_MCP_STORE = VM_STORE;
   if (IS_NS) e.IGN_MCP_STORE = nsStore();
+  // Run logs go to a directory of the test file's own, never the user's.
+  e.IGN_MCP_LOG_DIR = logDir();
   if (fs.existsSync(AGENT)) e.IGN_MCP_AGENT = AGENT;
   if (!e.ASAN_OPTIONS) e.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
   for (const [k, v] of Object.entries(env)) {
