@@ -980,6 +980,115 @@ async function sectionStages() {
   return { id: 'stages', title: '8. Stages and forks', unit: 'ms', rows, notes, grouped: true };
 }
 
+/* A tree of FILES files holding BYTES in all, in DIR (nested 50 per
+ * directory), from a fixed seed. */
+function makeTree(dir, files, bytes) {
+  const per = Math.floor(bytes / files);
+  const buf = crypto.randomBytes(per);
+  for (let i = 0; i < files; i++) {
+    const sub = path.join(dir, `d${Math.floor(i / 50)}`);
+    if (i % 50 === 0) fs.mkdirSync(sub, { recursive: true });
+    buf[0] = i & 0xff;
+    fs.writeFileSync(path.join(sub, `f${i}.bin`), buf);
+  }
+}
+
+async function sectionOneShot() {
+  const rows = [];
+  const base = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-oneshot-'));
+  fs.chmodSync(base, 0o755);
+  const root = path.join(base, 'root');
+  fs.mkdirSync(root);
+  const TREE_FILES = 5000;
+  const TREE_BYTES = 50 * 1000 * 1000;
+  try {
+    log(`making a tree of ${TREE_FILES} files, ${TREE_BYTES / 1e6} MB`);
+    makeTree(path.join(root, 'tree'), TREE_FILES, TREE_BYTES);
+    const treeBytes = TREE_FILES * Math.floor(TREE_BYTES / TREE_FILES);
+    const nTar = QUICK ? 3 : 8;
+    log('host: tar -C src -cf - . | tar -C dst -xf - (baseline)');
+    const tarMBs = [];
+    for (let i = 0; i < nTar + 1; i++) {
+      const dst = path.join(base, `tar-dst-${i}`);
+      fs.mkdirSync(dst);
+      const t = nowNs();
+      const r = spawnSync('sh', ['-c', `tar -C "${path.join(root, 'tree')}" -cf - . | tar -C "${dst}" -xf -`]);
+      const ms = msSince(t);
+      if (r.status !== 0) throw new Error(`tar | tar failed: ${r.stderr}`);
+      if (i > 0) tarMBs.push(treeBytes / 1e6 / (ms / 1000));
+      fs.rmSync(dst, { recursive: true, force: true });
+    }
+    const tarLabel = `host: tar | tar, ${TREE_FILES} files, 50 MB`;
+    rows.push(row(tarLabel, tarMBs, { group: 'copy_in of a tree', unit: 'MB/s', higherIsBetter: true, baselineRow: true, baseline: tarLabel }));
+    doneLine(tarLabel, tarMBs, 'MB/s');
+
+    for (const backend of ['ns', 'vm']) {
+      const g = `${backend}: one-shot and copies`;
+      const threeLabel = `${backend}: open_session + run('true') + close, three calls`;
+      const oneLabel = `${backend}: sandbox_run('true')`;
+      const copyLabel = `${backend}: copy_in, ${TREE_FILES} files, 50 MB`;
+      if (backend === 'vm' && vmError) {
+        for (const l of [threeLabel, oneLabel, copyLabel]) rows.push(notMeasured(l, vmError, { group: g }));
+        continue;
+      }
+      const env = { ...BACKENDS[backend], IGN_MCP_HOST_IO_ROOT: root, IGN_MCP_LOG_DIR: path.join(base, 'logs') };
+      const n = backend === 'vm' ? (QUICK ? 8 : 30) : (QUICK ? 20 : 100);
+      const pause = backend === 'vm' ? POOL_REFILL_MS : 0;
+      await withServer(env, async (srv) => {
+        log(`${backend}: ${n} × open_session + run + close, and ${n} × sandbox_run, interleaved`);
+        const three = [], one = [], serverTotal = [], paths = [];
+        for (let i = 0; i < n + 2; i++) {
+          if (pause) await sleep(pause);
+          let t = nowNs();
+          const s = await srv.open();
+          await srv.run(s.session_id, 'true');
+          await srv.tool('close', { session_id: s.session_id });
+          const a = msSince(t);
+          if (pause) await sleep(pause);
+          t = nowNs();
+          const r = await srv.tool('sandbox_run', { command: 'true' });
+          const b = msSince(t);
+          if (r.exit_code !== 0) throw new Error(`sandbox_run true exited ${r.exit_code}`);
+          if (i >= 2) {
+            three.push(a);
+            one.push(b);
+            serverTotal.push(r.total_ms);
+            paths.push(r.path);
+          }
+        }
+        rows.push(row(threeLabel, three, { group: g, baseline: threeLabel, baselineRow: true }));
+        rows.push(row(oneLabel, one, { group: g, baseline: threeLabel, extra: `server total_ms median ${median(serverTotal)}; ${countPaths(paths)}` }));
+        doneLine(threeLabel, three);
+        doneLine(oneLabel, one);
+
+        const s = await srv.open();
+        try {
+          const nc = backend === 'vm' ? (QUICK ? 2 : 4) : (QUICK ? 3 : 8);
+          const mbs = [];
+          for (let i = 0; i < nc + 1; i++) {
+            const t = nowNs();
+            const r = await srv.tool('copy_in', { session_id: s.session_id, host_path: 'tree', guest_path: '/tmp/tree' });
+            const ms = msSince(t);
+            if (r.copied.files !== TREE_FILES) throw new Error(`copy_in copied ${r.copied.files} files`);
+            if (i > 0) mbs.push(r.copied.bytes / 1e6 / (ms / 1000));
+          }
+          rows.push(row(copyLabel, mbs, { group: 'copy_in of a tree', unit: 'MB/s', higherIsBetter: true, baseline: tarLabel }));
+          doneLine(copyLabel, mbs, 'MB/s');
+        } finally {
+          await srv.tool('close', { session_id: s.session_id }).catch(() => {});
+        }
+      });
+    }
+  } finally {
+    fs.rmSync(base, { recursive: true, force: true });
+  }
+  const notes = [
+    "sandbox_run('true'): wall time of the call as the SDK client sees it, against open_session, run('true') and close done as three calls by the same client on the same server, interleaved one for one. vm: both with the pool (IGN_MCP_POOL=2), each sample after an untimed pause for the pool to refill, so both take a pool clone.",
+    `copy_in: a tree of ${TREE_FILES} files of 10 kB in 100 directories (50 MB of content), copied into a live session's /tmp (the overlay's tmpfs on ns, the guest's on vm) again and again (the destination is replaced whole each time); MB/s of content per whole call. The baseline is \`tar -C src -cf - . | tar -C dst -xf -\` on the host, from the same tree to a fresh directory of the same filesystem.`,
+  ];
+  return { id: 'oneshot', title: '9. One-shot runs and tree copies', unit: 'ms', rows, notes, grouped: true };
+}
+
 // ---------------------------------------------------------------- main
 
 async function main() {
@@ -995,7 +1104,7 @@ async function main() {
 
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
-    [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages],
+    [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages], [9, sectionOneShot],
   ];
   // With --only, the sections not run are kept from the last run's
   // bench/results.json (each says so), so that BENCHMARKS.md stays whole.

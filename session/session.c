@@ -47,6 +47,7 @@ struct session {
   bool resetting;
   bool snapshotting;        /* commit or fork: new calls wait, as for a reset */
   bool removed;             /* no longer in the table */
+  bool ephemeral;           /* sandbox_run's: only its lease reaches it (no id lookup) */
   const char *removed_why;
   int busy;
   uint64_t created_ms, last_used_ms;
@@ -67,12 +68,15 @@ static bool shutting_down;
  * maker before the server exits (see sessions_shutdown for the bound). */
 struct making {
   struct making *next;
+  const void *owner;        /* what session_kill_starting names it by, or NULL */
   struct sandbox *sb;       /* NULL until the backend's create returned */
 };
 static struct making *making;
 static unsigned n_making;
 
 const char *sessions_backend(void) { return backend ? backend->name : "none"; }
+
+static struct handle *close_locked(struct session *s, const char *why);
 
 static void handle_unref_locked(struct handle *h, struct handle **ret_dead) {
   *ret_dead = --h->refs == 0 ? h : NULL;
@@ -108,7 +112,7 @@ static void session_unref_locked(struct session *s) {
 
 static struct session *find_locked(const char *id) {
   for (struct session *s = table; s; s = s->next)
-    if (strcmp(s->id, id) == 0)
+    if (strcmp(s->id, id) == 0 && !s->ephemeral)
       return s;
   return NULL;
 }
@@ -211,9 +215,9 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
 /* make_handle_listed for a caller that holds the lock and has checked that
  * the server is not shutting down; returns with the lock held again, and on
  * success the server is still not shutting down. */
-static int make_handle_locked(const char *id, struct stage *stage, struct handle **ret,
-                              uint64_t *ret_ms, char **ret_err) {
-  struct making m = {0};
+static int make_handle_locked(const char *id, struct stage *stage, const void *owner,
+                              struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+  struct making m = {.owner = owner};
   making_add_locked(&m);
   pthread_mutex_unlock(&lock);
   struct handle *h = NULL;
@@ -310,7 +314,10 @@ static int open_stage(const char *name, struct stage **ret, char **ret_err) {
   return stage_open(name, backend->name, inputs, ret, ret_err);
 }
 
-int session_open(const char *stage_name, json_t **ret, char **ret_err) {
+/* Opens a session; with LEASE (sandbox_run) an ephemeral one, handed out
+ * already leased. */
+static int open_common(const char *stage_name, struct lease *lease, json_t **ret,
+                       char **ret_err) {
   if (!backend) {
     _cleanup_free_ char *help = unavailable_help();
     *ret_err = xasprintf("no sandbox backend can run here: %s%s%s", backend_error,
@@ -352,11 +359,12 @@ int session_open(const char *stage_name, json_t **ret, char **ret_err) {
   uint16_t rnd = 0;
   if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
     rnd = (uint16_t)mono_us();
-  snprintf(s->id, sizeof s->id, "s%u-%04x", seq, rnd);
+  snprintf(s->id, sizeof s->id, "%s%u-%04x", lease ? "r" : "s", seq, rnd);
   s->refs = 1;
+  s->ephemeral = lease != NULL;
 
   uint64_t ms;
-  r = shutting_down ? -ESHUTDOWN : make_handle_locked(s->id, stage, &s->h, &ms, ret_err);
+  r = shutting_down ? -ESHUTDOWN : make_handle_locked(s->id, stage, lease, &s->h, &ms, ret_err);
   if (r == -ESHUTDOWN && !*ret_err)
     *ret_err = strdup("the server is shutting down");
   if (r < 0) {
@@ -372,11 +380,49 @@ int session_open(const char *stage_name, json_t **ret, char **ret_err) {
   s->next = table;
   table = s;
   *ret = describe(s, ms);
+  if (lease) {
+    s->refs++;
+    s->busy++;
+    s->h->refs++;
+    lease->s = s;
+    lease->h = s->h;
+  }
   pthread_mutex_unlock(&lock);
   if (stage)
     stage_unref(stage); /* the handle holds its own */
-  log_info("session %s opened (%s, %" PRIu64 " ms)", s->id, s->h->sb->isolation, ms);
+  log_info("%ssession %s opened (%s, %" PRIu64 " ms)", lease ? "ephemeral " : "", s->id,
+           s->h->sb->isolation, ms);
   return 0;
+}
+
+int session_open(const char *stage_name, json_t **ret, char **ret_err) {
+  return open_common(stage_name, NULL, ret, ret_err);
+}
+
+int session_open_ephemeral(const char *stage_name, struct lease *ret, json_t **ret_info,
+                           char **ret_err) {
+  return open_common(stage_name, ret, ret_info, ret_err);
+}
+
+void session_end_ephemeral(struct lease *l) {
+  char id[32];
+  memcpy(id, l->s->id, sizeof id);
+  pthread_mutex_lock(&lock);
+  /* Shutdown may have closed it already. */
+  struct handle *dead = l->s->removed ? NULL : close_locked(l->s, "closed");
+  pthread_cond_broadcast(&cond);
+  pthread_mutex_unlock(&lock);
+  handle_free(dead);
+  session_release(l); /* the last reference: the sandbox is destroyed here */
+  log_info("ephemeral session %s ended", id);
+}
+
+void session_kill_starting(const struct lease *l) {
+  pthread_mutex_lock(&lock);
+  for (struct making *m = making; m; m = m->next)
+    if (m->sb && m->owner == l)
+      m->sb->ops->kill(m->sb);
+  pthread_mutex_unlock(&lock);
 }
 
 /* For a call that found S in the table and waited for its reset, only to
@@ -508,7 +554,7 @@ int session_reset(const char *id, const char *stage_name, json_t **ret, char **r
     *ret_err = strdup("the server is shutting down");
     r = -ESHUTDOWN;
   } else {
-    r = make_handle_locked(id, stage, &h, &ms, ret_err);
+    r = make_handle_locked(id, stage, NULL, &h, &ms, ret_err);
   }
   s->resetting = false;
   s->last_used_ms = mono_ms();
@@ -673,6 +719,27 @@ static int snapshot_lease(const struct lease *l, const char *name, bool replace,
   return stage_finish(dir, name, replace, &in, ret, ret_err);
 }
 
+/* Saves the quiet session of L as stage NAME; *ret as session_commit's. */
+static int commit_lease(const struct lease *l, const char *name, bool replace, uint64_t t0,
+                        json_t **ret, char **ret_err) {
+  struct stage *st = NULL;
+  struct sandbox_snapshot snap = {0};
+  int r = snapshot_lease(l, name, replace, &st, &snap, ret_err);
+  if (r < 0)
+    return r;
+  const struct stage *parent = l->h->stage;
+  *ret = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:I, s:f}", "stage", st->name, "stage_id",
+                   st->id, "parent", parent && parent->name ? json_string(parent->name)
+                                                            : json_null(),
+                   "parent_id", parent ? json_string(parent->id) : json_null(), "carries",
+                   st->carries, "bytes", (json_int_t)st->bytes, "commit_ms",
+                   (json_int_t)((mono_us() - t0) / 1000), "paused_ms", snap.paused_us / 1000.0);
+  log_info("session %s committed as stage %s (%s, %" PRIu64 " bytes)", l->s->id, st->name, st->id,
+           st->bytes);
+  stage_unref(st);
+  return 0;
+}
+
 int session_commit(const char *id, const char *name, bool replace, json_t **ret, char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
@@ -683,24 +750,20 @@ int session_commit(const char *id, const char *name, bool replace, json_t **ret,
   struct lease l;
   if ((r = quiet_begin(id, "commit", &l, ret_err)) < 0)
     return r;
-  struct stage *st = NULL;
-  struct sandbox_snapshot snap = {0};
-  r = snapshot_lease(&l, name, replace, &st, &snap, ret_err);
-  const struct stage *parent = l.h->stage;
-  if (r == 0)
-    *ret = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:I, s:f}", "stage", st->name, "stage_id",
-                     st->id, "parent", parent && parent->name ? json_string(parent->name)
-                                                              : json_null(),
-                     "parent_id", parent ? json_string(parent->id) : json_null(), "carries",
-                     st->carries, "bytes", (json_int_t)st->bytes, "commit_ms",
-                     (json_int_t)((mono_us() - t0) / 1000), "paused_ms", snap.paused_us / 1000.0);
+  r = commit_lease(&l, name, replace, t0, ret, ret_err);
   quiet_end(&l);
+  return r;
+}
+
+int session_commit_ephemeral(const struct lease *l, const char *name, bool replace, json_t **ret,
+                             char **ret_err) {
+  int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
-  log_info("session %s committed as stage %s (%s, %" PRIu64 " bytes)", id, st->name, st->id,
-           st->bytes);
-  stage_unref(st);
-  return 0;
+  if (!stages_supported(ret_err))
+    return -EOPNOTSUPP;
+  /* Only the caller's lease reaches an ephemeral session: it is quiet. */
+  return commit_lease(l, name, replace, mono_us(), ret, ret_err);
 }
 
 struct fork_job {
@@ -719,7 +782,7 @@ static void *fork_main(void *arg) {
     j->r = -ESHUTDOWN;
     j->err = strdup("the server is shutting down");
   } else {
-    j->r = make_handle_locked(j->s->id, j->stage, &j->s->h, &j->ms, &j->err);
+    j->r = make_handle_locked(j->s->id, j->stage, NULL, &j->s->h, &j->ms, &j->err);
   }
   pthread_mutex_unlock(&lock);
   return NULL;
@@ -857,6 +920,8 @@ json_t *session_list(void) {
                           s->busy > 0, "alive", s->h && agent_conn_alive(s->h->conn), "stage",
                           s->h && s->h->stage && s->h->stage->name ? json_string(s->h->stage->name)
                                                                    : json_null());
+    if (s->ephemeral)
+      json_object_set_new(o, "ephemeral", json_true());
     json_array_append_new(arr, o);
   }
   pthread_mutex_unlock(&lock);

@@ -33,6 +33,23 @@ const char *sessions_backend(void);
  * session_id, isolation, backend, limits, stage, stage_id, ... */
 int session_open(const char *stage, json_t **ret, char **ret_err);
 int session_acquire(const char *id, struct lease *ret, char **ret_err);
+
+/* sandbox_run's one-shot sessions.  An ephemeral session counts against the
+ * session cap and is listed by list_sessions (with "ephemeral": true, always
+ * busy), but no tool reaches it by its id: only the lease *ret, which
+ * session_end_ephemeral gives back, destroying the sandbox (shutdown may
+ * retire it earlier; its calls then fail with -EPIPE).  *ret_info as
+ * session_open's. */
+int session_open_ephemeral(const char *stage, struct lease *ret, json_t **ret_info,
+                           char **ret_err);
+void session_end_ephemeral(struct lease *l);
+/* Kills the sandbox being started by the session_open_ephemeral that fills
+ * L, if there is one: that open then fails at once (a sandbox_run
+ * cancelled, or out of time, while it starts).  From any thread. */
+void session_kill_starting(const struct lease *l);
+/* session_commit for the ephemeral session of L (no other call runs in it). */
+int session_commit_ephemeral(const struct lease *l, const char *name, bool replace, json_t **ret,
+                             char **ret_err);
 void session_release(struct lease *l);
 struct agent_conn *lease_conn(const struct lease *l);
 const char *lease_id(const struct lease *l);

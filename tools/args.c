@@ -167,18 +167,20 @@ int arg_mode(json_t *args, uint32_t *ret, char **ret_err) {
   return 0;
 }
 
-int arg_stdin(json_t *args, size_t max, const char **ret, size_t *ret_len, char **ret_err) {
+int arg_stdin(json_t *args, const char *tool, size_t max, const char **ret, size_t *ret_len,
+              char **ret_err) {
   json_t *v = json_object_get(args, "stdin");
   if (!v || json_is_null(v))
     return 0;
   if (!json_is_string(v)) {
-    *ret_err = xasprintf("run: 'stdin' must be a string, not %s", type_name(v));
+    *ret_err = xasprintf("%s: 'stdin' must be a string, not %s", tool, type_name(v));
     return -EINVAL;
   }
   if (json_string_length(v) > max) {
-    *ret_err = xasprintf("run: 'stdin' is %zu bytes, over the %zu byte cap (IGN_MCP_MAX_STDIN); "
-                         "write the input to a file with write_file and redirect it instead",
-                         json_string_length(v), max);
+    *ret_err = xasprintf("%s: 'stdin' is %zu bytes, over the %zu byte cap (IGN_MCP_MAX_STDIN); "
+                         "write the input to a file with write_file and redirect it instead, or "
+                         "name a file on the host with 'stdin_file'",
+                         tool, json_string_length(v), max);
     return -EINVAL;
   }
   *ret = json_string_value(v);
@@ -186,20 +188,20 @@ int arg_stdin(json_t *args, size_t max, const char **ret, size_t *ret_len, char 
   return 0;
 }
 
-int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **ret_buf,
-            char **ret_err) {
+int arg_env(json_t *args, const char *tool, const char **ret, size_t max, size_t *ret_n,
+            char **ret_buf, char **ret_err) {
   json_t *env = json_object_get(args, "env");
   if (!env || json_is_null(env))
     return 0;
   if (!json_is_object(env)) {
-    *ret_err = xasprintf("run: 'env' must be an object of NAME: \"value\" strings, not %s",
+    *ret_err = xasprintf("%s: 'env' must be an object of NAME: \"value\" strings, not %s", tool,
                          type_name(env));
     return -EINVAL;
   }
   if (json_object_size(env) > max) {
-    *ret_err = xasprintf("run: 'env' has %zu variables, over the cap of %zu; pass fewer, or write "
+    *ret_err = xasprintf("%s: 'env' has %zu variables, over the cap of %zu; pass fewer, or write "
                          "them to a file with write_file and source it in the command",
-                         json_object_size(env), max);
+                         tool, json_object_size(env), max);
     return -EINVAL;
   }
   size_t total = 0;
@@ -207,28 +209,28 @@ int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **re
   json_t *v;
   json_object_foreach(env, k, v) {
     if (!json_is_string(v)) {
-      *ret_err = xasprintf("run: env['%.100s'] must be a string, not %s", k, type_name(v));
+      *ret_err = xasprintf("%s: env['%.100s'] must be a string, not %s", tool, k, type_name(v));
       return -EINVAL;
     }
     size_t kl = strlen(k);
     if (kl == 0 || strchr(k, '=') || kl != strcspn(k, " \t\n") ||
         memchr(json_string_value(v), '\0', json_string_length(v))) {
-      *ret_err = xasprintf("run: env has an invalid entry '%.100s': names must be non-empty "
-                           "without '=' or spaces, and values cannot contain NUL", k);
+      *ret_err = xasprintf("%s: env has an invalid entry '%.100s': names must be non-empty "
+                           "without '=' or spaces, and values cannot contain NUL", tool, k);
       return -EINVAL;
     }
     size_t entry = kl + 1 + json_string_length(v);
     if (entry > PROTO_MAX_ENV_ENTRY) {
-      *ret_err = xasprintf("run: env['%.100s'] is %zu bytes as NAME=value, over the cap of %u for "
+      *ret_err = xasprintf("%s: env['%.100s'] is %zu bytes as NAME=value, over the cap of %u for "
                            "one variable; write long values to a file with write_file and read "
-                           "it in the command", k, entry, PROTO_MAX_ENV_ENTRY);
+                           "it in the command", tool, k, entry, PROTO_MAX_ENV_ENTRY);
       return -EINVAL;
     }
     total += entry + 1;
   }
   if (total > PROTO_MAX_PAYLOAD / 2) {
-    *ret_err = xasprintf("run: 'env' is %zu bytes in all, over the cap of %u; write long values "
-                         "to a file with write_file and read it in the command", total,
+    *ret_err = xasprintf("%s: 'env' is %zu bytes in all, over the cap of %u; write long values "
+                         "to a file with write_file and read it in the command", tool, total,
                          PROTO_MAX_PAYLOAD / 2);
     return -EINVAL;
   }
@@ -244,6 +246,92 @@ int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **re
   }
   *ret_n = n;
   *ret_buf = buf;
+  return 0;
+}
+
+int arg_stdin_file(json_t *args, const char *tool, const char **ret, char **ret_err) {
+  json_t *in = json_object_get(args, "stdin"), *f = json_object_get(args, "stdin_file");
+  if (in && !json_is_null(in) && f && !json_is_null(f)) {
+    *ret_err = xasprintf("%s: give either 'stdin' (the text itself) or 'stdin_file' (a file on "
+                         "the host), not both", tool);
+    return -EINVAL;
+  }
+  return arg_string(args, tool, "stdin_file", false, 1, ARG_MAX_PATH, ret, NULL, ret_err);
+}
+
+/* One path of a copy entry: a non-empty string without NUL, at most
+ * ARG_MAX_PATH bytes. */
+static int copy_path(json_t *e, const char *tool, const char *name, size_t i, const char *key,
+                     const char **ret, char **ret_err) {
+  json_t *v = json_object_get(e, key);
+  if (!v || json_is_null(v)) {
+    *ret_err = xasprintf("%s: %s[%zu] has no '%s'; each entry is an object {%s}", tool, name, i,
+                         key, strcmp(name, "copy_in") == 0 ? "host, guest" : "guest, host");
+    return -EINVAL;
+  }
+  if (!json_is_string(v)) {
+    *ret_err = xasprintf("%s: %s[%zu].%s must be a string, not %s", tool, name, i, key,
+                         type_name(v));
+    return -EINVAL;
+  }
+  size_t len = json_string_length(v);
+  if (len == 0 || memchr(json_string_value(v), '\0', len)) {
+    *ret_err = xasprintf("%s: %s[%zu].%s is %s; give a path", tool, name, i, key,
+                         len ? "a string with a NUL character" : "empty");
+    return -EINVAL;
+  }
+  if (len > ARG_MAX_PATH) {
+    *ret_err = xasprintf("%s: %s[%zu].%s is %zu bytes, over its cap of %d bytes; use a shorter "
+                         "path", tool, name, i, key, len, ARG_MAX_PATH);
+    return -EINVAL;
+  }
+  *ret = json_string_value(v);
+  return 0;
+}
+
+int arg_copies(json_t *args, const char *tool, const char *name, struct arg_copy *ret,
+               size_t max, size_t *ret_n, char **ret_err) {
+  json_t *a = json_object_get(args, name);
+  *ret_n = 0;
+  if (!a || json_is_null(a))
+    return 0;
+  bool in = strcmp(name, "copy_in") == 0;
+  if (!json_is_array(a)) {
+    *ret_err = xasprintf("%s: '%s' must be an array of {%s} objects, not %s", tool, name,
+                         in ? "host, guest" : "guest, host", type_name(a));
+    return -EINVAL;
+  }
+  if (json_array_size(a) > max) {
+    *ret_err = xasprintf("%s: '%s' has %zu entries, over the cap of %zu; copy a common parent "
+                         "directory instead (a directory is copied whole)", tool, name,
+                         json_array_size(a), max);
+    return -EINVAL;
+  }
+  size_t i;
+  json_t *e;
+  json_array_foreach(a, i, e) {
+    if (!json_is_object(e)) {
+      *ret_err = xasprintf("%s: %s[%zu] must be an object {%s}, not %s", tool, name, i,
+                           in ? "host, guest" : "guest, host", type_name(e));
+      return -EINVAL;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(e, key, v) {
+      if (strcmp(key, "host") != 0 && strcmp(key, "guest") != 0) {
+        _cleanup_free_ char *k = utf8_sanitize(key, strlen(key), NULL);
+        *ret_err = xasprintf("%s: %s[%zu] has no field '%.100s'; each entry is an object {%s}",
+                             tool, name, i, k ? k : "?", in ? "host, guest" : "guest, host");
+        return -EINVAL;
+      }
+    }
+    if (copy_path(e, tool, name, i, in ? "host" : "guest", in ? &ret[i].host : &ret[i].guest,
+                  ret_err) < 0 ||
+        copy_path(e, tool, name, i, in ? "guest" : "host", in ? &ret[i].guest : &ret[i].host,
+                  ret_err) < 0)
+      return -EINVAL;
+  }
+  *ret_n = json_array_size(a);
   return 0;
 }
 

@@ -33,11 +33,24 @@ int arg_path(json_t *args, const char *tool, const char **ret, char **ret_err);
 /* mode: an integer 0..07777 or an octal string ("755", "0755", "0o755"). */
 int arg_mode(json_t *args, uint32_t *ret, char **ret_err);
 /* stdin: a string of at most MAX bytes (may contain NUL). */
-int arg_stdin(json_t *args, size_t max, const char **ret, size_t *ret_len, char **ret_err);
+int arg_stdin(json_t *args, const char *tool, size_t max, const char **ret, size_t *ret_len,
+              char **ret_err);
+/* stdin_file: a host path (a string of 1..ARG_MAX_PATH bytes), refused
+ * together with stdin.  Absent: 0 and *ret untouched. */
+int arg_stdin_file(json_t *args, const char *tool, const char **ret, char **ret_err);
 /* env: an object of string values; fills RET with "NAME=VALUE" pointers into
  * *ret_buf (caller frees). */
-int arg_env(json_t *args, const char **ret, size_t max, size_t *ret_n, char **ret_buf,
-            char **ret_err);
+int arg_env(json_t *args, const char *tool, const char **ret, size_t max, size_t *ret_n,
+            char **ret_buf, char **ret_err);
+
+/* sandbox_run's copy_in ([{host, guest}]) or copy_out ([{guest, host}]),
+ * NAME saying which: at most MAX entries, each with both paths and nothing
+ * else.  RET points into ARGS.  Absent: 0 entries. */
+struct arg_copy {
+  const char *host, *guest;
+};
+int arg_copies(json_t *args, const char *tool, const char *name, struct arg_copy *ret,
+               size_t max, size_t *ret_n, char **ret_err);
 
 /* RFC 4648 base64 (padding optional, whitespace refused). */
 int base64_decode(const char *in, size_t len, uint8_t **ret, size_t *ret_len, char **ret_err);

@@ -9,6 +9,11 @@
 #include "common/util.h"
 #include "tools/args.h"
 
+#define STDIN_FILE_DESC                                                                           \
+  "A file on the host fed to standard input instead of stdin: relative to the host-I/O root "    \
+  "(IGN_MCP_HOST_IO_ROOT, by default the directory the server was started in) or absolute "    \
+  "inside it; a regular file of at most 4 MiB."
+
 static const char session_id_schema[] =
     "{\"type\":\"string\",\"description\":\"The id open_session returned.\"}";
 
@@ -127,6 +132,54 @@ static const char stage_rm_out[] =
     "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},"
     "\"name\":{\"type\":\"string\"}},\"required\":[\"ok\",\"name\"]}";
 
+static const char copied_props[] =
+    "\"files\":{\"type\":\"integer\"},\"dirs\":{\"type\":\"integer\"},"
+    "\"symlinks\":{\"type\":\"integer\"},\"bytes\":{\"type\":\"integer\"},"
+    "\"skipped\":{\"type\":\"integer\",\"description\":\"Entries left out (device nodes, FIFOs, "
+    "sockets, hard links, symlinks pointing outside the copied tree); setuid/setgid/sticky bits "
+    "and group/other write are dropped from what is copied.\"},"
+    "\"skipped_entries\":{\"type\":\"array\",\"description\":\"The first 64 skipped entries.\","
+    "\"items\":{\"type\":\"object\",\"properties\":{\"path\":{\"type\":\"string\"},"
+    "\"reason\":{\"type\":\"string\"}},\"required\":[\"path\",\"reason\"]}}";
+
+static const char copy_out_schema_fmt[] =
+    "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},"
+    "\"host_path\":{\"type\":\"string\"},\"guest_path\":{\"type\":\"string\"},"
+    "\"copied\":{\"type\":\"object\",\"properties\":{%s},"
+    "\"required\":[\"files\",\"dirs\",\"symlinks\",\"bytes\",\"skipped\",\"skipped_entries\"]},"
+    "\"copy_ms\":{\"type\":\"integer\"}},"
+    "\"required\":[\"ok\",\"host_path\",\"guest_path\",\"copied\",\"copy_ms\"]}";
+
+/* sandbox_run's fields besides run's. */
+static const char sandbox_run_props[] =
+    "{\"total_ms\":{\"type\":\"integer\",\"description\":\"The whole call: start, copies, run, "
+    "commit, teardown.\"},"
+    "\"path\":{\"type\":\"string\",\"description\":\"How the sandbox was made: pool (a clone "
+    "waiting ready), restore (a clone of the warm base), cold (started from scratch) or stage.\"},"
+    "\"open_ms\":{\"type\":\"integer\"},\"teardown_ms\":{\"type\":\"integer\"},"
+    "\"copy_in_ms\":{\"type\":\"integer\"},\"copy_out_ms\":{\"type\":\"integer\"},"
+    "\"commit_ms\":{\"type\":\"integer\"},\"stage_id\":{\"type\":\"string\"},"
+    "\"stage_name\":{\"type\":\"string\",\"description\":\"The stage commit_as made.\"},"
+    "\"commit_skipped\":{\"type\":\"string\"},\"commit_error\":{\"type\":\"string\"},"
+    "\"isolation\":{\"type\":\"string\"},\"vcpus\":{\"type\":\"integer\"},"
+    "\"mem_mib\":{\"type\":\"integer\"},"
+    "\"serial_log_path\":{\"type\":\"string\",\"description\":\"vm: a copy of the guest's "
+    "serial console, kept after the sandbox is gone.\"},"
+    "\"copied\":{\"type\":\"array\",\"description\":\"One entry per copy_in and copy_out "
+    "mapping, in order.\",\"items\":{\"type\":\"object\",\"properties\":{"
+    "\"direction\":{\"enum\":[\"in\",\"out\"]},\"host\":{\"type\":\"string\"},"
+    "\"guest\":{\"type\":\"string\"},\"ok\":{\"type\":\"boolean\"},"
+    "\"error\":{\"type\":\"string\"},\"copy_ms\":{\"type\":\"integer\"},%s},"
+    "\"required\":[\"direction\",\"host\",\"guest\"]}}}";
+
+static const char copy_pair_fmt[] =
+    "{\"type\":\"array\",\"maxItems\":16,\"description\":\"%s\",\"items\":{\"type\":\"object\","
+    "\"properties\":{\"host\":{\"type\":\"string\",\"description\":\"A path on the host, "
+    "relative to the host-I/O root (IGN_MCP_HOST_IO_ROOT, by default the directory the server "
+    "was started in) or absolute inside it.\"},\"guest\":{\"type\":\"string\",\"description\":"
+    "\"A path in the sandbox; relative paths are under /root.\"}},\"required\":[\"host\","
+    "\"guest\"],\"additionalProperties\":false}}";
+
 static json_t *parse(const char *s) {
   json_error_t e;
   json_t *j = json_loads(s, 0, &e);
@@ -189,14 +242,15 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       tools,
       tool("run", "Run a command", run_desc,
            input(json_pack("{s:o, s:{s:s, s:s}, s:{s:s, s:i, s:i, s:i, s:s}, s:{s:s, s:s}, "
-                           "s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}}",
+                           "s:{s:s, s:s}, s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}}",
                            "session_id", parse(session_id_schema), "command", "type", "string",
                            "description", "Shell command, run with /bin/sh -c.", "timeout_s",
                            "type", "integer", "minimum", 1, "maximum", 3600, "default", 30,
                            "description", "Seconds before the command's process group is killed.",
                            "cwd", "type", "string", "description",
                            "Working directory (default /root).", "stdin", "type", "string",
-                           "description", "Text fed to the command's standard input.", "env",
+                           "description", "Text fed to the command's standard input.",
+                           "stdin_file", "type", "string", "description", STDIN_FILE_DESC, "env",
                            "type", "object", "additionalProperties", "type", "string",
                            "description", "Extra environment variables, NAME: value."),
                  (const char *[]){"session_id", "command", NULL}),
@@ -294,5 +348,100 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
            input(json_pack("{s:o}", "name", parse(stage_name_schema)),
                  (const char *[]){"name", NULL}),
            stage_rm_out, false, true, true, false));
+
+  _cleanup_free_ char *copied_obj = xasprintf(copy_out_schema_fmt, copied_props);
+  _cleanup_free_ char *sbrun_props = xasprintf(sandbox_run_props, copied_props);
+  json_t *sbrun_out = parse(run_out);
+  json_t *extra = parse(sbrun_props);
+  json_object_update(json_object_get(sbrun_out, "properties"), extra);
+  json_decref(extra);
+  json_t *req = json_object_get(sbrun_out, "required");
+  for (const char *const *r = (const char *[]){"total_ms", "path", "open_ms", "teardown_ms",
+                                               "isolation", "vcpus", "mem_mib", NULL};
+       *r; r++)
+    json_array_append_new(req, json_string(*r));
+  _cleanup_free_ char *sbrun_out_text = json_dumps(sbrun_out, JSON_COMPACT);
+  json_decref(sbrun_out);
+  _cleanup_free_ char *copy_in_arr = xasprintf(
+      copy_pair_fmt, "Files or directory trees copied from the host into the sandbox before the "
+                     "command runs: each guest path becomes a copy of its host path.");
+  _cleanup_free_ char *copy_out_arr = xasprintf(
+      copy_pair_fmt, "Files or directory trees copied from the sandbox to the host after the "
+                     "command ends (whatever its exit code; not after a timeout): each host path "
+                     "becomes a copy of its guest path, replaced whole only once complete.");
+  _cleanup_free_ char *sbrun_desc = xasprintf(
+      "Run one shell command in a fresh sandbox that exists only for this call, and return its "
+      "output: the sandbox is made (from a ready pool when there is one, or from stage `stage`), "
+      "copy_in puts host files or trees in, the command runs as `/bin/sh -c COMMAND` in /root "
+      "(or cwd), copy_out brings files or trees back to the host, commit_as saves the sandbox as "
+      "a stage when the command exited 0, and the sandbox is destroyed before the result returns: "
+      "nothing else survives. Prefer it to open_session for one-off commands (run a snippet, "
+      "build and test a project copied in); use a session when later commands need what earlier "
+      "ones left (files, processes). timeout_s (default 30, at most 3600) covers the whole call, "
+      "start included. Output beyond %zu bytes per stream is cut; the complete output is kept "
+      "on the host at stdout_log_path and stderr_log_path.%s",
+      output_cap, net ? "" : " The sandbox has no network.");
+  json_array_append_new(
+      tools,
+      tool("sandbox_run", "Run a command in a one-shot sandbox", sbrun_desc,
+           input(json_pack("{s:{s:s, s:s}, s:o, s:o, s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}, "
+                           "s:{s:s, s:s}, s:{s:s, s:s}, s:o, s:o, s:{s:s, s:{s:s}, s:s}, "
+                           "s:{s:s, s:s}, s:{s:s, s:i, s:i, s:i, s:s}}",
+                           "command", "type", "string", "description",
+                           "Shell command, run with /bin/sh -c.", "stage",
+                           parse(stage_name_schema), "commit_as", parse(stage_name_schema),
+                           "network", "type", "boolean", "description",
+                           "Whether the sandbox has a network; only what the server gives "
+                           "every sandbox (IGN_MCP_NET) is accepted for now.",
+                           "allow_hosts", "type", "array", "items", "type", "string",
+                           "description",
+                           "Not available yet (no egress filter): leave it out.", "stdin",
+                           "type", "string", "description",
+                           "Text fed to the command's standard input.", "stdin_file", "type",
+                           "string", "description", STDIN_FILE_DESC, "copy_in",
+                           parse(copy_in_arr), "copy_out", parse(copy_out_arr), "env", "type",
+                           "object", "additionalProperties", "type", "string", "description",
+                           "Extra environment variables, NAME: value.", "cwd", "type", "string",
+                           "description", "Working directory (default /root).", "timeout_s",
+                           "type", "integer", "minimum", 1, "maximum", 3600, "default", 30,
+                           "description", "Seconds for the whole call, start included."),
+                 (const char *[]){"command", NULL}),
+           sbrun_out_text, false, true, false, net));
+  json_array_append_new(
+      tools,
+      tool("copy_in", "Copy files from the host into a session",
+           "Copy a file or a whole directory tree from the host into a session's sandbox, in one "
+           "call however many files: guest_path becomes a copy of host_path (replaced whole if "
+           "it exists; missing parent directories are made). host_path is relative to the "
+           "host-I/O root (IGN_MCP_HOST_IO_ROOT, by default the directory the server was started "
+           "in) or absolute inside it; symlinks that would lead out of it are refused. Modes and "
+           "symlinks inside the tree are kept; device nodes, FIFOs, sockets, setuid bits and "
+           "links pointing outside the tree are left out and listed in the result. Use it to put "
+           "the project you work on into a sandbox to build and test it.",
+           input(json_pack("{s:o, s:{s:s, s:s}, s:{s:s, s:s}}", "session_id",
+                           parse(session_id_schema), "host_path", "type", "string",
+                           "description", "File or directory on the host.", "guest_path", "type",
+                           "string", "description",
+                           "Destination in the sandbox; relative paths are under /root."),
+                 (const char *[]){"session_id", "host_path", "guest_path", NULL}),
+           copied_obj, false, true, true, false));
+  json_array_append_new(
+      tools,
+      tool("copy_out", "Copy files from a session to the host",
+           "Copy a file or a whole directory tree from a session's sandbox to the host: "
+           "host_path becomes a copy of guest_path, replaced only once the copy is complete (a "
+           "failed copy leaves it as it was). host_path must be inside the host-I/O root "
+           "(IGN_MCP_HOST_IO_ROOT) and its parent directory must exist; a symlink there is "
+           "refused, never followed. Modes are masked (no setuid, setgid, sticky, group/other "
+           "write); device nodes, FIFOs, sockets and links pointing outside the tree are left "
+           "out and listed. Refused when the server runs with IGN_MCP_COPY_OUT=off.",
+           input(json_pack("{s:o, s:{s:s, s:s}, s:{s:s, s:s}}", "session_id",
+                           parse(session_id_schema), "guest_path", "type", "string",
+                           "description",
+                           "File or directory in the sandbox; relative paths are under /root.",
+                           "host_path", "type", "string", "description",
+                           "Destination on the host."),
+                 (const char *[]){"session_id", "guest_path", "host_path", NULL}),
+           copied_obj, false, true, true, false));
   return tools;
 }

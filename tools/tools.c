@@ -1,4 +1,5 @@
-/* tools.c: the seven tools.  Each handler checks its arguments against the
+/* tools.c: the tools that work on sessions and stages (transfer.c has
+ * sandbox_run, copy_in and copy_out).  Each handler checks its arguments against the
  * same rules its inputSchema states (and says exactly what was wrong and how
  * to fix it), takes a lease on the session, calls the agent, and shapes the
  * result as structuredContent plus the same JSON as text.  Nothing here knows
@@ -6,7 +7,6 @@
 #include "tools/tools.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,55 +16,13 @@
 #include "sandbox/stage.h"
 #include "session/session.h"
 #include "tools/args.h"
+#include "tools/result.h"
+#include "tools/transfer.h"
 
-#define DEFAULT_TIMEOUT_S 30
-#define MAX_TIMEOUT_S 3600
 #define DEFAULT_READ 1048576
 /* A result carries the content twice (structuredContent and its JSON text):
  * 2 MiB of file stays under the 10 MiB message limit of common clients. */
 #define MAX_READ_PIECE (2u << 20)
-#define MAX_ENV PROTO_MAX_ENV
-/* The command, cwd and env of a run travel in one EXEC frame; with each at
- * its cap they still fit, so a run whose arguments pass their checks is never
- * refused later for its size. */
-#define MAX_COMMAND (120u << 10)
-_Static_assert(MAX_COMMAND + PROTO_MAX_PATH + PROTO_MAX_PAYLOAD / 2 + 6 * (PROTO_MAX_ENV + 4) <=
-                   PROTO_MAX_PAYLOAD,
-               "a run at every cap must fit in one frame");
-
-/* ---- results ---- */
-
-static json_t *text_block(const char *text) {
-  json_t *b = json_pack("[{s:s, s:s}]", "type", "text", "text", text);
-  if (!b) {
-    /* Not UTF-8: a message quoting part of a name can cut a character in
-     * two.  Send it with U+FFFD in place of the broken bytes. */
-    _cleanup_free_ char *clean = utf8_sanitize(text, strlen(text), NULL);
-    if (clean)
-      b = json_pack("[{s:s, s:s}]", "type", "text", "text", clean);
-  }
-  return b;
-}
-
-static json_t *ok_result(json_t *structured) {
-  _cleanup_free_ char *text = json_dumps(structured, JSON_COMPACT | JSON_REAL_PRECISION(12));
-  return json_pack("{s:o, s:o, s:b}", "content", text_block(text ? text : "{}"),
-                   "structuredContent", structured, "isError", 0);
-}
-
-static json_t *err_result(const char *msg) {
-  /* Only a failed allocation leaves a failure without its message. */
-  if (!msg)
-    msg = "the server ran out of memory for this call; try again, or close sessions you no "
-          "longer need";
-  return json_pack("{s:o, s:b}", "content", text_block(msg), "isError", 1);
-}
-
-static json_t *err_result_free(char *msg) {
-  json_t *r = err_result(msg);
-  free(msg);
-  return r;
-}
 
 /* ---- handlers ---- */
 
@@ -81,46 +39,34 @@ static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   return ok_result(info);
 }
 
-static void on_progress(void *p, const char *last_line, uint64_t elapsed_ms) {
-  struct call_ctx *call = p;
-  (void)elapsed_ms;
-  _cleanup_free_ char *line = utf8_sanitize(last_line, strlen(last_line), NULL);
-  mcp_progress(call, line);
-}
-
-/* A call whose connection the host ended (the agent broke the protocol or
- * stopped reading): the session cannot serve any more. */
-static char *conn_fault(const char *what_failed, const char *id, const char *why) {
-  return xasprintf("%s: session '%s' is dead: %s. Call reset('%s') to get a fresh sandbox under "
-                   "the same id, or close it.",
-                   what_failed, id, why ? why : "its agent broke the protocol", id);
-}
-
-static char *signal_name(int sig) {
-  const char *abbrev = sigabbrev_np(sig);
-  return abbrev ? xasprintf("SIG%s", abbrev) : xasprintf("signal %d", sig);
-}
-
 static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   if (args_check(args, "run",
-                 (const char *[]){"session_id", "command", "timeout_s", "cwd", "stdin", "env", NULL},
+                 (const char *[]){"session_id", "command", "timeout_s", "cwd", "stdin", "stdin_file",
+                                  "env", NULL},
                  &err) < 0)
     return err_result_free(err);
-  const char *id, *command, *cwd = NULL, *in = NULL;
+  const char *id, *command, *cwd = NULL, *in = NULL, *in_file = NULL;
   size_t in_len = 0;
   long long timeout_s = DEFAULT_TIMEOUT_S;
   if (arg_session_id(args, &id, &err) < 0 ||
       arg_string(args, "run", "command", true, 1, MAX_COMMAND, &command, NULL, &err) < 0 ||
       arg_int(args, "run", "timeout_s", 1, MAX_TIMEOUT_S, &timeout_s, &err) < 0 ||
       arg_string(args, "run", "cwd", false, 1, ARG_MAX_PATH, &cwd, NULL, &err) < 0 ||
-      arg_stdin(args, cfg.max_stdin, &in, &in_len, &err) < 0)
+      arg_stdin_file(args, "run", &in_file, &err) < 0 ||
+      arg_stdin(args, "run", cfg.max_stdin, &in, &in_len, &err) < 0)
     return err_result_free(err);
   const char *env[MAX_ENV];
   _cleanup_free_ char *env_buf = NULL;
   size_t n_env = 0;
-  if (arg_env(args, env, MAX_ENV, &n_env, &env_buf, &err) < 0)
+  if (arg_env(args, "run", env, MAX_ENV, &n_env, &env_buf, &err) < 0)
     return err_result_free(err);
+  _cleanup_free_ void *in_owned = NULL;
+  if (in_file) {
+    if (stdin_file_load("run", in_file, &in_owned, &in_len, &err) < 0)
+      return err_result_free(err);
+    in = in_owned;
+  }
 
   struct lease l;
   if (session_acquire(id, &l, &err) < 0)
@@ -158,34 +104,14 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   }
   session_release(&l);
 
-  size_t out_len = 0, errs_len = 0;
-  _cleanup_free_ char *out = utf8_sanitize(res.out, res.out_len, &out_len);
-  _cleanup_free_ char *errs = utf8_sanitize(res.err, res.err_len, &errs_len);
-  json_t *o = json_object();
-  if (!out || !errs) {
-    runlog_close_run(logs, log_err, o);
-    json_decref(o);
-    agent_exec_res_free(&res);
+  json_t *o = exec_result_json(&res);
+  agent_exec_res_free(&res);
+  if (!o) {
+    json_t *discard = json_object();
+    runlog_close_run(logs, log_err, discard);
+    json_decref(discard);
     return err_result("out of memory shaping the output; lower IGN_MCP_OUTPUT_CAP");
   }
-  json_object_set_new(o, "stdout", json_stringn(out, out_len));
-  json_object_set_new(o, "stderr", json_stringn(errs, errs_len));
-  /* The client bounds both (signal 0..64, exit code -1..255): no overflow. */
-  json_object_set_new(o, "exit_code",
-                      json_integer(res.signal ? 128 + (json_int_t)res.signal : res.exit_code));
-  json_object_set_new(o, "timed_out", json_boolean(res.timed_out));
-  if (res.signal) {
-    _cleanup_free_ char *name = signal_name(res.signal);
-    json_object_set_new(o, "signal", json_string(name));
-  } else {
-    json_object_set_new(o, "signal", json_null());
-  }
-  json_object_set_new(o, "duration_ms", json_integer((json_int_t)(res.duration_us / 1000)));
-  json_object_set_new(o, "stdout_bytes", json_integer((json_int_t)res.out_total));
-  json_object_set_new(o, "stderr_bytes", json_integer((json_int_t)res.err_total));
-  json_object_set_new(o, "stdout_truncated", json_boolean(res.out_total > res.out_len));
-  json_object_set_new(o, "stderr_truncated", json_boolean(res.err_total > res.err_len));
-  agent_exec_res_free(&res);
   runlog_close_run(logs, log_err, o);
   return ok_result(o);
 }
@@ -396,6 +322,8 @@ static const struct tool tools[] = {
     {"list_sessions", tool_list_sessions}, {"commit", tool_commit},
     {"fork", tool_fork},                 {"stage_list", tool_stage_list},
     {"stage_info", tool_stage_info},     {"stage_rm", tool_stage_rm},
+    {"sandbox_run", tool_sandbox_run},   {"copy_in", tool_copy_in},
+    {"copy_out", tool_copy_out},
 };
 
 bool tools_exists(const char *name) {
@@ -424,7 +352,7 @@ size_t tools_result_cost(const char *name, json_t *args) {
       max = json_integer_value(m) < read_cap() ? json_integer_value(m) : read_cap();
     return (size_t)max * 6;
   }
-  if (strcmp(name, "run") == 0)
+  if (strcmp(name, "run") == 0 || strcmp(name, "sandbox_run") == 0)
     /* Two streams kept to the cap, escaped in JSON up to 6 bytes per byte
      * (control characters), in the text and the structured copy. */
     return cfg.output_cap * 2 * 6 * 2;

@@ -89,18 +89,18 @@ static void env_checks(void) {
   size_t n = 0;
   char *buf = NULL, *err = NULL;
   json_t *ok = json_pack("{s:{s:s, s:s}}", "env", "A", "1", "B", "x=y");
-  CHECK_EQ_INT(arg_env(ok, env, 4, &n, &buf, &err), 0);
+  CHECK_EQ_INT(arg_env(ok, "run", env, 4, &n, &buf, &err), 0);
   CHECK_EQ_INT(n, 2);
   CHECK(strcmp(env[0], "A=1") == 0 || strcmp(env[1], "A=1") == 0);
   free(buf);
   json_decref(ok);
   json_t *bad = json_pack("{s:{s:i}}", "env", "A", 1);
-  CHECK_EQ_INT(arg_env(bad, env, 4, &n, &buf, &err), -EINVAL);
+  CHECK_EQ_INT(arg_env(bad, "run", env, 4, &n, &buf, &err), -EINVAL);
   free(err);
   json_decref(bad);
   bad = json_pack("{s:{s:s}}", "env", "A=B", "1");
   err = NULL;
-  CHECK_EQ_INT(arg_env(bad, env, 4, &n, &buf, &err), -EINVAL);
+  CHECK_EQ_INT(arg_env(bad, "run", env, 4, &n, &buf, &err), -EINVAL);
   free(err);
   json_decref(bad);
 }
@@ -123,7 +123,7 @@ static void bool_checks(void) {
 
 static void definitions_are_complete(void) {
   json_t *tools = tool_definitions(false, 65536, 1 << 20, 1 << 20);
-  CHECK_EQ_INT(json_array_size(tools), 12);
+  CHECK_EQ_INT(json_array_size(tools), 15);
   size_t i;
   json_t *t;
   json_array_foreach(tools, i, t) {
@@ -137,5 +137,90 @@ static void definitions_are_complete(void) {
   json_decref(tools);
 }
 
-TEST_MAIN(TEST(base64_round_trip), TEST(base64_refuses_garbage), TEST(utf8_sanitize_replaces_invalid),
+static void stdin_file_checks(void) {
+  char *err = NULL;
+  const char *f = NULL;
+  json_t *a = json_pack("{s:s}", "stdin_file", "in.txt");
+  CHECK_EQ_INT(arg_stdin_file(a, "run", &f, &err), 0);
+  CHECK_STREQ(f, "in.txt");
+  json_decref(a);
+  a = json_pack("{s:s, s:s}", "stdin", "x", "stdin_file", "in.txt");
+  CHECK_EQ_INT(arg_stdin_file(a, "sandbox_run", &f, &err), -EINVAL);
+  CHECK_STREQ(err, "sandbox_run: give either 'stdin' (the text itself) or 'stdin_file' (a file "
+                   "on the host), not both");
+  free(err);
+  err = NULL;
+  json_decref(a);
+  /* null stands for absent, on either side */
+  a = json_pack("{s:n, s:s}", "stdin", "stdin_file", "in.txt");
+  CHECK_EQ_INT(arg_stdin_file(a, "run", &f, &err), 0);
+  json_decref(a);
+  a = json_pack("{s:s}", "stdin_file", "");
+  CHECK_EQ_INT(arg_stdin_file(a, "run", &f, &err), -EINVAL);
+  CHECK_STREQ(err, "run: 'stdin_file' is empty; give a non-empty string");
+  free(err);
+  err = NULL;
+  json_decref(a);
+  a = json_pack("{s:i}", "stdin", 3);
+  const char *in;
+  size_t len;
+  CHECK_EQ_INT(arg_stdin(a, "sandbox_run", 10, &in, &len, &err), -EINVAL);
+  CHECK_STREQ(err, "sandbox_run: 'stdin' must be a string, not an integer");
+  free(err);
+  json_decref(a);
+}
+
+static void copy_checks(void) {
+  struct arg_copy c[4];
+  size_t n = 99;
+  char *err = NULL;
+  json_t *a = json_pack("{s:[{s:s, s:s}, {s:s, s:s}]}", "copy_in", "host", "src", "guest",
+                        "/work/src", "guest", "w", "host", "h");
+  CHECK_EQ_INT(arg_copies(a, "sandbox_run", "copy_in", c, 4, &n, &err), 0);
+  CHECK_EQ_INT(n, 2);
+  CHECK_STREQ(c[0].host, "src");
+  CHECK_STREQ(c[0].guest, "/work/src");
+  CHECK_STREQ(c[1].host, "h");
+  CHECK_STREQ(c[1].guest, "w");
+  CHECK_EQ_INT(arg_copies(a, "sandbox_run", "copy_out", c, 4, &n, &err), 0);
+  CHECK_EQ_INT(n, 0);
+  CHECK_EQ_INT(arg_copies(a, "sandbox_run", "copy_in", c, 1, &n, &err), -EINVAL);
+  CHECK_STREQ(err, "sandbox_run: 'copy_in' has 2 entries, over the cap of 1; copy a common "
+                   "parent directory instead (a directory is copied whole)");
+  free(err);
+  json_decref(a);
+
+  struct {
+    const char *json, *name, *msg;
+  } bad[] = {
+      {"{\"copy_in\": \"src\"}", "copy_in",
+       "sandbox_run: 'copy_in' must be an array of {host, guest} objects, not a string"},
+      {"{\"copy_out\": [3]}", "copy_out",
+       "sandbox_run: copy_out[0] must be an object {guest, host}, not an integer"},
+      {"{\"copy_in\": [{\"host\": \"a\"}]}", "copy_in",
+       "sandbox_run: copy_in[0] has no 'guest'; each entry is an object {host, guest}"},
+      {"{\"copy_out\": [{\"host\": \"a\"}]}", "copy_out",
+       "sandbox_run: copy_out[0] has no 'guest'; each entry is an object {guest, host}"},
+      {"{\"copy_in\": [{\"host\": \"a\", \"guest\": \"b\", \"mode\": 1}]}", "copy_in",
+       "sandbox_run: copy_in[0] has no field 'mode'; each entry is an object {host, guest}"},
+      {"{\"copy_in\": [{\"host\": \"\", \"guest\": \"b\"}]}", "copy_in",
+       "sandbox_run: copy_in[0].host is empty; give a path"},
+      {"{\"copy_in\": [{\"host\": \"a\", \"guest\": 7}]}", "copy_in",
+       "sandbox_run: copy_in[0].guest must be a string, not an integer"},
+      {"{\"copy_out\": [{\"host\": \"a\\u0000b\", \"guest\": \"g\"}]}", "copy_out",
+       "sandbox_run: copy_out[0].host is a string with a NUL character; give a path"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    json_error_t je;
+    a = json_loads(bad[i].json, JSON_ALLOW_NUL, &je);
+    CHECK(a != NULL);
+    err = NULL;
+    CHECK_EQ_INT(arg_copies(a, "sandbox_run", bad[i].name, c, 4, &n, &err), -EINVAL);
+    CHECK_STREQ(err, bad[i].msg);
+    free(err);
+    json_decref(a);
+  }
+}
+
+TEST_MAIN(TEST(stdin_file_checks), TEST(copy_checks), TEST(base64_round_trip), TEST(base64_refuses_garbage), TEST(utf8_sanitize_replaces_invalid),
           TEST(arg_checks), TEST(env_checks), TEST(bool_checks), TEST(definitions_are_complete))

@@ -1,6 +1,10 @@
 /* test_tools.c: what the tool layer reserves for a call before it runs
- * (tools_result_cost), which the server's byte budget adds up. */
+ * (tools_result_cost), which the server's byte budget adds up; the
+ * arguments sandbox_run, copy_in, copy_out and run refuse before anything
+ * starts; the tools listed. */
 #include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "mcp/config.h"
 #include "test.h"
@@ -26,4 +30,78 @@ static void read_file_cost_follows_max_bytes_up_to_the_cap(void) {
   CHECK_EQ_INT(read_cost(json_pack("{s:s}", "path", "/f")), 65536 * 6);
 }
 
-TEST_MAIN(TEST(read_file_cost_follows_max_bytes_up_to_the_cap))
+static char *call_err(const char *name, const char *json) {
+  json_error_t je;
+  json_t *args = json_loads(json, 0, &je);
+  CHECK(args != NULL);
+  struct call_ctx ctx = {0};
+  json_t *r = tools_call(name, args, &ctx);
+  json_decref(args);
+  CHECK(json_is_true(json_object_get(r, "isError")));
+  json_t *c = json_array_get(json_object_get(r, "content"), 0);
+  char *t = strdup(json_string_value(json_object_get(c, "text")) ?: "");
+  json_decref(r);
+  return t;
+}
+
+#define CHECK_CALL_ERR(name, json, want)                                                        \
+  do {                                                                                         \
+    char *got_ = call_err(name, json);                                                         \
+    CHECK_STREQ(got_, want);                                                                   \
+    free(got_);                                                                                \
+  } while (0)
+
+/* What sandbox_run, copy_in, copy_out and run refuse before anything starts. */
+static void transfer_arguments_are_checked(void) {
+  cfg.net = false;
+  CHECK_CALL_ERR("sandbox_run", "{}", "sandbox_run needs the argument 'command' (a string)");
+  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"image\": \"x\"}",
+                 "sandbox_run has no argument 'image'; its arguments are: command, stage, "
+                 "commit_as, network, allow_hosts, stdin, stdin_file, copy_in, copy_out, env, "
+                 "cwd, timeout_s");
+  CHECK_CALL_ERR("sandbox_run",
+                 "{\"command\": \"cat\", \"stdin\": \"x\", \"stdin_file\": \"f\"}",
+                 "sandbox_run: give either 'stdin' (the text itself) or 'stdin_file' (a file on "
+                 "the host), not both");
+  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"allow_hosts\": []}",
+                 "sandbox_run: 'allow_hosts' is not available yet: this server has no egress "
+                 "filter, so it cannot let a sandbox reach some hosts and not others. Leave it "
+                 "out; sandboxes have no network unless the server was started with "
+                 "IGN_MCP_NET=on (then they reach everything).");
+  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"network\": true}",
+                 "sandbox_run: 'network': true is not available here: this server gives "
+                 "sandboxes no network (IGN_MCP_NET is off); ask the user to start it with "
+                 "IGN_MCP_NET=on. Leave 'network' out (egress control per call is not built "
+                 "yet).");
+  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"timeout_s\": 0}",
+                 "sandbox_run: 'timeout_s' is 0, outside its range 1..3600; give a value in "
+                 "that range");
+  char *e = call_err("sandbox_run", "{\"command\": \"true\", \"commit_as\": \"Bad Name\"}");
+  CHECK(strncmp(e, "sandbox_run: 'commit_as': invalid stage name: ", 46) == 0);
+  free(e);
+  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"env\": {\"A\": 1}}",
+                 "sandbox_run: env['A'] must be a string, not an integer");
+  CHECK_CALL_ERR("copy_in", "{\"session_id\": \"s1\", \"host_path\": \"a\"}",
+                 "copy_in needs the argument 'guest_path' (a string)");
+  CHECK_CALL_ERR("copy_out", "{\"session_id\": \"s1\", \"guest_path\": \"a\", "
+                             "\"host_path\": \"b\", \"mode\": 1}",
+                 "copy_out has no argument 'mode'; its arguments are: session_id, host_path, "
+                 "guest_path");
+  CHECK_CALL_ERR("run",
+                 "{\"session_id\": \"s1\", \"command\": \"cat\", \"stdin\": \"x\", "
+                 "\"stdin_file\": \"f\"}",
+                 "run: give either 'stdin' (the text itself) or 'stdin_file' (a file on the "
+                 "host), not both");
+}
+
+static void fifteen_tools_are_listed(void) {
+  json_t *t = tools_list();
+  CHECK_EQ_INT(json_array_size(t), 15);
+  const char *last[] = {"sandbox_run", "copy_in", "copy_out"};
+  for (size_t i = 0; i < 3; i++)
+    CHECK_STREQ(json_string_value(json_object_get(json_array_get(t, 12 + i), "name")), last[i]);
+  json_decref(t);
+}
+
+TEST_MAIN(TEST(read_file_cost_follows_max_bytes_up_to_the_cap), TEST(transfer_arguments_are_checked),
+          TEST(fifteen_tools_are_listed))

@@ -1,0 +1,230 @@
+// sandbox-run.test.mjs: the one-shot sandbox_run: the seed's example prompts
+// (a Python snippet in one call; a project copied in, built with make and the
+// binary copied out; commit_as then stage), its report, its refusals, its
+// budget (timeout_s covers the whole call), and that nothing outlives it:
+// after 100 calls, cancelled and timed-out ones among them, no process,
+// state directory or cgroup is left.
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import {
+  startServer, call, callErr, openSession, sleep, waitUntil, descendants, qemuChildren, vmStateDirs,
+  leftovers, newLeftovers, IS_VM, IS_NS, TOOLS_SKIP, textOf,
+} from './lib.mjs';
+
+const T = { timeout: 300_000 };
+
+function tempDirs() {
+  const base = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-sbrun-'));
+  fs.chmodSync(base, 0o755);
+  const root = path.join(base, 'root');
+  const logs = path.join(base, 'logs');
+  fs.mkdirSync(root);
+  return { base, root, logs, remove: () => fs.rmSync(base, { recursive: true, force: true }) };
+}
+
+const REPORT_FIELDS = ['exit_code', 'signal', 'timed_out', 'stdout', 'stderr', 'stdout_bytes', 'stderr_bytes',
+  'stdout_truncated', 'stderr_truncated', 'duration_ms', 'total_ms', 'path', 'open_ms', 'teardown_ms',
+  'isolation', 'vcpus', 'mem_mib', 'stdout_log_path', 'stderr_log_path'];
+
+function assertReport(r) {
+  for (const f of REPORT_FIELDS) assert.ok(f in r, `sandbox_run's report has no ${f}: ${JSON.stringify(r).slice(0, 800)}`);
+  assert.ok(['pool', 'restore', 'cold', 'stage'].includes(r.path), `path ${r.path}`);
+  assert.ok(r.total_ms >= r.duration_ms);
+  assert.ok(r.vcpus >= 1 && r.mem_mib >= 64);
+  if (IS_VM) assert.ok(typeof r.serial_log_path === 'string' && fs.existsSync(r.serial_log_path), `serial_log_path: ${r.serial_log_path}`);
+}
+
+/* What a server's sandboxes may leave: processes under it (its own forks
+ * aside), QEMUs, state directories, cgroups. */
+function residue(pid, before) {
+  return {
+    procs: descendants(pid).filter((x) => !/^\S*ignition-mcp$/.test(x.cmd ?? '')).map((x) => `${x.pid} ${x.cmd}`),
+    qemus: IS_VM ? qemuChildren(pid).map((q) => q.pid) : [],
+    dirs: IS_VM ? vmStateDirs(pid) : [],
+    cgroups: newLeftovers(before).cgroups,
+  };
+}
+const EMPTY = { procs: [], qemus: [], dirs: [], cgroups: [] };
+
+describe('sandbox_run', () => {
+  let s, c, d;
+  before(async () => {
+    d = tempDirs();
+    s = await startServer({ tools: !TOOLS_SKIP, env: { IGN_MCP_HOST_IO_ROOT: d.root, IGN_MCP_LOG_DIR: d.logs } });
+    c = s.client;
+  });
+  after(async () => {
+    await s.close();
+    d.remove();
+  });
+
+  test('"run this Python snippet in a sandbox": one call, the output, nothing left', { ...T, skip: TOOLS_SKIP }, async () => {
+    const r = await call(c, 'sandbox_run', { command: 'python3 -c "import sys; print(sum(range(10))); print(sys.version_info[0], file=sys.stderr)"' });
+    assertReport(r);
+    assert.equal(r.exit_code, 0);
+    assert.equal(r.stdout, '45\n');
+    assert.equal(r.stderr, '3\n');
+    assert.equal(fs.readFileSync(r.stdout_log_path, 'utf8'), '45\n');
+    assert.equal(fs.statSync(r.stdout_log_path).mode & 0o777, 0o600);
+    const l = await call(c, 'list_sessions');
+    assert.deepEqual(l.sessions, [], 'the ephemeral session outlived the call');
+  });
+
+  test('a shell snippet with stdin, env and cwd', T, async () => {
+    const r = await call(c, 'sandbox_run', { command: 'pwd; echo "$GREETING"; tr a-z A-Z', stdin: 'quiet\n', env: { GREETING: 'hi' }, cwd: '/tmp' });
+    assertReport(r);
+    assert.equal(r.stdout, '/tmp\nhi\nQUIET\n');
+    fs.writeFileSync(path.join(d.root, 'in.txt'), 'from the host\n');
+    const f = await call(c, 'sandbox_run', { command: 'cat', stdin_file: 'in.txt' });
+    assert.equal(f.stdout, 'from the host\n');
+  });
+
+  test('a project copied in, built with make, the binary copied out', { ...T, skip: TOOLS_SKIP }, async () => {
+    const proj = path.join(d.root, 'hello');
+    fs.mkdirSync(proj);
+    fs.writeFileSync(path.join(proj, 'hello.c'), '#include <stdio.h>\nint main(void) { puts("hello from the sandbox"); return 0; }\n');
+    fs.writeFileSync(path.join(proj, 'Makefile'), 'hello: hello.c\n\tcc -O2 -o hello hello.c\n');
+    fs.mkdirSync(path.join(d.root, 'dist'));
+    const r = await call(c, 'sandbox_run', {
+      command: 'make -C /work/hello && /work/hello/hello',
+      copy_in: [{ host: 'hello', guest: '/work/hello' }],
+      copy_out: [{ guest: '/work/hello/hello', host: 'dist/hello' }],
+      timeout_s: 120,
+    });
+    assertReport(r);
+    assert.equal(r.exit_code, 0, r.stderr);
+    assert.match(r.stdout, /hello from the sandbox/);
+    assert.equal(typeof r.copy_in_ms, 'number');
+    assert.equal(typeof r.copy_out_ms, 'number');
+    assert.deepEqual(r.copied.map((e) => [e.direction, e.ok ?? true]), [['in', true], ['out', true]]);
+    const bin = fs.readFileSync(path.join(d.root, 'dist/hello'));
+    assert.equal(bin.subarray(0, 4).toString('latin1'), '\x7fELF');
+    const mode = fs.statSync(path.join(d.root, 'dist/hello')).mode & 0o7777;
+    assert.equal(mode & 0o111, 0o111, 'the binary came back without its x bits');
+    assert.equal(mode & 0o7022, 0, 'setuid or group/other write came through');
+  });
+
+  test('copy_out runs after a failing command, not after a timeout', T, async () => {
+    const r = await call(c, 'sandbox_run', { command: 'echo report > /root/report; exit 3', copy_out: [{ guest: '/root/report', host: 'report.txt' }] });
+    assert.equal(r.exit_code, 3);
+    assert.equal(r.copied[0].ok, true);
+    assert.equal(fs.readFileSync(path.join(d.root, 'report.txt'), 'utf8'), 'report\n');
+    const t = await call(c, 'sandbox_run', { command: 'echo x > /root/late; sleep 30', timeout_s: 2, copy_out: [{ guest: '/root/late', host: 'late.txt' }] });
+    assert.equal(t.timed_out, true);
+    assert.equal(t.copied[0].ok, false);
+    assert.match(t.copied[0].error, /timed out/);
+    assert.equal(fs.existsSync(path.join(d.root, 'late.txt')), false);
+    // A copy_out entry that fails is reported, the others still happen.
+    const m = await call(c, 'sandbox_run', { command: 'echo ok > /root/ok', copy_out: [{ guest: '/root/none', host: 'none' }, { guest: '/root/ok', host: 'ok.txt' }] });
+    assert.equal(m.copied[0].ok, false);
+    assert.match(m.copied[0].error, /sandbox/);
+    assert.equal(m.copied[1].ok, true);
+    assert.equal(fs.readFileSync(path.join(d.root, 'ok.txt'), 'utf8'), 'ok\n');
+  });
+
+  test('a copy_in that fails stops the call before the command, naming the entry', T, async () => {
+    const m = await callErr(c, 'sandbox_run', { command: 'touch /root/ran', copy_in: [{ host: 'does-not-exist', guest: '/work/x' }] });
+    assert.match(m, /copy_in\[0\]/);
+    assert.match(m, /host side/);
+    assert.match(m, /did not run/);
+  });
+
+  test('commit_as then stage: the environment carries over; only an exit 0 commits', T, async () => {
+    const name = `e2e/sbrun-${process.pid}`;
+    const r = await call(c, 'sandbox_run', { command: 'echo prepared > /root/marker', commit_as: name, timeout_s: 120 });
+    assert.equal(r.exit_code, 0);
+    assert.equal(r.stage_name, name);
+    assert.match(r.stage_id, /./);
+    assert.equal(typeof r.commit_ms, 'number');
+    const u = await call(c, 'sandbox_run', { command: 'cat /root/marker', stage: name, timeout_s: 120 });
+    assert.equal(u.stdout, 'prepared\n');
+    assert.equal(u.path, 'stage');
+    const f = await call(c, 'sandbox_run', { command: 'echo other > /root/marker; exit 1', commit_as: name });
+    assert.equal(f.stage_name, undefined);
+    assert.match(f.commit_skipped, /exit 0/);
+    const again = await call(c, 'sandbox_run', { command: 'cat /root/marker', stage: name });
+    assert.equal(again.stdout, 'prepared\n');
+    await call(c, 'stage_rm', { name });
+  });
+
+  test('refusals: network and allow_hosts (no egress filter yet), stdin with stdin_file, a bad stage name', T, async () => {
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', allow_hosts: ['pypi.org'] }), /allow_hosts.*not available yet/);
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', network: true }), /IGN_MCP_NET/);
+    const ok = await call(c, 'sandbox_run', { command: 'true', network: false });
+    assert.equal(ok.exit_code, 0);
+    assert.match(await callErr(c, 'sandbox_run', { command: 'cat', stdin: 'a', stdin_file: 'in.txt' }), /not both/);
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', stage: 'no/such-stage' }), /no-such|no stage|such-stage/);
+  });
+
+  test('timeout_s covers the whole call: the command gets what is left', T, async () => {
+    const t0 = Date.now();
+    const r = await call(c, 'sandbox_run', { command: 'sleep 60', timeout_s: 3 });
+    const took = Date.now() - t0;
+    assert.equal(r.timed_out, true);
+    assert.ok(r.duration_ms <= 3000 + 500, `the command ran ${r.duration_ms} ms of a 3 s budget`);
+    assert.ok(took < 3000 + 10_000, `the call took ${took} ms`);
+  });
+
+  test('it counts against the session cap while it runs', T, async () => {
+    const s2 = await startServer({ env: { IGN_MCP_HOST_IO_ROOT: d.root, IGN_MCP_LOG_DIR: d.logs, IGN_MCP_MAX_SESSIONS: 1 } });
+    try {
+      const p = s2.client.callTool({ name: 'sandbox_run', arguments: { command: 'sleep 3' } }, undefined, { timeout: 120000 });
+      const busy = await waitUntil(async () => (await call(s2.client, 'list_sessions')).sessions.length === 1, { timeoutMs: 60000 });
+      assert.ok(busy, 'the running sandbox_run was not listed');
+      const l = await call(s2.client, 'list_sessions');
+      assert.equal(l.sessions[0].ephemeral, true);
+      assert.match(await callErr(s2.client, 'open_session', {}), /IGN_MCP_MAX_SESSIONS/);
+      const r = await p;
+      assert.equal(r.isError ?? false, false, textOf(r));
+      await openSession(s2.client);
+      assert.match(await callErr(s2.client, 'sandbox_run', { command: 'true' }), /IGN_MCP_MAX_SESSIONS/);
+    } finally {
+      await s2.close();
+    }
+  });
+});
+
+describe('nothing outlives sandbox_run', () => {
+  test('100 calls, cancelled and timed-out ones among them: no process, state directory or cgroup left', { timeout: 1_200_000 }, async () => {
+    const d = tempDirs();
+    const before = leftovers();
+    // vm: no pool and no spares, so that every QEMU is a call's.
+    const s = await startServer({ env: { IGN_MCP_HOST_IO_ROOT: d.root, IGN_MCP_LOG_DIR: d.logs, ...(IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {}) } });
+    try {
+      const c = s.client;
+      let cancelled = 0, timedOut = 0, ok = 0;
+      for (let i = 0; i < 100; i++) {
+        if (i % 10 === 3) {
+          const ac = new AbortController();
+          const p = c.callTool({ name: 'sandbox_run', arguments: { command: 'sleep 60' } }, undefined, { signal: ac.signal, timeout: 120000 });
+          setTimeout(() => ac.abort(), 200 + (i % 7) * 100);
+          await assert.rejects(p);
+          cancelled++;
+        } else if (i % 10 === 7) {
+          const r = await call(c, 'sandbox_run', { command: 'sleep 60', timeout_s: 1 });
+          assert.equal(r.timed_out, true);
+          timedOut++;
+        } else {
+          const r = await call(c, 'sandbox_run', { command: 'true' });
+          assert.equal(r.exit_code, 0);
+          ok++;
+        }
+      }
+      assert.deepEqual({ ok, cancelled, timedOut }, { ok: 80, cancelled: 10, timedOut: 10 });
+      // The cancelled calls end (and clean up) on their own threads.
+      const clean = await waitUntil(() => {
+        const r = residue(s.pid, before);
+        return JSON.stringify(r) === JSON.stringify(EMPTY) ? r : null;
+      }, { timeoutMs: 30000 });
+      assert.ok(clean, `left behind: ${JSON.stringify(residue(s.pid, before))}`);
+      assert.deepEqual((await call(c, 'list_sessions')).sessions, []);
+    } finally {
+      await s.close();
+      d.remove();
+    }
+  });
+});
