@@ -158,7 +158,8 @@ static int by_mtime(const void *a, const void *b) {
 static bool is_log_name(const char *n) {
   size_t len = strlen(n);
   return n[0] != '.' && ((len > 7 && strcmp(n + len - 7, ".stdout") == 0) ||
-                         (len > 7 && strcmp(n + len - 7, ".stderr") == 0));
+                         (len > 7 && strcmp(n + len - 7, ".stderr") == 0) ||
+                         (len > 7 && strcmp(n + len - 7, ".serial") == 0));
 }
 
 /* Removes NAME if no one holds it open (its flock).  Returns true if it went. */
@@ -657,4 +658,38 @@ void runlog_close_run(struct runlog *logs[2], const char *open_err, json_t *resu
     msg = strdup(open_err);
   if (msg)
     json_object_set_new(result, "log_error", json_string(msg));
+}
+
+char *runlog_keep_serial(const char *session_id, const char *src) {
+  if (!src)
+    return NULL;
+  /* The file is the QEMU's (its uid's, when the server is root): never
+   * follow a link there, never block on a FIFO, only a regular file. */
+  _cleanup_close_ int in = open(src, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode))
+    return NULL;
+  char stem[80];
+  safe_name(session_id, stem, sizeof stem);
+  _cleanup_free_ char *name = xasprintf("%s.serial", stem), *err = NULL;
+  pthread_mutex_lock(&rl.lock);
+  int r = rl.cap && rl.dir ? dir_ready_locked(&err) : -ENOENT;
+  int out = r < 0 ? -1 : openat(rl.dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  char *path = out >= 0 ? xasprintf("%s/%s", rl.dir, name) : NULL;
+  size_t cap = rl.cap;
+  pthread_mutex_unlock(&rl.lock);
+  if (out < 0) {
+    if (r != -ENOENT)
+      log_warn("cannot keep the serial log of %s: %s", session_id, err ? err : strerror(errno));
+    return NULL;
+  }
+  char buf[65536];
+  for (size_t total = 0; total < cap;) {
+    ssize_t n = read(in, buf, cap - total < sizeof buf ? cap - total : sizeof buf);
+    if (n <= 0 || write(out, buf, (size_t)n) != n)
+      break;
+    total += (size_t)n;
+  }
+  close(out);
+  return path;
 }

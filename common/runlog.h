@@ -34,3 +34,9 @@ void runlog_tap(void *ctx, int stream, const void *data, size_t len);
  * adds stdout_log_path and stderr_log_path to RESULT (a JSON object), or
  * log_error when the logs are incomplete or could not be opened (OPEN_ERR). */
 void runlog_close_run(struct runlog *logs[2], const char *open_err, json_t *result);
+
+/* Copies the serial log SRC of a microVM that is going away into the log
+ * directory as <session_id>.serial (at most the cap; pruned like the
+ * others).  Returns its path (malloc'd), or NULL when there is none or it
+ * could not be kept (logged). */
+char *runlog_keep_serial(const char *session_id, const char *src);

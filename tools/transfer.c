@@ -340,39 +340,6 @@ int stdin_file_load(const char *tool, const char *path, void **ret_data, size_t 
 
 /* ---- sandbox_run ---- */
 
-/* Keeps the serial log of a vm sandbox (its state directory goes with it) in
- * the log directory, as <id>.serial, at most cfg.log_cap bytes.  Returns the
- * path, or NULL (no serial log, or it could not be kept: logged). */
-static char *keep_serial_log(const char *id, const char *src) {
-  if (!src || !cfg.log_dir)
-    return NULL;
-  _cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (in < 0)
-    return NULL;
-  (void)mkdir(cfg.log_dir, 0700);
-  char *dst = xasprintf("%s/%s.serial", cfg.log_dir, id);
-  _cleanup_close_ int out =
-      open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (out < 0) {
-    log_warn("sandbox_run %s: cannot keep the serial log at %s: %s", id, dst, strerror(errno));
-    free(dst);
-    return NULL;
-  }
-  char buf[65536];
-  size_t total = 0;
-  for (;;) {
-    ssize_t n = read(in, buf, sizeof buf);
-    if (n <= 0)
-      break;
-    if (total + (size_t)n > cfg.log_cap)
-      n = (ssize_t)(cfg.log_cap - total);
-    if (n <= 0 || write(out, buf, (size_t)n) != n)
-      break;
-    total += (size_t)n;
-  }
-  return dst;
-}
-
 struct sbrun {
   /* arguments */
   const char *command, *stage, *commit_as, *cwd, *in, *in_file;
@@ -615,7 +582,7 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
 
   /* Teardown: nothing outlives the call. */
   json_t *sinfo = json_object_get(info, "serial_log_path");
-  _cleanup_free_ char *serial = o ? keep_serial_log(id, json_string_value(sinfo)) : NULL;
+  _cleanup_free_ char *serial = o ? runlog_keep_serial(id, json_string_value(sinfo)) : NULL;
   uint64_t td0 = mono_ms();
   session_end_ephemeral(&l);
   uint64_t teardown_ms = mono_ms() - td0;
