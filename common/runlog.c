@@ -32,8 +32,8 @@
 #include "common/util.h"
 #include "mcp/log.h"
 
-#define QUEUE_MAX (16u << 20)     /* bytes queued for all logs together */
-#define LOG_QUEUE_MAX (8u << 20)  /* bytes queued for one log */
+#define QUEUE_MAX (64u << 20)     /* bytes queued for all logs together */
+#define LOG_QUEUE_MAX (32u << 20) /* bytes queued for one log */
 #define CHUNK_SIZE (256u << 10)
 #define CLOSE_WAIT_MS 5000u       /* how long closing waits for queued bytes */
 #define PRUNE_EVERY_MS 60000u

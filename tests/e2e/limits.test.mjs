@@ -134,6 +134,22 @@ const ROWS = [
       }),
   },
   {
+    row: 'log size',
+    run: () =>
+      withServer({ IGN_MCP_LOG_CAP: 4096 }, async (c) => {
+        const sid = await openSession(c);
+        const at = await run(c, sid, "head -c 4096 /dev/zero | tr '\\0' a");
+        assert.equal(at.log_error, undefined);
+        assert.equal(fs.readFileSync(at.stdout_log_path, 'utf8'), 'a'.repeat(4096), 'a log at the cap is whole, without a marker');
+        const past = await run(c, sid, "head -c 5000 /dev/zero | tr '\\0' b");
+        assert.equal(past.exit_code, 0, 'the run is unaffected');
+        assert.equal(past.stdout_bytes, 5000);
+        const log = fs.readFileSync(past.stdout_log_path, 'utf8');
+        assert.ok(log.startsWith('b'.repeat(4096)), 'the first 4096 bytes are kept');
+        assert.match(log.slice(4096), /^\n?\[ignition-mcp: log cut at 4096 bytes; the run wrote 5000\]\n?$/);
+      }),
+  },
+  {
     row: 'file size',
     run: () =>
       withServer({ IGN_MCP_MAX_FILE: 1024 }, async (c) => {
@@ -177,7 +193,7 @@ const ROWS = [
         const sid = await openSession(c);
         assert.equal(await sh(c, sid, 'wc -c', { stdin: 's'.repeat(1024) }), '1024\n');
         const e = await callErr(c, 'run', { session_id: sid, command: 'wc -c', stdin: 's'.repeat(1025) });
-        assert.match(e, /^run: 'stdin' is 1025 bytes, over the 1024 byte cap \(IGN_MCP_MAX_STDIN\); write the input to a file with write_file and redirect it instead$/);
+        assert.match(e, /^run: 'stdin' is 1025 bytes, over the 1024 byte cap \(IGN_MCP_MAX_STDIN\); write the input to a file with write_file and redirect it instead, or name a file on the host with 'stdin_file'$/);
       }),
   },
   {
