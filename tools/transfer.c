@@ -561,9 +561,16 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
     }
   }
 
-  /* commit_as: only a command that exited 0. */
+  /* commit_as: only a command that exited 0, and only while the call is
+   * neither cancelled nor out of time (a cancelled call leaves no stage). */
   if (o && a.commit_as) {
-    if (res.exit_code == 0 && !res.signal && !res.timed_out) {
+    if (atomic_load(&w.stop)) {
+      json_object_set_new(o, "commit_skipped",
+                          json_string(atomic_load(&w.expired)
+                                          ? "timeout_s was spent before the commit, so nothing "
+                                            "was committed; raise timeout_s"
+                                          : "the call was cancelled, so nothing was committed"));
+    } else if (res.exit_code == 0 && !res.signal && !res.timed_out) {
       json_t *ci = NULL;
       _cleanup_free_ char *cerr = NULL;
       if (session_commit_ephemeral(&l, a.commit_as, true, &ci, &cerr) == 0) {

@@ -228,3 +228,57 @@ describe('nothing outlives sandbox_run', () => {
     }
   });
 });
+
+/* The staging entries a copy to the host leaves in DIR while it runs. */
+const staging = (dir) => fs.readdirSync(dir).filter((n) => /\.ign-\d+-\d+$/.test(n));
+
+describe('sandbox_run cancelled or out of time at any step', () => {
+  let s, c, d, before_;
+  before(async () => {
+    d = tempDirs();
+    before_ = leftovers();
+    s = await startServer({ env: { IGN_MCP_HOST_IO_ROOT: d.root, IGN_MCP_LOG_DIR: d.logs, ...(IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {}) } });
+    c = s.client;
+  });
+  after(async () => {
+    await s.close();
+    d.remove();
+  });
+
+  test('a call cancelled during its copy_out commits nothing and leaves nothing', T, async () => {
+    const name = `e2e/cancel-commit-${process.pid}`;
+    const ac = new AbortController();
+    const p = c.callTool({ name: 'sandbox_run', arguments: {
+      command: 'dd if=/dev/zero of=/root/big bs=1M count=0 seek=1000 2>/dev/null', commit_as: name,
+      copy_out: [{ guest: '/root/big', host: 'big' }], timeout_s: 300,
+    } }, undefined, { signal: ac.signal, timeout: 300_000 });
+    const seen = await waitUntil(() => staging(d.root).length > 0, { timeoutMs: 120_000, intervalMs: 20 });
+    assert.ok(seen, 'copy_out never started');
+    ac.abort('test cancels during copy_out');
+    await assert.rejects(p);
+    const gone = await waitUntil(async () => (await call(c, 'list_sessions')).sessions.length === 0, { timeoutMs: 60_000 });
+    assert.ok(gone, 'the cancelled call never ended');
+    const st = await c.callTool({ name: 'stage_info', arguments: { name } });
+    assert.equal(st.isError, true, `a cancelled call committed stage ${name}: ${textOf(st).slice(0, 300)}`);
+    assert.deepEqual(fs.readdirSync(d.root), [], 'the cancelled copy_out left something on the host');
+    const clean = await waitUntil(() => JSON.stringify(residue(s.pid, before_)) === JSON.stringify(EMPTY), { timeoutMs: 30000 });
+    assert.ok(clean, `left behind: ${JSON.stringify(residue(s.pid, before_))}`);
+  });
+
+  test('a call out of time during its copy_out commits nothing and returns within timeout_s', T, async () => {
+    const name = `e2e/late-commit-${process.pid}`;
+    const t0 = Date.now();
+    const r = await c.callTool({ name: 'sandbox_run', arguments: {
+      command: 'dd if=/dev/zero of=/root/big bs=1M count=0 seek=1000 2>/dev/null', commit_as: name,
+      copy_out: [{ guest: '/root/big', host: 'late' }], timeout_s: IS_VM ? 20 : 5,
+    } }, undefined, { timeout: 300_000 });
+    const took = Date.now() - t0;
+    const o = r.structuredContent;
+    if (!r.isError && o.copied?.[0]?.ok === true) return; // the copy was faster than the budget: nothing to see
+    assert.equal(o?.stage_name, undefined, `a call out of time committed: ${textOf(r).slice(0, 400)}`);
+    const st = await c.callTool({ name: 'stage_info', arguments: { name } });
+    assert.equal(st.isError, true, `a call out of time committed stage ${name}`);
+    assert.deepEqual(fs.readdirSync(d.root).filter((n) => n !== 'late'), []);
+    assert.ok(took < (IS_VM ? 20 : 5) * 1000 + 5000, `the call took ${took} ms`);
+  });
+});
