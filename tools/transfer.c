@@ -260,6 +260,10 @@ static char *copy_error(struct copy *c, const char *tool, const struct lease *l,
   }
   if (r == -EPROTO) {
     *ret_dead = true;
+    if (lease_ephemeral(l))
+      return xasprintf("%s failed: the sandbox's agent broke the protocol (%s); the sandbox is "
+                       "destroyed. Call sandbox_run again.",
+                       tool, c->guest_err ? c->guest_err : "?");
     return conn_fault(c->in ? "copy_in failed" : "copy_out failed", id, c->guest_err);
   }
   return xasprintf("%s failed in the sandbox, %s '%s': %s%s", tool, c->in ? "writing" : "reading",

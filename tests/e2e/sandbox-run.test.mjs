@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, call, callErr, openSession, sleep, waitUntil, descendants, qemuChildren, vmStateDirs,
-  leftovers, newLeftovers, IS_VM, IS_NS, TOOLS_SKIP, textOf,
+  leftovers, newLeftovers, IS_VM, IS_NS, TOOLS_SKIP, VM_ONLY, textOf,
 } from './lib.mjs';
 
 const T = { timeout: 300_000 };
@@ -232,7 +232,7 @@ describe('nothing outlives sandbox_run', () => {
 /* The staging entries a copy to the host leaves in DIR while it runs. */
 const staging = (dir) => fs.readdirSync(dir).filter((n) => /\.ign-\d+-\d+$/.test(n));
 
-describe('sandbox_run cancelled or out of time at any step', () => {
+describe('sandbox_run cancelled, out of time, or losing its sandbox', () => {
   let s, c, d, before_;
   before(async () => {
     d = tempDirs();
@@ -280,5 +280,11 @@ describe('sandbox_run cancelled or out of time at any step', () => {
     assert.equal(st.isError, true, `a call out of time committed stage ${name}`);
     assert.deepEqual(fs.readdirSync(d.root).filter((n) => n !== 'late'), []);
     assert.ok(took < (IS_VM ? 20 : 5) * 1000 + 5000, `the call took ${took} ms`);
+  });
+
+  test('a sandbox that dies under sandbox_run: the error says to call sandbox_run again, not to reset an id no tool reaches', { ...T, skip: VM_ONLY('a command cannot end a namespace sandbox') }, async () => {
+    const m = await callErr(c, 'sandbox_run', { command: 'echo o > /proc/sysrq-trigger; sleep 30', timeout_s: 60 });
+    assert.doesNotMatch(m, /reset\(|close it/, m);
+    assert.match(m, /sandbox_run again/, m);
   });
 });
