@@ -493,12 +493,25 @@ void session_release(struct lease *l) {
 
 struct agent_conn *lease_conn(const struct lease *l) { return l->h->conn; }
 const char *lease_id(const struct lease *l) { return l->s->id; }
+bool lease_ephemeral(const struct lease *l) { return l->s->ephemeral; }
 
 char *lease_failure(const struct lease *l, const char *what_failed) {
   pthread_mutex_lock(&lock);
   const char *retired = l->h->retired;
   const char *removed_why = l->s->removed ? l->s->removed_why : NULL;
   pthread_mutex_unlock(&lock);
+  if (l->s->ephemeral) {
+    /* No tool reaches it by its id: say what to call instead. */
+    _cleanup_free_ char *why =
+        removed_why || !l->h->sb->ops->death_reason ? NULL : l->h->sb->ops->death_reason(l->h->sb);
+    return xasprintf("%s: its one-shot sandbox %s%s%s; it is destroyed and nothing was left "
+                     "behind.%s",
+                     what_failed, removed_why ? "was " : "died (",
+                     removed_why ? removed_why : why ? why : "its sandbox exited",
+                     removed_why ? "" : ")",
+                     removed_why ? "" : " Call sandbox_run again (a command that stops the "
+                                        "sandbox itself fails the same way).");
+  }
   if (removed_why)
     return xasprintf("%s: session '%s' was %s while this call ran. Call open_session for a new "
                      "session.",

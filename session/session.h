@@ -53,8 +53,10 @@ int session_commit_ephemeral(const struct lease *l, const char *name, bool repla
 void session_release(struct lease *l);
 struct agent_conn *lease_conn(const struct lease *l);
 const char *lease_id(const struct lease *l);
+bool lease_ephemeral(const struct lease *l);
 /* A sentence for a call whose sandbox connection failed: it names the id and
- * says whether the session was closed, reset, or died (and why). */
+ * says whether the session was closed, reset, or died (and why); for an
+ * ephemeral session, that sandbox_run is the call to make again. */
 char *lease_failure(const struct lease *l, const char *what_failed);
 
 /* A fresh sandbox under the same id, from stage STAGE (NULL: the base). */

@@ -260,6 +260,10 @@ static char *copy_error(struct copy *c, const char *tool, const struct lease *l,
   }
   if (r == -EPROTO) {
     *ret_dead = true;
+    if (lease_ephemeral(l))
+      return xasprintf("%s failed: the sandbox's agent broke the protocol (%s); the sandbox is "
+                       "destroyed. Call sandbox_run again.",
+                       tool, c->guest_err ? c->guest_err : "?");
     return conn_fault(c->in ? "copy_in failed" : "copy_out failed", id, c->guest_err);
   }
   return xasprintf("%s failed in the sandbox, %s '%s': %s%s", tool, c->in ? "writing" : "reading",
@@ -561,9 +565,16 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
     }
   }
 
-  /* commit_as: only a command that exited 0. */
+  /* commit_as: only a command that exited 0, and only while the call is
+   * neither cancelled nor out of time (a cancelled call leaves no stage). */
   if (o && a.commit_as) {
-    if (res.exit_code == 0 && !res.signal && !res.timed_out) {
+    if (atomic_load(&w.stop)) {
+      json_object_set_new(o, "commit_skipped",
+                          json_string(atomic_load(&w.expired)
+                                          ? "timeout_s was spent before the commit, so nothing "
+                                            "was committed; raise timeout_s"
+                                          : "the call was cancelled, so nothing was committed"));
+    } else if (res.exit_code == 0 && !res.signal && !res.timed_out) {
       json_t *ci = NULL;
       _cleanup_free_ char *cerr = NULL;
       if (session_commit_ephemeral(&l, a.commit_as, true, &ci, &cerr) == 0) {

@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, call, callErr, openSession, sleep, waitUntil, descendants, qemuChildren, vmStateDirs,
-  leftovers, newLeftovers, IS_VM, IS_NS, TOOLS_SKIP, textOf,
+  leftovers, newLeftovers, IS_VM, IS_NS, TOOLS_SKIP, VM_ONLY, textOf,
 } from './lib.mjs';
 
 const T = { timeout: 300_000 };
@@ -226,5 +226,179 @@ describe('nothing outlives sandbox_run', () => {
       await s.close();
       d.remove();
     }
+  });
+});
+
+/* The staging entries a copy to the host leaves in DIR while it runs. */
+const staging = (dir) => fs.readdirSync(dir).filter((n) => /\.ign-\d+-\d+$/.test(n));
+
+describe('sandbox_run cancelled, out of time, or losing its sandbox', () => {
+  let s, c, d, before_;
+  before(async () => {
+    d = tempDirs();
+    before_ = leftovers();
+    s = await startServer({ env: { IGN_MCP_HOST_IO_ROOT: d.root, IGN_MCP_LOG_DIR: d.logs, ...(IS_VM ? { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } : {}) } });
+    c = s.client;
+  });
+  after(async () => {
+    await s.close();
+    d.remove();
+  });
+
+  test('a call cancelled during its copy_out commits nothing and leaves nothing', T, async () => {
+    const name = `e2e/cancel-commit-${process.pid}`;
+    const ac = new AbortController();
+    const p = c.callTool({ name: 'sandbox_run', arguments: {
+      command: 'dd if=/dev/zero of=/root/big bs=1M count=0 seek=1000 2>/dev/null', commit_as: name,
+      copy_out: [{ guest: '/root/big', host: 'big' }], timeout_s: 300,
+    } }, undefined, { signal: ac.signal, timeout: 300_000 });
+    const seen = await waitUntil(() => staging(d.root).length > 0, { timeoutMs: 120_000, intervalMs: 20 });
+    assert.ok(seen, 'copy_out never started');
+    ac.abort('test cancels during copy_out');
+    await assert.rejects(p);
+    const gone = await waitUntil(async () => (await call(c, 'list_sessions')).sessions.length === 0, { timeoutMs: 60_000 });
+    assert.ok(gone, 'the cancelled call never ended');
+    const st = await c.callTool({ name: 'stage_info', arguments: { name } });
+    assert.equal(st.isError, true, `a cancelled call committed stage ${name}: ${textOf(st).slice(0, 300)}`);
+    assert.deepEqual(fs.readdirSync(d.root), [], 'the cancelled copy_out left something on the host');
+    const clean = await waitUntil(() => JSON.stringify(residue(s.pid, before_)) === JSON.stringify(EMPTY), { timeoutMs: 30000 });
+    assert.ok(clean, `left behind: ${JSON.stringify(residue(s.pid, before_))}`);
+  });
+
+  test('a call out of time during its copy_out commits nothing and returns within timeout_s', T, async () => {
+    const name = `e2e/late-commit-${process.pid}`;
+    // The command leaves about a second of the budget to copy 1000 MB out.
+    const [wait, budget] = IS_VM ? [12, 15] : [3, 4];
+    const t0 = Date.now();
+    const r = await c.callTool({ name: 'sandbox_run', arguments: {
+      command: `dd if=/dev/zero of=/root/big bs=1M count=0 seek=1000 2>/dev/null; sleep ${wait}`, commit_as: name,
+      copy_out: [{ guest: '/root/big', host: 'late' }], timeout_s: budget,
+    } }, undefined, { timeout: 300_000 });
+    const took = Date.now() - t0;
+    const o = r.structuredContent;
+    assert.equal(r.isError ?? false, false, textOf(r));
+    assert.equal(o.timed_out, false, 'the command itself ran out of time: nothing tested');
+    assert.equal(o.copied[0].ok, false, 'the copy_out fitted in the budget: nothing tested');
+    assert.equal(o.stage_name, undefined, `a call out of time committed: ${textOf(r).slice(0, 400)}`);
+    assert.match(o.commit_skipped, /timeout_s/);
+    const st = await c.callTool({ name: 'stage_info', arguments: { name } });
+    assert.equal(st.isError, true, `a call out of time committed stage ${name}`);
+    assert.deepEqual(fs.readdirSync(d.root), [], 'the copy_out out of time left something on the host');
+    assert.ok(took < budget * 1000 + 5000, `the call took ${took} ms of a ${budget} s budget`);
+  });
+
+  test('a sandbox that dies under sandbox_run: the error says to call sandbox_run again, not to reset an id no tool reaches', { ...T, skip: VM_ONLY('a command cannot end a namespace sandbox') }, async () => {
+    const m = await callErr(c, 'sandbox_run', { command: 'echo o > /proc/sysrq-trigger; sleep 30', timeout_s: 60 });
+    assert.doesNotMatch(m, /reset\(|close it/, m);
+    assert.match(m, /sandbox_run again/, m);
+  });
+
+  test('the ephemeral session is listed but no other tool reaches it', T, async () => {
+    const p = c.callTool({ name: 'sandbox_run', arguments: { command: 'sleep 8', timeout_s: 120 } }, undefined, { timeout: 300_000 });
+    const l = await waitUntil(async () => (await call(c, 'list_sessions')).sessions[0], { timeoutMs: 60_000, intervalMs: 50 });
+    assert.ok(l, 'never listed');
+    assert.equal(l.ephemeral, true);
+    const id = l.session_id;
+    for (const [tool, args] of [
+      ['run', { session_id: id, command: 'true' }],
+      ['write_file', { session_id: id, path: '/root/x', content_base64: 'eA==' }],
+      ['read_file', { session_id: id, path: '/etc/hostname' }],
+      ['copy_in', { session_id: id, host_path: '.', guest_path: '/root/y' }],
+      ['copy_out', { session_id: id, guest_path: '/etc/hostname', host_path: 'h' }],
+      ['reset', { session_id: id }],
+      ['close', { session_id: id }],
+      ['commit', { session_id: id, name: 'e2e/steal' }],
+      ['fork', { session_id: id }],
+    ]) {
+      const m = await callErr(c, tool, args);
+      assert.match(m, /unknown session_id|sandbox_run/, `${tool}: ${m}`);
+    }
+    const r = await p;
+    assert.equal(r.isError ?? false, false, textOf(r));
+    assert.equal(r.structuredContent.exit_code, 0);
+  });
+
+  test('a flood of sandbox_run never has more sandboxes than the cap', T, async () => {
+    const s2 = await startServer({ env: { IGN_MCP_HOST_IO_ROOT: d.root, IGN_MCP_LOG_DIR: d.logs, IGN_MCP_MAX_SESSIONS: 2 } });
+    try {
+      let max = 0, stop = false;
+      const watch = (async () => {
+        while (!stop) {
+          const n = (await call(s2.client, 'list_sessions')).sessions.length;
+          max = Math.max(max, n);
+          await sleep(20);
+        }
+      })();
+      const rs = await Promise.all(Array.from({ length: 8 }, () => s2.client.callTool({ name: 'sandbox_run', arguments: { command: 'sleep 2' } }, undefined, { timeout: 300_000 })));
+      stop = true;
+      await watch;
+      const ok = rs.filter((r) => !r.isError).length;
+      assert.ok(ok >= 1 && ok <= 8);
+      for (const r of rs.filter((r) => r.isError)) assert.match(textOf(r), /IGN_MCP_MAX_SESSIONS/);
+      assert.ok(max <= 2, `${max} sessions at once under a cap of 2`);
+    } finally {
+      await s2.close();
+    }
+  });
+
+  test('arguments that cannot work are refused before a sandbox starts', T, async () => {
+    fs.mkdirSync(path.join(d.root, 'o'));
+    for (const args of [
+      { commit_as: 'Bad Name!' },
+      { commit_as: '../x' },
+      { stdin_file: '/etc/passwd' },
+      { stdin_file: '../x' },
+    ]) {
+      const m = await callErr(c, 'sandbox_run', { command: 'echo ran > /root/f', copy_out: [{ guest: '/root/f', host: 'o/ok' }], ...args });
+      assert.doesNotMatch(m, /did not run|sandbox was destroyed/, m);
+      assert.equal(fs.existsSync(path.join(d.root, 'o/ok')), false, `ran despite ${JSON.stringify(args)}: ${m}`);
+    }
+  });
+
+  test('cancels landing anywhere (open, copy_in, run, copy_out, commit) leave no session, stage, host file or process', { timeout: 900_000 }, async () => {
+    const proj = path.join(d.root, 'proj');
+    fs.mkdirSync(proj);
+    for (let i = 0; i < 300; i++) fs.writeFileSync(path.join(proj, `f${i}`), Buffer.alloc(20_000, i));
+    fs.mkdirSync(path.join(d.root, 'out'));
+    const name = `e2e/cancels-${process.pid}`;
+    const n = IS_VM ? 12 : 30;
+    for (let i = 0; i < n; i++) {
+      const ac = new AbortController();
+      const p = c.callTool({ name: 'sandbox_run', arguments: {
+        command: 'cp -r /work/proj /root/built', commit_as: name, timeout_s: 120,
+        copy_in: [{ host: 'proj', guest: '/work/proj' }], copy_out: [{ guest: '/root/built', host: 'out/built' }],
+      } }, undefined, { signal: ac.signal, timeout: 300_000 });
+      const delay = (IS_VM ? 40 : 8) * i;
+      const mark = s.stderrText().length;
+      const t = setTimeout(() => ac.abort('test cancels'), delay);
+      let done = false;
+      try {
+        const r = await p;
+        done = !r.isError;
+      } catch {}
+      clearTimeout(t);
+      const quiet = await waitUntil(async () => (await call(c, 'list_sessions')).sessions.length === 0, { timeoutMs: 60_000 });
+      assert.ok(quiet, `cancel ${i} (${delay} ms): the call never ended`);
+      if (done) {
+        // It finished before the cancel: the stage and the copy are its to leave.
+        await c.callTool({ name: 'stage_rm', arguments: { name } });
+        fs.rmSync(path.join(d.root, 'out/built'), { recursive: true, force: true });
+        continue;
+      }
+      const st = await c.callTool({ name: 'stage_info', arguments: { name } });
+      if (!st.isError) {
+        // Only a cancel that came after the commit was made may find it.
+        const log = s.stderrText().slice(mark);
+        const made = log.indexOf('committed as stage'), cancel = log.indexOf('cancelled by the client');
+        assert.ok(made >= 0 && cancel > made, `cancel ${i} (${delay} ms) left stage ${name}:\n${log}`);
+        await c.callTool({ name: 'stage_rm', arguments: { name } });
+      }
+      const host = fs.readdirSync(path.join(d.root, 'out'));
+      // A copy_out that completed before the cancel is allowed; nothing half-made is.
+      assert.deepEqual(host.filter((x) => x !== 'built'), [], `cancel ${i} (${delay} ms) left ${host}`);
+      fs.rmSync(path.join(d.root, 'out/built'), { recursive: true, force: true });
+    }
+    const clean = await waitUntil(() => JSON.stringify(residue(s.pid, before_)) === JSON.stringify(EMPTY), { timeoutMs: 30000 });
+    assert.ok(clean, `left behind: ${JSON.stringify(residue(s.pid, before_))}`);
   });
 });
