@@ -342,8 +342,10 @@ int hostio_copy_from(const char *path, int out_fd, const struct tar_limits *lim,
   return r;
 }
 
-int hostio_copy_to(int in_fd, const char *path, const struct tar_limits *lim,
-                   const atomic_bool *cancelled, struct tar_report *rep, char **ret_err) {
+/* The destination PATH's parent, opened beneath the root, and its last
+ * component: what hostio_copy_to() writes and hostio_check_write() checks. */
+static int open_dest(const char *path, int *ret_dfd, const char **ret_last, char **ret_rel,
+                     char **ret_err) {
   if (root_fd < 0)
     return not_ready(ret_err);
   if (!copy_out_on) {
@@ -364,7 +366,7 @@ int hostio_copy_to(int in_fd, const char *path, const struct tar_limits *lim,
     return -EINVAL;
   }
   _cleanup_free_ char *parent = parent_of(rel);
-  _cleanup_close_ int dfd = open_beneath(parent, O_PATH | O_DIRECTORY);
+  int dfd = open_beneath(parent, O_PATH | O_DIRECTORY);
   if (dfd < 0) {
     if (dfd == -ENOENT || dfd == -ENOTDIR)
       *ret_err = xasprintf("the directory %s is missing (or not a directory) in %s "
@@ -375,6 +377,43 @@ int hostio_copy_to(int in_fd, const char *path, const struct tar_limits *lim,
       *ret_err = open_failure_msg(path, dfd);
     return dfd;
   }
+  *ret_dfd = dfd;
+  *ret_last = last;
+  *ret_rel = steal_ptr(rel);
+  return 0;
+}
+
+int hostio_check_write(const char *path, char **ret_err) {
+  _cleanup_free_ char *rel = NULL;
+  _cleanup_close_ int dfd = -1;
+  const char *last;
+  int r = open_dest(path, &dfd, &last, &rel, ret_err);
+  if (r < 0)
+    return r;
+  struct stat st;
+  if (fstatat(dfd, last, &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return errno == ENOENT ? 0 : -errno;
+  if (S_ISLNK(st.st_mode)) {
+    *ret_err = xasprintf("%s is a symbolic link: a copy never writes through one; remove it or "
+                         "name another destination", path);
+    return -ELOOP;
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    *ret_err = xasprintf("%s is %s: a copy replaces only a regular file or a directory; remove "
+                         "it or name another destination", path, kind_of(st.st_mode));
+    return -EEXIST;
+  }
+  return 0;
+}
+
+int hostio_copy_to(int in_fd, const char *path, const struct tar_limits *lim,
+                   const atomic_bool *cancelled, struct tar_report *rep, char **ret_err) {
+  _cleanup_free_ char *rel = NULL;
+  _cleanup_close_ int dfd = -1;
+  const char *last;
+  int r = open_dest(path, &dfd, &last, &rel, ret_err);
+  if (r < 0)
+    return r;
   _cleanup_free_ char *err = NULL;
   r = tar_unpack(in_fd, dfd, last, lim, cancelled, rep, &err);
   if (r < 0)

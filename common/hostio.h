@@ -39,6 +39,11 @@ int hostio_read_file(const char *path, size_t max, void **ret_data, size_t *ret_
 int hostio_copy_from(const char *path, int out_fd, const struct tar_limits *lim,
                      const atomic_bool *cancelled, struct tar_report *rep, char **ret_err);
 
+/* Whether PATH can be a copy's destination now (writing on, beneath the
+ * root, parent there, not a symlink, FIFO or device): sandbox_run checks its
+ * copy_out entries before a sandbox starts.  0, or -errno and *ret_err. */
+int hostio_check_write(const char *path, char **ret_err);
+
 /* copy_out's host side: makes PATH the tree of the tar stream read from
  * IN_FD with tar_unpack(). */
 int hostio_copy_to(int in_fd, const char *path, const struct tar_limits *lim,

@@ -409,6 +409,15 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
     *ret_err = xasprintf("sandbox_run: %s", copy_out_off);
     return -EPERM;
   }
+  /* A destination that cannot be written is refused before a sandbox
+   * starts, not found out after the command ran. */
+  for (size_t i = 0; i < a->n_cout; i++) {
+    _cleanup_free_ char *e = NULL;
+    if (hostio_check_write(a->cout[i].host, &e) < 0) {
+      *ret_err = xasprintf("sandbox_run: copy_out[%zu]: %s", i, e ? e : "cannot be written");
+      return -EINVAL;
+    }
+  }
   return 0;
 }
 

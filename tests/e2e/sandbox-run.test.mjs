@@ -353,6 +353,17 @@ describe('sandbox_run cancelled, out of time, or losing its sandbox', () => {
       assert.doesNotMatch(m, /did not run|sandbox was destroyed/, m);
       assert.equal(fs.existsSync(path.join(d.root, 'o/ok')), false, `ran despite ${JSON.stringify(args)}: ${m}`);
     }
+    // A copy_out destination that cannot be written: refused before the
+    // start too, naming the entry (the command would leave /root/f... and
+    // the second entry, which could be written, is not).
+    fs.symlinkSync('/tmp', path.join(d.root, 'o/link'));
+    for (const [bad, why] of [['../outside', /outside|leads out|beneath/], ['nodir/x', /missing/], ['o/link', /symbolic link/]]) {
+      const m = await callErr(c, 'sandbox_run', { command: 'echo ran > /root/f', copy_out: [{ guest: '/root/f', host: 'o/ok2' }, { guest: '/root/f', host: bad }] });
+      assert.match(m, /^sandbox_run: copy_out\[1\]: /, m);
+      assert.match(m, why, m);
+      assert.equal(fs.existsSync(path.join(d.root, 'o/ok2')), false, `ran despite copy_out to ${bad}: ${m}`);
+    }
+    assert.equal(fs.readlinkSync(path.join(d.root, 'o/link')), '/tmp', 'the link is left as it was');
   });
 
   test('cancels landing anywhere (open, copy_in, run, copy_out, commit) leave no session, stage, host file or process', { timeout: 900_000 }, async () => {
