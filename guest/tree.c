@@ -702,8 +702,13 @@ void tree_cancel_all(struct agent *a) {
     if (t->kind == TREE_FREE)
       continue;
     tree_stop(t);
-    /* Its answer would go to a host that no longer waits for it. */
+    /* Its answer would go to a host that no longer waits for it (and
+     * whose ids start again).  A tree whose tar process was reaped
+     * already gets no reaping to end it: it ends here. */
     t->got_end = true;
+    t->answered = true;
+    if (t->pid == 0)
+      tree_end(a, t);
   }
 }
 
