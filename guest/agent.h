@@ -118,6 +118,9 @@ struct tree {
    * SIGKILLed if it has not by then. */
   bool killed;
   uint64_t kill_deadline_ms;
+  /* Its ERROR went already (the host broke the protocol for it): it ends
+   * without another terminal frame. */
+  bool answered;
 };
 
 struct tree_state {

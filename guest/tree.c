@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,6 +371,10 @@ ignore:
 
 /* ---- ending ------------------------------------------------------------- */
 
+/* The host broke the protocol for T: ERROR now, and the child is stopped. */
+static void tree_refuse(struct agent *a, struct tree *t, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Tells the child to stop; it is reaped (or SIGKILLed) later. */
 static void tree_stop(struct tree *t) {
   if (t->killed)
@@ -397,6 +402,17 @@ static ssize_t tree_read_result(const struct tree *t, uint8_t *out, size_t max) 
   return (ssize_t)got;
 }
 
+static void tree_refuse(struct agent *a, struct tree *t, const char *fmt, ...) {
+  char msg[2 * PATH_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  agent_send_error(a, t->id, EPROTO, "%s", msg);
+  t->answered = true;
+  tree_stop(t);
+}
+
 /* Sends the terminal frame and frees the slot. */
 static void tree_end(struct agent *a, struct tree *t) {
   static uint8_t result[PROTO_MAX_PAYLOAD - 64];
@@ -408,7 +424,9 @@ static void tree_end(struct agent *a, struct tree *t) {
   const uint8_t *v;
   uint32_t len, err = 0;
   int found = n >= 0 ? proto_find(result, (size_t)n, TAG_ERRNO, &v, &len) : -1;
-  if (t->killed) {
+  if (t->answered) {
+    /* One terminal frame per request: it went with the protocol error. */
+  } else if (t->killed) {
     agent_send_error(a, id, ECANCELED, "copying '%s' was cancelled", t->path);
   } else if (n < 0 || found < 0) {
     if (WIFSIGNALED(t->status))
@@ -518,9 +536,8 @@ static void tree_flush(struct agent *a, struct tree *t) {
 static void tree_data(struct agent *a, struct tree *t, const struct proto_header *h,
                       const uint8_t *p) {
   if (t->kind != TREE_UNPACK || t->got_end) {
-    agent_send_error(a, t->id, EPROTO, "%s for id %u, which is not an UNPACK taking data",
-                     proto_type_name(h->type), t->id);
-    tree_stop(t);
+    tree_refuse(a, t, "%s for id %u, which is not an UNPACK taking data",
+                proto_type_name(h->type), t->id);
     return;
   }
   if (h->type == PROTO_DATA_END) {
@@ -529,10 +546,8 @@ static void tree_data(struct agent *a, struct tree *t, const struct proto_header
     return;
   }
   if (h->len > t->outstanding) {
-    agent_send_error(a, t->id, EPROTO,
-                     "the host sent %u bytes of data for '%s' with only %llu granted", h->len,
-                     t->path, (unsigned long long)t->outstanding);
-    tree_stop(t);
+    tree_refuse(a, t, "the host sent %u bytes of data for '%s' with only %llu granted", h->len,
+                t->path, (unsigned long long)t->outstanding);
     return;
   }
   t->outstanding -= h->len;
@@ -579,11 +594,10 @@ static void tree_credit(struct agent *a, struct tree *t, const uint8_t *p, size_
   int k = proto_find(p, n, TAG_WINDOW, &v, &len);
   if (k != 1 || proto_val_u32(v, len, &w) < 0 || w == 0 || t->kind != TREE_PACK ||
       t->credit + w > 2ull * TREE_WINDOW) {
-    agent_send_error(a, t->id, EPROTO,
-                     "malformed CREDIT for '%s': a WINDOW of 1..%u bytes for a PACK, within "
-                     "what it was sent",
-                     t->path, TREE_WINDOW);
-    tree_stop(t);
+    tree_refuse(a, t,
+                "malformed CREDIT for '%s': a WINDOW of 1..%u bytes for a PACK, within what it "
+                "was sent",
+                t->path, TREE_WINDOW);
     return;
   }
   t->credit += w;
@@ -688,8 +702,13 @@ void tree_cancel_all(struct agent *a) {
     if (t->kind == TREE_FREE)
       continue;
     tree_stop(t);
-    /* Its answer would go to a host that no longer waits for it. */
+    /* Its answer would go to a host that no longer waits for it (and
+     * whose ids start again).  A tree whose tar process was reaped
+     * already gets no reaping to end it: it ends here. */
     t->got_end = true;
+    t->answered = true;
+    if (t->pid == 0)
+      tree_end(a, t);
   }
 }
 

@@ -94,7 +94,8 @@ struct tree_call {
   /* UNPACK: bytes the agent lets us send, and bytes sent. */
   uint64_t credit, sent;
   /* PACK: the stream received and not written to OUT_FD yet (a ring of
-   * TREE_WINDOW bytes), what the agent may still send, and bytes received. */
+   * TREE_WINDOW bytes), what the agent may still send (counting a CREDIT
+   * still queued, which it may not use yet), and bytes received. */
   uint8_t *ring;
   size_t ring_off, ring_len;
   uint64_t window_left, received;
@@ -743,8 +744,18 @@ static char *parse_report(struct tree_call *t, uint8_t type, const uint8_t *payl
   return NULL;
 }
 
-static char *handle_tree_frame(struct pending *p, const struct proto_header *h,
-                               const uint8_t *payload) {
+/* The WINDOW of the CREDIT of request ID that still waits in the control
+ * queue (its value sits at a fixed place: the header, a tag and a length),
+ * or NULL.  With c->lock held. */
+static uint8_t *queued_credit(struct agent_conn *c, uint32_t id) {
+  for (struct out_frame *f = c->ctl_q.head; f; f = f->next)
+    if (f->id == id && f->type == PROTO_CREDIT)
+      return f->bytes + PROTO_HEADER_SIZE + 6;
+  return NULL;
+}
+
+static char *handle_tree_frame(struct agent_conn *c, struct pending *p,
+                               const struct proto_header *h, const uint8_t *payload) {
   struct tree_call *t = p->tree;
   t->last_ms = mono_ms();
   char *bad = NULL;
@@ -762,9 +773,12 @@ static char *handle_tree_frame(struct pending *p, const struct proto_header *h,
     return NULL;
   }
   case PROTO_DATA: {
-    if (h->len > t->window_left)
+    /* A grant still in the queue has not reached the agent. */
+    const uint8_t *queued = queued_credit(c, h->id);
+    uint64_t granted = t->window_left - (queued ? proto_le32(queued) : 0);
+    if (h->len > granted)
       return xasprintf("it sent %u bytes of a tree with only %llu granted", h->len,
-                       (unsigned long long)t->window_left);
+                       (unsigned long long)granted);
     if (h->len > t->stream_cap - t->received) {
       /* Not a protocol error: the tree is too large, which the agent
        * should have found; the call fails and the agent is stopped. */
@@ -820,7 +834,7 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
     return xasprintf("it answered a %s request with a %s frame", proto_type_name(p->type),
                      proto_type_name(h->type));
   if (p->tree)
-    return handle_tree_frame(p, h, payload);
+    return handle_tree_frame(c, p, h, payload);
   uint32_t version;
   char *bad = NULL;
   /* The frames made of TLV records (not output or file data). */
@@ -1548,6 +1562,32 @@ int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
 
 static bool pack_ready(const struct tree_call *t) { return t->ring_len > 0; }
 
+/* Gives the agent of the PACK P N more bytes of window.  A CREDIT not sent
+ * yet grows instead of queueing another: an agent that stops reading its
+ * channel and keeps sending cannot make the host queue a frame for each
+ * frame it sends until the write deadline.  With c->lock held. */
+static int pack_grant(struct agent_conn *c, struct pending *p, uint32_t n) {
+  if (c->dead)
+    return dead_code(c);
+  p->tree->window_left += n;
+  uint8_t *queued = queued_credit(c, p->id);
+  if (queued) {
+    proto_put_le32(queued, proto_le32(queued) + n); /* at most TREE_WINDOW */
+    return 0;
+  }
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_CREDIT, p->id);
+  proto_put_u32(&b, TAG_WINDOW, n);
+  struct out_frame *f;
+  int r = make_frame(&b, &f);
+  proto_buf_free(&b);
+  if (r < 0)
+    return r;
+  queue_push(&c->ctl_q, f);
+  pthread_cond_signal(&c->wcond);
+  return 0;
+}
+
 /* Writes some of BUF (N bytes) to FD without blocking for long: a slow
  * reader of OUT_FD must not hold a cancelled call.  A pipe or socket that
  * polls writable takes PIPE_BUF bytes without blocking; a regular file
@@ -1621,15 +1661,8 @@ int agent_pack(struct agent_conn *c, const char *guest_path, int out_fd,
     unreturned += (uint64_t)w;
     if (!p.done && (unreturned >= TREE_CREDIT_BATCH || t.ring_len == 0)) {
       /* The room is the agent's to fill again. */
-      t.window_left += unreturned;
-      struct proto_buf b = {0};
-      proto_frame_begin(&b, PROTO_CREDIT, p.id);
-      proto_put_u32(&b, TAG_WINDOW, (uint32_t)unreturned);
+      r = pack_grant(c, &p, (uint32_t)unreturned);
       unreturned = 0;
-      pthread_mutex_unlock(&c->lock);
-      r = enqueue(c, &b, true, ctl, 0, NULL);
-      proto_buf_free(&b);
-      pthread_mutex_lock(&c->lock);
     }
   }
   if (r == 0)

@@ -750,10 +750,62 @@ static void test_bad_header_closes(void) {
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
 }
 
+/* ---- trees -------------------------------------------------------------- */
+
+/* A tree the host breaks the protocol for (a CREDIT for an UNPACK, DATA for
+ * a PACK) ends with one ERROR, not a second one when its tar process is
+ * reaped: a request has exactly one terminal frame. */
+static void test_tree_violation_answers_once(void) {
+  START(c);
+  char *dir = make_tmpdir();
+  CHECK(dir != NULL);
+  if (!dir)
+    return;
+  char path[512];
+  snprintf(path, sizeof path, "%s/t", dir);
+  mkdir(path, 0755);
+  for (uint32_t id = 60; id <= 61; id++) {
+    struct proto_buf b = {0};
+    proto_frame_begin(&b, id == 60 ? PROTO_UNPACK : PROTO_PACK, id);
+    proto_put_str(&b, TAG_PATH, path);
+    proto_put_u64(&b, TAG_MAX_BYTES, 1 << 20);
+    proto_put_u64(&b, TAG_MAX_FILES, 100);
+    if (id == 61)
+      proto_put_u32(&b, TAG_WINDOW, 1); /* the child blocks on its pipe */
+    CHECK_EQ_INT(ac_send(c.fd, &b), 0);
+  }
+  struct proto_buf cr = {0};
+  proto_frame_begin(&cr, PROTO_CREDIT, 60);
+  proto_put_u32(&cr, TAG_WINDOW, 4096);
+  CHECK_EQ_INT(ac_send(c.fd, &cr), 0);
+  CHECK_EQ_INT(ac_send_raw(c.fd, PROTO_DATA, 61, "x", 1), 0);
+  CHECK_EQ_INT(ac_send_raw(c.fd, PROTO_DATA_END, 60, NULL, 0), 0);
+  /* Both tar processes end within moments of being told to stop. */
+  int errors[2] = {0, 0};
+  struct proto_header h;
+  uint64_t end = ac_now_ms() + 2000;
+  while (ac_now_ms() < end) {
+    int r = ac_recv(c.fd, &h, 100);
+    if (r == -ETIMEDOUT)
+      continue;
+    CHECK_EQ_INT(r, 0);
+    if (r < 0)
+      break;
+    if (h.type == PROTO_ERROR && (h.id == 60 || h.id == 61))
+      errors[h.id - 60]++;
+  }
+  CHECK_EQ_INT(errors[0], 1);
+  CHECK_EQ_INT(errors[1], 1);
+  CHECK(ac_ping_ok(c.fd, 62));
+  STOP(c);
+  remove_tree(dir);
+}
+
 TEST_MAIN(TEST(test_hello_and_version_mismatch), TEST(test_ping), TEST(test_stdout_stderr_exact),
           TEST(test_exit_code), TEST(test_signal), TEST(test_stdin_roundtrip),
           TEST(test_stdin_too_large), TEST(test_env_and_cwd), TEST(test_cwd_errors),
           TEST(test_timeout), TEST(test_kill_cancels), TEST(test_background_process),
           TEST(test_concurrent_execs), TEST(test_big_output), TEST(test_too_many_and_duplicate),
           TEST(test_write_read_roundtrip), TEST(test_write_errors), TEST(test_read_errors),
-          TEST(test_malformed_requests), TEST(test_bad_header_closes))
+          TEST(test_malformed_requests), TEST(test_bad_header_closes),
+          TEST(test_tree_violation_answers_once))

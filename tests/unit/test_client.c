@@ -3,6 +3,7 @@
  * reader and writer threads; the agent is a fake peer on a socketpair that
  * answers each request with what a script says, or stops reading. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -89,6 +90,9 @@ static void *peer_main(void *arg) {
 }
 
 static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
+  /* A peer may still answer after the host closed the connection: EPIPE,
+   * not a signal that ends the whole test. */
+  signal(SIGPIPE, SIG_IGN);
   int sv[2];
   CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   if (pe->small_sndbuf) {
@@ -645,10 +649,69 @@ static void control_frames_go_before_queued_data(void) {
   peer_stop(&pe, c);
 }
 
+/* ---- trees --------------------------------------------------------------- */
+
+/* PACK answered by an agent that never reads its channel again: it sends
+ * pe->arg bytes of DATA in 4 KiB frames, paced so that the host keeps up,
+ * then PACK_END.  Whatever the host grants it cannot read. */
+static void answer_pack_unread(struct peer *pe, const struct proto_header *h,
+                               const uint8_t *payload) {
+  (void)payload;
+  if (h->type != PROTO_PACK)
+    return;
+  static uint8_t chunk[4096];
+  uint64_t sent = 0;
+  while (sent < pe->arg) {
+    struct proto_buf b = {0};
+    proto_frame_begin(&b, PROTO_DATA, h->id);
+    proto_put_raw(&b, chunk, sizeof chunk);
+    if (proto_frame_finish(&b) < 0 || proto_write_all(pe->fd, b.data, b.len) < 0) {
+      proto_buf_free(&b);
+      return;
+    }
+    proto_buf_free(&b);
+    sent += sizeof chunk;
+    usleep(1000);
+  }
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_PACK_END, h->id);
+  proto_put_u64(&b, TAG_FILES, 0);
+  proto_put_u64(&b, TAG_DIRS, 0);
+  proto_put_u64(&b, TAG_SYMLINKS, 0);
+  proto_put_u64(&b, TAG_TREE_BYTES, 0);
+  proto_put_u64(&b, TAG_SKIPPED, 0);
+  proto_put_u64(&b, TAG_BYTES, sent);
+  send_frame(pe->fd, &b);
+}
+
+/* A PACK's window is what the agent was sent, not what the host queued: an
+ * agent that stops reading its channel and keeps sending (each frame the
+ * host writes out would queue a CREDIT that never leaves, one per DATA, until
+ * the write deadline) breaks the protocol once it is past what reached it. */
+static void pack_window_is_what_was_sent(void) {
+  struct peer pe = {.small_sndbuf = true};
+  struct agent_conn *c = peer_start(&pe, answer_pack_unread, 3ull * TREE_WINDOW);
+  agent_conn_set_write_deadline(c, 600000);
+  int out = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const struct tar_limits lim = {.max_bytes = 1ull << 30, .max_files = 1000};
+  struct tar_report rep = {0};
+  char *err = NULL;
+  int r = agent_pack(c, "/x", out, &lim, NULL, &rep, &err);
+  CHECK_EQ_INT(r, -EPROTO);
+  CHECK(err && strstr(err, "granted"));
+  CHECK(!agent_conn_alive(c));
+  if (r == 0)
+    tar_report_free(&rep);
+  free(err);
+  close(out);
+  peer_stop(&pe, c);
+}
+
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
           TEST(guest_errno_is_not_a_host_error),
           TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
           TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
-          TEST(control_frames_go_before_queued_data))
+          TEST(control_frames_go_before_queued_data),
+          TEST(pack_window_is_what_was_sent))
