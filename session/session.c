@@ -691,7 +691,8 @@ static uint64_t stage_need(void) {
 
 /* Saves the quiet session of L as stage NAME (NULL: anonymous). */
 static int snapshot_lease(const struct lease *l, const char *name, bool replace,
-                          struct stage **ret, struct sandbox_snapshot *ret_snap, char **ret_err) {
+                          const struct commit_stop *stop, struct stage **ret,
+                          struct sandbox_snapshot *ret_snap, char **ret_err) {
   struct sandbox *sb = l->h->sb;
   if (!agent_conn_alive(l->h->conn)) {
     *ret_err = lease_failure(l, "cannot save it");
@@ -727,17 +728,27 @@ static int snapshot_lease(const struct lease *l, const char *name, bool replace,
       log_warn("session %s: its clock could not be set after the snapshot: %s", l->s->id,
                clock_err ? clock_err : "?");
   }
+  /* The last moment a caller that gave up can still have nothing saved:
+   * the stage is not there until stage_finish() renames it into place.  The
+   * line is logged before the check, so a log that has it before the
+   * caller's cancel is the only kind that can go with a saved stage. */
+  log_info("session %s: saving stage %s", l->s->id, name ? name : "(a fork's)");
+  if (stop && stop->gave_up(stop->ctx)) {
+    stage_abort(dir);
+    *ret_err = strdup("the call ended before the stage was saved, so nothing was saved");
+    return -ECANCELED;
+  }
   struct stage_new in = {.backend = backend->name, .inputs_id = inputs,
                          .carries = ret_snap->carries, .parent = l->h->stage};
   return stage_finish(dir, name, replace, &in, ret, ret_err);
 }
 
 /* Saves the quiet session of L as stage NAME; *ret as session_commit's. */
-static int commit_lease(const struct lease *l, const char *name, bool replace, uint64_t t0,
-                        json_t **ret, char **ret_err) {
+static int commit_lease(const struct lease *l, const char *name, bool replace,
+                        const struct commit_stop *stop, uint64_t t0, json_t **ret, char **ret_err) {
   struct stage *st = NULL;
   struct sandbox_snapshot snap = {0};
-  int r = snapshot_lease(l, name, replace, &st, &snap, ret_err);
+  int r = snapshot_lease(l, name, replace, stop, &st, &snap, ret_err);
   if (r < 0)
     return r;
   const struct stage *parent = l->h->stage;
@@ -763,20 +774,20 @@ int session_commit(const char *id, const char *name, bool replace, json_t **ret,
   struct lease l;
   if ((r = quiet_begin(id, "commit", &l, ret_err)) < 0)
     return r;
-  r = commit_lease(&l, name, replace, t0, ret, ret_err);
+  r = commit_lease(&l, name, replace, NULL, t0, ret, ret_err);
   quiet_end(&l);
   return r;
 }
 
-int session_commit_ephemeral(const struct lease *l, const char *name, bool replace, json_t **ret,
-                             char **ret_err) {
+int session_commit_ephemeral(const struct lease *l, const char *name, bool replace,
+                             const struct commit_stop *stop, json_t **ret, char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
   if (!stages_supported(ret_err))
     return -EOPNOTSUPP;
   /* Only the caller's lease reaches an ephemeral session: it is quiet. */
-  return commit_lease(l, name, replace, mono_us(), ret, ret_err);
+  return commit_lease(l, name, replace, stop, mono_us(), ret, ret_err);
 }
 
 struct fork_job {
@@ -832,7 +843,7 @@ int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
   struct sandbox_snapshot snap = {0};
   int r = quiet_begin(id, "fork", &l, ret_err);
   if (r == 0) {
-    r = snapshot_lease(&l, NULL, false, &st, &snap, ret_err);
+    r = snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
     quiet_end(&l);
   }
   struct fork_job jobs[SESSION_FORK_MAX] = {0};

@@ -47,9 +47,16 @@ void session_end_ephemeral(struct lease *l);
  * L, if there is one: that open then fails at once (a sandbox_run
  * cancelled, or out of time, while it starts).  From any thread. */
 void session_kill_starting(const struct lease *l);
-/* session_commit for the ephemeral session of L (no other call runs in it). */
-int session_commit_ephemeral(const struct lease *l, const char *name, bool replace, json_t **ret,
-                             char **ret_err);
+/* Asked once, right before a stage is put in place: true when the caller
+ * gave up (cancelled, out of time), and then nothing is saved. */
+struct commit_stop {
+  bool (*gave_up)(void *ctx);
+  void *ctx;
+};
+/* session_commit for the ephemeral session of L (no other call runs in it).
+ * STOP (may be NULL): -ECANCELED when it says the caller gave up. */
+int session_commit_ephemeral(const struct lease *l, const char *name, bool replace,
+                             const struct commit_stop *stop, json_t **ret, char **ret_err);
 void session_release(struct lease *l);
 struct agent_conn *lease_conn(const struct lease *l);
 const char *lease_id(const struct lease *l);

@@ -81,6 +81,17 @@ static void *watch_main(void *arg) {
   return NULL;
 }
 
+/* The watcher's test, made now rather than at its next tick: the commit
+ * asks it at the last moment before its stage is in place. */
+static bool watch_gave_up(void *arg) {
+  struct watch *w = arg;
+  bool cancelled = atomic_load(&w->ctx->cancelled);
+  bool late = w->deadline_ms && mono_ms() >= w->deadline_ms;
+  if (late && !cancelled)
+    atomic_store(&w->expired, true);
+  return cancelled || late || atomic_load(&w->stop);
+}
+
 static int watch_start(struct watch *w, struct call_ctx *ctx, uint64_t deadline_ms,
                        const struct lease *l) {
   *w = (struct watch){.ctx = ctx, .deadline_ms = deadline_ms, .lease = l};
@@ -586,11 +597,20 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
     } else if (res.exit_code == 0 && !res.signal && !res.timed_out) {
       json_t *ci = NULL;
       _cleanup_free_ char *cerr = NULL;
-      if (session_commit_ephemeral(&l, a.commit_as, true, &ci, &cerr) == 0) {
+      const struct commit_stop stop = {.gave_up = watch_gave_up, .ctx = &w};
+      int cr = session_commit_ephemeral(&l, a.commit_as, true, &stop, &ci, &cerr);
+      if (cr == 0) {
         json_object_set(o, "stage_name", json_object_get(ci, "stage"));
         json_object_set(o, "stage_id", json_object_get(ci, "stage_id"));
         json_object_set(o, "commit_ms", json_object_get(ci, "commit_ms"));
         json_decref(ci);
+      } else if (cr == -ECANCELED) {
+        json_object_set_new(o, "commit_skipped",
+                            json_string(atomic_load(&w.expired)
+                                            ? "timeout_s was spent while the stage was being "
+                                              "saved, so nothing was committed; raise timeout_s"
+                                            : "the call was cancelled while the stage was being "
+                                              "saved, so nothing was committed"));
       } else {
         json_object_set_new(o, "commit_error", json_string(cerr ? cerr : "the commit failed"));
       }

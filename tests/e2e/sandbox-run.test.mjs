@@ -398,9 +398,10 @@ describe('sandbox_run cancelled, out of time, or losing its sandbox', () => {
       }
       const st = await c.callTool({ name: 'stage_info', arguments: { name } });
       if (!st.isError) {
-        // Only a cancel that came after the commit was made may find it.
+        // Only a cancel that came after the commit's last check may find it
+        // (the server logs "saving stage" right before that check).
         const log = s.stderrText().slice(mark);
-        const made = log.indexOf('committed as stage'), cancel = log.indexOf('cancelled by the client');
+        const made = log.indexOf(`saving stage ${name}`), cancel = log.indexOf('cancelled by the client');
         assert.ok(made >= 0 && cancel > made, `cancel ${i} (${delay} ms) left stage ${name}:\n${log}`);
         await c.callTool({ name: 'stage_rm', arguments: { name } });
       }
