@@ -157,17 +157,21 @@ struct pack {
   char *err;
 };
 
-__attribute__((format(printf, 3, 4))) static int pack_fail(struct pack *p, int code,
-                                                           const char *fmt, ...) {
-  if (!p->err) {
+/* Keeps the first failure's message in *ERR (later ones only explain it);
+ * returns CODE. */
+__attribute__((format(printf, 3, 4))) static int first_fail(char **err, int code,
+                                                            const char *fmt, ...) {
+  if (!*err) {
     va_list ap;
     va_start(ap, fmt);
-    if (vasprintf(&p->err, fmt, ap) < 0)
+    if (vasprintf(err, fmt, ap) < 0)
       abort();
     va_end(ap);
   }
   return code;
 }
+#define pack_fail(p, code, ...) first_fail(&(p)->err, code, __VA_ARGS__)
+#define unpack_fail(u, code, ...) first_fail(&(u)->err, code, __VA_ARGS__)
 
 static la_ssize_t pack_write_cb(struct archive *a, void *ud, const void *buf, size_t len) {
   struct pack *p = ud;
@@ -600,17 +604,6 @@ struct unpack {
   char *err;
 };
 
-__attribute__((format(printf, 3, 4))) static int unpack_fail(struct unpack *u, int code,
-                                                             const char *fmt, ...) {
-  if (!u->err) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (vasprintf(&u->err, fmt, ap) < 0)
-      abort();
-    va_end(ap);
-  }
-  return code;
-}
 
 static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_buf) {
   struct unpack *u = ud;
