@@ -478,3 +478,33 @@ char *utf8_sanitize(const char *data, size_t len, size_t *ret_len) {
     *ret_len = o;
   return out;
 }
+
+int arg_string_array(json_t *args, const char *tool, const char *name, size_t max_items,
+                     size_t max_len, char **ret_err) {
+  json_t *v = json_object_get(args, name);
+  if (!v || json_is_null(v))
+    return 0;
+  if (!json_is_array(v)) {
+    *ret_err = xasprintf("%s: '%s' must be an array of strings, not %s", tool, name, type_name(v));
+    return -EINVAL;
+  }
+  if (json_array_size(v) > max_items) {
+    *ret_err = xasprintf("%s: '%s' has %zu entries, over the cap of %zu; give fewer", tool, name,
+                         json_array_size(v), max_items);
+    return -EINVAL;
+  }
+  size_t i;
+  json_t *e;
+  json_array_foreach(v, i, e) {
+    if (!json_is_string(e)) {
+      *ret_err = xasprintf("%s: '%s'[%zu] must be a string, not %s", tool, name, i, type_name(e));
+      return -EINVAL;
+    }
+    if (json_string_length(e) == 0 || json_string_length(e) > max_len) {
+      *ret_err = xasprintf("%s: '%s'[%zu] is %zu bytes long; give 1 to %zu", tool, name, i,
+                           json_string_length(e), max_len);
+      return -EINVAL;
+    }
+  }
+  return 0;
+}

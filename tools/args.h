@@ -38,6 +38,10 @@ int arg_stdin(json_t *args, const char *tool, size_t max, const char **ret, size
 /* stdin_file: a host path (a string of 1..ARG_MAX_PATH bytes), refused
  * together with stdin.  Absent: 0 and *ret untouched. */
 int arg_stdin_file(json_t *args, const char *tool, const char **ret, char **ret_err);
+/* NAME, when present and not null: an array of at most MAX_ITEMS strings
+ * of 1 to MAX_LEN bytes each.  Only checks. */
+int arg_string_array(json_t *args, const char *tool, const char *name, size_t max_items,
+                     size_t max_len, char **ret_err);
 /* env: an object of string values; fills RET with "NAME=VALUE" pointers into
  * *ret_buf (caller frees). */
 int arg_env(json_t *args, const char *tool, const char **ret, size_t max, size_t *ret_n,

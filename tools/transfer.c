@@ -398,6 +398,9 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
       return -EINVAL;
     }
   }
+  /* Checked as the schema says before it is refused for what it asks. */
+  if (arg_string_array(args, "sandbox_run", "allow_hosts", 256, 253, ret_err) < 0)
+    return -EINVAL;
   json_t *hosts = json_object_get(args, "allow_hosts");
   if (hosts && !json_is_null(hosts)) {
     *ret_err = strdup("sandbox_run: 'allow_hosts' is not available yet: this server has no "

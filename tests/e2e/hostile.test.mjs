@@ -413,6 +413,9 @@ const BASE = {
   stage_list: {},
   stage_info: { name: 'hostile/never' },
   stage_rm: { name: 'hostile/never' },
+  sandbox_run: { command: 'true' },
+  copy_in: { session_id: SID, host_path: 'hostile-never', guest_path: '/root/hostile-in' },
+  copy_out: { session_id: SID, guest_path: '/root/hostile.txt', host_path: 'hostile-never' },
 };
 const GENERATED = [];
 let gid = 1000;
