@@ -35,6 +35,7 @@
 #define QUEUE_MAX (64u << 20)     /* bytes queued for all logs together */
 #define LOG_QUEUE_MAX (32u << 20) /* bytes queued for one log */
 #define CHUNK_SIZE (256u << 10)
+#define SPARE_MAX 16u             /* written chunks kept for reuse (4 MiB) */
 #define CLOSE_WAIT_MS 5000u       /* how long closing waits for queued bytes */
 #define PRUNE_EVERY_MS 60000u
 #define MAX_NAME_TRIES 1000
@@ -79,6 +80,11 @@ static struct {
   uint64_t last_prune_ms;
   uint64_t written_since_prune;
   uint64_t seq;
+  /* Chunks of CHUNK_SIZE already written, kept for the next bytes: a long
+   * output cycles through a few chunks instead of allocating and freeing
+   * one per 256 KiB, which an allocator need not give back. */
+  struct chunk *spare;
+  unsigned n_spare;
 } rl = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
         .done = PTHREAD_COND_INITIALIZER, .dirfd = -1};
 
@@ -242,10 +248,36 @@ static void prune(int dfd, uint64_t keep_bytes, unsigned keep_days, bool wait) {
 
 /* ---- the writer ---- */
 
+/* Under rl.lock. */
+static struct chunk *chunk_new_locked(size_t cap) {
+  struct chunk *c;
+  if (cap == CHUNK_SIZE && rl.spare) {
+    c = rl.spare;
+    rl.spare = c->next;
+    rl.n_spare--;
+  } else if (!(c = malloc(sizeof *c + cap)))
+    return NULL;
+  c->next = NULL;
+  c->len = 0;
+  c->cap = cap;
+  return c;
+}
+
+/* Under rl.lock. */
+static void chunk_release_locked(struct chunk *c) {
+  if (c->cap == CHUNK_SIZE && rl.n_spare < SPARE_MAX && !rl.stop) {
+    c->next = rl.spare;
+    rl.spare = c;
+    rl.n_spare++;
+  } else {
+    free(c);
+  }
+}
+
 static void chunks_free(struct chunk *c) {
   while (c) {
     struct chunk *next = c->next;
-    free(c);
+    chunk_release_locked(c);
     c = next;
   }
 }
@@ -330,7 +362,7 @@ static void *writer_main(void *arg) {
           l->werr = err;
         l->lost += c->len - done;
       }
-      free(c);
+      chunk_release_locked(c);
       if (l->detached && !l->head)
         log_free(l);
       pthread_cond_broadcast(&rl.done);
@@ -369,13 +401,9 @@ static bool queue_locked(struct runlog *l, const void *data, size_t len, bool fo
   while (len) {
     struct chunk *t = l->tail;
     if (!t || t->len == t->cap) {
-      size_t cap = len > CHUNK_SIZE ? len : CHUNK_SIZE;
-      t = malloc(sizeof *t + cap);
+      t = chunk_new_locked(len > CHUNK_SIZE ? len : CHUNK_SIZE);
       if (!t)
         return false;
-      t->next = NULL;
-      t->len = 0;
-      t->cap = cap;
       if (l->tail)
         l->tail->next = t;
       else
@@ -492,6 +520,12 @@ void runlog_shutdown(void) {
   pthread_join(rl.thread, NULL);
   pthread_mutex_lock(&rl.lock);
   rl.started = false;
+  while (rl.spare) {
+    struct chunk *c = rl.spare;
+    rl.spare = c->next;
+    free(c);
+  }
+  rl.n_spare = 0;
   if (rl.dirfd >= 0)
     close(rl.dirfd);
   rl.dirfd = -1;
