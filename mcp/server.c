@@ -1,6 +1,17 @@
 /* server.c: MCP over stdio: JSON-RPC 2.0 validation, lifecycle, dispatch,
  * cancellation, progress and logging notifications.
  *
+ * Two protocol eras share one process, decided per request (MCP 2026-07-28,
+ * basic/versioning, "dual-era server"): a request whose params._meta carries
+ * the io.modelcontextprotocol/ envelope (protocol version, client
+ * capabilities, client info) is modern and is served statelessly, no
+ * initialize needed; anything else is legacy (2024-11-05 ... 2025-11-25),
+ * served as before.  The tools, their results, progress and cancellation are
+ * the same in both; a modern result also carries resultType, the server's
+ * identity in _meta and, for lists, cache hints.  Logging (deprecated in
+ * 2026-07-28) is for legacy clients only.  docs/mcp-2026-07-28.md has the
+ * wire shapes.
+ *
  * The main thread only reads and dispatches; quick methods are answered
  * inline, every tools/call runs on a thread of its own, so a command that
  * runs for minutes never delays ping, another session or a cancellation.
@@ -28,6 +39,11 @@
 #include "tools/tools.h"
 
 #define LATEST_VERSION "2025-11-25"
+/* The one modern revision: requests carry it in _meta, never in initialize. */
+#define MODERN_VERSION "2026-07-28"
+/* How long a modern client may keep tools/list and server/discover (ttlMs):
+ * both are fixed for the life of the process. */
+#define LIST_TTL_MS 3600000
 /* At shutdown, after every sandbox is gone (sessions_shutdown waits for
  * those still starting), the calls still running end at once with an error;
  * this bounds the wait for their answers should one not. */
@@ -43,7 +59,15 @@ enum {
   RPC_METHOD_NOT_FOUND = -32601,
   RPC_INVALID_PARAMS = -32602,
   RPC_INTERNAL_ERROR = -32603,
+  /* 2026-07-28: UnsupportedProtocolVersionError, data {supported, requested} */
+  RPC_UNSUPPORTED_VERSION = -32022,
 };
+
+#define META_VERSION "io.modelcontextprotocol/protocolVersion"
+#define META_CAPS "io.modelcontextprotocol/clientCapabilities"
+#define META_CLIENT "io.modelcontextprotocol/clientInfo"
+#define META_LOG_LEVEL "io.modelcontextprotocol/logLevel"
+#define META_SERVER "io.modelcontextprotocol/serverInfo"
 
 static const char *const supported_versions[] = {"2025-11-25", "2025-06-18", "2025-03-26",
                                                  "2024-11-05"};
@@ -72,6 +96,7 @@ struct call {
   char *tool;
   json_t *args;
   size_t bytes; /* its request line and tools_result_cost() */
+  bool modern;  /* a 2026-07-28 request: its result is modern_result() */
 };
 static struct call *calls;
 static unsigned n_calls;
@@ -108,12 +133,23 @@ void mcp_send(json_t *msg) {
   free(s);
 }
 
-static void send_error(json_t *id, int code, const char *msg) {
+/* Steals DATA (may be NULL). */
+static void send_error_data(json_t *id, int code, const char *msg, json_t *data) {
   /* A message quoting part of a name may have cut a UTF-8 character in two:
    * it goes out with U+FFFD there rather than not at all. */
   _cleanup_free_ char *clean = utf8_sanitize(msg, strlen(msg), NULL);
-  mcp_send(json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(),
-                     "error", "code", code, "message", clean ? clean : "out of memory"));
+  json_t *m = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
+                        id ? id : json_null(), "error", "code", code, "message",
+                        clean ? clean : "out of memory");
+  if (m && data)
+    json_object_set_new(json_object_get(m, "error"), "data", data);
+  else
+    json_decref(data);
+  mcp_send(m);
+}
+
+static void send_error(json_t *id, int code, const char *msg) {
+  send_error_data(id, code, msg, NULL);
 }
 
 static void send_result(json_t *id, json_t *result) {
@@ -129,12 +165,46 @@ static void send_result(json_t *id, json_t *result) {
  * "ping\u0000x" is not "ping". */
 static bool has_nul(json_t *s) { return strlen(json_string_value(s)) != json_string_length(s); }
 
+/* A result for a modern request: every result says resultType "complete"
+ * (2026-07-28 has no other kind for our methods), names the server in
+ * _meta, and a list (CACHEABLE) says how long it may be cached and by whom.
+ * Steals RESULT; NULL stays NULL (send_result answers it as an error). */
+static json_t *modern_result(json_t *result, bool cacheable) {
+  if (!result)
+    return NULL;
+  json_t *meta = json_object_get(result, "_meta");
+  if (!json_is_object(meta)) {
+    meta = json_object();
+    json_object_set_new(result, "_meta", meta);
+  }
+  if (json_object_set_new(result, "resultType", json_string("complete")) < 0 ||
+      json_object_set_new(meta, META_SERVER,
+                          json_pack("{s:s, s:s, s:s}", "name", "ignition-mcp", "version",
+                                    IGN_VERSION, "title",
+                                    "ignition-mcp: a sandbox per session")) < 0) {
+    json_decref(result);
+    return NULL;
+  }
+  if (cacheable && (json_object_set_new(result, "ttlMs", json_integer(LIST_TTL_MS)) < 0 ||
+                    json_object_set_new(result, "cacheScope", json_string("public")) < 0)) {
+    json_decref(result);
+    return NULL;
+  }
+  return result;
+}
+
+static void send_reply(json_t *id, json_t *result, bool modern, bool cacheable) {
+  send_result(id, modern ? modern_result(result, cacheable) : result);
+}
+
 static void send_notification(const char *method, json_t *params) {
   mcp_send(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
 }
 
 void mcp_progress(struct call_ctx *ctx, const char *message) {
-  if (!ctx->progress_token)
+  /* Nothing more is sent for a cancelled call (2026-07-28, transports/stdio:
+   * MUST NOT; earlier revisions: SHOULD NOT). */
+  if (!ctx->progress_token || atomic_load(&ctx->cancelled))
     return;
   ctx->progress += 1;
   json_t *p = json_pack("{s:O, s:f}", "progressToken", ctx->progress_token, "progress",
@@ -184,7 +254,7 @@ static void *call_main(void *arg) {
   sending_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
   if (!atomic_load(&c->ctx.cancelled))
-    send_result(c->ctx.id, result);
+    send_reply(c->ctx.id, result, c->modern, false);
   else
     json_decref(result);
   pthread_mutex_lock(&calls_lock);
@@ -196,7 +266,7 @@ static void *call_main(void *arg) {
   return NULL;
 }
 
-static void start_call(json_t *id, json_t *params) {
+static void start_call(json_t *id, json_t *params, bool modern) {
   json_t *name = json_object_get(params, "name");
   json_t *args = json_object_get(params, "arguments");
   if (!json_is_string(name)) {
@@ -247,8 +317,9 @@ static void start_call(json_t *id, json_t *params) {
         "IGN_MCP_MAX_MESSAGE); wait for a call to finish, then retry",
         busy_calls, busy_bytes, cost, cfg.max_calls, budget);
     log_warn("%s", msg);
-    send_result(id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
-                              "isError", 1));
+    send_reply(id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
+                             "isError", 1),
+               modern, false);
     return;
   }
   struct call *c = calloc(1, sizeof *c);
@@ -257,6 +328,7 @@ static void start_call(json_t *id, json_t *params) {
     return;
   }
   c->bytes = cost;
+  c->modern = modern;
   c->ctx.id = json_incref(id);
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
@@ -329,6 +401,123 @@ static void do_set_level(json_t *id, json_t *params) {
   send_result(id, json_object());
 }
 
+/* ---- the 2026-07-28 era ---- */
+
+static const char *const envelope_keys[] = {META_VERSION, META_CAPS, META_CLIENT, META_LOG_LEVEL};
+
+bool mcp_request_is_modern(const char *method, json_t *params) {
+  json_t *meta = json_object_get(params, "_meta");
+  /* server/discover exists only in the modern era: with any _meta at all it
+   * is a modern request (and a malformed one when the envelope is not
+   * right); without, a legacy client asked for a method it does not have. */
+  if (meta && strcmp(method, "server/discover") == 0)
+    return true;
+  if (!json_is_object(meta))
+    return false;
+  for (size_t i = 0; i < ARRAY_SIZE(envelope_keys); i++)
+    if (json_object_get(meta, envelope_keys[i]))
+      return true;
+  return false;
+}
+
+static const char envelope_help[] =
+    "a 2026-07-28 request carries params._meta {\"" META_VERSION "\": \"" MODERN_VERSION
+    "\", \"" META_CAPS "\": {...}, \"" META_CLIENT "\": {\"name\": ..., \"version\": ...}}";
+
+int mcp_check_envelope(json_t *meta, char **ret_msg, json_t **ret_data) {
+  *ret_data = NULL;
+  if (!json_is_object(meta)) {
+    *ret_msg = xasprintf("params._meta must be an object: %s", envelope_help);
+    return RPC_INVALID_PARAMS;
+  }
+  json_t *v = json_object_get(meta, META_VERSION);
+  if (!v) {
+    *ret_msg = xasprintf("params._meta has no %s: %s", META_VERSION, envelope_help);
+    return RPC_INVALID_PARAMS;
+  }
+  if (!json_is_string(v) || has_nul(v)) {
+    *ret_msg = xasprintf("params._meta %s must be a string such as \"%s\"", META_VERSION,
+                         MODERN_VERSION);
+    return RPC_INVALID_PARAMS;
+  }
+  if (strcmp(json_string_value(v), MODERN_VERSION) != 0) {
+    const char *asked = json_string_value(v);
+    bool legacy = false;
+    for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
+      legacy = legacy || strcmp(asked, supported_versions[i]) == 0;
+    *ret_msg = xasprintf(
+        "unsupported protocol version '%.64s'%s: this server speaks %s with the per-request "
+        "_meta, and 2025-11-25, 2025-06-18, 2025-03-26 and 2024-11-05 after an initialize "
+        "handshake",
+        asked, legacy ? " in _meta (it is served only after initialize)" : "", MODERN_VERSION);
+    /* supported: the versions a request may name in _meta (as
+     * server/discover's supportedVersions). */
+    *ret_data = json_pack("{s:[s], s:O}", "supported", MODERN_VERSION, "requested", v);
+    return RPC_UNSUPPORTED_VERSION;
+  }
+  json_t *caps = json_object_get(meta, META_CAPS);
+  if (!json_is_object(caps)) {
+    *ret_msg = xasprintf("params._meta %s %s: send the capabilities this request may use, {} "
+                         "for none",
+                         META_CAPS, caps ? "must be an object" : "is missing");
+    return RPC_INVALID_PARAMS;
+  }
+  json_t *who = json_object_get(meta, META_CLIENT);
+  if (who && !(json_is_object(who) && json_is_string(json_object_get(who, "name")) &&
+               json_is_string(json_object_get(who, "version")))) {
+    *ret_msg = xasprintf("params._meta %s must be an object with string \"name\" and "
+                         "\"version\"",
+                         META_CLIENT);
+    return RPC_INVALID_PARAMS;
+  }
+  json_t *level = json_object_get(meta, META_LOG_LEVEL);
+  if (level && !(json_is_string(level) && !has_nul(level) &&
+                 log_level_parse(json_string_value(level)) >= 0)) {
+    *ret_msg = xasprintf("params._meta %s must be one of debug, info, notice, warning, error, "
+                         "critical, alert, emergency",
+                         META_LOG_LEVEL);
+    return RPC_INVALID_PARAMS;
+  }
+  *ret_msg = NULL;
+  return 0;
+}
+
+static json_t *discover_result(void) {
+  /* No logging capability: logging is deprecated in 2026-07-28 and this
+   * server keeps it for legacy clients only. */
+  return json_pack("{s:[s], s:{s:{s:b}}, s:s}", "supportedVersions", MODERN_VERSION,
+                   "capabilities", "tools", "listChanged", 0, "instructions", instructions);
+}
+
+/* A modern request: its envelope decides whether it is served at all; the
+ * methods are those of 2026-07-28 that this server has. */
+static void handle_modern(json_t *id, const char *m, json_t *params) {
+  json_t *data = NULL;
+  _cleanup_free_ char *msg = NULL;
+  int code = mcp_check_envelope(json_object_get(params, "_meta"), &msg, &data);
+  if (code) {
+    log_info("refused a %.100s request: %s", m, msg);
+    send_error_data(id, code, msg, data);
+    return;
+  }
+  if (strcmp(m, "server/discover") == 0)
+    send_reply(id, discover_result(), true, true);
+  else if (strcmp(m, "tools/list") == 0)
+    send_reply(id, json_pack("{s:o}", "tools", tools_list()), true, true);
+  else if (strcmp(m, "tools/call") == 0)
+    start_call(id, params, true);
+  else {
+    bool removed = strcmp(m, "initialize") == 0 || strcmp(m, "ping") == 0 ||
+                   strcmp(m, "logging/setLevel") == 0;
+    _cleanup_free_ char *msg2 = xasprintf(
+        "method '%.100s' %s; under %s this server implements server/discover, tools/list and "
+        "tools/call (initialize, ping and logging/setLevel are for clients of 2025-11-25 and "
+        "earlier, sent without the io.modelcontextprotocol/ _meta)",
+        m, removed ? "is not part of protocol " MODERN_VERSION : "not found", MODERN_VERSION);
+    send_error(id, RPC_METHOD_NOT_FOUND, msg2);
+  }
+}
+
 static bool valid_id(json_t *id) {
   return json_is_string(id) || json_is_integer(id) || json_is_real(id);
 }
@@ -380,21 +569,27 @@ static void handle_message(json_t *msg) {
   json_t *empty = params ? NULL : json_object();
   if (!params)
     params = empty;
-  if (strcmp(m, "initialize") == 0)
+  if (mcp_request_is_modern(m, params))
+    handle_modern(id, m, params);
+  else if (strcmp(m, "initialize") == 0)
     do_initialize(id, params);
   else if (strcmp(m, "ping") == 0)
     send_result(id, json_object());
   else if (strcmp(m, "tools/list") == 0)
     send_result(id, json_pack("{s:o}", "tools", tools_list()));
   else if (strcmp(m, "tools/call") == 0)
-    start_call(id, params);
+    start_call(id, params, false);
   else if (strcmp(m, "logging/setLevel") == 0)
     do_set_level(id, params);
   else {
-    _cleanup_free_ char *msg2 = xasprintf("method '%.100s' not found; this server implements "
-                                          "initialize, ping, tools/list, tools/call and "
-                                          "logging/setLevel",
-                                          m);
+    _cleanup_free_ char *msg2 = xasprintf(
+        "method '%.100s' not found; this server implements initialize, ping, tools/list, "
+        "tools/call and logging/setLevel%s",
+        m,
+        strcmp(m, "server/discover") == 0
+            ? " (server/discover is a " MODERN_VERSION " method: send it with params._meta "
+              "holding " META_VERSION " and " META_CAPS ")"
+            : "");
     send_error(id, RPC_METHOD_NOT_FOUND, msg2);
   }
   json_decref(empty);

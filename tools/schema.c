@@ -14,8 +14,12 @@
   "(IGN_MCP_HOST_IO_ROOT, by default the directory the server was started in) or absolute "    \
   "inside it; a regular file of at most 4 MiB."
 
+/* x-mcp-header (MCP 2026-07-28, server/tools): a client on Streamable HTTP
+ * copies the argument into an Mcp-Param-Session-Id header, so a proxy in
+ * front of several servers can route a call to the one that holds it. */
 static const char session_id_schema[] =
-    "{\"type\":\"string\",\"description\":\"The id open_session returned.\"}";
+    "{\"type\":\"string\",\"description\":\"The id open_session returned.\","
+    "\"x-mcp-header\":\"Session-Id\"}";
 
 static const char open_session_out[] =
     "{\"type\":\"object\",\"properties\":{"

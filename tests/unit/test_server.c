@@ -3,6 +3,9 @@
  * one without a sandbox backend (every session id is unknown, so each call
  * answers at once); its stdout is a pipe the test reads only at the end. */
 #include <fcntl.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -93,4 +96,89 @@ static void unread_results_are_bounded(void) {
   close(p[0]);
 }
 
-TEST_MAIN(TEST(unread_results_are_bounded))
+static json_t *j(const char *text) {
+  json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+  if (!v)
+    fprintf(stderr, "  bad JSON in the test: %s\n", text);
+  return v;
+}
+
+#define ENV "\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"," \
+            "\"io.modelcontextprotocol/clientCapabilities\":{}"
+
+/* The era is the request's own: decided from its params._meta alone. */
+static void era_is_decided_per_request(void) {
+  static const struct {
+    const char *method, *params;
+    bool modern;
+  } cases[] = {
+      {"tools/list", "{}", false},
+      {"tools/call", "{\"_meta\":{\"progressToken\":1}}", false},
+      {"tools/call", "{\"_meta\":\"x\"}", false},
+      {"tools/list", "{\"_meta\":{" ENV "}}", true},
+      {"tools/list", "{\"_meta\":{\"io.modelcontextprotocol/clientInfo\":{}}}", true},
+      {"tools/list", "{\"_meta\":{\"io.modelcontextprotocol/logLevel\":\"info\"}}", true},
+      {"initialize", "{\"protocolVersion\":\"2025-11-25\"}", false},
+      {"server/discover", "{}", false},
+      {"server/discover", "{\"_meta\":{}}", true},
+      {"server/discover", "{\"_meta\":null}", true},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    json_t *params = j(cases[i].params);
+    bool modern = mcp_request_is_modern(cases[i].method, params);
+    CHECK(modern == cases[i].modern);
+    if (modern != cases[i].modern)
+      fprintf(stderr, "  %s %s\n", cases[i].method, cases[i].params);
+    json_decref(params);
+  }
+}
+
+static void envelope_errors(void) {
+  static const struct {
+    const char *meta;
+    int code;
+  } cases[] = {
+      {"{" ENV "}", 0},
+      {"{" ENV ",\"io.modelcontextprotocol/clientInfo\":{\"name\":\"a\",\"version\":\"1\"},"
+       "\"io.modelcontextprotocol/logLevel\":\"debug\",\"progressToken\":\"t\"}", 0},
+      {"7", -32602},
+      {"{\"io.modelcontextprotocol/clientCapabilities\":{}}", -32602},
+      {"{\"io.modelcontextprotocol/protocolVersion\":true,"
+       "\"io.modelcontextprotocol/clientCapabilities\":{}}", -32602},
+      {"{\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\\u0000\","
+       "\"io.modelcontextprotocol/clientCapabilities\":{}}", -32602},
+      {"{\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"}", -32602},
+      {"{\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\","
+       "\"io.modelcontextprotocol/clientCapabilities\":null}", -32602},
+      {"{" ENV ",\"io.modelcontextprotocol/clientInfo\":{\"name\":1,\"version\":\"1\"}}", -32602},
+      {"{" ENV ",\"io.modelcontextprotocol/logLevel\":\"verbose\"}", -32602},
+      /* The version is checked before the rest: a client learns what to
+       * speak even from a request that is otherwise incomplete. */
+      {"{\"io.modelcontextprotocol/protocolVersion\":\"1999-01-01\"}", -32022},
+      {"{\"io.modelcontextprotocol/protocolVersion\":\"2025-11-25\","
+       "\"io.modelcontextprotocol/clientCapabilities\":{}}", -32022},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    json_t *meta = j(cases[i].meta);
+    char *msg = NULL;
+    json_t *data = NULL;
+    int code = mcp_check_envelope(meta, &msg, &data);
+    CHECK_EQ_INT(code, cases[i].code);
+    if (code != cases[i].code)
+      fprintf(stderr, "  %s: %s\n", cases[i].meta, msg ? msg : "(no message)");
+    CHECK((code == 0) == (msg == NULL));
+    CHECK((code == -32022) == (data != NULL));
+    if (data) {
+      json_t *sup = json_object_get(data, "supported");
+      CHECK(json_array_size(sup) == 1);
+      CHECK_STREQ(json_string_value(json_array_get(sup, 0)), "2026-07-28");
+      CHECK(json_equal(json_object_get(data, "requested"),
+                       json_object_get(meta, "io.modelcontextprotocol/protocolVersion")));
+    }
+    free(msg);
+    json_decref(data);
+    json_decref(meta);
+  }
+}
+
+TEST_MAIN(TEST(era_is_decided_per_request), TEST(envelope_errors), TEST(unread_results_are_bounded))
