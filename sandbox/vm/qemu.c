@@ -517,6 +517,24 @@ static void resume_source(struct vm *src) {
   }
 }
 
+/* Continues SRC once its migration completed.  QEMU reports "completed"
+ * a moment before its migration thread has cleaned up, and a cont in
+ * between is refused ("Migration is not finalized yet"): that answer is
+ * retried for up to a second. */
+static int cont_migrated(struct vm *src, char **ret_err) {
+  for (int i = 0;; i++) {
+    _cleanup_free_ char *err = NULL;
+    int r = qmp_command(src->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, &err);
+    if (r == 0)
+      return 0;
+    if (i >= 1000 || !err || !strstr(err, "not finalized")) {
+      *ret_err = steal_ptr(err);
+      return r;
+    }
+    usleep(1000);
+  }
+}
+
 /* Polls SRC's migration until it ends, and continues SRC the moment it has
  * completed.  *RET_PAUSED_US: QEMU's own downtime (the source stopped for
  * the last pages) plus, as an upper bound of the time between completion
@@ -545,7 +563,7 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
     if (status && strcmp(status, "completed") == 0) {
       json_int_t downtime_ms = json_integer_value(json_object_get(res, "downtime"));
       json_decref(res);
-      r = qmp_command(src->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+      r = cont_migrated(src, ret_err);
       if (r < 0)
         return r;
       *ret_paused_us = (uint64_t)downtime_ms * 1000 + (mono_us() - t_prev);
