@@ -12,7 +12,7 @@ SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-r
 SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c sandbox/vm/*.c common/*.c) proto/proto.c proto/client.c
 AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c common/tarstream.c
 HEADERS     := $(wildcard */*.h */*/*.h)
-SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive
+SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive -lmicrohttpd -lnettle
 # The agent is static: libarchive with every library it can pull in.
 AGENT_LIBS  := -lseccomp -larchive -lnettle -lacl -llzma -lzstd -llz4 -lbz2 -lz -lxml2 -lm
 

@@ -330,6 +330,7 @@ static void start_call(json_t *id, json_t *params, bool modern) {
   c->bytes = cost;
   c->modern = modern;
   c->ctx.id = json_incref(id);
+  c->ctx.owner = "";
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
   if (token && (json_is_string(token) || json_is_integer(token)))

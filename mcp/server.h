@@ -12,6 +12,10 @@ struct call_ctx {
   json_t *id;               /* the request id, echoed as received */
   json_t *progress_token;   /* NULL when the call asked for no progress */
   double progress;          /* last value sent; must increase */
+  /* Who made the call: the name of the HTTP bearer token that authorised it
+   * (IGN_MCP_HTTP_TOKENS), or "" on stdio and on HTTP without tokens.  Never
+   * NULL.  Sessions and stages belong to the owner that made them. */
+  const char *owner;
 };
 
 /* Sends notifications/progress for CTX if it carries a token. */

@@ -30,6 +30,8 @@ packages=(
 	build-essential gcc make pkg-config libjansson-dev libseccomp-dev libxxhash-dev git
 	# libarchive for the server, and static for the agent with what it links
 	libarchive-dev libacl1-dev nettle-dev libzstd-dev liblz4-dev libbz2-dev liblzma-dev zlib1g-dev libxml2-dev
+	# the Streamable HTTP transport (--http)
+	libmicrohttpd-dev
 	# sanitizers, fuzzing, benchmarks
 	clang lld llvm libclang-rt-14-dev valgrind hyperfine
 	# sandboxes and images
@@ -41,6 +43,8 @@ packages=(
 	man-db groff-base
 	# the benchmark's peer (@anthropic-ai/sandbox-runtime) needs these on the host
 	ripgrep socat
+	# the multi-host test: servers behind a front proxy routing on Mcp-Param-Session-Id
+	haproxy
 )
 
 start=$(date +%s)
