@@ -260,6 +260,10 @@ int config_load(void) {
     return -EINVAL;
   }
 
+  /* Before anything is allocated: a refusal leaves nothing behind. */
+  if (load_host_id() < 0)
+    return -EINVAL;
+
   unsigned long long v;
   int r = 0;
 #define U(name, def, min, max, field)                   \
@@ -296,7 +300,7 @@ int config_load(void) {
     return r;
   cfg.net = getenv("IGN_MCP_NET") && *getenv("IGN_MCP_NET");
 
-  if (load_host_io() < 0 || load_log_dir() < 0 || load_host_id() < 0)
+  if (load_host_io() < 0 || load_log_dir() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");
