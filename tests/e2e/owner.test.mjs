@@ -1,15 +1,22 @@
 // owner.test.mjs: session ids that name their host (IGN_MCP_HOST_ID), so a
 // front proxy can route a call to the server that holds its session, and an
 // id of another host is answered with that host's name, never as an unknown
-// id.  Owner separation of sessions and stages between HTTP tokens is in the
-// "owners" suite below when the server has an HTTP transport; the session
-// table's own check of owners runs for real in tests/unit/test_session.c.
+// id; and sessions and stages that belong to their HTTP bearer token: two
+// tokens on one server, each blind to the other's (skipped, saying so, on a
+// server without the HTTP transport).  The session table's own check of
+// owners also runs for real in tests/unit/test_session.c.
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
-  startServer, call, callErr, openSession, sh, serverEnv, SERVER, REPO,
+  startServer, call, callErr, openSession, sh, serverEnv, waitUntil, assertNoSanitizerReport,
+  uniq, SERVER, REPO,
 } from './lib.mjs';
 
 const T = { timeout: 120_000 };
@@ -89,5 +96,125 @@ describe('host ids', () => {
       assert.match(r.stderr, new RegExp(`IGN_MCP_HOST_ID=${bad.replace(/\./g, '\\.')} is invalid`), r.stderr);
       assert.match(r.stderr, /1 to 16 characters of a-z, 0-9 and -, starting with a letter/, r.stderr);
     }
+  });
+});
+
+/* ---- owners: two bearer tokens on one HTTP server ---- */
+
+const HTTP = /--http/.test(spawnSync(SERVER, ['--help'], { encoding: 'utf8' }).stdout ?? '');
+const NO_HTTP = HTTP ? false : 'this server has no HTTP transport (--http); tests/unit/test_session.c checks owners';
+
+/* A server on 127.0.0.1:0 with a tokens file of TOKENS ({name: token}):
+ * {url, stderrText(), close()}. */
+async function startHttp(t, tokens, env = {}) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-owner-'));
+  const file = path.join(dir, 'tokens');
+  fs.writeFileSync(file, Object.entries(tokens).map(([n, tok]) => `${n}:${tok}\n`).join(''), { mode: 0o600 });
+  const child = spawn(SERVER, ['--http', '127.0.0.1:0'], {
+    env: serverEnv({ env: { IGN_MCP_HTTP_TOKENS: file, ...env } }),
+    stdio: ['pipe', 'ignore', 'pipe'],
+    cwd: REPO,
+  });
+  let stderr = '';
+  child.stderr.on('data', (d) => { stderr += d.toString('utf8'); });
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  let closed = false;
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    child.kill('SIGTERM');
+    const done = await Promise.race([exited.then(() => true), new Promise((r) => setTimeout(() => r(false), 20_000))]);
+    if (!done) child.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+    assertNoSanitizerReport(stderr);
+  };
+  t.after(close);
+  const url = await waitUntil(() => stderr.match(/listening on (http:\/\/127\.0\.0\.1:\d+\/mcp)/)?.[1], { timeoutMs: 30_000 });
+  assert.ok(url, `the server did not say where it listens:\n${stderr}`);
+  return { url, stderrText: () => stderr, close };
+}
+
+async function clientFor(t, url, token) {
+  const client = new Client({ name: 'ign-e2e-owner', version: '0.0.1' }, { capabilities: {} });
+  const transport = new StreamableHTTPClientTransport(new URL(url), {
+    requestInit: { headers: { Authorization: `Bearer ${token}` } },
+  });
+  await client.connect(transport);
+  t.after(() => client.close().catch(() => {}));
+  return client;
+}
+
+/* The unknown-id message for ID, with the id taken out: what an id nobody
+ * opened gets. */
+const shape = (msg, id) => msg.split(id).join('<id>');
+
+describe('owners: two bearer tokens on one server', { skip: NO_HTTP }, () => {
+  const TOKENS = { alice: 'alice-token-0123456789abcdef', bob: 'bob-token-0123456789abcdef0' };
+
+  test('a token cannot run in, read, write, reset, close, commit, fork, copy or list another token\'s session', T, async (t) => {
+    const srv = await startHttp(t, TOKENS, { IGN_MCP_HOST_ID: 'h1' });
+    const alice = await clientFor(t, srv.url, TOKENS.alice);
+    const bob = await clientFor(t, srv.url, TOKENS.bob);
+    const a = await openSession(alice);
+    assert.match(a, /^h1\.s/);
+    await sh(alice, a, 'echo secret > /root/note');
+    /* What bob gets for an id nobody opened, to compare with. */
+    const never = shape(await callErr(bob, 'run', { session_id: 'h1.s999-0000', command: 'true' }), 'h1.s999-0000');
+    for (const [tool, args] of BY_ID) {
+      const e = await callErr(bob, tool, { session_id: a, ...args });
+      assert.match(e, /unknown session_id/, `${tool}: ${e}`);
+      if (tool === 'run') assert.equal(shape(e, a), never, 'run: not the words of an id nobody opened');
+      assert.doesNotMatch(e, /secret|alice/, `${tool}: ${e}`);
+    }
+    const bl = await call(bob, 'list_sessions', {});
+    assert.ok(!bl.sessions.some((x) => x.session_id === a), JSON.stringify(bl));
+    /* Alice's session is untouched by all that. */
+    assert.equal((await sh(alice, a, 'cat /root/note')).trim(), 'secret');
+    const al = await call(alice, 'list_sessions', {});
+    assert.ok(al.sessions.some((x) => x.session_id === a));
+    /* Bob's own session is his, and alice cannot close it. */
+    const b = await openSession(bob);
+    assert.match(await callErr(alice, 'close', { session_id: b }), /unknown session_id/);
+    await call(bob, 'close', { session_id: b });
+    await call(alice, 'close', { session_id: a });
+    assert.match(srv.stderrText(), new RegExp(`session ${a.replace('.', '\\.')} opened for token alice`));
+  });
+
+  test('a token cannot see, open, reset to, remove or take the name of another token\'s stage', T, async (t) => {
+    const srv = await startHttp(t, TOKENS);
+    const alice = await clientFor(t, srv.url, TOKENS.alice);
+    const bob = await clientFor(t, srv.url, TOKENS.bob);
+    const name = `${uniq('owner')}/st`;
+    const a = await openSession(alice);
+    await sh(alice, a, 'echo from-alice > /root/mark');
+    const c = await call(alice, 'commit', { session_id: a, name });
+    assert.equal(c.stage, name);
+
+    const bl = await call(bob, 'stage_list', {});
+    assert.ok(!bl.stages.some((x) => x.name === name), JSON.stringify(bl));
+    assert.match(await callErr(bob, 'stage_info', { name }), /no stage named/);
+    assert.match(await callErr(bob, 'open_session', { stage: name }), /no stage named/);
+    assert.match(await callErr(bob, 'sandbox_run', { command: 'cat /root/mark', stage: name }), /no stage named/);
+    const b = await openSession(bob);
+    assert.match(await callErr(bob, 'reset', { session_id: b, stage: name }), /no stage named/);
+    for (const replace of [false, true]) {
+      const e = await callErr(bob, 'commit', { session_id: b, name, replace });
+      assert.match(e, /is taken/, e);
+      assert.match(e, /pick another name/, e);
+      assert.doesNotMatch(e, new RegExp(c.stage_id), e);
+    }
+    const r = await call(bob, 'sandbox_run', { command: 'true', commit_as: name });
+    assert.match(JSON.stringify(r), /taken/, JSON.stringify(r));
+    assert.match(await callErr(bob, 'stage_rm', { name }), /no stage named/);
+
+    /* Alice still has it as she made it. */
+    const info = await call(alice, 'stage_info', { name });
+    assert.equal(info.stage_id, c.stage_id);
+    const a2 = await call(alice, 'open_session', { stage: name });
+    assert.equal((await sh(alice, a2.session_id, 'cat /root/mark')).trim(), 'from-alice');
+    await call(alice, 'close', { session_id: a2.session_id });
+    await call(alice, 'close', { session_id: a });
+    await call(bob, 'close', { session_id: b });
+    await call(alice, 'stage_rm', { name });
   });
 });
