@@ -57,6 +57,12 @@ enum backend_choice backend;
   size_t log_cap;        /* IGN_MCP_LOG_CAP: bytes kept per log file */
   unsigned log_keep_mb;  /* IGN_MCP_LOG_KEEP_MB: all logs together, oldest removed first */
   unsigned log_keep_days; /* IGN_MCP_LOG_KEEP_DAYS: older logs are removed */
+  /* --http (mcp/http.c) */
+  char *http_tokens;     /* IGN_MCP_HTTP_TOKENS: the bearer tokens file, or NULL */
+  char *http_origins;    /* IGN_MCP_HTTP_ORIGINS: more allowed Origins, comma-separated, or NULL */
+  char *http_hosts;      /* IGN_MCP_HTTP_HOSTS: more allowed Host values, comma-separated, or NULL */
+  unsigned http_max_connections; /* IGN_MCP_HTTP_MAX_CONNECTIONS */
+  unsigned http_timeout_secs;    /* IGN_MCP_HTTP_TIMEOUT_SECS: to deliver a whole request */
 };
 
 extern struct config cfg;
