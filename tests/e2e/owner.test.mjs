@@ -8,16 +8,16 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
-  startServer, call, callErr, openSession, sh, serverEnv, waitUntil, assertNoSanitizerReport,
-  uniq, SERVER, REPO,
+  startServer, call, callErr, openSession, sh, serverEnv, uniq, SERVER, REPO,
 } from './lib.mjs';
+import { startHttp } from './helpers/http.mjs';
 
 const T = { timeout: 120_000 };
 
@@ -104,43 +104,30 @@ describe('host ids', () => {
 const HTTP = /--http/.test(spawnSync(SERVER, ['--help'], { encoding: 'utf8' }).stdout ?? '');
 const NO_HTTP = HTTP ? false : 'this server has no HTTP transport (--http); tests/unit/test_session.c checks owners';
 
-/* A server on 127.0.0.1:0 with a tokens file of TOKENS ({name: token}):
- * {url, stderrText(), close()}. */
-async function startHttp(t, tokens, env = {}) {
+/* A server on 127.0.0.1:0 (helpers/http.mjs) with a tokens file of TOKENS
+ * ({name: token}); stopped, and checked, after the test. */
+async function startOwners(t, tokens, env = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-owner-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   const file = path.join(dir, 'tokens');
   fs.writeFileSync(file, Object.entries(tokens).map(([n, tok]) => `${n}:${tok}\n`).join(''), { mode: 0o600 });
-  const child = spawn(SERVER, ['--http', '127.0.0.1:0'], {
-    env: serverEnv({ env: { IGN_MCP_HTTP_TOKENS: file, ...env } }),
-    stdio: ['pipe', 'ignore', 'pipe'],
-    cwd: REPO,
+  const srv = await startHttp({ env: { IGN_MCP_HTTP_TOKENS: file, ...env } });
+  srv.clients = [];
+  /* The clients go first: the server is then left with nothing open. */
+  t.after(async () => {
+    for (const c of srv.clients) await c.close().catch(() => {});
+    await srv.close();
   });
-  let stderr = '';
-  child.stderr.on('data', (d) => { stderr += d.toString('utf8'); });
-  const exited = new Promise((resolve) => child.on('exit', resolve));
-  let closed = false;
-  const close = async () => {
-    if (closed) return;
-    closed = true;
-    child.kill('SIGTERM');
-    const done = await Promise.race([exited.then(() => true), new Promise((r) => setTimeout(() => r(false), 20_000))]);
-    if (!done) child.kill('SIGKILL');
-    fs.rmSync(dir, { recursive: true, force: true });
-    assertNoSanitizerReport(stderr);
-  };
-  t.after(close);
-  const url = await waitUntil(() => stderr.match(/listening on (http:\/\/127\.0\.0\.1:\d+\/mcp)/)?.[1], { timeoutMs: 30_000 });
-  assert.ok(url, `the server did not say where it listens:\n${stderr}`);
-  return { url, stderrText: () => stderr, close };
+  return srv;
 }
 
-async function clientFor(t, url, token) {
+async function clientFor(srv, token) {
   const client = new Client({ name: 'ign-e2e-owner', version: '0.0.1' }, { capabilities: {} });
-  const transport = new StreamableHTTPClientTransport(new URL(url), {
+  const transport = new StreamableHTTPClientTransport(srv.url, {
     requestInit: { headers: { Authorization: `Bearer ${token}` } },
   });
   await client.connect(transport);
-  t.after(() => client.close().catch(() => {}));
+  srv.clients.push(client);
   return client;
 }
 
@@ -152,9 +139,9 @@ describe('owners: two bearer tokens on one server', { skip: NO_HTTP }, () => {
   const TOKENS = { alice: 'alice-token-0123456789abcdef', bob: 'bob-token-0123456789abcdef0' };
 
   test('a token cannot run in, read, write, reset, close, commit, fork, copy or list another token\'s session', T, async (t) => {
-    const srv = await startHttp(t, TOKENS, { IGN_MCP_HOST_ID: 'h1' });
-    const alice = await clientFor(t, srv.url, TOKENS.alice);
-    const bob = await clientFor(t, srv.url, TOKENS.bob);
+    const srv = await startOwners(t, TOKENS, { IGN_MCP_HOST_ID: 'h1' });
+    const alice = await clientFor(srv, TOKENS.alice);
+    const bob = await clientFor(srv, TOKENS.bob);
     const a = await openSession(alice);
     assert.match(a, /^h1\.s/);
     await sh(alice, a, 'echo secret > /root/note');
@@ -181,9 +168,9 @@ describe('owners: two bearer tokens on one server', { skip: NO_HTTP }, () => {
   });
 
   test('a token cannot see, open, reset to, remove or take the name of another token\'s stage', T, async (t) => {
-    const srv = await startHttp(t, TOKENS);
-    const alice = await clientFor(t, srv.url, TOKENS.alice);
-    const bob = await clientFor(t, srv.url, TOKENS.bob);
+    const srv = await startOwners(t, TOKENS);
+    const alice = await clientFor(srv, TOKENS.alice);
+    const bob = await clientFor(srv, TOKENS.bob);
     const name = `${uniq('owner')}/st`;
     const a = await openSession(alice);
     await sh(alice, a, 'echo from-alice > /root/mark');
