@@ -391,6 +391,30 @@ static void stages_without_an_owner_are_the_empty_owners(void) {
   free(err);
   err = NULL;
   CHECK_EQ_INT(stage_rm("old/one", "", &err), 0);
+
+  /* A stage that lost its meta records no owner either: damaged to "",
+   * unknown to everyone else. */
+  s = make_owned("old/broken", NULL, "ram", false, &r, &err);
+  CHECK(s != NULL);
+  free(err);
+  err = NULL;
+  if (!s)
+    return;
+  _cleanup_free_ char *bp = xasprintf("%s/meta.json", s->dir);
+  stage_unref(s);
+  CHECK_EQ_INT(unlink(bp), 0);
+  CHECK_EQ_INT(stage_open("old/broken", "alice", "vm", "b-aaaa", &o, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'old/broken'") && !strstr(err, "damaged"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("old/broken", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK(err && strstr(err, "damaged"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/broken", "alice", &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/broken", "", &err), 0);
 }
 
 static void anonymous_goes_with_last_ref(void) {
