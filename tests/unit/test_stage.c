@@ -145,13 +145,13 @@ static void make_open_list_info_rm(void) {
 
   struct stage *o = NULL;
   char *err = NULL;
-  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("proj/one", "", "vm", "b-aaaa", &o, &err), 0);
   CHECK(o == s); /* one struct per stage */
   CHECK_EQ_INT(s->refs, 2);
   stage_sessions_add(o, 1);
 
   json_t *info = NULL;
-  CHECK_EQ_INT(stage_info("proj/one", &info, &err), 0);
+  CHECK_EQ_INT(stage_info("proj/one", "", &info, &err), 0);
   CHECK_STREQ(json_string_value(json_object_get(info, "stage_id")), s->id);
   CHECK_STREQ(json_string_value(json_object_get(info, "backend")), "vm");
   CHECK_STREQ(json_string_value(json_object_get(info, "base_id")), "b-aaaa");
@@ -159,7 +159,7 @@ static void make_open_list_info_rm(void) {
   CHECK(json_is_null(json_object_get(info, "parent")));
   json_decref(info);
 
-  json_t *list = stage_list();
+  json_t *list = stage_list("");
   json_t *arr = json_object_get(list, "stages");
   CHECK_EQ_INT(json_array_size(arr), 1);
   CHECK_STREQ(json_string_value(json_object_get(json_array_get(arr, 0), "name")), "proj/one");
@@ -170,20 +170,20 @@ static void make_open_list_info_rm(void) {
 
   /* Wrong backend, other inputs, unknown name. */
   struct stage *x = NULL;
-  CHECK_EQ_INT(stage_open("proj/one", "ns", "b-aaaa", &x, &err), -EXDEV);
+  CHECK_EQ_INT(stage_open("proj/one", "", "ns", "b-aaaa", &x, &err), -EXDEV);
   CHECK(err && strstr(err, "made by the vm backend; this server runs the ns backend"));
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-bbbb", &x, &err), -ESTALE);
+  CHECK_EQ_INT(stage_open("proj/one", "", "vm", "b-bbbb", &x, &err), -ESTALE);
   CHECK(err && strstr(err, "b-aaaa") && strstr(err, "b-bbbb") && strstr(err, s->id) &&
         strstr(err, "replace: true"));
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_open("nope", "vm", "b-aaaa", &x, &err), -ENOENT);
+  CHECK_EQ_INT(stage_open("nope", "", "vm", "b-aaaa", &x, &err), -ENOENT);
   CHECK(err && strstr(err, "no stage named 'nope'") && strstr(err, "stage_list"));
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_info("nope", &info, &err), -ENOENT);
+  CHECK_EQ_INT(stage_info("nope", "", &info, &err), -ENOENT);
   free(err);
   err = NULL;
 
@@ -197,17 +197,17 @@ static void make_open_list_info_rm(void) {
   CHECK_EQ_INT(stage_finish(cdir, "proj/child", false, &cn, &c, &err), 0);
   free(cdir);
   CHECK(c && c->parent && !strcmp(c->parent, s->id) && !strcmp(c->parent_name, "proj/one"));
-  CHECK_EQ_INT(stage_info("proj/child", &info, &err), 0);
+  CHECK_EQ_INT(stage_info("proj/child", "", &info, &err), 0);
   CHECK_STREQ(json_string_value(json_object_get(info, "parent")), "proj/one");
   json_decref(info);
 
   /* rm while held: the name goes at once, the files with the last reference. */
-  CHECK_EQ_INT(stage_rm("proj/one", &err), 0);
+  CHECK_EQ_INT(stage_rm("proj/one", "", &err), 0);
   CHECK(!exists(dir));
   CHECK(s->removed);
   CHECK(exists(s->dir));
   _cleanup_free_ char *aside = strdup(s->dir);
-  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-aaaa", &x, &err), -ENOENT);
+  CHECK_EQ_INT(stage_open("proj/one", "", "vm", "b-aaaa", &x, &err), -ENOENT);
   free(err);
   err = NULL;
   stage_gc(); /* held: gc leaves it */
@@ -217,10 +217,10 @@ static void make_open_list_info_rm(void) {
   CHECK(exists(aside));
   stage_unref(s);
   CHECK(!exists(aside));
-  CHECK_EQ_INT(stage_rm("proj/one", &err), -ENOENT);
+  CHECK_EQ_INT(stage_rm("proj/one", "", &err), -ENOENT);
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_rm("proj/child", &err), 0);
+  CHECK_EQ_INT(stage_rm("proj/child", "", &err), 0);
   stage_unref(c);
   CHECK_EQ_INT(count_entries(".rm-"), 0);
   CHECK_EQ_INT(count_entries("proj"), 0);
@@ -244,7 +244,7 @@ static void replace_only_when_asked(void) {
   CHECK(a && a->removed && exists(a->dir));
   CHECK(b && a && strcmp(a->id, b->id) != 0);
   struct stage *o = NULL;
-  CHECK_EQ_INT(stage_open("rep", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("rep", "", "vm", "b-aaaa", &o, &err), 0);
   CHECK(o == b);
   _cleanup_free_ char *aside = a ? strdup(a->dir) : NULL;
   stage_unref(a);
@@ -256,7 +256,165 @@ static void replace_only_when_asked(void) {
   CHECK(c != NULL);
   CHECK_EQ_INT(count_entries(".rm-"), 0);
   stage_unref(c);
-  CHECK_EQ_INT(stage_rm("rep", &err), 0);
+  CHECK_EQ_INT(stage_rm("rep", "", &err), 0);
+}
+
+/* A stage of OWNER named NAME. */
+static struct stage *make_owned(const char *name, const char *owner, const char *ram, bool replace,
+                                int *ret_r, char **ret_err) {
+  char *dir = NULL, *err = NULL;
+  struct stage *s = NULL;
+  int r = stage_begin(1 << 20, &dir, &err);
+  CHECK_EQ_INT(r, 0);
+  if (r < 0) {
+    free(err);
+    return NULL;
+  }
+  write_file(dir, "ram", ram);
+  write_file(dir, "state", "device state");
+  struct stage_new in = vm_new;
+  in.owner = owner;
+  r = stage_finish(dir, name, replace, &in, &s, &err);
+  free(dir);
+  *ret_r = r;
+  *ret_err = err;
+  return r == 0 ? s : NULL;
+}
+
+static bool listed(const char *owner, const char *name) {
+  json_t *list = stage_list(owner);
+  bool found = false;
+  size_t i;
+  json_t *v;
+  json_array_foreach(json_object_get(list, "stages"), i, v)
+    found |= strcmp(json_string_value(json_object_get(v, "name")), name) == 0;
+  json_decref(list);
+  return found;
+}
+
+/* A stage is its owner's: to another owner it is a name nobody made, except
+ * that the name cannot be taken again (and that refusal tells nothing about
+ * it). */
+static void stages_belong_to_their_owner(void) {
+  int r;
+  char *err = NULL;
+  struct stage *a = make_owned("own/secret", "alice", "alice's ram", false, &r, &err);
+  CHECK(a != NULL);
+  CHECK(a && a->owner && strcmp(a->owner, "alice") == 0);
+  free(err);
+  err = NULL;
+  CHECK(listed("alice", "own/secret"));
+  CHECK(!listed("bob", "own/secret"));
+  CHECK(!listed("", "own/secret"));
+
+  json_t *info = NULL;
+  struct stage *o = NULL;
+  CHECK_EQ_INT(stage_info("own/secret", "bob", &info, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'own/secret'"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("own/secret", "bob", "vm", "b-aaaa", &o, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'own/secret'"));
+  free(err);
+  err = NULL;
+  /* Another backend's stage would say so to its owner; to bob it is unknown. */
+  CHECK_EQ_INT(stage_open("own/secret", "", "ns", "b-aaaa", &o, &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("own/secret", "bob", &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'own/secret'"));
+  free(err);
+  err = NULL;
+
+  /* Bob cannot take the name, not even with replace, and learns nothing of
+   * alice's stage (its id, size, parent) from the refusal. */
+  for (int replace = 0; replace < 2; replace++) {
+    struct stage *b = make_owned("own/secret", "bob", "bob's ram", replace, &r, &err);
+    CHECK(b == NULL);
+    CHECK_EQ_INT(r, -EEXIST);
+    CHECK(err && strstr(err, "'own/secret' is taken") && strstr(err, "pick another name"));
+    CHECK(err && a && !strstr(err, a->id) && !strstr(err, "alice") && !strstr(err, "replace"));
+    free(err);
+    err = NULL;
+    stage_unref(b);
+  }
+  CHECK_EQ_INT(count_entries(".tmp-"), 0);
+
+  /* Alice still has it, unchanged, and sees it as before. */
+  CHECK_EQ_INT(stage_open("own/secret", "alice", "vm", "b-aaaa", &o, &err), 0);
+  CHECK(o == a);
+  stage_unref(o);
+  CHECK_EQ_INT(stage_info("own/secret", "alice", &info, &err), 0);
+  CHECK(a && strcmp(json_string_value(json_object_get(info, "stage_id")), a->id) == 0);
+  json_decref(info);
+  /* Her own replace works. */
+  struct stage *a2 = make_owned("own/secret", "alice", "alice's new ram", true, &r, &err);
+  CHECK(a2 != NULL);
+  free(err);
+  err = NULL;
+  stage_unref(a);
+  stage_unref(a2);
+  CHECK_EQ_INT(stage_rm("own/secret", "alice", &err), 0);
+  CHECK(!listed("alice", "own/secret"));
+}
+
+/* A stage made before owners were recorded (no "owner" in its meta) is the
+ * owner "" 's: stdio and HTTP without tokens keep their stages. */
+static void stages_without_an_owner_are_the_empty_owners(void) {
+  int r;
+  char *err = NULL;
+  struct stage *s = make_owned("old/one", NULL, "old ram", false, &r, &err);
+  CHECK(s != NULL);
+  free(err);
+  err = NULL;
+  if (!s)
+    return;
+  /* Rewrite its meta as an older server wrote it: no owner field. */
+  _cleanup_free_ char *mp = xasprintf("%s/meta.json", s->dir);
+  json_error_t je;
+  json_t *m = json_load_file(mp, 0, &je);
+  CHECK(m && json_is_string(json_object_get(m, "owner")));
+  CHECK(m && strcmp(json_string_value(json_object_get(m, "owner")), "") == 0);
+  json_object_del(m, "owner");
+  CHECK_EQ_INT(json_dump_file(m, mp, JSON_SORT_KEYS), 0);
+  json_decref(m);
+  stage_unref(s);
+  CHECK(listed("", "old/one"));
+  CHECK(!listed("alice", "old/one"));
+  struct stage *o = NULL;
+  CHECK_EQ_INT(stage_open("old/one", "alice", "vm", "b-aaaa", &o, &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("old/one", "", "vm", "b-aaaa", &o, &err), 0);
+  stage_unref(o);
+  CHECK_EQ_INT(stage_rm("old/one", "alice", &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/one", "", &err), 0);
+
+  /* A stage that lost its meta records no owner either: damaged to "",
+   * unknown to everyone else. */
+  s = make_owned("old/broken", NULL, "ram", false, &r, &err);
+  CHECK(s != NULL);
+  free(err);
+  err = NULL;
+  if (!s)
+    return;
+  _cleanup_free_ char *bp = xasprintf("%s/meta.json", s->dir);
+  stage_unref(s);
+  CHECK_EQ_INT(unlink(bp), 0);
+  CHECK_EQ_INT(stage_open("old/broken", "alice", "vm", "b-aaaa", &o, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'old/broken'") && !strstr(err, "damaged"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("old/broken", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK(err && strstr(err, "damaged"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/broken", "alice", &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/broken", "", &err), 0);
 }
 
 static void anonymous_goes_with_last_ref(void) {
@@ -266,7 +424,7 @@ static void anonymous_goes_with_last_ref(void) {
     return;
   CHECK(strstr(s->dir, "/.anon-") != NULL && exists(s->dir));
   _cleanup_free_ char *dir = strdup(s->dir);
-  json_t *list = stage_list();
+  json_t *list = stage_list("");
   CHECK_EQ_INT(json_array_size(json_object_get(list, "stages")), 0);
   json_decref(list);
   stage_ref(s);
@@ -318,15 +476,15 @@ static void flipped_byte_fails_first_open(void) {
   stage_test_forget();
   struct stage *o = NULL;
   char *err = NULL;
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0);
   stage_unref(o);
   int fd = open(ram, O_WRONLY | O_CLOEXEC);
   CHECK(pwrite(fd, "X", 1, 3) == 1);
   close(fd);
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0); /* verified once: cached */
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0); /* verified once: cached */
   stage_unref(o);
   stage_test_forget();
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
   CHECK(err && strstr(err, "'flip'") && strstr(err, "stage_rm") && strstr(err, "commit"));
   free(err);
   err = NULL;
@@ -334,12 +492,12 @@ static void flipped_byte_fails_first_open(void) {
   fd = open(ram, O_WRONLY | O_CLOEXEC);
   CHECK(pwrite(fd, "3", 1, 3) == 1);
   close(fd);
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0);
   stage_unref(o);
   stage_test_forget();
   _cleanup_free_ char *dir = xasprintf("%s/stages/flip", store);
   write_file(dir, "extra", "");
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
   free(err);
   err = NULL;
   /* A meta whose inputs were edited to pass the inputs check is caught by
@@ -347,7 +505,7 @@ static void flipped_byte_fails_first_open(void) {
   _cleanup_free_ char *extra = xasprintf("%s/extra", dir);
   unlink(extra);
   stage_test_forget();
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0);
   stage_unref(o);
   _cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
   char text[4096];
@@ -363,10 +521,10 @@ static void flipped_byte_fails_first_open(void) {
   }
   close(mfd);
   stage_test_forget();
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-cccc", &o, &err), -EBADMSG);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-cccc", &o, &err), -EBADMSG);
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_rm("flip", &err), 0);
+  CHECK_EQ_INT(stage_rm("flip", "", &err), 0);
 }
 
 static void gc_removes_dead_servers_leftovers(void) {
@@ -511,10 +669,10 @@ static void hostile_tree_neither_followed_nor_hanging(void) {
     CHECK(readlink(moved, target, sizeof target - 1) > 0 && !strcmp(target, "/etc/passwd"));
     stage_unref(s);
     stage_test_forget();
-    CHECK_EQ_INT(stage_open("hostile", "vm", "b-aaaa", &s, &err), 0);
+    CHECK_EQ_INT(stage_open("hostile", "", "vm", "b-aaaa", &s, &err), 0);
     stage_unref(s);
   }
-  CHECK_EQ_INT(stage_rm("hostile", &err), 0);
+  CHECK_EQ_INT(stage_rm("hostile", "", &err), 0);
   CHECK(exists("/etc/passwd"));
 
   /* 600 directories deep: refused with a clear error, and removed. */
@@ -552,7 +710,7 @@ static void held_by_another_server(void) {
   if (pid == 0) {
     struct stage *o = NULL;
     char *err = NULL;
-    int r = stage_open("shared", "vm", "b-aaaa", &o, &err);
+    int r = stage_open("shared", "", "vm", "b-aaaa", &o, &err);
     char c = r == 0 ? 'y' : 'n';
     if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) < 0)
       _exit(2);
@@ -561,7 +719,7 @@ static void held_by_another_server(void) {
   char c = 0;
   CHECK(read(up[0], &c, 1) == 1 && c == 'y');
   char *err = NULL;
-  CHECK_EQ_INT(stage_rm("shared", &err), 0);
+  CHECK_EQ_INT(stage_rm("shared", "", &err), 0);
   CHECK_EQ_INT(count_entries(".rm-"), 1);
   stage_gc();
   CHECK_EQ_INT(count_entries(".rm-"), 1);
@@ -581,7 +739,7 @@ static void held_by_another_server(void) {
   pid = fork();
   if (pid == 0) {
     char *e = NULL;
-    _exit(stage_rm("shared2", &e) == 0 ? 0 : 1);
+    _exit(stage_rm("shared2", "", &e) == 0 ? 0 : 1);
   }
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -594,7 +752,7 @@ static void *open_many(void *arg) {
   struct stage **out = arg;
   char *err = NULL;
   for (int i = 0; i < 8; i++)
-    if (stage_open("threads", "vm", "b-aaaa", &out[i], &err) < 0) {
+    if (stage_open("threads", "", "vm", "b-aaaa", &out[i], &err) < 0) {
       free(err);
       out[i] = NULL;
     }
@@ -627,7 +785,7 @@ static void concurrent_opens_share_one_stage(void) {
     for (int k = 0; k < 8; k++)
       stage_unref(got[i][k]);
   char *err = NULL;
-  CHECK_EQ_INT(stage_rm("threads", &err), 0);
+  CHECK_EQ_INT(stage_rm("threads", "", &err), 0);
   CHECK_EQ_INT(count_entries(".rm-"), 0);
 }
 
@@ -680,7 +838,7 @@ static void quota_counts_inodes(void) {
     json_decref(j);
     stage_unref(s);
   }
-  CHECK_EQ_INT(stage_rm("inodes/few", &err), 0);
+  CHECK_EQ_INT(stage_rm("inodes/few", "", &err), 0);
   free(dir);
   free(err);
   cfg.stages_max_mb = old_max;
@@ -735,7 +893,8 @@ static void run_setup(void) { setup(); }
 
 TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(make_open_list_info_rm),
-          TEST(replace_only_when_asked), TEST(anonymous_goes_with_last_ref),
+          TEST(replace_only_when_asked), TEST(stages_belong_to_their_owner),
+          TEST(stages_without_an_owner_are_the_empty_owners), TEST(anonymous_goes_with_last_ref),
           TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
