@@ -475,12 +475,13 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     t.diagnostic(`sessions: ${sessions.map((s) => s.sid).join(' ')}; ${named.length} calls routed by header, ${free.length} round-robin (${HOSTS.map((h) => `${h} ${free.filter((l) => l.server === h).length}`).join(', ')})`);
   });
 
-  test('a call for an h3 session sent straight to h1 says that h3 holds it', T, async () => {
+  test('a call for an h3 session sent straight to h1 says that h3 holds it', T, async (t) => {
     const s3 = sessions.find((s) => hostOf(s.sid) === 'h3');
     const direct = await w.connect(w.hosts.h1.url);
     const text = await failure(direct, 'run', { session_id: s3.sid, command: 'echo should-not-run' });
     assert.match(text, /\bh3\b/, `h1 on a session of h3 said: ${text}`);
     assert.doesNotMatch(text, /should-not-run/);
+    t.diagnostic(`h1 said: ${text.slice(0, 240)}`);
     // Through the proxy it is served, by h3, as before.
     assert.equal((await tool(c, 'run', { session_id: s3.sid, command: 'cat /tmp/mark' })).stdout, s3.mark);
   });
@@ -520,7 +521,7 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     t.diagnostic(`h2's error: ${early.slice(0, 200)}`);
   });
 
-  test('h2 started again under the same host id: an empty session table, and back in the rotation', T, async () => {
+  test('h2 started again under the same host id: an empty session table, and back in the rotation', T, async (t) => {
     const deadPid = w.hosts.h2.server.pid;
     const old = sessions.find((s) => hostOf(s.sid) === 'h2');
     await w.startServer('h2');
@@ -528,6 +529,7 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     // The old id reaches the new h2, which does not know it.
     const text = await failure(c, 'run', { session_id: old.sid, command: 'true' });
     assert.ok(text.includes(old.sid), `an h2 session of before the restart: ${text}`);
+    t.diagnostic(`the new h2 on ${old.sid}: ${text.slice(0, 200)}`);
     let sid;
     for (let i = 0; i < 6 && !sid; i++) {
       const s = await openOn(c);
