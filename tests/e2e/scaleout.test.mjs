@@ -185,6 +185,15 @@ async function stopChild(c, timeoutMs = 10_000) {
   return { ...(await c.exit), forced: true };
 }
 
+/* The network namespaces of an earlier run of this test that was killed
+ * (SIGKILL leaves no chance to clean up): its pid is in their name. */
+function removeStaleNetns() {
+  for (const l of ip(['netns', 'list'], { ok: false }).stdout.split('\n')) {
+    const m = l.match(/^(ign-scaleout-(\d+)-\S+)/);
+    if (m && Number(m[2]) !== process.pid && !procStart(m[2])) ip(['netns', 'del', m[1]], { ok: false });
+  }
+}
+
 /* Three hosts, each in its network namespace, and HAProxy in front. */
 class World {
   constructor() {
@@ -203,9 +212,16 @@ class World {
     this.tokens = path.join(this.dir, 'tokens');
     fs.writeFileSync(this.tokens, `# name:token\ne2e:${this.token}\nhaproxy-check:${this.checkToken}\n`, { mode: 0o600 });
     this.torn = false;
-    /* Last resort when the test process ends without its teardown. */
+    /* Last resort when the test process ends without its teardown: on
+     * exit, and on the SIGTERM or SIGINT of a runner that gives up on it
+     * (which would otherwise end it without 'exit' and leave the network
+     * namespaces behind). */
     this.onExit = () => this.hardTeardown();
+    this.onSignal = (sig) => process.exit(sig === 'SIGINT' ? 130 : 143);
     process.on('exit', this.onExit);
+    process.on('SIGTERM', this.onSignal);
+    process.on('SIGINT', this.onSignal);
+    removeStaleNetns();
   }
 
   async up() {
@@ -358,6 +374,8 @@ class World {
     for (const ns of this.netns) ip(['netns', 'del', ns], { ok: false });
     fs.rmSync(this.dir, { recursive: true, force: true });
     process.off('exit', this.onExit);
+    process.off('SIGTERM', this.onSignal);
+    process.off('SIGINT', this.onSignal);
     return left;
   }
 
