@@ -27,6 +27,8 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
   SERVER, REPO, IS_NS, AS_ROOT, serverEnv, descendants, isAlive, procStart, waitUntil, sleep,
   assertNoSanitizerReport, cgroupIgnDirs, textOf,
@@ -502,6 +504,33 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     t.diagnostic(`h1 said: ${text.slice(0, 240)}`);
     // Through the proxy it is served, by h3, as before.
     assert.equal((await tool(c, 'run', { session_id: s3.sid, command: 'cat /tmp/mark' })).stdout, s3.mark);
+  });
+
+  test('a legacy (2025) client through the proxy stays on the host that gave it its Mcp-Session-Id', T, async (t) => {
+    /* The 1.x SDK: initialize, then Mcp-Session-Id on every request and no
+     * Mcp-Param-Session-Id; the proxy's stick table keeps it on one host. */
+    const transport = new Transport1(new URL(w.url), { requestInit: { headers: { Authorization: `Bearer ${w.token}` } } });
+    const client = new Client1({ name: 'ign-e2e-scaleout-1x', version: '0.0.1' }, { capabilities: {} });
+    const errors = [];
+    client.onerror = (e) => errors.push(String(e?.message ?? e));
+    await client.connect(transport);
+    const legacy = { client: { callTool: (p, o) => client.callTool(p, undefined, o) }, url: w.url };
+    try {
+      assert.match(transport.sessionId ?? '', /^\S+$/, 'initialize through the proxy returned no Mcp-Session-Id');
+      const sids = [];
+      for (let i = 0; i < 4; i++) sids.push(await openOn(legacy));
+      const on = [...new Set(sids.map(hostOf))];
+      assert.equal(on.length, 1, `the legacy client's sessions went to several hosts: ${sids}`);
+      for (const sid of sids) {
+        await workIn(legacy, sid, `legacy ${sid}\n`);
+        await tool(legacy, 'close', { session_id: sid });
+      }
+      t.diagnostic(`legacy Mcp-Session-Id ${transport.sessionId.slice(0, 8)}…: ${sids.length} sessions, all on ${on[0]}`);
+    } finally {
+      await transport.terminateSession().catch(() => {});
+      await client.close().catch(() => {});
+    }
+    assert.deepEqual(errors.filter((e) => !/405|SSE stream/i.test(e)), [], 'the 1.x client saw protocol errors');
   });
 
   test('h2 is SIGKILLed: its sessions fail with an error naming h2, h1 and h3 carry on, new sessions go to h1 and h3', T, async (t) => {
