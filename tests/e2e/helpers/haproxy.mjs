@@ -84,6 +84,8 @@ export function haproxyConfig({ listen, hosts }) {
     '    timeout client 70m',
     '    timeout server 70m',
     '    timeout check 2s',
+    '    timeout http-keep-alive 10s',
+    '    http-reuse never',
     '    retries 2',
     '    default-server inter 1s fall 2 rise 2',
     '    option httpchk',
