@@ -533,6 +533,20 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     assert.deepEqual(errors.filter((e) => !/405|SSE stream/i.test(e)), [], 'the 1.x client saw protocol errors');
   });
 
+  test('h2 drained (weight 0 in the rotation): its sessions go on, new sessions go to h1 and h3', T, async () => {
+    const ofH2 = sessions.filter((s) => hostOf(s.sid) === 'h2');
+    assert.equal((await adminCommand(w.admin, 'set weight any/h2 0')).trim(), '');
+    try {
+      const fresh = [];
+      for (let i = 0; i < 4; i++) fresh.push(await openOn(c));
+      assert.ok(fresh.every((sid) => hostOf(sid) !== 'h2'), `open_session with h2 drained gave ${fresh}`);
+      for (const s of ofH2) assert.equal((await tool(c, 'run', { session_id: s.sid, command: 'cat /tmp/mark' })).stdout, s.mark);
+      for (const sid of fresh) await tool(c, 'close', { session_id: sid });
+    } finally {
+      await adminCommand(w.admin, 'set weight any/h2 1');
+    }
+  });
+
   test('h2 is SIGKILLed: its sessions fail with an error naming h2, h1 and h3 carry on, new sessions go to h1 and h3', T, async (t) => {
     const h2 = w.hosts.h2;
     const ofH2 = sessions.filter((s) => hostOf(s.sid) === 'h2');
