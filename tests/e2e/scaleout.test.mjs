@@ -30,7 +30,7 @@ import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/cli
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
-  SERVER, REPO, IS_NS, AS_ROOT, serverEnv, descendants, isAlive, procStart, waitUntil, sleep,
+  SERVER, REPO, IS_NS, AS_ROOT, serverEnv, descendants, isAlive, procStart, waitUntil,
   assertNoSanitizerReport, cgroupIgnDirs, textOf,
 } from './lib.mjs';
 import { haproxyConfig, errorFiles, errorFile, parseShowStat } from './helpers/haproxy.mjs';
