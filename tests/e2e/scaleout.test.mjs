@@ -419,7 +419,8 @@ async function failure(c, name, args = {}) {
     res = await c.client.callTool({ name, arguments: args }, CALL);
   } catch (e) {
     const status = e?.data?.status ?? e?.status;
-    return `${status ? `HTTP ${status}: ` : ''}${e?.message ?? e} ${e?.data?.text ?? ''}`;
+    const cause = e?.cause ? ` (${e.cause.message ?? e.cause}${e.cause.cause ? `: ${e.cause.cause.message ?? e.cause.cause}` : ''})` : '';
+    return `${status ? `HTTP ${status}: ` : ''}${e?.message ?? e}${cause} ${e?.data?.text ?? ''}`;
   }
   assert.equal(res.isError, true, `${name}(${JSON.stringify(args).slice(0, 200)}) through ${c.url} should fail but returned ${JSON.stringify(res).slice(0, 400)}`);
   return textOf(res);
@@ -552,9 +553,16 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     const ofH2 = sessions.filter((s) => hostOf(s.sid) === 'h2');
     const others = sessions.filter((s) => hostOf(s.sid) !== 'h2');
     assert.ok(ofH2.length > 0 && others.length > 0);
+    // A call under way on h2 when it dies: h2 closes the connection unanswered.
+    const inflight = failure(c, 'run', { session_id: ofH2[0].sid, command: 'sleep 60' });
+    await waitUntil(() => descendants(h2.server.pid).some((d) => /sleep 60/.test(d.cmd ?? '')), { timeoutMs: 10_000 });
     const kids = descendants(h2.server.pid);
     process.kill(h2.server.pid, 'SIGKILL');
     assert.equal((await h2.server.exit).signal, 'SIGKILL');
+    /* HAProxy sends it again (retry-on empty-response), is refused and
+     * answers with the 503; 502 if it could not send it again. */
+    const broken = await inflight;
+    assert.match(broken, /HTTP 50[23]: .*host h2 (is unreachable|broke off its answer)\b.*its sessions are lost; open a new session/, `the call under way on h2 when it died: ${broken}; HAProxy: ${w.proxy.stderr().slice(-1500)}`);
     // Before the health check has seen it (the connection is refused: 503;
     // or, when the call met a connection h2 was holding as it died, 502) and after.
     const early = await failure(c, 'run', { session_id: ofH2[0].sid, command: 'true' });
@@ -580,7 +588,7 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
       await workIn(c, sid, mark);
       sessions.push({ sid, mark, late: true });
     }
-    t.diagnostic(`h2's error: ${early.slice(0, 200)}`);
+    t.diagnostic(`h2's error: ${early.slice(0, 200)}; for the call under way: ${broken.slice(0, 200)}`);
   });
 
   test('h2 started again under the same host id: an empty session table, and back in the rotation', T, async (t) => {

@@ -12,8 +12,9 @@
 // hosts that pass their health check.
 
 /* What a client reads when HOST (null: any host) cannot answer: 503, the
- * host cannot be reached (connection refused, or down in the health
- * check); 502, it broke off the answer (it died in the middle of a call). */
+ * host cannot be reached (connection refused, or down in the health check;
+ * also a call under way when it died, which HAProxy sends again); 502, an
+ * answer it began and broke off before its headers were whole. */
 export function unreachableMessage(host, status = 503) {
   if (!host) return status === 503 ? 'no host is reachable: try again later' : 'the host broke off its answer: try again';
   return status === 503
@@ -117,6 +118,7 @@ export function haproxyConfig({ listen, hosts }) {
       '',
       `# A session of ${h.name}: ${h.name} or an error that names it, never another host.`,
       `backend ${h.name}`,
+      `    retry-on conn-failure empty-response`,
       `    server ${h.name} ${h.addr} track any/${h.name}`,
     );
     for (const s of ERROR_STATUSES) add(`    errorfile ${s} errors/${h.name}.${s}.http`);
