@@ -135,9 +135,16 @@ static const char *rule_problem(const char *entry, size_t len, struct egress_rul
   if (colon) {
     const char *port = colon + 1;
     size_t plen = len - name_len - 1;
-    if (memchr(port, ':', plen))
-      return "IP addresses are not accepted: name the host (use network \"open\" to reach "
-             "any public address)";
+    if (memchr(port, ':', plen)) {
+      char buf[EGRESS_ENTRY_MAX + 1];
+      struct in6_addr a6;
+      memcpy(buf, entry, len);
+      buf[len] = '\0';
+      if (inet_pton(AF_INET6, buf, &a6) == 1)
+        return "IP addresses are not accepted: name the host (use network \"open\" to reach "
+               "any public address)";
+      return "an entry has at most one ':', before its port";
+    }
     if (plen == 1 && port[0] == '*') {
       r.ports = EGRESS_PORTS_ANY;
     } else {
@@ -588,7 +595,9 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
     return EGRESS_PEEK_OTHER;
   if (len > EGRESS_PEEK_MAX)
     len = EGRESS_PEEK_MAX;
-  /* The handshake message may be cut over several records: gather it. */
+  /* The handshake message may be cut over several records: gather it.  Per
+   * thread rather than on the stack: 16 KiB is a lot for a broker thread's
+   * stack, and the function keeps nothing between calls. */
   static _Thread_local uint8_t hs[TLS_RECORD_MAX];
   size_t hs_len = 0, off = 0;
   for (;;) {

@@ -133,6 +133,9 @@ static void test_rule_refusals(void) {
   REFUSED("[::1]", "IP addresses are not accepted");
   REFUSED("[::1]:443", "IP addresses are not accepted");
   REFUSED("fe80::1", "IP addresses are not accepted");
+  REFUSED("2001:db8::1:443", "IP addresses are not accepted");
+  REFUSED("a.b:80:", "at most one ':'");
+  REFUSED("a.b:*:*", "at most one ':'");
   REFUSED("example.123", "IP address");
   /* Lengths. */
   char name[400];
