@@ -189,7 +189,40 @@ def proto_guest():
     write('fuzz_proto_guest', 'bad', frame('STDOUT', 9, b'x') + frame('EXEC', 10, b'\1\0\xff\xff\xff\xff'))
 
 
+def egress_policy():
+    """fuzz_egress_policy: first byte 0 streams, 1 names, 2 entries, 3 addresses."""
+    def ext_sni(name):
+        return struct.pack('>HHHBH', 0, len(name) + 5, len(name) + 3, 0, len(name)) + name
+
+    def hello(exts, frag=16384):
+        body = (b'\x03\x03' + bytes(range(32)) + b'\x20' + bytes(32) + b'\x00\x04\x13\x01\x13\x02'
+                + b'\x01\x00' + struct.pack('>H', len(exts)) + exts)
+        hs = b'\x01' + struct.pack('>I', len(body))[1:] + body
+        out = b''
+        for i in range(0, len(hs), frag):
+            part = hs[i:i + frag]
+            out += b'\x16\x03\x01' + struct.pack('>H', len(part)) + part
+        return out
+    groups = b'\x00\x0a\x00\x04\x00\x02\x00\x1d'
+    write('fuzz_egress_policy', 'tls-sni', b'\0' + hello(groups + ext_sni(b'pypi.org')))
+    write('fuzz_egress_policy', 'tls-sni-fragmented', b'\0' + hello(ext_sni(b'files.pythonhosted.org'), 9))
+    write('fuzz_egress_policy', 'tls-no-sni', b'\0' + hello(groups))
+    write('fuzz_egress_policy', 'tls-two-names', b'\0' + hello(ext_sni(b'a.b') + ext_sni(b'c.d')))
+    write('fuzz_egress_policy', 'http-host', b'\0GET /simple/ HTTP/1.1\r\nUser-Agent: pip\r\nHost: PyPI.org:443\r\n\r\n')
+    write('fuzz_egress_policy', 'http-absolute', b'\0GET http://a.b/x HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n')
+    write('fuzz_egress_policy', 'http-connect', b'\0CONNECT evil.com:443 HTTP/1.1\r\nHost: evil.com:443\r\n\r\n')
+    write('fuzz_egress_policy', 'http-folded', b'\0GET / HTTP/1.1\r\nHost: a.b\r\n x\r\nHost: c\r\n\r\n')
+    write('fuzz_egress_policy', 'name', b'\1Files.PythonHosted.ORG.')
+    write('fuzz_egress_policy', 'name-tunnel', b'\1' + b'q' * 63 + b'.' + b'r' * 63 + b'.t.example.com')
+    write('fuzz_egress_policy', 'name-nul', b'\1pypi.org\0.evil.com')
+    write('fuzz_egress_policy', 'entries', b'\2pypi.org\n*.example.com:8443\ngit.host.net:*\nPYPI.ORG.')
+    write('fuzz_egress_policy', 'entries-bad', b'\2a.b\n0x7f000001\n[::1]:443\n*.com\nfoo..bar')
+    write('fuzz_egress_policy', 'addr-v4', b'\3\xa9\xfe\xa9\xfe')
+    write('fuzz_egress_policy', 'addr-v6-6to4', b'\3\x20\x02\x7f\x00\x00\x01' + bytes(10))
+
+
 mcp()
 tool_args()
 proto_host()
 proto_guest()
+egress_policy()
