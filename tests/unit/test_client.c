@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -565,8 +566,17 @@ static void cancel_returns_while_the_peer_does_not_read(void) {
   struct writer_call w = {.c = c};
   pthread_t t;
   pthread_create(&t, NULL, write_big, &w);
-  /* Let the upload fill the socket and the queue. */
-  usleep(300000);
+  /* Let the upload fill the socket and the queue: wait until the socket
+   * holds the WRITE and some of its data (a loaded machine may take a
+   * while to run the writer; cancelled before the WRITE left, the upload
+   * would be unknown to the peer and this test would test nothing). */
+  for (int i = 0; i < 1000; i++) {
+    int queued = 0;
+    if (ioctl(pe.fd, FIONREAD, &queued) == 0 && queued >= 2 * (int)PROTO_CHUNK)
+      break;
+    usleep(10000);
+  }
+  usleep(200000);
   struct ping_call pc = {.c = c};
   pthread_t tp;
   pthread_create(&tp, NULL, ping_main, &pc);
@@ -587,6 +597,16 @@ static void cancel_returns_while_the_peer_does_not_read(void) {
   char *err = NULL;
   CHECK_EQ_INT(agent_ping(c, 5000, &err), 0);
   free(err);
+  /* The short DATA_END waits in the data queue, behind which a PING may
+   * go first (requests are not held behind data): give it time to arrive. */
+  for (int i = 0; i < 500; i++) {
+    bool seen_end = false;
+    for (size_t j = 0; j < pe.n_seen; j++)
+      seen_end |= pe.seen[j] == PROTO_DATA_END;
+    if (seen_end)
+      break;
+    usleep(10000);
+  }
   size_t ping_at = 0, end_at = 0, n_data = 0;
   for (size_t i = 0; i < pe.n_seen; i++) {
     if (pe.seen[i] == PROTO_PING && !ping_at)
