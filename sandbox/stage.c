@@ -1196,6 +1196,29 @@ static char *no_such(const char *name) {
   return xasprintf("no stage named '%s' (stage_list shows the stages in %s)", name, cfg.store);
 }
 
+/* Reads the meta of stage NAME from FD for OWNER: another owner's stage is
+ * not there for it, and whose a damaged meta is cannot be read, so only the
+ * owner of old stages, "", hears that it is damaged.  *M holds a reference
+ * the caller drops (json_decref(m->j)) when this returns 0. */
+static int meta_read_owned(int fd, const char *name, const char *owner, struct meta *m,
+                           char **ret_err) {
+  _cleanup_free_ char *why = NULL;
+  int r = meta_read(fd, m, &why);
+  if (r < 0) {
+    *ret_err = *owner ? no_such(name)
+                      : xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and "
+                                  "commit it again",
+                                  name, why);
+    return *owner ? -ENOENT : r;
+  }
+  if (strcmp(m->owner, owner) != 0) {
+    json_decref(m->j);
+    *ret_err = no_such(name);
+    return -ENOENT;
+  }
+  return 0;
+}
+
 /* Opens and holds NAME's meta.json, and opens its directory, under the
  * names lock, so that neither is moved aside in between: the meta's fd
  * (*RET_DIR_FD the directory's), or -errno with *ret_err. */
@@ -1299,21 +1322,8 @@ int stage_open(const char *name, const char *owner, const char *backend, const c
     return r;
   }
   struct meta m;
-  _cleanup_free_ char *why = NULL;
-  if ((r = meta_read(fd, &m, &why)) < 0) {
-    /* Whose it is cannot be read: only the owner of old stages, "", hears
-     * that it is damaged. */
-    *ret_err = *owner ? no_such(name)
-                      : xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and "
-                                  "commit it again",
-                                  name, why);
-    return *owner ? -ENOENT : r;
-  }
-  if (strcmp(m.owner, owner) != 0) {
-    json_decref(m.j);
-    *ret_err = no_such(name);
-    return -ENOENT;
-  }
+  if ((r = meta_read_owned(fd, name, owner, &m, ret_err)) < 0)
+    return r;
   if ((r = open_check(name, dir_fd, &m, backend, inputs_id, ret_err)) == 0) {
     pthread_mutex_lock(&reg_lock);
     struct stage_obj *o = reg_find(st.st_dev, st.st_ino);
@@ -1476,19 +1486,8 @@ int stage_info(const char *name, const char *owner, json_t **ret, char **ret_err
     return r == -ENOTDIR ? -ENOENT : r;
   }
   struct meta m;
-  _cleanup_free_ char *why = NULL;
-  if ((r = meta_read(fd, &m, &why)) < 0) {
-    *ret_err = *owner ? no_such(name)
-                      : xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and "
-                                  "commit it again",
-                                  name, why);
-    return *owner ? -ENOENT : r;
-  }
-  if (strcmp(m.owner, owner) != 0) {
-    json_decref(m.j);
-    *ret_err = no_such(name);
-    return -ENOENT;
-  }
+  if ((r = meta_read_owned(fd, name, owner, &m, ret_err)) < 0)
+    return r;
   *ret = meta_json(name, &m, sessions_of(fd));
   json_decref(m.j);
   return 0;
