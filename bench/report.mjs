@@ -138,7 +138,7 @@ function headline(results) {
     ['srt per command (library)', 'peer', "srt (sandbox-runtime library): wrapWithSandbox('true') + spawn", 'host: sh -c true via Node child_process.spawn'],
     ["ns run('true') over HTTP, keep-alive", 'http', "ns: run('true'), HTTP keep-alive, raw client", "ns: run('true'), stdio, raw client"],
     ['ns 32 clients × 8 sessions over HTTP', 'http', '32 clients × 8 sessions: HTTP (32 keep-alive connections)', '32 clients × 8 sessions: stdio (one pipe)', 'runs/s'],
-    ['HTTP memory per idle keep-alive connection', 'http', 'RSS added per idle keep-alive connection', 'RSS added per idle keep-alive connection', 'KiB'],
+    ['HTTP memory per idle keep-alive connection', 'http', 'RSS added per idle keep-alive connection', '', 'KiB'],
     ["ours, ns run('true') (same section)", 'peer', "ignition-mcp ns: run('true') through MCP (SDK client), live session", 'host: sh -c true via Node child_process.spawn'],
   ];
   // The bare QEMU row names its accelerator.
