@@ -383,7 +383,7 @@ static void fd_agent_close(struct target *t) {
 /* Opens a session through the session layer; *ret_info gets the result. */
 static int session_open_id(struct target *t, json_t **ret_info, char **ret_err) {
   json_t *info = NULL;
-  int r = session_open(NULL, &info, ret_err);
+  int r = session_open("", NULL, &info, ret_err);
   if (r < 0)
     return r;
   const char *id = json_string_value(json_object_get(info, "session_id"));
@@ -403,7 +403,7 @@ static int call_begin(struct target *t, struct call *c, char **ret_err) {
     c->conn = t->conn;
     return 0;
   }
-  int r = session_acquire(t->id, &c->l, ret_err);
+  int r = session_acquire(t->id, "", &c->l, ret_err);
   if (r == 0)
     c->conn = lease_conn(&c->l);
   return r;
@@ -546,7 +546,7 @@ static int cmd_agent(int argc, char **argv) {
         json_object_set(out, "open_info", info);
       json_decref(info);
       if (t.session) {
-        if (session_close(t.id, &err) < 0)
+        if (session_close(t.id, "", &err) < 0)
           fail("close %s: %s", t.id, err);
       } else {
         fd_agent_close(&t);
@@ -581,7 +581,7 @@ static int cmd_agent(int argc, char **argv) {
       json_object_set_new(out, "files", files);
     }
     if (t.session) {
-      if (session_close(t.id, &err) < 0)
+      if (session_close(t.id, "", &err) < 0)
         fail("close %s: %s", t.id, err);
     } else {
       fd_agent_close(&t);

@@ -211,6 +211,32 @@ static int load_log_dir(void) {
   return 0;
 }
 
+bool config_host_id_valid(const char *s, size_t n) {
+  if (n < 1 || n > CONFIG_HOST_ID_MAX || !(s[0] >= 'a' && s[0] <= 'z'))
+    return false;
+  for (size_t i = 1; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}
+
+/* IGN_MCP_HOST_ID: checked here, so that a server behind a front proxy never
+ * starts with an id the proxy could not route on. */
+static int load_host_id(void) {
+  const char *v = getenv("IGN_MCP_HOST_ID");
+  cfg.host_id[0] = '\0';
+  if (!v || !*v)
+    return 0;
+  if (!config_host_id_valid(v, strlen(v))) {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_HOST_ID=%s is invalid: a host id is %s (e.g. h1); "
+                    "it starts every session id this server makes\n",
+            v, CONFIG_HOST_ID_RULE);
+    return -EINVAL;
+  }
+  memcpy(cfg.host_id, v, strlen(v) + 1);
+  return 0;
+}
+
 int config_load(void) {
   ssize_t n = readlink("/proc/self/exe", exe_dir, sizeof exe_dir - 1);
   if (n > 0) {
@@ -270,7 +296,7 @@ int config_load(void) {
     return r;
   cfg.net = getenv("IGN_MCP_NET") && *getenv("IGN_MCP_NET");
 
-  if (load_host_io() < 0 || load_log_dir() < 0)
+  if (load_host_io() < 0 || load_log_dir() < 0 || load_host_id() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");

@@ -4,10 +4,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* A host id: 1 to 16 of [a-z0-9-], starting with a letter. */
+#define CONFIG_HOST_ID_MAX 16
+#define CONFIG_HOST_ID_RULE "1 to 16 characters of a-z, 0-9 and -, starting with a letter"
+
 enum backend_choice { BACKEND_AUTO, BACKEND_NS, BACKEND_VM };
 
 struct config {
-  enum backend_choice backend;
+  /* A host id: 1 to 16 of [a-z0-9-], starting with a letter. */
+#define CONFIG_HOST_ID_MAX 16
+#define CONFIG_HOST_ID_RULE "1 to 16 characters of a-z, 0-9 and -, starting with a letter"
+
+enum backend_choice backend;
   char *rootfs;          /* resolved absolute directory, or NULL if not found */
   char *rootfs_spec;     /* what the user asked for (name or path) */
   char *agent;           /* resolved ign-agent path, or NULL */
@@ -45,6 +53,10 @@ struct config {
   size_t log_cap;        /* IGN_MCP_LOG_CAP: bytes kept per log file */
   unsigned log_keep_mb;  /* IGN_MCP_LOG_KEEP_MB: all logs together, oldest removed first */
   unsigned log_keep_days; /* IGN_MCP_LOG_KEEP_DAYS: older logs are removed */
+  /* IGN_MCP_HOST_ID: the prefix of every session id this server mints
+   * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;
+   * "" when unset. */
+  char host_id[CONFIG_HOST_ID_MAX + 1];
 };
 
 extern struct config cfg;
@@ -52,6 +64,8 @@ extern struct config cfg;
 /* Reads the environment; on an invalid value prints why to stderr and
  * returns -EINVAL. */
 int config_load(void);
+/* Whether the N bytes at S are a host id (CONFIG_HOST_ID_RULE). */
+bool config_host_id_valid(const char *s, size_t n);
 /* Directory holding the running executable. */
 const char *config_exe_dir(void);
 /* IGN_MCP_BACKEND as a word: "auto", "vm" or "ns". */

@@ -19,7 +19,14 @@
  * read: the digest depends on the bytes, not on how they sit on disk, and a
  * 256 MiB RAM file that is mostly holes hashes in a few ms per allocated MiB.
  * The walk is relative to directory fds, follows no link, opens files
- * O_NOFOLLOW|O_NONBLOCK and refuses trees deeper than STAGE_MAX_DEPTH. */
+ * O_NOFOLLOW|O_NONBLOCK and refuses trees deeper than STAGE_MAX_DEPTH.
+ *
+ * Owners: meta.json records the owner that committed the stage ("owner";
+ * absent in a stage made before owners were recorded: owner "").  The names
+ * are one space for all owners, but a stage of another owner is, to every
+ * call but a commit under its name, a name nobody made: the same "no stage
+ * named" error.  A commit under it is refused as taken (the name cannot be
+ * given twice), with nothing else about the stage. */
 #include "sandbox/stage.h"
 
 #include <dirent.h>
@@ -590,6 +597,7 @@ static void make_id(const char *digest, const char *parent, const char *inputs_i
 struct meta {
   json_t *j;
   const char *name, *id, *parent, *parent_name, *backend, *inputs_id, *carries, *digest;
+  const char *owner;  /* "" when it records none */
   uint64_t bytes;
   uint64_t inodes;  /* 0 in a meta.json written before they were counted */
   int64_t created;
@@ -638,6 +646,9 @@ static int meta_read(int fd, struct meta *m, char **ret_why) {
   m->inputs_id = opt_str(j, "base_id");
   m->carries = opt_str(j, "carries");
   m->digest = opt_str(j, "digest");
+  m->owner = opt_str(j, "owner");
+  if (!m->owner)
+    m->owner = "";
   json_t *b = json_object_get(j, "bytes"), *c = json_object_get(j, "created");
   m->bytes = json_is_integer(b) && json_integer_value(b) >= 0 ? (uint64_t)json_integer_value(b) : 0;
   json_t *ino = json_object_get(j, "inodes");
@@ -668,6 +679,7 @@ static int meta_write(const char *dir, const char *name, const char *id, const c
       "inodes", (json_int_t)inodes, "created", (json_int_t)created, "digest", digest);
   if (!j)
     abort();
+  json_object_set_new(j, "owner", json_string(in->owner ? in->owner : ""));
   _cleanup_free_ char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
   json_decref(j);
   _cleanup_free_ char *p = xasprintf("%s/meta.json", dir);
@@ -764,6 +776,7 @@ static struct stage_obj *obj_new(const struct meta *m, const char *dir, int hold
   o->s.backend = dup_or_null(m->backend);
   o->s.inputs_id = dup_or_null(m->inputs_id);
   o->s.carries = dup_or_null(m->carries);
+  o->s.owner = dup_or_null(m->owner ? m->owner : "");
   o->s.dir = dup_or_null(dir);
   o->s.bytes = m->bytes;
   o->s.created = m->created;
@@ -784,6 +797,7 @@ static void obj_free(struct stage_obj *o) {
   free(o->s.backend);
   free(o->s.inputs_id);
   free(o->s.carries);
+  free(o->s.owner);
   free(o->s.dir);
   free(o->old_dir);
   free(o);
@@ -995,8 +1009,39 @@ void stage_abort(const char *dir) {
 
 /* Renames TMP into place as NAME (or as an anonymous stage when NULL);
  * under the names lock.  *RET_DIR is where it went. */
-static int install(const char *tmp, const char *name, bool replace, char **ret_dir,
-                   char **ret_err) {
+/* The owner recorded by the stage whose directory is DIR, into *RET (to
+ * free): 0, or -errno when it has no readable meta. */
+static int owner_of(const char *dir, char **ret) {
+  _cleanup_free_ char *mp = xasprintf("%s/meta.json", dir);
+  _cleanup_close_ int fd = open(mp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  struct meta m;
+  _cleanup_free_ char *why = NULL;
+  int r = meta_read(fd, &m, &why);
+  if (r < 0)
+    return r;
+  *ret = strdup(m.owner);
+  json_decref(m.j);
+  return *ret ? 0 : -ENOMEM;
+}
+
+/* Whether the stage at DIR is OWNER's; a stage whose meta cannot be read is
+ * the owner "" 's, as one made before owners were recorded. */
+static bool owned_by(const char *dir, const char *owner) {
+  _cleanup_free_ char *o = NULL;
+  if (owner_of(dir, &o) < 0)
+    return !*owner;
+  return strcmp(o, owner) == 0;
+}
+
+static char *name_taken(const char *name) {
+  return xasprintf("the stage name '%s' is taken by a stage you cannot see: pick another name",
+                   name);
+}
+
+static int install(const char *tmp, const char *name, const char *owner, bool replace,
+                   char **ret_dir, char **ret_err) {
   if (!name) {
     for (int tries = 0; tries < 16; tries++) {
       _cleanup_free_ char *anon = aside_path("anon");
@@ -1020,6 +1065,12 @@ static int install(const char *tmp, const char *name, bool replace, char **ret_d
   if (r != -EEXIST) {
     *ret_err = xasprintf("cannot move %s to %s: %s", tmp, dir, strerror(-r));
     return r;
+  }
+  /* Another owner's: neither replaced nor described (under the names lock,
+   * so it cannot change hands meanwhile). */
+  if (!owned_by(dir, owner)) {
+    *ret_err = name_taken(name);
+    return -EEXIST;
   }
   if (!replace) {
     *ret_err = xasprintf("a stage named '%s' exists already (stage_info shows it): pass "
@@ -1101,14 +1152,14 @@ static int finish_checked(const char *dir, const char *name, bool replace,
   if (lock < 0)
     return lock;
   _cleanup_free_ char *placed = NULL;
-  r = install(dir, name, replace, &placed, ret_err);
+  r = install(dir, name, in->owner ? in->owner : "", replace, &placed, ret_err);
   close(lock);
   if (r < 0)
     return r;
   struct meta m = {.name = name, .id = id, .parent = in->parent ? in->parent->id : NULL,
                    .parent_name = in->parent ? in->parent->name : NULL, .backend = in->backend,
                    .inputs_id = in->inputs_id, .carries = in->carries, .bytes = bytes,
-                   .created = created};
+                   .created = created, .owner = in->owner ? in->owner : ""};
   struct stage_obj *o = obj_new(&m, placed, steal_fd(fd), &st);
   pthread_mutex_lock(&reg_lock);
   reg_add(o);
@@ -1225,8 +1276,8 @@ static int open_check(const char *name, int dir_fd, const struct meta *m,
   return 0;
 }
 
-int stage_open(const char *name, const char *backend, const char *inputs_id, struct stage **ret,
-               char **ret_err) {
+int stage_open(const char *name, const char *owner, const char *backend, const char *inputs_id,
+               struct stage **ret, char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
@@ -1244,9 +1295,18 @@ int stage_open(const char *name, const char *backend, const char *inputs_id, str
   struct meta m;
   _cleanup_free_ char *why = NULL;
   if ((r = meta_read(fd, &m, &why)) < 0) {
-    *ret_err = xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and commit it again",
-                         name, why);
-    return r;
+    /* Whose it is cannot be read: only the owner of old stages, "", hears
+     * that it is damaged. */
+    *ret_err = *owner ? no_such(name)
+                      : xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and "
+                                  "commit it again",
+                                  name, why);
+    return *owner ? -ENOENT : r;
+  }
+  if (strcmp(m.owner, owner) != 0) {
+    json_decref(m.j);
+    *ret_err = no_such(name);
+    return -ENOENT;
   }
   if ((r = open_check(name, dir_fd, &m, backend, inputs_id, ret_err)) == 0) {
     pthread_mutex_lock(&reg_lock);
@@ -1340,7 +1400,7 @@ static int cmp_stage_names(const void *a, const void *b) {
                 json_string_value(json_object_get(*y, "name")));
 }
 
-json_t *stage_list(void) {
+json_t *stage_list(const char *owner) {
   json_t *arr = json_array();
   _cleanup_free_ char *sd = stages_dir();
   DIR *d = opendir(sd);
@@ -1365,6 +1425,10 @@ json_t *stage_list(void) {
     if (fd < 0 || meta_read(fd, &m, &why) < 0) {
       log_warn("stage '%s' is not listed: %s; remove it with stage_rm", name,
                why ? why : "it has no meta.json");
+      continue;
+    }
+    if (strcmp(m.owner, owner) != 0) {
+      json_decref(m.j);
       continue;
     }
     if (n == cap) {
@@ -1392,7 +1456,7 @@ json_t *stage_list(void) {
   return j;
 }
 
-int stage_info(const char *name, json_t **ret, char **ret_err) {
+int stage_info(const char *name, const char *owner, json_t **ret, char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
@@ -1408,16 +1472,23 @@ int stage_info(const char *name, json_t **ret, char **ret_err) {
   struct meta m;
   _cleanup_free_ char *why = NULL;
   if ((r = meta_read(fd, &m, &why)) < 0) {
-    *ret_err = xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and commit it again",
-                         name, why);
-    return r;
+    *ret_err = *owner ? no_such(name)
+                      : xasprintf("stage '%s' is damaged: %s; remove it with stage_rm and "
+                                  "commit it again",
+                                  name, why);
+    return *owner ? -ENOENT : r;
+  }
+  if (strcmp(m.owner, owner) != 0) {
+    json_decref(m.j);
+    *ret_err = no_such(name);
+    return -ENOENT;
   }
   *ret = meta_json(name, &m, sessions_of(fd));
   json_decref(m.j);
   return 0;
 }
 
-int stage_rm(const char *name, char **ret_err) {
+int stage_rm(const char *name, const char *owner, char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
@@ -1426,7 +1497,13 @@ int stage_rm(const char *name, char **ret_err) {
   int lock = stages_lock(ret_err);
   if (lock < 0)
     return lock;
-  if (renameat2(AT_FDCWD, dir, AT_FDCWD, rm, RENAME_NOREPLACE) < 0) {
+  /* Checked under the names lock: the stage cannot be replaced by another
+   * owner's between the check and the rename. */
+  struct stat st;
+  if (lstat(dir, &st) == 0 && !owned_by(dir, owner)) {
+    *ret_err = no_such(name);
+    r = -ENOENT;
+  } else if (renameat2(AT_FDCWD, dir, AT_FDCWD, rm, RENAME_NOREPLACE) < 0) {
     r = -errno;
     *ret_err = r == -ENOENT ? no_such(name)
                             : xasprintf("cannot move %s aside to %s: %s", dir, rm, strerror(-r));

@@ -20,6 +20,12 @@
  * meta.json, and a removed or replaced stage is moved aside and deleted only
  * once nobody holds it.
  *
+ * Owners: a stage belongs to the owner that committed it (see session.h;
+ * "" for a stage made before owners were recorded).  Open, info, list and
+ * rm take the caller's owner and see only its stages: another owner's is
+ * "no stage named ...".  Names are shared: a commit under a name another
+ * owner's stage has is refused as taken.
+ *
  * Anonymous stages (name NULL) are made by fork: they live as long as the
  * references to them in this server (the forked sessions) and are removed
  * when the last goes.  They are not listed. */
@@ -40,6 +46,7 @@ struct stage {
   char *backend;            /* "vm", "ns" */
   char *inputs_id;          /* sandbox_ops.inputs_id when it was made */
   char *carries;            /* "memory", "files" */
+  char *owner;              /* who committed it; "" for a stage that records none */
   char *dir;                /* the directory with the backend's files */
   uint64_t bytes;           /* allocated on disk (blocks, not apparent sizes) */
   int64_t created;          /* Unix time, seconds */
@@ -60,6 +67,7 @@ struct stage_new {
   const char *inputs_id;
   const char *carries;
   const struct stage *parent; /* the stage the session was started from, or NULL */
+  const char *owner;          /* who commits it (NULL: "") */
 };
 
 /* A new empty directory of the store (mode 0700) in which a backend makes a
@@ -73,19 +81,20 @@ void stage_abort(const char *dir);
 /* Turns DIR (from stage_begin) into stage NAME (NULL: anonymous): computes
  * the checksums and the content id, writes meta.json, renames the directory
  * into place.  A stage NAME that exists is replaced only when REPLACE;
- * otherwise -EEXIST with an error that says so.  On success *ret is a
+ * otherwise -EEXIST with an error that says so.  A stage NAME of another
+ * owner is never replaced: -EEXIST, the name is taken.  On success *ret is a
  * reference to the new stage (trusted: no verification on open), and DIR
  * is gone; on failure DIR is removed. */
 int stage_finish(const char *dir, const char *name, bool replace, const struct stage_new *in,
                  struct stage **ret, char **ret_err);
-/* Opens stage NAME for a sandbox of BACKEND whose current inputs id is
+/* Opens OWNER's stage NAME for a sandbox of BACKEND whose current inputs id is
  * INPUTS_ID: -ENOENT (unknown name; the error lists how to see them),
  * -EXDEV (made by the other backend), -ESTALE (made over other inputs: the
  * error names both ids and the way out: commit it again from a session on
  * the current base), -EBADMSG (its files fail their checksums, verified on
  * the first open by this server).  *ret is a new reference. */
-int stage_open(const char *name, const char *backend, const char *inputs_id, struct stage **ret,
-               char **ret_err);
+int stage_open(const char *name, const char *owner, const char *backend, const char *inputs_id,
+               struct stage **ret, char **ret_err);
 void stage_ref(struct stage *s);
 /* Drops a reference; the last one of a removed or anonymous stage deletes
  * its files (when no other server holds it). */
@@ -95,12 +104,12 @@ void stage_sessions_add(struct stage *s, int delta);
 
 /* {stages: [{name, stage_id, parent, carries, backend, base_id, bytes,
  * created, sessions}], bytes_used, bytes_max}. */
-json_t *stage_list(void);
+json_t *stage_list(const char *owner);
 /* {name, stage_id, parent, carries, backend, base_id (= inputs_id), bytes, created,
  * sessions}, or -ENOENT with *ret_err. */
-int stage_info(const char *name, json_t **ret, char **ret_err);
+int stage_info(const char *name, const char *owner, json_t **ret, char **ret_err);
 /* Removes stage NAME: its files go once no session of any server uses it. */
-int stage_rm(const char *name, char **ret_err);
+int stage_rm(const char *name, const char *owner, char **ret_err);
 /* Removes what servers that died left (temporary and anonymous stages) and
  * stages moved aside that nobody holds any more. */
 void stage_gc(void);

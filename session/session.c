@@ -4,6 +4,16 @@
  * creation (slow) happens outside it: open reserves a slot first, reset marks
  * the session as resetting and callers wait on a condition variable.
  *
+ * Owners: every session belongs to the owner that opened it (the HTTP
+ * token's name, "" on stdio), passed in by each call.  To any other owner a
+ * session does not exist: lookups compare the owner with the id, and the
+ * error is the one for an id nobody opened, so a token cannot learn what
+ * another holds.  The cap on sessions is the server's, shared by all.
+ *
+ * Host ids: with IGN_MCP_HOST_ID every id starts with "<host>.", so that a
+ * front proxy can route on it; an id of another host gets an error naming
+ * that host instead of the one for an unknown id.
+ *
  * Lifetimes: a handle (sandbox + agent connection) is reference counted; the
  * table holds one reference and each lease one more.  Retiring a handle
  * (close, reset, reap, shutdown) kills its sandbox at once, which fails the
@@ -42,7 +52,8 @@ struct handle {
 struct session {
   struct session *next;
   int refs;
-  char id[32];
+  char id[SESSION_ID_MAX];
+  char *owner;              /* who opened it (a fork: who forked it); never NULL */
   struct handle *h;         /* NULL while (re)creating */
   bool resetting;
   bool snapshotting;        /* commit or fork: new calls wait, as for a reset */
@@ -105,14 +116,44 @@ static void handle_retire(struct handle *h, const char *why) {
   h->sb->ops->kill(h->sb);
 }
 
-static void session_unref_locked(struct session *s) {
-  if (--s->refs == 0)
-    free(s);
+static void session_free(struct session *s) {
+  if (!s)
+    return;
+  free(s->owner);
+  free(s);
 }
 
-static struct session *find_locked(const char *id) {
+static void session_unref_locked(struct session *s) {
+  if (--s->refs == 0)
+    session_free(s);
+}
+
+/* A new session (one reference) of OWNER with a fresh id: "[<host>.]" then
+ * KIND ('s', or 'r' for sandbox_run's), the sequence number SEQ and 16
+ * random bits, which keep an id of a server that restarted from naming a
+ * session of the one before. */
+static struct session *session_new(const char *owner, char kind, unsigned seq) {
+  struct session *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  s->owner = strdup(owner);
+  if (!s->owner) {
+    free(s);
+    return NULL;
+  }
+  uint16_t rnd = 0;
+  if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
+    rnd = (uint16_t)mono_us();
+  /* At most 16 + 1 + 1 + 10 + 1 + 4 characters: SESSION_ID_MAX holds it. */
+  snprintf(s->id, sizeof s->id, "%s%s%c%u-%04x", cfg.host_id, cfg.host_id[0] ? "." : "", kind,
+           seq, rnd);
+  s->refs = 1;
+  return s;
+}
+
+static struct session *find_locked(const char *id, const char *owner) {
   for (struct session *s = table; s; s = s->next)
-    if (strcmp(s->id, id) == 0 && !s->ephemeral)
+    if (strcmp(s->id, id) == 0 && !s->ephemeral && strcmp(s->owner, owner) == 0)
       return s;
   return NULL;
 }
@@ -128,7 +169,33 @@ static void remove_locked(struct session *s, const char *why) {
   n_sessions--;
 }
 
+bool session_id_host(const char *id, char ret_host[static CONFIG_HOST_ID_MAX + 1]) {
+  const char *dot = strchr(id, '.');
+  if (!dot || !config_host_id_valid(id, (size_t)(dot - id)) || !dot[1])
+    return false;
+  memcpy(ret_host, id, (size_t)(dot - id));
+  ret_host[dot - id] = '\0';
+  return true;
+}
+
+char *session_id_elsewhere(const char *id) {
+  char host[CONFIG_HOST_ID_MAX + 1];
+  if (!session_id_host(id, host) || strcmp(host, cfg.host_id) == 0)
+    return NULL;
+  _cleanup_free_ char *here = cfg.host_id[0]
+                                  ? xasprintf("this host '%s'", cfg.host_id)
+                                  : strdup("this server (it has no IGN_MCP_HOST_ID)");
+  return xasprintf("session '%s' is held by host '%s', not %s: send calls for it to %s (a front "
+                   "proxy routes on the Mcp-Param-Session-Id header; docs/scale-out.md)",
+                   id, host, here, host);
+}
+
+/* For an id no session of the caller has.  The same words whether nobody
+ * opened it or another owner did: that is not the caller's to know. */
 static char *unknown_id(const char *id) {
+  char *elsewhere = session_id_elsewhere(id);
+  if (elsewhere)
+    return elsewhere;
   return xasprintf("unknown session_id '%s': no open session has this id (it was never opened, "
                    "or it was closed, or reaped after %u s idle). Call open_session to get a new "
                    "one; list_sessions shows the open ones.",
@@ -296,7 +363,7 @@ static bool stages_supported(char **ret_err) {
 
 /* Opens stage NAME for a sandbox of this server's backend (NULL and 0 when
  * NAME is NULL). */
-static int open_stage(const char *name, struct stage **ret, char **ret_err) {
+static int open_stage(const char *name, const char *owner, struct stage **ret, char **ret_err) {
   *ret = NULL;
   if (!name)
     return 0;
@@ -311,13 +378,13 @@ static int open_stage(const char *name, struct stage **ret, char **ret_err) {
     *ret_err = xasprintf("cannot open stage '%s' yet: %s", name, err ? err : strerror(-r));
     return r;
   }
-  return stage_open(name, backend->name, inputs, ret, ret_err);
+  return stage_open(name, owner, backend->name, inputs, ret, ret_err);
 }
 
 /* Opens a session; with LEASE (sandbox_run) an ephemeral one, handed out
  * already leased. */
-static int open_common(const char *stage_name, struct lease *lease, json_t **ret,
-                       char **ret_err) {
+static int open_common(const char *owner, const char *stage_name, struct lease *lease,
+                       json_t **ret, char **ret_err) {
   if (!backend) {
     _cleanup_free_ char *help = unavailable_help();
     *ret_err = xasprintf("no sandbox backend can run here: %s%s%s", backend_error,
@@ -335,8 +402,10 @@ static int open_common(const char *stage_name, struct lease *lease, json_t **ret
     *ret_err = xasprintf("cannot open a session: the limit of %u open sessions is reached "
                          "(IGN_MCP_MAX_SESSIONS). Close one you no longer need with "
                          "close(session_id) (list_sessions shows them), or raise "
-                         "IGN_MCP_MAX_SESSIONS.",
-                         cfg.max_sessions);
+                         "IGN_MCP_MAX_SESSIONS.%s",
+                         cfg.max_sessions,
+                         *owner ? " The limit counts the sessions of every token of this server."
+                                : "");
     return -EUSERS;
   }
   n_sessions++;
@@ -346,9 +415,9 @@ static int open_common(const char *stage_name, struct lease *lease, json_t **ret
   /* The stage is checked (and verified, the first time) before anything
    * starts, without the table's lock. */
   struct stage *stage = NULL;
-  int r = open_stage(stage_name, &stage, ret_err);
+  int r = open_stage(stage_name, owner, &stage, ret_err);
   pthread_mutex_lock(&lock);
-  struct session *s = r < 0 ? NULL : calloc(1, sizeof *s);
+  struct session *s = r < 0 ? NULL : session_new(owner, lease ? 'r' : 's', seq);
   if (!s) {
     n_sessions--;
     pthread_mutex_unlock(&lock);
@@ -356,11 +425,6 @@ static int open_common(const char *stage_name, struct lease *lease, json_t **ret
       stage_unref(stage);
     return r < 0 ? r : -ENOMEM;
   }
-  uint16_t rnd = 0;
-  if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
-    rnd = (uint16_t)mono_us();
-  snprintf(s->id, sizeof s->id, "%s%u-%04x", lease ? "r" : "s", seq, rnd);
-  s->refs = 1;
   s->ephemeral = lease != NULL;
 
   uint64_t ms;
@@ -371,7 +435,7 @@ static int open_common(const char *stage_name, struct lease *lease, json_t **ret
     /* (Shutdown makes it fail: the sandbox is destroyed by then.) */
     n_sessions--;
     pthread_mutex_unlock(&lock);
-    free(s);
+    session_free(s);
     if (stage)
       stage_unref(stage);
     return r;
@@ -395,17 +459,17 @@ static int open_common(const char *stage_name, struct lease *lease, json_t **ret
   return 0;
 }
 
-int session_open(const char *stage_name, json_t **ret, char **ret_err) {
-  return open_common(stage_name, NULL, ret, ret_err);
+int session_open(const char *owner, const char *stage_name, json_t **ret, char **ret_err) {
+  return open_common(owner, stage_name, NULL, ret, ret_err);
 }
 
-int session_open_ephemeral(const char *stage_name, struct lease *ret, json_t **ret_info,
-                           char **ret_err) {
-  return open_common(stage_name, ret, ret_info, ret_err);
+int session_open_ephemeral(const char *owner, const char *stage_name, struct lease *ret,
+                           json_t **ret_info, char **ret_err) {
+  return open_common(owner, stage_name, ret, ret_info, ret_err);
 }
 
 void session_end_ephemeral(struct lease *l) {
-  char id[32];
+  char id[SESSION_ID_MAX];
   memcpy(id, l->s->id, sizeof id);
   pthread_mutex_lock(&lock);
   /* Shutdown may have closed it already. */
@@ -447,8 +511,8 @@ static struct session *wait_reset_locked(struct session *s) {
 /* Session ID once no reset or snapshot is under way on it, with a reference
  * for the caller; NULL and *ret_err when there is none or it has no
  * sandbox (under the lock). */
-static struct session *find_serving_locked(const char *id, char **ret_err) {
-  struct session *s = find_locked(id);
+static struct session *find_serving_locked(const char *id, const char *owner, char **ret_err) {
+  struct session *s = find_locked(id, owner);
   if (s)
     wait_reset_locked(s);
   if (!s || s->removed || !s->h) {
@@ -460,9 +524,9 @@ static struct session *find_serving_locked(const char *id, char **ret_err) {
   return s;
 }
 
-int session_acquire(const char *id, struct lease *ret, char **ret_err) {
+int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&lock);
-  struct session *s = find_serving_locked(id, ret_err);
+  struct session *s = find_serving_locked(id, owner, ret_err);
   if (!s) {
     pthread_mutex_unlock(&lock);
     return -ENOENT;
@@ -527,11 +591,21 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
                    what_failed, l->s->id, why ? why : "its sandbox exited", l->s->id);
 }
 
-int session_reset(const char *id, const char *stage_name, json_t **ret, char **ret_err) {
+int session_reset(const char *id, const char *owner, const char *stage_name, json_t **ret,
+                  char **ret_err) {
+  /* An id that is not the caller's is refused before anything else: an
+   * error about the stage would tell that the session exists. */
+  pthread_mutex_lock(&lock);
+  bool known = find_locked(id, owner) != NULL;
+  pthread_mutex_unlock(&lock);
+  if (!known) {
+    *ret_err = unknown_id(id);
+    return -ENOENT;
+  }
   /* A stage that cannot be used is refused before the sandbox is thrown
    * away. */
   struct stage *stage = NULL;
-  int sr = open_stage(stage_name, &stage, ret_err);
+  int sr = open_stage(stage_name, owner, &stage, ret_err);
   if (sr < 0) {
     char *m = xasprintf("%s; session '%s' was not reset", *ret_err, id);
     free(*ret_err);
@@ -539,7 +613,7 @@ int session_reset(const char *id, const char *stage_name, json_t **ret, char **r
     return sr;
   }
   pthread_mutex_lock(&lock);
-  struct session *s = find_locked(id);
+  struct session *s = find_locked(id, owner);
   if (s)
     wait_reset_locked(s);
   if (!s || s->removed) {
@@ -618,9 +692,9 @@ static struct handle *close_locked(struct session *s, const char *why) {
   return dead;
 }
 
-int session_close(const char *id, char **ret_err) {
+int session_close(const char *id, const char *owner, char **ret_err) {
   pthread_mutex_lock(&lock);
-  struct session *s = find_locked(id);
+  struct session *s = find_locked(id, owner);
   if (!s || s->removed) {
     pthread_mutex_unlock(&lock);
     *ret_err = unknown_id(id);
@@ -641,9 +715,10 @@ int session_close(const char *id, char **ret_err) {
  * waits up to QUIET_WAIT_MS for the calls running on it to end, so that its
  * agent is idle when it is saved.  On success *ret is a lease (the reaper
  * skips the session) to give back with quiet_end. */
-static int quiet_begin(const char *id, const char *what, struct lease *ret, char **ret_err) {
+static int quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
+                       char **ret_err) {
   pthread_mutex_lock(&lock);
-  struct session *s = find_serving_locked(id, ret_err);
+  struct session *s = find_serving_locked(id, owner, ret_err);
   if (!s) {
     pthread_mutex_unlock(&lock);
     return -ENOENT;
@@ -739,7 +814,8 @@ static int snapshot_lease(const struct lease *l, const char *name, bool replace,
     return -ECANCELED;
   }
   struct stage_new in = {.backend = backend->name, .inputs_id = inputs,
-                         .carries = ret_snap->carries, .parent = l->h->stage};
+                         .carries = ret_snap->carries, .parent = l->h->stage,
+                         .owner = l->s->owner};
   return stage_finish(dir, name, replace, &in, ret, ret_err);
 }
 
@@ -764,7 +840,8 @@ static int commit_lease(const struct lease *l, const char *name, bool replace,
   return 0;
 }
 
-int session_commit(const char *id, const char *name, bool replace, json_t **ret, char **ret_err) {
+int session_commit(const char *id, const char *owner, const char *name, bool replace, json_t **ret,
+                   char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
@@ -772,7 +849,7 @@ int session_commit(const char *id, const char *name, bool replace, json_t **ret,
     return -EOPNOTSUPP;
   uint64_t t0 = mono_us();
   struct lease l;
-  if ((r = quiet_begin(id, "commit", &l, ret_err)) < 0)
+  if ((r = quiet_begin(id, owner, "commit", &l, ret_err)) < 0)
     return r;
   r = commit_lease(&l, name, replace, NULL, t0, ret, ret_err);
   quiet_end(&l);
@@ -812,7 +889,7 @@ static void *fork_main(void *arg) {
   return NULL;
 }
 
-int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
+int session_fork(const char *id, const char *owner, unsigned count, json_t **ret, char **ret_err) {
   if (!stages_supported(ret_err))
     return -EOPNOTSUPP;
   if (count < 1 || count > SESSION_FORK_MAX) {
@@ -841,7 +918,7 @@ int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
   struct lease l;
   struct stage *st = NULL;
   struct sandbox_snapshot snap = {0};
-  int r = quiet_begin(id, "fork", &l, ret_err);
+  int r = quiet_begin(id, owner, "fork", &l, ret_err);
   if (r == 0) {
     r = snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
     quiet_end(&l);
@@ -849,22 +926,18 @@ int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
   struct fork_job jobs[SESSION_FORK_MAX] = {0};
   unsigned made = 0;
   for (unsigned i = 0; r == 0 && i < count; i++, made++) {
-    struct session *s = calloc(1, sizeof *s);
+    pthread_mutex_lock(&lock);
+    unsigned seq = ++next_seq;
+    pthread_mutex_unlock(&lock);
+    /* The forks are the caller's, as the session they copy is. */
+    struct session *s = session_new(owner, 's', seq);
     if (!s) {
       r = -ENOMEM;
       break;
     }
-    pthread_mutex_lock(&lock);
-    unsigned seq = ++next_seq;
-    pthread_mutex_unlock(&lock);
-    uint16_t rnd = 0;
-    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
-      rnd = (uint16_t)mono_us();
-    snprintf(s->id, sizeof s->id, "s%u-%04x", seq, rnd);
-    s->refs = 1;
     jobs[i] = (struct fork_job){.s = s, .stage = st};
     if (pthread_create(&jobs[i].thread, NULL, fork_main, &jobs[i]) != 0) {
-      free(s);
+      session_free(s);
       jobs[i].s = NULL;
       r = -EAGAIN;
       break;
@@ -904,7 +977,7 @@ int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
         handle_retire(s->h, "closed");
         handle_unref_locked(s->h, &dead[i]);
       }
-      free(s);
+      session_free(s);
     }
   }
   if (first_err < 0)
@@ -932,11 +1005,13 @@ int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err) {
   return 0;
 }
 
-json_t *session_list(void) {
+json_t *session_list(const char *owner) {
   json_t *arr = json_array();
   uint64_t now = mono_ms();
   pthread_mutex_lock(&lock);
   for (struct session *s = table; s; s = s->next) {
+    if (strcmp(s->owner, owner) != 0)
+      continue;
     json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:o}", "session_id", s->id, "isolation",
                           s->h ? s->h->sb->isolation : "(resetting)", "age_s",
                           (json_int_t)((now - s->created_ms) / 1000), "idle_s",
@@ -980,7 +1055,7 @@ static void *reaper_main(void *unused) {
         pthread_mutex_unlock(&lock);
         break;
       }
-      char id[32];
+      char id[SESSION_ID_MAX];
       memcpy(id, victim->id, sizeof id);
       struct handle *dead = close_locked(victim, "reaped after being idle");
       pthread_cond_broadcast(&cond);
@@ -1035,6 +1110,9 @@ int sessions_init(char **ret_err) {
     }
   }
 started:
+  if (cfg.host_id[0])
+    log_info("host id %s (IGN_MCP_HOST_ID): every session id starts with '%s.'", cfg.host_id,
+             cfg.host_id);
   if (r < 0 && ret_err)
     *ret_err = strdup(backend_error);
   /* What servers that died left in the stages (unfinished commits, their

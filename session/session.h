@@ -1,14 +1,25 @@
 /* session.h: the session table.  A session is an id plus the sandbox that
  * currently serves it; reset swaps the sandbox under the same id.  Calls
  * take a lease on a session, which keeps its sandbox alive, marks the
- * session busy (the idle reaper skips it) and refreshes its idle timer. */
+ * session busy (the idle reaper skips it) and refreshes its idle timer.
+ *
+ * Every session belongs to an owner (struct call_ctx.owner: the HTTP
+ * token's name, "" on stdio; never NULL), the one that opened it.  Each call
+ * that names a session passes the caller's owner: a session of another
+ * owner is answered as an unknown id, and list_sessions shows only the
+ * caller's.  IGN_MCP_MAX_SESSIONS counts the sessions of all owners. */
 #pragma once
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "mcp/config.h"
 #include "proto/client.h"
+
+/* The longest session id and its NUL: "<host id>." (up to 17), a letter,
+ * a 32-bit sequence number, '-' and 4 hex digits. */
+#define SESSION_ID_MAX 48
 
 struct session;
 struct handle;
@@ -31,8 +42,19 @@ const char *sessions_backend(void);
 
 /* Opens a session from stage STAGE (NULL: the base); *ret is an object with
  * session_id, isolation, backend, limits, stage, stage_id, ... */
-int session_open(const char *stage, json_t **ret, char **ret_err);
-int session_acquire(const char *id, struct lease *ret, char **ret_err);
+int session_open(const char *owner, const char *stage, json_t **ret, char **ret_err);
+int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err);
+
+/* The host part of session id ID into RET_HOST ("h2" of "h2.s3-9f2a"): true
+ * when ID has one that follows CONFIG_HOST_ID_RULE and something after the
+ * dot.  An id without a dot, or whose part before it breaks the rule, has
+ * none. */
+bool session_id_host(const char *id, char ret_host[static CONFIG_HOST_ID_MAX + 1]);
+/* For an id no session of the caller has: when its host part is another
+ * host's (or this server has no IGN_MCP_HOST_ID and the id has a host
+ * part), a message (malloc'd) naming the host that holds it and where to
+ * send the call; else NULL. */
+char *session_id_elsewhere(const char *id);
 
 /* sandbox_run's one-shot sessions.  An ephemeral session counts against the
  * session cap and is listed by list_sessions (with "ephemeral": true, always
@@ -40,8 +62,8 @@ int session_acquire(const char *id, struct lease *ret, char **ret_err);
  * session_end_ephemeral gives back, destroying the sandbox (shutdown may
  * retire it earlier; its calls then fail with -EPIPE).  *ret_info as
  * session_open's. */
-int session_open_ephemeral(const char *stage, struct lease *ret, json_t **ret_info,
-                           char **ret_err);
+int session_open_ephemeral(const char *owner, const char *stage, struct lease *ret,
+                           json_t **ret_info, char **ret_err);
 void session_end_ephemeral(struct lease *l);
 /* Kills the sandbox being started by the session_open_ephemeral that fills
  * L, if there is one: that open then fails at once (a sandbox_run
@@ -67,15 +89,18 @@ bool lease_ephemeral(const struct lease *l);
 char *lease_failure(const struct lease *l, const char *what_failed);
 
 /* A fresh sandbox under the same id, from stage STAGE (NULL: the base). */
-int session_reset(const char *id, const char *stage, json_t **ret, char **ret_err);
+int session_reset(const char *id, const char *owner, const char *stage, json_t **ret,
+                  char **ret_err);
 /* Saves session ID as stage NAME (replacing one only when REPLACE); *ret:
  * {stage, stage_id, parent, carries, bytes, commit_ms, paused_ms}. */
-int session_commit(const char *id, const char *name, bool replace, json_t **ret, char **ret_err);
+int session_commit(const char *id, const char *owner, const char *name, bool replace, json_t **ret,
+                   char **ret_err);
 /* COUNT new sessions, each a copy of session ID as it is now; *ret:
  * {sessions: [{session_id, isolation, open_ms}], fork_ms, paused_ms, carries}. */
 #define SESSION_FORK_MAX 8
-int session_fork(const char *id, unsigned count, json_t **ret, char **ret_err);
-int session_close(const char *id, char **ret_err);
-json_t *session_list(void);
+int session_fork(const char *id, const char *owner, unsigned count, json_t **ret, char **ret_err);
+int session_close(const char *id, const char *owner, char **ret_err);
+/* OWNER's sessions (ephemeral ones too); the cap and idle time. */
+json_t *session_list(const char *owner);
 /* Closes every session (shutdown). */
 void sessions_shutdown(void);

@@ -27,14 +27,13 @@
 /* ---- handlers ---- */
 
 static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *stage = NULL;
   if (args_check(args, "open_session", (const char *[]){"stage", NULL}, &err) < 0 ||
       arg_string(args, "open_session", "stage", false, 0, ARG_MAX_PATH, &stage, NULL, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_open(stage, &info, &err) < 0)
+  if (session_open(call_owner(ctx), stage, &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }
@@ -69,7 +68,7 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   }
 
   struct lease l;
-  if (session_acquire(id, &l, &err) < 0)
+  if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
     return err_result_free(err);
   /* The complete output, on the host; a run without logs still runs. */
   struct runlog *logs[2];
@@ -143,7 +142,7 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
                                      "(IGN_MCP_MAX_FILE); split it into pieces",
                                      len, cfg.max_file));
   struct lease l;
-  if (session_acquire(id, &l, &err) < 0)
+  if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
     return err_result_free(err);
   struct agent_ctl ctl = {.cancelled = &ctx->cancelled};
   int r = agent_write_file(lease_conn(&l), path, mode, data, len, &ctl, &err);
@@ -179,7 +178,7 @@ static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
       arg_int(args, "read_file", "max_bytes", 1, read_cap(), &max, &err) < 0)
     return err_result_free(err);
   struct lease l;
-  if (session_acquire(id, &l, &err) < 0)
+  if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
     return err_result_free(err);
   struct agent_ctl ctl = {.cancelled = &ctx->cancelled};
   void *data = NULL;
@@ -208,7 +207,6 @@ static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
 }
 
 static json_t *tool_reset(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *id, *stage = NULL;
   if (args_check(args, "reset", (const char *[]){"session_id", "stage", NULL}, &err) < 0 ||
@@ -216,34 +214,31 @@ static json_t *tool_reset(json_t *args, struct call_ctx *ctx) {
       arg_string(args, "reset", "stage", false, 0, ARG_MAX_PATH, &stage, NULL, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_reset(id, stage, &info, &err) < 0)
+  if (session_reset(id, call_owner(ctx), stage, &info, &err) < 0)
     return err_result_free(err);
   json_object_set_new(info, "ok", json_true());
   return ok_result(info);
 }
 
 static json_t *tool_close(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *id;
   if (args_check(args, "close", (const char *[]){"session_id", NULL}, &err) < 0 ||
       arg_session_id(args, &id, &err) < 0)
     return err_result_free(err);
-  if (session_close(id, &err) < 0)
+  if (session_close(id, call_owner(ctx), &err) < 0)
     return err_result_free(err);
   return ok_result(json_pack("{s:b, s:s}", "ok", 1, "session_id", id));
 }
 
 static json_t *tool_list_sessions(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   if (args_check(args, "list_sessions", (const char *[]){NULL}, &err) < 0)
     return err_result_free(err);
-  return ok_result(session_list());
+  return ok_result(session_list(call_owner(ctx)));
 }
 
 static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *id, *name;
   bool replace = false;
@@ -253,13 +248,12 @@ static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
       arg_bool(args, "commit", "replace", &replace, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_commit(id, name, replace, &info, &err) < 0)
+  if (session_commit(id, call_owner(ctx), name, replace, &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }
 
 static json_t *tool_fork(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *id;
   long long count = 1;
@@ -268,21 +262,19 @@ static json_t *tool_fork(json_t *args, struct call_ctx *ctx) {
       arg_int(args, "fork", "count", 1, SESSION_FORK_MAX, &count, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_fork(id, (unsigned)count, &info, &err) < 0)
+  if (session_fork(id, call_owner(ctx), (unsigned)count, &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }
 
 static json_t *tool_stage_list(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   if (args_check(args, "stage_list", (const char *[]){NULL}, &err) < 0)
     return err_result_free(err);
-  return ok_result(stage_list());
+  return ok_result(stage_list(call_owner(ctx)));
 }
 
 static json_t *tool_stage_info(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *name;
   if (args_check(args, "stage_info", (const char *[]){"name", NULL}, &err) < 0 ||
@@ -290,20 +282,19 @@ static json_t *tool_stage_info(json_t *args, struct call_ctx *ctx) {
       stage_name_check(name, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (stage_info(name, &info, &err) < 0)
+  if (stage_info(name, call_owner(ctx), &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }
 
 static json_t *tool_stage_rm(json_t *args, struct call_ctx *ctx) {
-  (void)ctx;
   char *err = NULL;
   const char *name;
   if (args_check(args, "stage_rm", (const char *[]){"name", NULL}, &err) < 0 ||
       arg_string(args, "stage_rm", "name", true, 0, ARG_MAX_PATH, &name, NULL, &err) < 0 ||
       stage_name_check(name, &err) < 0)
     return err_result_free(err);
-  if (stage_rm(name, &err) < 0)
+  if (stage_rm(name, call_owner(ctx), &err) < 0)
     return err_result_free(err);
   return ok_result(json_pack("{s:b, s:s}", "ok", 1, "name", name));
 }

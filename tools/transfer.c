@@ -316,7 +316,7 @@ static json_t *tool_copy(json_t *args, struct call_ctx *ctx, bool in) {
     return err_result(NULL);
   struct watch w;
   struct lease l;
-  if (session_acquire(id, &l, &err) < 0)
+  if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
     return err_result_free(err);
   if (watch_start(&w, ctx, 0, &l) < 0) {
     session_release(&l);
@@ -468,7 +468,7 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
   /* Open. */
   atomic_store(&w.opening, true);
   json_t *info = NULL;
-  int r = session_open_ephemeral(a.stage, &l, &info, &err);
+  int r = session_open_ephemeral(call_owner(ctx), a.stage, &l, &info, &err);
   atomic_store(&w.opening, false);
   if (r < 0) {
     watch_stop(&w);

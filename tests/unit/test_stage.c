@@ -145,13 +145,13 @@ static void make_open_list_info_rm(void) {
 
   struct stage *o = NULL;
   char *err = NULL;
-  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("proj/one", "", "vm", "b-aaaa", &o, &err), 0);
   CHECK(o == s); /* one struct per stage */
   CHECK_EQ_INT(s->refs, 2);
   stage_sessions_add(o, 1);
 
   json_t *info = NULL;
-  CHECK_EQ_INT(stage_info("proj/one", &info, &err), 0);
+  CHECK_EQ_INT(stage_info("proj/one", "", &info, &err), 0);
   CHECK_STREQ(json_string_value(json_object_get(info, "stage_id")), s->id);
   CHECK_STREQ(json_string_value(json_object_get(info, "backend")), "vm");
   CHECK_STREQ(json_string_value(json_object_get(info, "base_id")), "b-aaaa");
@@ -159,7 +159,7 @@ static void make_open_list_info_rm(void) {
   CHECK(json_is_null(json_object_get(info, "parent")));
   json_decref(info);
 
-  json_t *list = stage_list();
+  json_t *list = stage_list("");
   json_t *arr = json_object_get(list, "stages");
   CHECK_EQ_INT(json_array_size(arr), 1);
   CHECK_STREQ(json_string_value(json_object_get(json_array_get(arr, 0), "name")), "proj/one");
@@ -170,20 +170,20 @@ static void make_open_list_info_rm(void) {
 
   /* Wrong backend, other inputs, unknown name. */
   struct stage *x = NULL;
-  CHECK_EQ_INT(stage_open("proj/one", "ns", "b-aaaa", &x, &err), -EXDEV);
+  CHECK_EQ_INT(stage_open("proj/one", "", "ns", "b-aaaa", &x, &err), -EXDEV);
   CHECK(err && strstr(err, "made by the vm backend; this server runs the ns backend"));
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-bbbb", &x, &err), -ESTALE);
+  CHECK_EQ_INT(stage_open("proj/one", "", "vm", "b-bbbb", &x, &err), -ESTALE);
   CHECK(err && strstr(err, "b-aaaa") && strstr(err, "b-bbbb") && strstr(err, s->id) &&
         strstr(err, "replace: true"));
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_open("nope", "vm", "b-aaaa", &x, &err), -ENOENT);
+  CHECK_EQ_INT(stage_open("nope", "", "vm", "b-aaaa", &x, &err), -ENOENT);
   CHECK(err && strstr(err, "no stage named 'nope'") && strstr(err, "stage_list"));
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_info("nope", &info, &err), -ENOENT);
+  CHECK_EQ_INT(stage_info("nope", "", &info, &err), -ENOENT);
   free(err);
   err = NULL;
 
@@ -197,17 +197,17 @@ static void make_open_list_info_rm(void) {
   CHECK_EQ_INT(stage_finish(cdir, "proj/child", false, &cn, &c, &err), 0);
   free(cdir);
   CHECK(c && c->parent && !strcmp(c->parent, s->id) && !strcmp(c->parent_name, "proj/one"));
-  CHECK_EQ_INT(stage_info("proj/child", &info, &err), 0);
+  CHECK_EQ_INT(stage_info("proj/child", "", &info, &err), 0);
   CHECK_STREQ(json_string_value(json_object_get(info, "parent")), "proj/one");
   json_decref(info);
 
   /* rm while held: the name goes at once, the files with the last reference. */
-  CHECK_EQ_INT(stage_rm("proj/one", &err), 0);
+  CHECK_EQ_INT(stage_rm("proj/one", "", &err), 0);
   CHECK(!exists(dir));
   CHECK(s->removed);
   CHECK(exists(s->dir));
   _cleanup_free_ char *aside = strdup(s->dir);
-  CHECK_EQ_INT(stage_open("proj/one", "vm", "b-aaaa", &x, &err), -ENOENT);
+  CHECK_EQ_INT(stage_open("proj/one", "", "vm", "b-aaaa", &x, &err), -ENOENT);
   free(err);
   err = NULL;
   stage_gc(); /* held: gc leaves it */
@@ -217,10 +217,10 @@ static void make_open_list_info_rm(void) {
   CHECK(exists(aside));
   stage_unref(s);
   CHECK(!exists(aside));
-  CHECK_EQ_INT(stage_rm("proj/one", &err), -ENOENT);
+  CHECK_EQ_INT(stage_rm("proj/one", "", &err), -ENOENT);
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_rm("proj/child", &err), 0);
+  CHECK_EQ_INT(stage_rm("proj/child", "", &err), 0);
   stage_unref(c);
   CHECK_EQ_INT(count_entries(".rm-"), 0);
   CHECK_EQ_INT(count_entries("proj"), 0);
@@ -244,7 +244,7 @@ static void replace_only_when_asked(void) {
   CHECK(a && a->removed && exists(a->dir));
   CHECK(b && a && strcmp(a->id, b->id) != 0);
   struct stage *o = NULL;
-  CHECK_EQ_INT(stage_open("rep", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("rep", "", "vm", "b-aaaa", &o, &err), 0);
   CHECK(o == b);
   _cleanup_free_ char *aside = a ? strdup(a->dir) : NULL;
   stage_unref(a);
@@ -256,7 +256,7 @@ static void replace_only_when_asked(void) {
   CHECK(c != NULL);
   CHECK_EQ_INT(count_entries(".rm-"), 0);
   stage_unref(c);
-  CHECK_EQ_INT(stage_rm("rep", &err), 0);
+  CHECK_EQ_INT(stage_rm("rep", "", &err), 0);
 }
 
 static void anonymous_goes_with_last_ref(void) {
@@ -266,7 +266,7 @@ static void anonymous_goes_with_last_ref(void) {
     return;
   CHECK(strstr(s->dir, "/.anon-") != NULL && exists(s->dir));
   _cleanup_free_ char *dir = strdup(s->dir);
-  json_t *list = stage_list();
+  json_t *list = stage_list("");
   CHECK_EQ_INT(json_array_size(json_object_get(list, "stages")), 0);
   json_decref(list);
   stage_ref(s);
@@ -318,15 +318,15 @@ static void flipped_byte_fails_first_open(void) {
   stage_test_forget();
   struct stage *o = NULL;
   char *err = NULL;
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0);
   stage_unref(o);
   int fd = open(ram, O_WRONLY | O_CLOEXEC);
   CHECK(pwrite(fd, "X", 1, 3) == 1);
   close(fd);
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0); /* verified once: cached */
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0); /* verified once: cached */
   stage_unref(o);
   stage_test_forget();
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
   CHECK(err && strstr(err, "'flip'") && strstr(err, "stage_rm") && strstr(err, "commit"));
   free(err);
   err = NULL;
@@ -334,12 +334,12 @@ static void flipped_byte_fails_first_open(void) {
   fd = open(ram, O_WRONLY | O_CLOEXEC);
   CHECK(pwrite(fd, "3", 1, 3) == 1);
   close(fd);
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0);
   stage_unref(o);
   stage_test_forget();
   _cleanup_free_ char *dir = xasprintf("%s/stages/flip", store);
   write_file(dir, "extra", "");
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
   free(err);
   err = NULL;
   /* A meta whose inputs were edited to pass the inputs check is caught by
@@ -347,7 +347,7 @@ static void flipped_byte_fails_first_open(void) {
   _cleanup_free_ char *extra = xasprintf("%s/extra", dir);
   unlink(extra);
   stage_test_forget();
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-aaaa", &o, &err), 0);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-aaaa", &o, &err), 0);
   stage_unref(o);
   _cleanup_free_ char *meta = xasprintf("%s/meta.json", dir);
   char text[4096];
@@ -363,10 +363,10 @@ static void flipped_byte_fails_first_open(void) {
   }
   close(mfd);
   stage_test_forget();
-  CHECK_EQ_INT(stage_open("flip", "vm", "b-cccc", &o, &err), -EBADMSG);
+  CHECK_EQ_INT(stage_open("flip", "", "vm", "b-cccc", &o, &err), -EBADMSG);
   free(err);
   err = NULL;
-  CHECK_EQ_INT(stage_rm("flip", &err), 0);
+  CHECK_EQ_INT(stage_rm("flip", "", &err), 0);
 }
 
 static void gc_removes_dead_servers_leftovers(void) {
@@ -511,10 +511,10 @@ static void hostile_tree_neither_followed_nor_hanging(void) {
     CHECK(readlink(moved, target, sizeof target - 1) > 0 && !strcmp(target, "/etc/passwd"));
     stage_unref(s);
     stage_test_forget();
-    CHECK_EQ_INT(stage_open("hostile", "vm", "b-aaaa", &s, &err), 0);
+    CHECK_EQ_INT(stage_open("hostile", "", "vm", "b-aaaa", &s, &err), 0);
     stage_unref(s);
   }
-  CHECK_EQ_INT(stage_rm("hostile", &err), 0);
+  CHECK_EQ_INT(stage_rm("hostile", "", &err), 0);
   CHECK(exists("/etc/passwd"));
 
   /* 600 directories deep: refused with a clear error, and removed. */
@@ -552,7 +552,7 @@ static void held_by_another_server(void) {
   if (pid == 0) {
     struct stage *o = NULL;
     char *err = NULL;
-    int r = stage_open("shared", "vm", "b-aaaa", &o, &err);
+    int r = stage_open("shared", "", "vm", "b-aaaa", &o, &err);
     char c = r == 0 ? 'y' : 'n';
     if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) < 0)
       _exit(2);
@@ -561,7 +561,7 @@ static void held_by_another_server(void) {
   char c = 0;
   CHECK(read(up[0], &c, 1) == 1 && c == 'y');
   char *err = NULL;
-  CHECK_EQ_INT(stage_rm("shared", &err), 0);
+  CHECK_EQ_INT(stage_rm("shared", "", &err), 0);
   CHECK_EQ_INT(count_entries(".rm-"), 1);
   stage_gc();
   CHECK_EQ_INT(count_entries(".rm-"), 1);
@@ -581,7 +581,7 @@ static void held_by_another_server(void) {
   pid = fork();
   if (pid == 0) {
     char *e = NULL;
-    _exit(stage_rm("shared2", &e) == 0 ? 0 : 1);
+    _exit(stage_rm("shared2", "", &e) == 0 ? 0 : 1);
   }
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -594,7 +594,7 @@ static void *open_many(void *arg) {
   struct stage **out = arg;
   char *err = NULL;
   for (int i = 0; i < 8; i++)
-    if (stage_open("threads", "vm", "b-aaaa", &out[i], &err) < 0) {
+    if (stage_open("threads", "", "vm", "b-aaaa", &out[i], &err) < 0) {
       free(err);
       out[i] = NULL;
     }
@@ -627,7 +627,7 @@ static void concurrent_opens_share_one_stage(void) {
     for (int k = 0; k < 8; k++)
       stage_unref(got[i][k]);
   char *err = NULL;
-  CHECK_EQ_INT(stage_rm("threads", &err), 0);
+  CHECK_EQ_INT(stage_rm("threads", "", &err), 0);
   CHECK_EQ_INT(count_entries(".rm-"), 0);
 }
 
@@ -680,7 +680,7 @@ static void quota_counts_inodes(void) {
     json_decref(j);
     stage_unref(s);
   }
-  CHECK_EQ_INT(stage_rm("inodes/few", &err), 0);
+  CHECK_EQ_INT(stage_rm("inodes/few", "", &err), 0);
   free(dir);
   free(err);
   cfg.stages_max_mb = old_max;

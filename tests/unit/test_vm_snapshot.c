@@ -309,7 +309,7 @@ out:
   free(err);
   if (st) {
     char *rm_err = NULL;
-    CHECK_EQ_INT(stage_rm("test-vm-snapshot", &rm_err), 0);
+    CHECK_EQ_INT(stage_rm("test-vm-snapshot", "", &rm_err), 0);
     free(rm_err);
     stage_unref(st);
   }
