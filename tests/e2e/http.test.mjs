@@ -630,11 +630,11 @@ describe('raw HTTP: status codes, headers, tokens', () => {
 
   test('403 for a Host not local (DNS rebinding) and not in IGN_MCP_HTTP_HOSTS; local and listed ones pass', T, async () => {
     const msg = modernMsg('tools/list');
-    for (const host of [`evil.example:${srv.port}`, 'evil.example', `localhost.evil.example:${srv.port}`]) {
+    for (const host of [`evil.example:${srv.port}`, 'evil.example', `localhost.evil.example:${srv.port}`, `${HOST_OK}.evil.example`]) {
       const r = await modern(srv, msg, { token: alice, headers: { Host: host } });
       assert.equal(r.status, 403, `Host ${host}: ${r.text}`);
     }
-    for (const host of [`localhost:${srv.port}`, `127.0.0.1:${srv.port}`, `${HOST_OK}:${srv.port}`]) {
+    for (const host of [`localhost:${srv.port}`, `127.0.0.1:${srv.port}`, `[::1]:${srv.port}`, HOST_OK]) {
       const r = await modern(srv, msg, { token: alice, headers: { Host: host } });
       assert.equal(r.status, 200, `Host ${host}: ${r.text}`);
     }
