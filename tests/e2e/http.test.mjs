@@ -898,6 +898,8 @@ describe('startup refusals', () => {
     for (const a of ['127.0.0.1:99999', 'notanaddress:80', '127.0.0.1:-1', '']) {
       const r = await startRefused(['--http', a], {});
       assert.equal(r.code, 2, `--http '${a}': exit ${r.code}\n${r.stderr}`);
+      assert.doesNotMatch(r.stderr, /unknown argument/, 'the server does not know --http');
+      assert.doesNotMatch(r.stderr, /listening on/);
     }
   });
 
