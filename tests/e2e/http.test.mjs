@@ -725,31 +725,36 @@ describe('raw HTTP: status codes, headers, tokens', () => {
     assert.equal(a.status, 200, `bob's DELETE ended alice's session: ${a.text}`);
   });
 
-  test('closing the connection cancels the call: the command is killed, the session serves on', T, async () => {
-    assert.ok(aliceSid, 'needs the session of the test before');
-    const n = uniqueSleepSecs();
-    const msg = callMsg('run', { session_id: aliceSid, command: `sleep ${n}; echo not-killed > /root/cancel.out` }, { progressToken: 'c1' });
-    const h = modernHeaders(msg, alice);
-    const body = Buffer.from(JSON.stringify(msg));
-    let req;
-    const failed = new Promise((resolve) => {
-      req = http.request({ host: '127.0.0.1', port: srv.port, method: 'POST', path: '/mcp', headers: { ...h, 'Content-Length': body.length }, agent: false }, (res) => {
-        res.on('data', () => {});
-        res.on('error', () => resolve('closed'));
-        res.on('end', () => resolve('ended'));
+  for (const [how, accept] of [['an SSE response (progressToken)', 'application/json, text/event-stream'], ['a JSON response', 'application/json']]) {
+    test(`closing the connection cancels the call (${how}): the command is killed, the session serves on`, T, async () => {
+      assert.ok(aliceSid, 'needs the session of the test before');
+      const n = uniqueSleepSecs();
+      const msg = callMsg('run', { session_id: aliceSid, command: `sleep ${n}; echo not-killed > /root/cancel.out` }, { progressToken: `c-${n}` });
+      const h = { ...modernHeaders(msg, alice), Accept: accept };
+      const body = Buffer.from(JSON.stringify(msg));
+      let req;
+      let answered = null;
+      const gone = new Promise((resolve) => {
+        req = http.request({ host: '127.0.0.1', port: srv.port, method: 'POST', path: '/mcp', headers: { ...h, 'Content-Length': body.length }, agent: false }, (res) => {
+          res.on('data', () => {});
+          res.on('end', () => (answered = res.statusCode));
+          res.on('error', () => {});
+        });
+        req.on('error', () => {});
+        req.on('close', () => resolve());
+        req.end(body);
       });
-      req.on('error', () => resolve('closed'));
-      req.end(body);
+      const started = await waitUntil(() => sleepRuns(srv, alice, aliceSid, n), { timeoutMs: 30_000, intervalMs: 300 });
+      assert.ok(started, `sleep ${n} never started`);
+      assert.equal(answered, null, `the call was answered (HTTP ${answered}) while its command runs`);
+      req.destroy();
+      await gone;
+      const killed = await waitUntil(async () => !(await sleepRuns(srv, alice, aliceSid, n)), { timeoutMs: 15_000, intervalMs: 300 });
+      assert.ok(killed, `sleep ${n} still runs after its connection closed`);
+      const out = await rawTool(srv, alice, 'run', { session_id: aliceSid, command: 'cat /root/cancel.out 2>/dev/null; echo serving' });
+      assert.equal(out.stdout, 'serving\n');
     });
-    const started = await waitUntil(() => sleepRuns(srv, alice, aliceSid, n), { timeoutMs: 30_000, intervalMs: 300 });
-    assert.ok(started, `sleep ${n} never started`);
-    req.destroy();
-    assert.equal(await failed, 'closed');
-    const killed = await waitUntil(async () => !(await sleepRuns(srv, alice, aliceSid, n)), { timeoutMs: 15_000, intervalMs: 300 });
-    assert.ok(killed, `sleep ${n} still runs after its connection closed`);
-    const out = await rawTool(srv, alice, 'run', { session_id: aliceSid, command: 'cat /root/cancel.out 2>/dev/null; echo serving' });
-    assert.equal(out.stdout, 'serving\n');
-  });
+  }
 
   test('the session of a token is ended only by that token', T, async () => {
     assert.equal((await rawTool(srv, alice, 'close', { session_id: aliceSid })).ok, true);
