@@ -237,6 +237,33 @@ static int load_host_id(void) {
   return 0;
 }
 
+/* A comma-separated list of exact values (Origins, Host values): printable
+ * ASCII without spaces, so that what is compared is what was meant. */
+static int load_list(const char *var, char **ret) {
+  const char *v = getenv(var);
+  *ret = NULL;
+  if (!v || !*v)
+    return 0;
+  for (const char *p = v; *p; p++)
+    if (*p <= ' ' || *p > '~') {
+      fprintf(stderr, "ignition-mcp: %s=%s is invalid: give exact values separated by commas, "
+                      "without spaces (e.g. https://app.example.com,http://localhost:3000)\n",
+              var, v);
+      return -EINVAL;
+    }
+  *ret = strdup(v);
+  return 0;
+}
+
+static int load_http(void) {
+  const char *t = getenv("IGN_MCP_HTTP_TOKENS");
+  cfg.http_tokens = t && *t ? strdup(t) : NULL;
+  if (load_list("IGN_MCP_HTTP_ORIGINS", &cfg.http_origins) < 0 ||
+      load_list("IGN_MCP_HTTP_HOSTS", &cfg.http_hosts) < 0)
+    return -EINVAL;
+  return 0;
+}
+
 int config_load(void) {
   ssize_t n = readlink("/proc/self/exe", exe_dir, sizeof exe_dir - 1);
   if (n > 0) {
@@ -288,6 +315,9 @@ int config_load(void) {
   U("IGN_MCP_LOG_CAP", 64ull << 20, 0, 1ull << 40, log_cap);
   U("IGN_MCP_LOG_KEEP_MB", 1024, 0, 1u << 30, log_keep_mb);
   U("IGN_MCP_LOG_KEEP_DAYS", 7, 0, 3650, log_keep_days);
+  /* Each connection is a thread of its own (mcp/http.c). */
+  U("IGN_MCP_HTTP_MAX_CONNECTIONS", 64, 1, 1024, http_max_connections);
+  U("IGN_MCP_HTTP_TIMEOUT_SECS", 30, 1, 3600, http_timeout_secs);
   /* Above the uids of accounts (< 65536), every block below 2^32 - 1. */
   U("IGN_MCP_NS_UID_BASE", NS_UID_BASE_DEFAULT, 65536,
     0xffffffffull - (unsigned long long)NS_UID_SLOTS * NS_UID_BLOCK, ns_uid_base);
@@ -296,7 +326,7 @@ int config_load(void) {
     return r;
   cfg.net = getenv("IGN_MCP_NET") && *getenv("IGN_MCP_NET");
 
-  if (load_host_io() < 0 || load_log_dir() < 0 || load_host_id() < 0)
+  if (load_host_io() < 0 || load_log_dir() < 0 || load_host_id() < 0 || load_http() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");

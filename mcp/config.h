@@ -57,6 +57,12 @@ enum backend_choice backend;
    * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;
    * "" when unset. */
   char host_id[CONFIG_HOST_ID_MAX + 1];
+  /* --http (mcp/http.c) */
+  char *http_tokens;     /* IGN_MCP_HTTP_TOKENS: the bearer tokens file, or NULL */
+  char *http_origins;    /* IGN_MCP_HTTP_ORIGINS: more allowed Origins, comma-separated, or NULL */
+  char *http_hosts;      /* IGN_MCP_HTTP_HOSTS: more allowed Host values, comma-separated, or NULL */
+  unsigned http_max_connections; /* IGN_MCP_HTTP_MAX_CONNECTIONS */
+  unsigned http_timeout_secs;    /* IGN_MCP_HTTP_TIMEOUT_SECS: to deliver a whole request */
 };
 
 extern struct config cfg;

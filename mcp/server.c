@@ -16,8 +16,10 @@
  * inline, every tools/call runs on a thread of its own, so a command that
  * runs for minutes never delays ping, another session or a cancellation.
  * Each call is registered by request id until it ends; a cancelled call sends
- * no response.  All output goes through mcp_send(), one whole line at a time
- * under a mutex: stdout carries nothing but protocol messages. */
+ * no response.  Every message goes to its request's own output (struct
+ * mcp_out): on stdio one whole line at a time under a mutex (stdout carries
+ * nothing but protocol messages), on HTTP the request's response (http.c).
+ * The calls in progress and their caps are shared by both transports. */
 #include "mcp/server.h"
 
 #include <errno.h>
@@ -40,7 +42,7 @@
 
 #define LATEST_VERSION "2025-11-25"
 /* The one modern revision: requests carry it in _meta, never in initialize. */
-#define MODERN_VERSION "2026-07-28"
+#define MODERN_VERSION MCP_MODERN_VERSION
 /* How long a modern client may keep tools/list and server/discover (ttlMs):
  * both are fixed for the life of the process. */
 #define LIST_TTL_MS 3600000
@@ -52,16 +54,6 @@
  * would take over a GiB.  No MCP message needs this many values; lines long
  * enough to hold more are counted before they are parsed. */
 #define MAX_JSON_VALUES 100000
-
-enum {
-  RPC_PARSE_ERROR = -32700,
-  RPC_INVALID_REQUEST = -32600,
-  RPC_METHOD_NOT_FOUND = -32601,
-  RPC_INVALID_PARAMS = -32602,
-  RPC_INTERNAL_ERROR = -32603,
-  /* 2026-07-28: UnsupportedProtocolVersionError, data {supported, requested} */
-  RPC_UNSUPPORTED_VERSION = -32022,
-};
 
 #define META_VERSION "io.modelcontextprotocol/protocolVersion"
 #define META_CAPS "io.modelcontextprotocol/clientCapabilities"
@@ -97,6 +89,7 @@ struct call {
   json_t *args;
   size_t bytes; /* its request line and tools_result_cost() */
   bool modern;  /* a 2026-07-28 request: its result is modern_result() */
+  char *owner;  /* ctx.owner's copy */
 };
 static struct call *calls;
 static unsigned n_calls;
@@ -113,18 +106,8 @@ static size_t calls_bytes;
  * reading its results), no further request is read. */
 static unsigned n_sending;
 static size_t sending_bytes;
-/* The size of the line being handled (the main thread's). */
-static size_t line_bytes;
-
-void mcp_send(json_t *msg) {
-  /* Twelve significant digits: timings like 6.733 ms, not 6.7329999999999997. */
-  char *s = json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(12));
-  json_decref(msg);
-  if (!s) {
-    log_error("cannot encode a response (out of memory)");
-    return;
-  }
-  size_t n = strlen(s);
+static void stdio_send(struct mcp_out *o, json_t *msg, char *s, size_t n) {
+  (void)o, (void)msg;
   s[n] = '\n';
   pthread_mutex_lock(&out_lock);
   if (!stdout_broken && proto_write_all(1, s, n + 1) < 0)
@@ -133,8 +116,22 @@ void mcp_send(json_t *msg) {
   free(s);
 }
 
-/* Steals DATA (may be NULL). */
-static void send_error_data(json_t *id, int code, const char *msg, json_t *data) {
+/* stdout: one output for every request, for the life of the process. */
+static struct mcp_out stdio_out = {.send = stdio_send};
+
+void mcp_send(struct mcp_out *out, json_t *msg) {
+  /* Twelve significant digits: timings like 6.733 ms, not 6.7329999999999997. */
+  char *s = msg ? json_dumps(msg, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(12)) : NULL;
+  if (!s) {
+    json_decref(msg);
+    log_error("cannot encode a response (out of memory)");
+    return;
+  }
+  out->send(out, msg, s, strlen(s));
+  json_decref(msg);
+}
+
+void mcp_send_error(struct mcp_out *out, json_t *id, int code, const char *msg, json_t *data) {
   /* A message quoting part of a name may have cut a UTF-8 character in two:
    * it goes out with U+FFFD there rather than not at all. */
   _cleanup_free_ char *clean = utf8_sanitize(msg, strlen(msg), NULL);
@@ -145,20 +142,21 @@ static void send_error_data(json_t *id, int code, const char *msg, json_t *data)
     json_object_set_new(json_object_get(m, "error"), "data", data);
   else
     json_decref(data);
-  mcp_send(m);
+  mcp_send(out, m);
 }
 
-static void send_error(json_t *id, int code, const char *msg) {
-  send_error_data(id, code, msg, NULL);
+static void send_error(struct mcp_out *out, json_t *id, int code, const char *msg) {
+  mcp_send_error(out, id, code, msg, NULL);
 }
 
-static void send_result(json_t *id, json_t *result) {
+static void send_result(struct mcp_out *out, json_t *id, json_t *result) {
   /* Every request gets an answer, even when its result could not be built. */
   if (!result) {
-    send_error(id, RPC_INTERNAL_ERROR, "the result could not be built (out of memory); try again");
+    send_error(out, id, RPC_INTERNAL_ERROR,
+               "the result could not be built (out of memory); try again");
     return;
   }
-  mcp_send(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+  mcp_send(out, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
 }
 
 /* JSON strings may hold NUL (\u0000); a name compared with strcmp must not:
@@ -193,18 +191,19 @@ static json_t *modern_result(json_t *result, bool cacheable) {
   return result;
 }
 
-static void send_reply(json_t *id, json_t *result, bool modern, bool cacheable) {
-  send_result(id, modern ? modern_result(result, cacheable) : result);
+static void send_reply(struct mcp_out *out, json_t *id, json_t *result, bool modern,
+                       bool cacheable) {
+  send_result(out, id, modern ? modern_result(result, cacheable) : result);
 }
 
-static void send_notification(const char *method, json_t *params) {
-  mcp_send(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
+static void send_notification(struct mcp_out *out, const char *method, json_t *params) {
+  mcp_send(out, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
 }
 
 void mcp_progress(struct call_ctx *ctx, const char *message) {
   /* Nothing more is sent for a cancelled call (2026-07-28, transports/stdio:
    * MUST NOT; earlier revisions: SHOULD NOT). */
-  if (!ctx->progress_token || atomic_load(&ctx->cancelled))
+  if (!ctx->progress_token || !ctx->out || atomic_load(&ctx->cancelled))
     return;
   ctx->progress += 1;
   json_t *p = json_pack("{s:O, s:f}", "progressToken", ctx->progress_token, "progress",
@@ -214,14 +213,15 @@ void mcp_progress(struct call_ctx *ctx, const char *message) {
     if (m)
       json_object_set_new(p, "message", m);
   }
-  send_notification("notifications/progress", p);
+  send_notification(ctx->out, "notifications/progress", p);
 }
 
 static void log_sink(enum log_level l, const char *msg) {
   json_t *data = json_string(msg);
   if (!data)
     return;
-  send_notification("notifications/message", json_pack("{s:s, s:s, s:o}", "level",
+  /* Logging is a legacy stdio feature: it never goes to an HTTP client. */
+  send_notification(&stdio_out, "notifications/message", json_pack("{s:s, s:s, s:o}", "level",
                                                         log_level_name(l), "logger",
                                                         "ignition-mcp", "data", data));
 }
@@ -229,6 +229,9 @@ static void log_sink(enum log_level l, const char *msg) {
 /* ---- tools/call on its own thread ---- */
 
 static void call_free(struct call *c) {
+  if (c->ctx.out && c->ctx.out->release)
+    c->ctx.out->release(c->ctx.out);
+  free(c->owner);
   json_decref(c->ctx.id);
   json_decref(c->ctx.progress_token);
   json_decref(c->args);
@@ -254,7 +257,7 @@ static void *call_main(void *arg) {
   sending_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
   if (!atomic_load(&c->ctx.cancelled))
-    send_reply(c->ctx.id, result, c->modern, false);
+    send_reply(c->ctx.out, c->ctx.id, result, c->modern, false);
   else
     json_decref(result);
   pthread_mutex_lock(&calls_lock);
@@ -266,30 +269,31 @@ static void *call_main(void *arg) {
   return NULL;
 }
 
-static void start_call(json_t *id, json_t *params, bool modern) {
+static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool modern) {
+  struct mcp_out *out = r->out;
   json_t *name = json_object_get(params, "name");
   json_t *args = json_object_get(params, "arguments");
   if (!json_is_string(name)) {
-    send_error(id, RPC_INVALID_PARAMS, "tools/call needs params.name, the tool's name (a string)");
+    send_error(out, id, RPC_INVALID_PARAMS, "tools/call needs params.name, the tool's name (a string)");
     return;
   }
   if (has_nul(name)) {
-    send_error(id, RPC_INVALID_PARAMS, "tools/call params.name contains a NUL character; "
+    send_error(out, id, RPC_INVALID_PARAMS, "tools/call params.name contains a NUL character; "
                                        "tools/list shows the tools");
     return;
   }
   if (!tools_exists(json_string_value(name))) {
     _cleanup_free_ char *msg = xasprintf("unknown tool '%.100s'; tools/list shows the tools",
                                          json_string_value(name));
-    send_error(id, RPC_INVALID_PARAMS, msg);
+    send_error(out, id, RPC_INVALID_PARAMS, msg);
     return;
   }
   if (args && !json_is_object(args) && !json_is_null(args)) {
-    send_error(id, RPC_INVALID_PARAMS, "tools/call params.arguments must be an object");
+    send_error(out, id, RPC_INVALID_PARAMS, "tools/call params.arguments must be an object");
     return;
   }
   size_t budget = cfg.max_message * 4;
-  size_t cost = line_bytes + tools_result_cost(json_string_value(name), args);
+  size_t cost = r->bytes + tools_result_cost(json_string_value(name), args);
   pthread_mutex_lock(&calls_lock);
   /* Results the client has not read yet: wait for it to read them rather
    * than hold more (it is not refused, as a client that just read a result
@@ -317,20 +321,24 @@ static void start_call(json_t *id, json_t *params, bool modern) {
         "IGN_MCP_MAX_MESSAGE); wait for a call to finish, then retry",
         busy_calls, busy_bytes, cost, cfg.max_calls, budget);
     log_warn("%s", msg);
-    send_reply(id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
+    send_reply(out, id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
                              "isError", 1),
                modern, false);
     return;
   }
   struct call *c = calloc(1, sizeof *c);
   if (!c) {
-    send_error(id, RPC_INTERNAL_ERROR, "out of memory");
+    send_error(out, id, RPC_INTERNAL_ERROR, "out of memory");
     return;
   }
   c->bytes = cost;
   c->modern = modern;
   c->ctx.id = json_incref(id);
-  c->ctx.owner = "";
+  c->owner = strdup(r->owner);
+  c->ctx.owner = c->owner ? c->owner : "";
+  c->ctx.out = out;
+  if (out->hold)
+    out->hold(out);
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
   if (token && (json_is_string(token) || json_is_integer(token)))
@@ -349,62 +357,83 @@ static void start_call(json_t *id, json_t *params, bool modern) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int r = pthread_create(&t, &attr, call_main, c);
+  int err = pthread_create(&t, &attr, call_main, c);
   pthread_attr_destroy(&attr);
-  if (r != 0) {
+  if (err != 0) {
     pthread_mutex_lock(&calls_lock);
-    calls = c->next;
+    /* Not necessarily the head: HTTP connections start calls concurrently. */
+    for (struct call **pp = &calls; *pp; pp = &(*pp)->next)
+      if (*pp == c) {
+        *pp = c->next;
+        break;
+      }
     n_calls--;
     calls_bytes -= c->bytes;
     pthread_mutex_unlock(&calls_lock);
-    send_error(id, RPC_INTERNAL_ERROR, "cannot start a thread for this call; try again");
+    send_error(out, id, RPC_INTERNAL_ERROR, "cannot start a thread for this call; try again");
     call_free(c);
   }
 }
 
-static void cancel_call(json_t *params) {
+/* notifications/cancelled: the calls of that id made by the same owner. */
+static void cancel_call(json_t *params, const char *owner) {
   json_t *rid = json_object_get(params, "requestId");
   if (!rid)
     return;
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (json_equal(c->ctx.id, rid)) {
+    if (json_equal(c->ctx.id, rid) && strcmp(c->ctx.owner, owner) == 0) {
       atomic_store(&c->ctx.cancelled, true);
       log_info("call %s cancelled by the client", c->tool);
     }
   pthread_mutex_unlock(&calls_lock);
 }
 
+void mcp_cancel_out(struct mcp_out *out) {
+  pthread_mutex_lock(&calls_lock);
+  for (struct call *c = calls; c; c = c->next)
+    if (c->ctx.out == out && !atomic_exchange(&c->ctx.cancelled, true))
+      log_info("call %s cancelled: its client closed the connection", c->tool);
+  pthread_mutex_unlock(&calls_lock);
+}
+
 /* ---- methods ---- */
 
-static void do_initialize(json_t *id, json_t *params) {
+static void do_initialize(struct mcp_out *out, json_t *id, json_t *params) {
   json_t *v = json_object_get(params, "protocolVersion");
   const char *version = LATEST_VERSION;
   if (json_is_string(v) && !has_nul(v))
     for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
       if (strcmp(json_string_value(v), supported_versions[i]) == 0)
         version = supported_versions[i];
-  send_result(id, json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion",
+  send_result(out, id, json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion",
                             version, "capabilities", "tools", "listChanged", 0, "logging",
                             "serverInfo", "name", "ignition-mcp", "version", IGN_VERSION, "title",
                             "ignition-mcp: a sandbox per session", "instructions", instructions));
 }
 
-static void do_set_level(json_t *id, json_t *params) {
+static void do_set_level(struct mcp_out *out, json_t *id, json_t *params) {
   json_t *l = json_object_get(params, "level");
   int level = json_is_string(l) && !has_nul(l) ? log_level_parse(json_string_value(l)) : -1;
   if (level < 0) {
-    send_error(id, RPC_INVALID_PARAMS, "logging/setLevel needs params.level, one of debug, info, "
+    send_error(out, id, RPC_INVALID_PARAMS, "logging/setLevel needs params.level, one of debug, info, "
                                        "notice, warning, error, critical, alert, emergency");
     return;
   }
   log_set_client_level((enum log_level)level);
-  send_result(id, json_object());
+  send_result(out, id, json_object());
 }
 
 /* ---- the 2026-07-28 era ---- */
 
 static const char *const envelope_keys[] = {META_VERSION, META_CAPS, META_CLIENT, META_LOG_LEVEL};
+
+bool mcp_legacy_version(const char *v) {
+  for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
+    if (strcmp(v, supported_versions[i]) == 0)
+      return true;
+  return false;
+}
 
 bool mcp_request_is_modern(const char *method, json_t *params) {
   json_t *meta = json_object_get(params, "_meta");
@@ -492,21 +521,22 @@ static json_t *discover_result(void) {
 
 /* A modern request: its envelope decides whether it is served at all; the
  * methods are those of 2026-07-28 that this server has. */
-static void handle_modern(json_t *id, const char *m, json_t *params) {
+static void handle_modern(const struct mcp_req *r, json_t *id, const char *m, json_t *params) {
+  struct mcp_out *out = r->out;
   json_t *data = NULL;
   _cleanup_free_ char *msg = NULL;
   int code = mcp_check_envelope(json_object_get(params, "_meta"), &msg, &data);
   if (code) {
     log_info("refused a %.100s request: %s", m, msg);
-    send_error_data(id, code, msg, data);
+    mcp_send_error(out, id, code, msg, data);
     return;
   }
   if (strcmp(m, "server/discover") == 0)
-    send_reply(id, discover_result(), true, true);
+    send_reply(out, id, discover_result(), true, true);
   else if (strcmp(m, "tools/list") == 0)
-    send_reply(id, json_pack("{s:o}", "tools", tools_list()), true, true);
+    send_reply(out, id, json_pack("{s:o}", "tools", tools_list()), true, true);
   else if (strcmp(m, "tools/call") == 0)
-    start_call(id, params, true);
+    start_call(r, id, params, true);
   else {
     bool removed = strcmp(m, "initialize") == 0 || strcmp(m, "ping") == 0 ||
                    strcmp(m, "logging/setLevel") == 0;
@@ -515,7 +545,7 @@ static void handle_modern(json_t *id, const char *m, json_t *params) {
         "tools/call (initialize, ping and logging/setLevel are for clients of 2025-11-25 and "
         "earlier, sent without the io.modelcontextprotocol/ _meta)",
         m, removed ? "is not part of protocol " MODERN_VERSION : "not found", MODERN_VERSION);
-    send_error(id, RPC_METHOD_NOT_FOUND, msg2);
+    send_error(out, id, RPC_METHOD_NOT_FOUND, msg2);
   }
 }
 
@@ -523,14 +553,15 @@ static bool valid_id(json_t *id) {
   return json_is_string(id) || json_is_integer(id) || json_is_real(id);
 }
 
-static void handle_message(json_t *msg) {
+void mcp_handle_message(const struct mcp_req *r, json_t *msg) {
+  struct mcp_out *out = r->out;
   if (json_is_array(msg)) {
-    send_error(NULL, RPC_INVALID_REQUEST, "batches are not supported: send one JSON-RPC message "
+    send_error(out, NULL, RPC_INVALID_REQUEST, "batches are not supported: send one JSON-RPC message "
                                           "per line");
     return;
   }
   if (!json_is_object(msg)) {
-    send_error(NULL, RPC_INVALID_REQUEST, "a JSON-RPC message must be a JSON object");
+    send_error(out, NULL, RPC_INVALID_REQUEST, "a JSON-RPC message must be a JSON object");
     return;
   }
   json_t *id = json_object_get(msg, "id");
@@ -538,50 +569,50 @@ static void handle_message(json_t *msg) {
   json_t *params = json_object_get(msg, "params");
   json_t *version = json_object_get(msg, "jsonrpc");
   if (id && !valid_id(id)) {
-    send_error(NULL, RPC_INVALID_REQUEST, "the request id must be a string or a number");
+    send_error(out, NULL, RPC_INVALID_REQUEST, "the request id must be a string or a number");
     return;
   }
   if (!json_is_string(version) || has_nul(version) || strcmp(json_string_value(version), "2.0") != 0) {
-    send_error(id, RPC_INVALID_REQUEST, "the message must have \"jsonrpc\": \"2.0\"");
+    send_error(out, id, RPC_INVALID_REQUEST, "the message must have \"jsonrpc\": \"2.0\"");
     return;
   }
   if (!method && id && (json_object_get(msg, "result") || json_object_get(msg, "error")))
     return; /* a response to a request we never sent: nothing to do */
   if (!json_is_string(method)) {
-    send_error(id, RPC_INVALID_REQUEST, "the message needs a \"method\" string");
+    send_error(out, id, RPC_INVALID_REQUEST, "the message needs a \"method\" string");
     return;
   }
   if (has_nul(method)) {
-    send_error(id, RPC_INVALID_REQUEST, "the \"method\" string contains a NUL character; no "
+    send_error(out, id, RPC_INVALID_REQUEST, "the \"method\" string contains a NUL character; no "
                                         "method name has one");
     return;
   }
   if (params && !json_is_object(params)) {
     if (id)
-      send_error(id, RPC_INVALID_PARAMS, "params must be an object");
+      send_error(out, id, RPC_INVALID_PARAMS, "params must be an object");
     return;
   }
   const char *m = json_string_value(method);
   if (!id) {
     if (strcmp(m, "notifications/cancelled") == 0 && params)
-      cancel_call(params);
+      cancel_call(params, r->owner);
     return; /* other notifications need no action and get no answer */
   }
   json_t *empty = params ? NULL : json_object();
   if (!params)
     params = empty;
   if (mcp_request_is_modern(m, params))
-    handle_modern(id, m, params);
+    handle_modern(r, id, m, params);
   else if (strcmp(m, "initialize") == 0)
-    do_initialize(id, params);
+    do_initialize(out, id, params);
   else if (strcmp(m, "ping") == 0)
-    send_result(id, json_object());
+    send_result(out, id, json_object());
   else if (strcmp(m, "tools/list") == 0)
-    send_result(id, json_pack("{s:o}", "tools", tools_list()));
+    send_result(out, id, json_pack("{s:o}", "tools", tools_list()));
   else if (strcmp(m, "tools/call") == 0)
-    start_call(id, params, false);
+    start_call(r, id, params, false);
   else if (strcmp(m, "logging/setLevel") == 0)
-    do_set_level(id, params);
+    do_set_level(out, id, params);
   else {
     _cleanup_free_ char *msg2 = xasprintf(
         "method '%.100s' not found; this server implements initialize, ping, tools/list, "
@@ -591,7 +622,7 @@ static void handle_message(json_t *msg) {
             ? " (server/discover is a " MODERN_VERSION " method: send it with params._meta "
               "holding " META_VERSION " and " META_CAPS ")"
             : "");
-    send_error(id, RPC_METHOD_NOT_FOUND, msg2);
+    send_error(out, id, RPC_METHOD_NOT_FOUND, msg2);
   }
   json_decref(empty);
 }
@@ -624,6 +655,26 @@ static bool too_many_values(const char *s, size_t len) {
   return false;
 }
 
+json_t *mcp_parse(struct mcp_out *out, const char *s, size_t len) {
+  if (len > MAX_JSON_VALUES && too_many_values(s, len)) {
+    _cleanup_free_ char *m = xasprintf("message refused: it holds more than %d JSON values and "
+                                       "keys, which no MCP request needs; send large data as one "
+                                       "string (a file as content_base64)", MAX_JSON_VALUES);
+    send_error(out, NULL, RPC_INVALID_REQUEST, m);
+    return NULL;
+  }
+  json_error_t err;
+  /* Duplicate keys are refused: a key that means one thing to a proxy that
+   * reads the first and another to us must not get through. */
+  json_t *msg = json_loadb(s, len, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES,
+                           &err);
+  if (!msg) {
+    _cleanup_free_ char *m = xasprintf("parse error at byte %d: %s", err.position, err.text);
+    send_error(out, NULL, RPC_PARSE_ERROR, m);
+  }
+  return msg;
+}
+
 static void on_line(void *ctx, char *line, size_t len) {
   (void)ctx;
   size_t i = 0;
@@ -631,25 +682,11 @@ static void on_line(void *ctx, char *line, size_t len) {
     i++;
   if (i == len)
     return;
-  if (len > MAX_JSON_VALUES && too_many_values(line, len)) {
-    _cleanup_free_ char *m = xasprintf("message refused: it holds more than %d JSON values and "
-                                       "keys, which no MCP request needs; send large data as one "
-                                       "string (a file as content_base64)", MAX_JSON_VALUES);
-    send_error(NULL, RPC_INVALID_REQUEST, m);
+  json_t *msg = mcp_parse(&stdio_out, line, len);
+  if (!msg)
     return;
-  }
-  json_error_t err;
-  /* Duplicate keys are refused: a key that means one thing to a proxy that
-   * reads the first and another to us must not get through. */
-  json_t *msg = json_loadb(line, len, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES,
-                           &err);
-  if (!msg) {
-    _cleanup_free_ char *m = xasprintf("parse error at byte %d: %s", err.position, err.text);
-    send_error(NULL, RPC_PARSE_ERROR, m);
-    return;
-  }
-  line_bytes = len;
-  handle_message(msg);
+  const struct mcp_req r = {.out = &stdio_out, .bytes = len, .owner = ""};
+  mcp_handle_message(&r, msg);
   json_decref(msg);
 }
 
@@ -666,7 +703,7 @@ static void on_oversize(void *ctx, size_t len, const char *id_json) {
   _cleanup_free_ char *m = xasprintf("message too large: over %zu bytes (IGN_MCP_MAX_MESSAGE is "
                                      "%zu); it was discarded. Send large files in pieces.",
                                      len, cfg.max_message);
-  send_error(id, RPC_INVALID_REQUEST, m);
+  send_error(&stdio_out, id, RPC_INVALID_REQUEST, m);
   json_decref(id);
 }
 
