@@ -11,15 +11,22 @@
 #include "common/util.h"
 #include "mcp/config.h"
 #include "mcp/doctor.h"
+#include "mcp/http.h"
 #include "mcp/log.h"
 #include "mcp/server.h"
 #include "sandbox/vm.h"
 #include "session/session.h"
 
 static void usage(void) {
-  printf("ignition-mcp %s: a stdio MCP server that gives each session its own sandbox.\n"
+  printf("ignition-mcp %s: an MCP server that gives each session its own sandbox.\n"
          "\n"
          "Usage: ignition-mcp            serve MCP on stdin/stdout (what a client runs)\n"
+         "       ignition-mcp --http [ADDR:]PORT\n"
+         "                               serve MCP over Streamable HTTP at\n"
+         "                               http://ADDR:PORT/mcp until SIGTERM (ADDR\n"
+         "                               127.0.0.1 unless given, [::1] for IPv6; PORT 0\n"
+         "                               picks a free one); another address needs\n"
+         "                               IGN_MCP_HTTP_TOKENS\n"
          "       ignition-mcp doctor [--json]\n"
          "                               check everything a session needs, one line per\n"
          "                               check, with the command that fixes what is\n"
@@ -73,6 +80,15 @@ static void usage(void) {
          "  IGN_MCP_LOG_KEEP_MB   all logs together; the oldest go first [1024]\n"
          "  IGN_MCP_LOG_KEEP_DAYS logs older than this are removed [7]\n"
          "  IGN_MCP_LOG           stderr log level: debug, info, warning, error [info]\n"
+         "  IGN_MCP_HTTP_TOKENS   --http: file of name:token lines; every request then\n"
+         "                        needs Authorization: Bearer <token> [unset]\n"
+         "  IGN_MCP_HTTP_ORIGINS  --http: more allowed Origin values, comma-separated\n"
+         "                        [loopback origins when bound to loopback]\n"
+         "  IGN_MCP_HTTP_HOSTS    --http: more allowed Host values, comma-separated\n"
+         "                        [localhost, 127.0.0.1, [::1]]\n"
+         "  IGN_MCP_HTTP_MAX_CONNECTIONS  --http: connections at once [64]\n"
+         "  IGN_MCP_HTTP_TIMEOUT_SECS     --http: seconds a connection has to deliver a\n"
+         "                        whole request [30]\n"
          "\n"
          "\"Next to the server\" is the server's directory, or ../lib/ignition-mcp from it\n"
          "once installed.  man ignition-mcp has the details.\n",
@@ -89,7 +105,13 @@ int main(int argc, char **argv) {
       usage();
       return 0;
     }
-    const char *opt = strcmp(argv[1], "make-base") == 0 ? "--force"
+    if (strcmp(argv[1], "--http") == 0 && argc != 3) {
+      fprintf(stderr, "ignition-mcp: --http takes one argument, [ADDR:]PORT (e.g. --http "
+                      "127.0.0.1:8080); see ignition-mcp --help\n");
+      return 2;
+    }
+    const char *opt = strcmp(argv[1], "--http") == 0        ? argv[2]
+                      : strcmp(argv[1], "make-base") == 0 ? "--force"
                       : strcmp(argv[1], "doctor") == 0  ? "--json"
                                                         : NULL;
     if (!opt) {
@@ -116,7 +138,7 @@ int main(int argc, char **argv) {
     return 2;
   if (argc > 1 && strcmp(argv[1], "doctor") == 0)
     return doctor_main(argc > 2);
-  if (argc > 1) {
+  if (argc > 1 && strcmp(argv[1], "make-base") == 0) {
     bool force = argc > 2 && strcmp(argv[2], "--force") == 0;
     _cleanup_free_ char *err = NULL;
     if (vm_make_base(force, &err) < 0) {
@@ -125,6 +147,9 @@ int main(int argc, char **argv) {
     }
     return 0;
   }
+
+  if (argc > 1 && http_prepare(argv[2]) < 0)
+    return 2;
 
   /* Termination signals are read through a signalfd by the main loop; every
    * thread inherits this mask.  A client that goes away must not kill us
@@ -165,5 +190,5 @@ int main(int argc, char **argv) {
   } else
     log_info("ignition-mcp %s ready: backend %s, rootfs %s", IGN_VERSION, sessions_backend(),
              cfg.rootfs);
-  return mcp_serve();
+  return argc > 1 ? http_serve() : mcp_serve();
 }
