@@ -489,8 +489,9 @@ describe('raw HTTP: status codes, headers, tokens', () => {
   });
 
   test('a notification is 202 with no body (modern and legacy)', T, async () => {
-    const n = { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 999999, reason: 'test' } };
-    let r = await request(srv, { headers: { 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream', Authorization: `Bearer ${alice}`, 'MCP-Protocol-Version': V }, body: n });
+    // A modern notification: the envelope in _meta, the standard headers.
+    const n = { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 999999, reason: 'test', ...meta() } };
+    let r = await request(srv, { headers: { 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream', Authorization: `Bearer ${alice}`, 'MCP-Protocol-Version': V, 'Mcp-Method': n.method }, body: n });
     assert.equal(r.status, 202, r.text);
     assert.equal(r.text, '');
     const sid = await legacyInit(srv, alice);
@@ -833,10 +834,14 @@ describe('raw HTTP: the caps', () => {
       socks.push(s);
     }
     await sleep(200);
-    // The one over the cap: closed without an answer, or 503.
+    // The one over the cap: refused at once (closed without an answer, or
+    // 503), not held until a slot frees.
+    const t0 = Date.now();
     const over = await list().then((r) => r.status, (e) => `refused: ${e.code ?? e.message}`);
-    assert.notEqual(over, 200, `connection ${MAXC + 1} was served`);
+    const ms = Date.now() - t0;
+    assert.notEqual(over, 200, `connection ${MAXC + 1} was served after ${ms} ms (IGN_MCP_HTTP_TIMEOUT_SECS=${TIMEOUT}): held, not refused`);
     assert.ok(over === 503 || typeof over === 'string', `connection ${MAXC + 1}: ${over}`);
+    assert.ok(ms < 1000, `connection ${MAXC + 1} was refused only after ${ms} ms`);
     for (const s of socks) s.destroy();
     const back = await waitUntil(async () => (await list().catch(() => ({ status: 0 }))).status === 200, { timeoutMs: 5000, intervalMs: 100 });
     assert.ok(back, 'the server did not serve again after the connections closed');
@@ -860,7 +865,7 @@ describe('startup refusals', () => {
       ['a short token', `ok:${good}\nshort:abc123\n`, /line 2/, /16/],
       ['no colon', `ok:${good}\n${good}\n`, /line 2/, /./],
       ['a name twice', `ok:${good}\nok:${newToken()}\n`, /line 2/, /ok|twice|duplicate/i],
-      ['no entry', '# nothing\n\n', /./, /no (entry|token)|empty/i],
+      ['no entry', '# nothing\n\n', /./, /no (entry|token|name:token)|empty/i],
     ];
     for (const [what, text, where, why] of cases) {
       const f = tokensFile(text);
