@@ -1117,12 +1117,15 @@ async function sectionHttp() {
   const tHttp = `${CLIENTS} clients × ${SESSIONS} sessions: HTTP (${CLIENTS} keep-alive connections)`;
   const memBase = 'HTTP server RSS with no connection';
   const memPer = 'RSS added per idle keep-alive connection';
-  const env = { ...BACKENDS.ns, IGN_MCP_HTTP_MAX_CONNECTIONS: 4 * IDLE, IGN_MCP_HTTP_TIMEOUT_SECS: 600, IGN_MCP_MAX_CALLS: 256 };
+  /* info: the HTTP server says where it listens at that level; the stdio
+   * server logs at the same level, so both pay the same for logging. */
+  const common = { ...BACKENDS.ns, IGN_MCP_LOG: 'info', IGN_MCP_MAX_CALLS: 256 };
+  const env = { ...common, IGN_MCP_HTTP_MAX_CONNECTIONS: 4 * IDLE, IGN_MCP_HTTP_TIMEOUT_SECS: 600 };
   let stdio = null;
   let web = null;
   const clients = [];
   try {
-    stdio = await startRawServer(BACKENDS.ns);
+    stdio = await startRawServer(common);
     web = await startHttpServer(env);
     const st = async (name, args = {}) => {
       const r = await stdio.request('tools/call', { name, arguments: args, _meta: MODERN_META });
