@@ -1223,11 +1223,13 @@ int http_serve(void) {
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv.d, MHD_DAEMON_INFO_BIND_PORT);
   unsigned port = di ? di->port : 0;
   snprintf(srv.base, sizeof srv.base, "http://%s:%u", srv.addr, port);
-  log_info("listening on %s" MCP_PATH, srv.base);
+  /* One line: whoever reads the port from it also sees the auth policy. */
   if (srv.tokens)
-    log_info("auth: bearer tokens, %zu names from %s", tokens_count(srv.tokens), cfg.http_tokens);
+    log_info("listening on %s" MCP_PATH "; auth: bearer tokens, %zu names from %s", srv.base,
+             tokens_count(srv.tokens), cfg.http_tokens);
   else
-    log_info("auth: none (IGN_MCP_HTTP_TOKENS is not set; only loopback clients can connect)");
+    log_info("listening on %s" MCP_PATH "; auth: none (IGN_MCP_HTTP_TOKENS is not set; only "
+             "this machine can connect)", srv.base);
 
   pthread_t wd;
   bool have_wd = pthread_create(&wd, NULL, watchdog_main, NULL) == 0;
