@@ -35,7 +35,8 @@ function findRow(results, id, label) {
 }
 
 function tableFor(section, rows) {
-  const unit = section.unit;
+  /* A group whose rows share a unit of their own is headed by it. */
+  const unit = rows[0]?.unit && rows.every((r) => r.unit === rows[0].unit) ? rows[0].unit : section.unit;
   const byLabel = new Map(section.rows.map((r) => [r.label, r]));
   const tput = section.id === 'throughput';
   const head = tput
