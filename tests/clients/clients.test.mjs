@@ -4,7 +4,8 @@
 //   Claude Code  `claude mcp add --scope local`, a project .mcp.json, the plugin
 //                (--plugin-dir, and installed from the repository's marketplace),
 //                and `claude mcp add --transport http` with a bearer token against
-//                the server's HTTP endpoint (`ignition-mcp --http`)
+//                the server's HTTP endpoint (`ignition-mcp --http`); over stdio it
+//                speaks 2026-07-28 (server/discover, no initialize)
 //   Codex        ~/.codex/config.toml; `codex mcp list/get`, and its app-server
 //                connecting to the server, listing the tools and calling them
 //   Gemini CLI   ~/.gemini/settings.json and a project .gemini/settings.json;
@@ -209,6 +210,23 @@ describe('Claude Code', () => {
     r = await sh(claude, ['mcp', 'get', 'ignition'], { cwd: project, env });
     assert.match(r.stdout, /Scope: Project config/, show(r));
     assert.match(r.stdout, /Status: ✔ Connected/, show(r));
+  });
+
+  it('over stdio Claude Code speaks 2026-07-28: server/discover first, no initialize, and the server answers it', async () => {
+    const { env, project } = sandboxEnv('claude-wire');
+    // The registered command records what Claude Code writes to the server.
+    const rec = path.join(project, 'rec.sh');
+    const wire = path.join(project, 'wire.log');
+    fs.writeFileSync(rec, `#!/bin/sh\ntee '${wire}' | '${SERVER}'\n`, { mode: 0o755 });
+    let r = await sh(claude, ['mcp', 'add', '--scope', 'local', 'ignition', '--', rec], { cwd: project, env });
+    assert.equal(r.code, 0, show(r));
+    r = await sh(claude, ['mcp', 'list'], { cwd: project, env });
+    assert.match(r.stdout, new RegExp(`^ignition: ${escapeRe(rec)}\\s+- ✔ Connected$`, 'm'), show(r));
+    const sent = fs.readFileSync(wire, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    const methods = sent.map((m) => m.method);
+    assert.equal(methods[0], 'server/discover', `first message: ${JSON.stringify(sent[0]).slice(0, 300)}`);
+    assert.equal(sent[0].params?._meta?.['io.modelcontextprotocol/protocolVersion'], '2026-07-28');
+    assert.ok(!methods.includes('initialize'), `Claude Code sent initialize: ${methods.join(', ')}`);
   });
 
   it('claude mcp add --transport http with a bearer token: mcp list and mcp get show it Connected; a wrong token does not connect', async () => {
