@@ -474,7 +474,9 @@ describe('raw HTTP: status codes, headers, tokens', () => {
   before(async () => {
     srv = await startHttp({
       tokens: { alice, bob },
-      env: { IGN_MCP_HTTP_ORIGINS: ORIGIN_OK, IGN_MCP_HTTP_HOSTS: HOST_OK, IGN_MCP_MAX_MESSAGE: 65536, IGN_MCP_POOL: IS_VM ? 1 : 0 },
+      // A small message cap for the 413 cases; the output cap small too, so
+      // that a few calls fit in the calls' byte budget (4 x the message cap).
+      env: { IGN_MCP_HTTP_ORIGINS: ORIGIN_OK, IGN_MCP_HTTP_HOSTS: HOST_OK, IGN_MCP_MAX_MESSAGE: 131072, IGN_MCP_OUTPUT_CAP: 4096, IGN_MCP_POOL: IS_VM ? 1 : 0 },
     });
   });
   after(() => srv?.close());
@@ -570,7 +572,7 @@ describe('raw HTTP: status codes, headers, tokens', () => {
   });
 
   test('a body over IGN_MCP_MAX_MESSAGE is 413 (declared or chunked); the server serves on', T, async () => {
-    const big = JSON.stringify(callMsg('run', { session_id: 'x', command: `echo ${'a'.repeat(70_000)}` }));
+    const big = JSON.stringify(callMsg('run', { session_id: 'x', command: `echo ${'a'.repeat(140_000)}` }));
     const h = modernHeaders(JSON.parse(big), alice);
     let r = await request(srv, { headers: h, body: big });
     assert.equal(r.status, 413, r.text.slice(0, 300));
@@ -745,10 +747,13 @@ describe('raw HTTP: status codes, headers, tokens', () => {
         req.on('close', () => resolve());
         req.end(body);
       });
-      const started = await waitUntil(() => sleepRuns(srv, alice, aliceSid, n), { timeoutMs: 30_000, intervalMs: 300 });
-      assert.ok(started, `sleep ${n} never started`);
-      assert.equal(answered, null, `the call was answered (HTTP ${answered}) while its command runs`);
-      req.destroy();
+      try {
+        const started = await waitUntil(() => sleepRuns(srv, alice, aliceSid, n), { timeoutMs: 30_000, intervalMs: 300 });
+        assert.ok(started, `sleep ${n} never started`);
+        assert.equal(answered, null, `the call was answered (HTTP ${answered}) while its command runs`);
+      } finally {
+        req.destroy();
+      }
       await gone;
       const killed = await waitUntil(async () => !(await sleepRuns(srv, alice, aliceSid, n)), { timeoutMs: 15_000, intervalMs: 300 });
       assert.ok(killed, `sleep ${n} still runs after its connection closed`);
