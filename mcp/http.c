@@ -930,6 +930,10 @@ static unsigned legacy_check(struct MHD_Connection *c, json_t *id, const char *m
     *ret_init = true;
     return 0;
   }
+  /* A notification changes no protocol state (notifications/cancelled
+   * reaches only its owner's calls): one without a session is taken. */
+  if (!sid && !id)
+    return 0;
   if (!sid) {
     *ret = reply_error(c, MHD_HTTP_BAD_REQUEST, id, RPC_INVALID_REQUEST,
                        "missing Mcp-Session-Id header: send initialize first and then the "

@@ -18,7 +18,7 @@ import { Client as Client2 } from '@modelcontextprotocol/client';
 import { StreamableHTTPClientTransport as Transport2 } from '@modelcontextprotocol/client';
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { textOf } from './lib.mjs';
+import { textOf, waitUntil } from './lib.mjs';
 import { startHttp, runServer } from './helpers/http.mjs';
 
 const V = '2026-07-28';
@@ -222,6 +222,45 @@ describe('over HTTP: refusals', () => {
     const last = JSON.parse(events.at(-1).slice('event: message\ndata: '.length));
     assert.equal(last.id, 8);
     assert.ok(last.result, text);
+  });
+
+  it('a notification is 202 without a body; a legacy request without its session is 400, with an unknown one 404', async () => {
+    const n = await fetch(s.url, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 99 } }) });
+    assert.equal(n.status, 202);
+    assert.equal(await n.text(), '');
+    const ping = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'ping' });
+    const r1 = await fetch(s.url, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: ping });
+    assert.equal(r1.status, 400);
+    assert.match((await r1.json()).error.message, /Mcp-Session-Id/);
+    const r2 = await fetch(s.url, { method: 'POST', headers: { 'Content-Type': 'application/json', 'Mcp-Session-Id': 'f'.repeat(32) }, body: ping });
+    assert.equal(r2.status, 404);
+    await r2.text();
+    const d = await fetch(s.url, { method: 'DELETE', headers: { 'Mcp-Session-Id': 'f'.repeat(32) } });
+    assert.equal(d.status, 404);
+    await d.text();
+  });
+
+  it('a client that closes the connection cancels its call', async () => {
+    const post = (id, name, args, signal) => fetch(s.url, {
+      method: 'POST',
+      headers: modernHeaders('tools/call', name, args.session_id ? { 'Mcp-Param-Session-Id': args.session_id } : {}),
+      body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: args, _meta: ENVELOPE } }),
+      signal,
+    });
+    const opened = await (await post(1, 'open_session', {})).json();
+    const sid = opened.result.structuredContent.session_id;
+    const ac = new AbortController();
+    const started = Date.now();
+    const pending = post(2, 'run', { session_id: sid, command: 'sleep 120', timeout_s: 150 }, ac.signal).catch((e) => e);
+    setTimeout(() => ac.abort(), 1500);
+    assert.equal((await pending).name, 'AbortError');
+    const seen = await waitUntil(() => /call run cancelled: its client closed the connection/.test(s.stderrText()), { timeoutMs: 20000 });
+    assert.ok(seen, `no cancellation in the log:\n${s.stderrText().slice(-2000)}`);
+    // The session is free again at once: the cancelled command is gone.
+    const r = await (await post(3, 'run', { session_id: sid, command: 'echo after' })).json();
+    assert.equal(r.result.structuredContent.stdout, 'after\n');
+    assert.ok(Date.now() - started < 100_000, 'the cancelled call ran to its end');
+    await (await post(4, 'close', { session_id: sid })).json();
   });
 
   it('binding another address than loopback without IGN_MCP_HTTP_TOKENS is refused', async () => {
