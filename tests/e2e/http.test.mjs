@@ -825,6 +825,51 @@ describe('raw HTTP: the caps', () => {
     assert.doesNotMatch(got, /^HTTP\/1\.1 200/, 'the partial request was served');
   });
 
+  test(`a body trickled a byte a second is cut at IGN_MCP_HTTP_TIMEOUT_SECS=${TIMEOUT} too`, T, async () => {
+    const body = Buffer.from(JSON.stringify(modernMsg('tools/list')));
+    const head = `POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:${srv.port}\r\nAuthorization: Bearer ${tok}\r\nContent-Type: application/json\r\n` +
+      `Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: ${V}\r\nMcp-Method: tools/list\r\nContent-Length: ${body.length}\r\n\r\n`;
+    const sock = net.connect(srv.port, '127.0.0.1');
+    sock.on('error', () => {});
+    await new Promise((r, j) => sock.once('connect', r).once('error', j));
+    const t0 = Date.now();
+    let got = '';
+    sock.on('data', (d) => (got += d.toString('latin1')));
+    const closed = new Promise((r) => sock.once('close', () => r(Date.now() - t0)));
+    sock.write(head);
+    let sent = 0;
+    const timer = setInterval(() => {
+      if (sent < body.length && !sock.destroyed) sock.write(body.subarray(sent, ++sent));
+    }, 1000);
+    const ms = await Promise.race([closed, sleep((TIMEOUT + 10) * 1000).then(() => null)]);
+    clearInterval(timer);
+    sock.destroy();
+    assert.ok(ms !== null, `still open after ${TIMEOUT + 10} s (${sent} of ${body.length} body bytes sent)`);
+    assert.ok(ms <= (TIMEOUT + 2) * 1000, `closed after ${ms} ms, over ${TIMEOUT} s + 2 s`);
+    assert.doesNotMatch(got, /^HTTP\/1\.1 200/, 'the partial request was served');
+  });
+
+  test(`an idle keep-alive connection is closed after IGN_MCP_HTTP_TIMEOUT_SECS=${TIMEOUT}; one in use is not`, T, async () => {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    try {
+      let sockets = new Set();
+      for (let i = 0; i < 3; i++) {
+        const r = await modern(srv, modernMsg('tools/list'), { token: tok, agent, onResponse: (res, req) => sockets.add(req.socket) });
+        assert.equal(r.status, 200);
+        await sleep(1000); // under the timeout between requests: the same connection
+      }
+      assert.equal(sockets.size, 1, 'keep-alive requests under the timeout apart did not share one connection');
+      const [sock] = sockets;
+      const t0 = Date.now();
+      const ms = await Promise.race([new Promise((r) => (sock.destroyed ? r(0) : sock.once('close', () => r(Date.now() - t0)))), sleep((TIMEOUT + 10) * 1000).then(() => null)]);
+      assert.ok(ms !== null, `an idle keep-alive connection was still open after ${TIMEOUT + 10} s`);
+      assert.ok(ms <= (TIMEOUT + 2) * 1000, `closed after ${ms} ms idle`);
+      assert.ok(ms >= (TIMEOUT - 1.5) * 1000, `closed after ${ms} ms idle, before the timeout`);
+    } finally {
+      agent.destroy();
+    }
+  });
+
   test(`a call whose request is complete is not cut by the timeout: a run of ${TIMEOUT + 3} s returns`, T, async () => {
     const r = await rawTool(srv, tok, 'sandbox_run', { command: `sleep ${TIMEOUT + 3}; echo slept` });
     assert.equal(r.stdout, 'slept\n');
@@ -904,6 +949,9 @@ describe('startup refusals', () => {
       const x = await modern(srv, modernMsg('tools/list'), { token: tok });
       assert.equal(x.status, 200, x.text);
       assert.equal((await modern(srv, modernMsg('tools/list'))).status, 401);
+      // Not on loopback: the Host is whatever name the server is reached by.
+      const h = await modern(srv, modernMsg('tools/list'), { token: tok, headers: { Host: `mcp.example.test:${srv.port}` } });
+      assert.equal(h.status, 200, `a server bound to 0.0.0.0 refused a Host: ${h.text}`);
     } finally {
       await srv.close();
     }
