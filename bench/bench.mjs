@@ -1108,11 +1108,13 @@ async function sectionHttp() {
   const SESSIONS = 8;
   const RUNS = QUICK ? 25 : 50;
   const IDLE = 100;
-  const g1 = "run('true') latency, one client";
+  const g1 = 'latency, one client';
   const g2 = `${CLIENTS} clients at once, ${SESSIONS} sessions`;
   const g3 = `memory per idle keep-alive connection (${IDLE} connections)`;
   const stdioLabel = "ns: run('true'), stdio, raw client";
   const httpLabel = "ns: run('true'), HTTP keep-alive, raw client";
+  const discStdio = 'server/discover, stdio, raw client';
+  const discHttp = 'server/discover, HTTP keep-alive, raw client';
   const tStdio = `${CLIENTS} clients × ${SESSIONS} sessions: stdio (one pipe)`;
   const tHttp = `${CLIENTS} clients × ${SESSIONS} sessions: HTTP (${CLIENTS} keep-alive connections)`;
   const memBase = 'HTTP server RSS with no connection';
@@ -1150,23 +1152,38 @@ async function sectionHttp() {
       await runS();
       await runH();
     }
+    const discS = () => stdio.request('server/discover', { _meta: MODERN_META });
+    const discH = () => one.request('server/discover');
+    for (let i = 0; i < 50; i++) {
+      await discS();
+      await discH();
+    }
     const ls = [];
     const lh = [];
+    const ds = [];
+    const dh = [];
     for (let r = 0; r < rounds; r++) {
-      log(`latency round ${r + 1}/${rounds}: ${per} run('true') each over stdio and HTTP`);
+      log(`latency round ${r + 1}/${rounds}: ${per} run('true') and ${per} server/discover each over stdio and HTTP`);
       ls.push(...(await timeN(per, runS, { warmup: 0 })));
       lh.push(...(await timeN(per, runH, { warmup: 0 })));
+      ds.push(...(await timeN(per, discS, { warmup: 0 })));
+      dh.push(...(await timeN(per, discH, { warmup: 0 })));
     }
     const q = (a, p) => [...a].sort((x, y) => x - y)[Math.min(a.length - 1, Math.ceil((p / 100) * a.length) - 1)];
     const dMed = median(lh) - median(ls);
     const dP90 = q(lh, 90) - q(ls, 90);
-    rows.push(row(stdioLabel, ls, { group: g1, baseline: stdioLabel }));
+    rows.push(row(stdioLabel, ls, { group: g1, baseline: stdioLabel, extra: `the load average was ${fs.readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ')} when the rounds ended` }));
     rows.push(row(httpLabel, lh, {
       group: g1, baseline: stdioLabel,
       extra: `${dMed >= 0 ? '+' : ''}${dMed.toFixed(3)} ms at the median, ${dP90 >= 0 ? '+' : ''}${dP90.toFixed(3)} ms at p90 vs stdio (target: ≤ +0.3 ms at the median)`,
     }));
+    const dd = median(dh) - median(ds);
+    rows.push(row(discStdio, ds, { group: g1, baseline: discStdio, extra: 'no sandbox: the transport and the JSON-RPC layer alone' }));
+    rows.push(row(discHttp, dh, { group: g1, baseline: discStdio, extra: `${dd >= 0 ? '+' : ''}${dd.toFixed(3)} ms at the median vs stdio` }));
     doneLine(stdioLabel, ls);
     doneLine(httpLabel, lh);
+    doneLine(discStdio, ds);
+    doneLine(discHttp, dh);
     await st('close', { session_id: sS });
     await one.tool('close', { session_id: sH });
 
@@ -1232,20 +1249,24 @@ async function sectionHttp() {
     };
     const base = [];
     const perConn = [];
-    for (let rep = 0; rep < N.httpMem; rep++) {
+    for (let rep = -1; rep < N.httpMem; rep++) {
       const before = await rssNow();
       const idle = Array.from({ length: IDLE }, () => httpClient(web.port));
       await Promise.all(idle.map((c) => c.request('tools/list')));
       const open = idle.reduce((n, c) => n + Object.values(c.agent.freeSockets).flat().length, 0);
       if (open !== IDLE) throw new Error(`${open} of ${IDLE} connections stayed open after their request`);
       const withIdle = await rssNow();
-      base.push(before / 1024);
-      perConn.push((withIdle - before) / IDLE);
+      // Repetition -1 warms up: the first connections' threads also make
+      // what the allocator keeps for every later one.
+      if (rep >= 0) {
+        base.push(before);
+        perConn.push((withIdle - before) / IDLE);
+      }
       for (const c of idle) c.close();
       await sleep(500);
     }
-    rows.push(row(memBase, base, { group: g3, unit: 'MiB', baseline: memBase, extra: 'VmRSS of the server (ns, no session)' }));
-    rows.push(row(memPer, perConn, { group: g3, unit: 'KiB', baseline: memPer, extra: `(VmRSS with ${IDLE} idle keep-alive connections − without) / ${IDLE}, in KiB` }));
+    rows.push(row(memBase, base, { group: g3, unit: 'KiB', baseline: memBase, extra: 'VmRSS of the server (ns, no session)' }));
+    rows.push(row(memPer, perConn, { group: g3, unit: 'KiB', baseline: memBase, extra: `(VmRSS with ${IDLE} idle keep-alive connections − without) / ${IDLE}, in KiB` }));
     log(`  ${median(perConn).toFixed(1)} KiB per idle connection`);
   } finally {
     for (const c of clients) c.close();
@@ -1255,7 +1276,7 @@ async function sectionHttp() {
   notes.push(
     `Raw clients on both transports, sending the same 2026-07-28 requests (the _meta envelope on every request); over HTTP also the standard headers (MCP-Protocol-Version, Mcp-Method, Mcp-Name, Mcp-Param-Session-Id), plain JSON answers (no progressToken), node's http module with a keep-alive agent. Latency: ${rounds} interleaved rounds of ${per} run('true') on one live ns session per transport, after 50 untimed calls each.`,
     `Throughput: ${CLIENTS} callers at once, caller c on session c mod ${SESSIONS}, ${RUNS} run('true') each in a row; runs/s = ${CLIENTS}×${RUNS} / wall time, one sample per repetition (${N.tputReps}), stdio and HTTP alternating. A stdio server has one client: its ${CLIENTS} callers share the pipe (the same load, one connection); over HTTP each caller has its own keep-alive connection.`,
-    `Memory: VmRSS of the HTTP server (IGN_MCP_HTTP_MAX_CONNECTIONS=${4 * IDLE}, IGN_MCP_HTTP_TIMEOUT_SECS=600 so that none is closed while measured), median of 5 readings 1 s after the connections are in place, ${N.httpMem} repetitions.`,
+    `Memory: VmRSS of the HTTP server (IGN_MCP_HTTP_MAX_CONNECTIONS=${4 * IDLE}, IGN_MCP_HTTP_TIMEOUT_SECS=600 so that none is closed while measured), median of 5 readings 1 s after the connections are in place, ${N.httpMem} repetitions after an untimed one.`,
   );
   return { id: 'http', title: '10. HTTP transport', unit: 'ms', rows, notes, grouped: true };
 }
