@@ -596,6 +596,27 @@ describe('raw HTTP: status codes, headers, tokens', () => {
     assert.equal(r.json.result.tools.length, TOOL_NAMES.length);
   });
 
+  test('malformed bodies and oversized headers are refused with 4xx; the server serves on', T, async () => {
+    const h = { 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream', Authorization: `Bearer ${alice}`, 'MCP-Protocol-Version': V, 'Mcp-Method': 'tools/list' };
+    for (const [what, body, code] of [
+      ['not JSON', '{"jsonrpc":"2.0","id":1,', -32700],
+      ['invalid UTF-8', Buffer.from([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d]), -32700],
+      ['a batch (an array)', JSON.stringify([modernMsg('tools/list'), modernMsg('tools/list')]), null],
+      ['an empty body', '', null],
+      ['not JSON-RPC', '{"hello":"world"}', null],
+    ]) {
+      const r = await request(srv, { headers: h, body });
+      assert.ok(r.status >= 400 && r.status < 500, `${what}: HTTP ${r.status} ${r.text.slice(0, 300)}`);
+      if (code !== null) assert.equal(r.json?.error?.code, code, `${what}: ${r.text.slice(0, 300)}`);
+    }
+    // A header of 200 kB: refused (or the connection closed), never served.
+    const big = await modern(srv, modernMsg('tools/list'), { token: alice, headers: { 'X-Big': 'b'.repeat(200_000) } })
+      .then((r) => r.status, (e) => `closed: ${e.code ?? e.message}`);
+    assert.ok(typeof big === 'string' || (big >= 400 && big < 500), `a 200 kB header: ${big}`);
+    const r = await modern(srv, modernMsg('tools/list'), { token: alice });
+    assert.equal(r.status, 200, 'the server stopped serving');
+  });
+
   test('401 without or with a wrong token, with WWW-Authenticate naming the RFC 9728 metadata', T, async () => {
     const msg = modernMsg('tools/list');
     for (const auth of [undefined, `Bearer ${newToken()}`, `Bearer ${alice}x`, `Bearer ${alice.slice(0, -1)}`, `Basic ${Buffer.from(`alice:${alice}`).toString('base64')}`, 'Bearer ']) {
@@ -625,7 +646,7 @@ describe('raw HTTP: status codes, headers, tokens', () => {
       const r = await modern(srv, msg, { token: alice, headers: { Origin: origin } });
       assert.equal(r.status, 403, `Origin ${origin}: ${r.text}`);
     }
-    for (const origin of [`http://localhost:${srv.port}`, `http://127.0.0.1:${srv.port}`, ORIGIN_OK]) {
+    for (const origin of [`http://localhost:${srv.port}`, `http://127.0.0.1:${srv.port}`, `http://[::1]:${srv.port}`, ORIGIN_OK]) {
       const r = await modern(srv, msg, { token: alice, headers: { Origin: origin } });
       assert.equal(r.status, 200, `Origin ${origin}: ${r.text}`);
     }
