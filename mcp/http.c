@@ -67,6 +67,11 @@
 /* As on stdio: after the sandboxes are gone, how long the calls still
  * running may take to answer. */
 #define SHUTDOWN_WAIT_MS 30000
+/* Progress notifications an SSE client has not read yet, in bytes: past
+ * it more are dropped (progress is a hint; the response always goes out),
+ * so a client that does not read cannot make the server hold a command's
+ * every output line. */
+#define SSE_QUEUE_MAX (1u << 20)
 /* Header values quoted in error messages are cut to this. */
 #define QUOTE_MAX 64
 
@@ -204,6 +209,7 @@ struct post_out {
   bool done;       /* the response is queued */
   bool gone;       /* the client went away: nothing more is kept */
   int error_code;  /* the response's JSON-RPC error code, 0 for a result */
+  size_t queued;   /* bytes of the notifications in the queue */
   struct msg *head, **tail;
   int fd;
   uint64_t last_write; /* SSE: when the last bytes went out (keep-alives) */
@@ -220,7 +226,8 @@ static void post_send(struct mcp_out *o, json_t *m, char *text, size_t len) {
       code = RPC_INTERNAL_ERROR;
   }
   pthread_mutex_lock(&p->lock);
-  if (p->gone || p->done || (!p->sse && !response)) {
+  if (p->gone || p->done || (!p->sse && !response) ||
+      (!response && p->queued + len > SSE_QUEUE_MAX)) {
     pthread_mutex_unlock(&p->lock);
     free(text);
     return;
@@ -229,6 +236,8 @@ static void post_send(struct mcp_out *o, json_t *m, char *text, size_t len) {
   if (q) {
     q->text = text;
     q->len = len;
+    if (!response)
+      p->queued += len;
     *p->tail = q;
     p->tail = &q->next;
   } else {
@@ -415,6 +424,8 @@ static size_t sse_copy(struct post_out *p, char *buf, size_t max) {
     q->off += chunk;
   }
   if (q->off == total) {
+    if (q->next || !p->done)
+      p->queued -= q->len; /* a notification: the response is the last */
     p->head = q->next;
     if (!p->head)
       p->tail = &p->head;
