@@ -1278,6 +1278,7 @@ async function sectionHttp() {
     `Throughput: ${CLIENTS} callers at once, caller c on session c mod ${SESSIONS}, ${RUNS} run('true') each in a row; runs/s = ${CLIENTS}×${RUNS} / wall time, one sample per repetition (${N.tputReps}), stdio and HTTP alternating. A stdio server has one client: its ${CLIENTS} callers share the pipe (the same load, one connection); over HTTP each caller has its own keep-alive connection.`,
     `Memory: VmRSS of the HTTP server (IGN_MCP_HTTP_MAX_CONNECTIONS=${4 * IDLE}, IGN_MCP_HTTP_TIMEOUT_SECS=600 so that none is closed while measured), median of 5 readings 1 s after the connections are in place, ${N.httpMem} repetitions after an untimed one.`,
   );
+  notes.push(`Measured by \`node bench/bench.mjs ${process.argv.slice(2).join(' ')}\` (Node 22 from tests/node_modules/.bin first on PATH; \`make bench\` runs every section).`);
   return { id: 'http', title: '10. HTTP transport', unit: 'ms', rows, notes, grouped: true };
 }
 
