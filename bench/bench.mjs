@@ -1113,6 +1113,8 @@ async function sectionHttp() {
   const g3 = `memory per idle keep-alive connection (${IDLE} connections)`;
   const stdioLabel = "ns: run('true'), stdio, raw client";
   const httpLabel = "ns: run('true'), HTTP keep-alive, raw client";
+  const listStdio = "list_sessions, stdio, raw client";
+  const listHttp = "list_sessions, HTTP keep-alive, raw client";
   const discStdio = 'server/discover, stdio, raw client';
   const discHttp = 'server/discover, HTTP keep-alive, raw client';
   const tStdio = `${CLIENTS} clients × ${SESSIONS} sessions: stdio (one pipe)`;
@@ -1158,16 +1160,26 @@ async function sectionHttp() {
       await discS();
       await discH();
     }
+    const listS = () => st('list_sessions');
+    const listH = () => one.tool('list_sessions');
+    for (let i = 0; i < 50; i++) {
+      await listS();
+      await listH();
+    }
     const ls = [];
     const lh = [];
     const ds = [];
     const dh = [];
+    const cs = [];
+    const ch = [];
     for (let r = 0; r < rounds; r++) {
-      log(`latency round ${r + 1}/${rounds}: ${per} run('true') and ${per} server/discover each over stdio and HTTP`);
+      log(`latency round ${r + 1}/${rounds}: ${per} run('true'), server/discover and list_sessions each over stdio and HTTP`);
       ls.push(...(await timeN(per, runS, { warmup: 0 })));
       lh.push(...(await timeN(per, runH, { warmup: 0 })));
       ds.push(...(await timeN(per, discS, { warmup: 0 })));
       dh.push(...(await timeN(per, discH, { warmup: 0 })));
+      cs.push(...(await timeN(per, listS, { warmup: 0 })));
+      ch.push(...(await timeN(per, listH, { warmup: 0 })));
     }
     const q = (a, p) => [...a].sort((x, y) => x - y)[Math.min(a.length - 1, Math.ceil((p / 100) * a.length) - 1)];
     const dMed = median(lh) - median(ls);
@@ -1180,6 +1192,9 @@ async function sectionHttp() {
     const dd = median(dh) - median(ds);
     rows.push(row(discStdio, ds, { group: g1, baseline: discStdio, extra: 'no sandbox: the transport and the JSON-RPC layer alone' }));
     rows.push(row(discHttp, dh, { group: g1, baseline: discStdio, extra: `${dd >= 0 ? '+' : ''}${dd.toFixed(3)} ms at the median vs stdio` }));
+    const dc = median(ch) - median(cs);
+    rows.push(row(listStdio, cs, { group: g1, baseline: listStdio, extra: 'a tools/call without a sandbox: the call path (its thread, the call registry) on top of the transport' }));
+    rows.push(row(listHttp, ch, { group: g1, baseline: listStdio, extra: `${dc >= 0 ? '+' : ''}${dc.toFixed(3)} ms at the median vs stdio` }));
     doneLine(stdioLabel, ls);
     doneLine(httpLabel, lh);
     doneLine(discStdio, ds);
