@@ -65,6 +65,32 @@ static int parse_uint(const char *name, unsigned long long def, unsigned long lo
   return 0;
 }
 
+bool config_host_id_valid(const char *s, size_t n) {
+  if (n < 1 || n > CONFIG_HOST_ID_MAX || !(s[0] >= 'a' && s[0] <= 'z'))
+    return false;
+  for (size_t i = 1; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}
+
+/* IGN_MCP_HOST_ID: checked here, so that a server behind a front proxy never
+ * starts with an id the proxy could not route on. */
+static int load_host_id(void) {
+  const char *v = getenv("IGN_MCP_HOST_ID");
+  cfg.host_id[0] = '\0';
+  if (!v || !*v)
+    return 0;
+  if (!config_host_id_valid(v, strlen(v))) {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_HOST_ID=%s is invalid: a host id is %s (e.g. h1); "
+                    "it starts every session id this server makes\n",
+            v, CONFIG_HOST_ID_RULE);
+    return -EINVAL;
+  }
+  memcpy(cfg.host_id, v, strlen(v) + 1);
+  return 0;
+}
+
 static bool is_dir(const char *p) {
   struct stat st;
   return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -211,32 +237,6 @@ static int load_log_dir(void) {
   return 0;
 }
 
-bool config_host_id_valid(const char *s, size_t n) {
-  if (n < 1 || n > CONFIG_HOST_ID_MAX || !(s[0] >= 'a' && s[0] <= 'z'))
-    return false;
-  for (size_t i = 1; i < n; i++)
-    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
-      return false;
-  return true;
-}
-
-/* IGN_MCP_HOST_ID: checked here, so that a server behind a front proxy never
- * starts with an id the proxy could not route on. */
-static int load_host_id(void) {
-  const char *v = getenv("IGN_MCP_HOST_ID");
-  cfg.host_id[0] = '\0';
-  if (!v || !*v)
-    return 0;
-  if (!config_host_id_valid(v, strlen(v))) {
-    fprintf(stderr, "ignition-mcp: IGN_MCP_HOST_ID=%s is invalid: a host id is %s (e.g. h1); "
-                    "it starts every session id this server makes\n",
-            v, CONFIG_HOST_ID_RULE);
-    return -EINVAL;
-  }
-  memcpy(cfg.host_id, v, strlen(v) + 1);
-  return 0;
-}
-
 /* A comma-separated list of exact values (Origins, Host values): printable
  * ASCII without spaces, so that what is compared is what was meant. */
 static int load_list(const char *var, char **ret) {
@@ -287,6 +287,10 @@ int config_load(void) {
     return -EINVAL;
   }
 
+  /* Before anything is allocated: a refusal leaves nothing behind. */
+  if (load_host_id() < 0)
+    return -EINVAL;
+
   unsigned long long v;
   int r = 0;
 #define U(name, def, min, max, field)                   \
@@ -326,7 +330,7 @@ int config_load(void) {
     return r;
   cfg.net = getenv("IGN_MCP_NET") && *getenv("IGN_MCP_NET");
 
-  if (load_host_io() < 0 || load_log_dir() < 0 || load_host_id() < 0 || load_http() < 0)
+  if (load_host_io() < 0 || load_log_dir() < 0 || load_http() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");

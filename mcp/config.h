@@ -31,6 +31,10 @@ enum backend_choice backend;
   unsigned overlay_mb;
   bool net;
   unsigned ns_uid_base;  /* IGN_MCP_NS_UID_BASE: the ns sandboxes' uid blocks (root) */
+  /* IGN_MCP_HOST_ID: the prefix of every session id this server mints
+   * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;
+   * "" when unset. */
+  char host_id[CONFIG_HOST_ID_MAX + 1];
   /* vm backend */
   char *qemu;            /* resolved qemu-system-x86_64, or NULL */
   char *kernel;          /* vmlinux (IGN_MCP_KERNEL) */
@@ -53,10 +57,6 @@ enum backend_choice backend;
   size_t log_cap;        /* IGN_MCP_LOG_CAP: bytes kept per log file */
   unsigned log_keep_mb;  /* IGN_MCP_LOG_KEEP_MB: all logs together, oldest removed first */
   unsigned log_keep_days; /* IGN_MCP_LOG_KEEP_DAYS: older logs are removed */
-  /* IGN_MCP_HOST_ID: the prefix of every session id this server mints
-   * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;
-   * "" when unset. */
-  char host_id[CONFIG_HOST_ID_MAX + 1];
   /* --http (mcp/http.c) */
   char *http_tokens;     /* IGN_MCP_HTTP_TOKENS: the bearer tokens file, or NULL */
   char *http_origins;    /* IGN_MCP_HTTP_ORIGINS: more allowed Origins, comma-separated, or NULL */

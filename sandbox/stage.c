@@ -1284,6 +1284,12 @@ int stage_open(const char *name, const char *owner, const char *backend, const c
   _cleanup_free_ char *dir = name_dir(name);
   _cleanup_close_ int dir_fd = -1;
   _cleanup_close_ int fd = open_held(name, dir, &dir_fd, ret_err);
+  if (fd == -EBADMSG && *owner) {
+    /* No meta, so no owner: the owner "" 's, to anyone else a name nobody made. */
+    free(*ret_err);
+    *ret_err = no_such(name);
+    return -ENOENT;
+  }
   if (fd < 0)
     return fd;
   struct stat st;

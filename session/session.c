@@ -454,8 +454,8 @@ static int open_common(const char *owner, const char *stage_name, struct lease *
   pthread_mutex_unlock(&lock);
   if (stage)
     stage_unref(stage); /* the handle holds its own */
-  log_info("%ssession %s opened (%s, %" PRIu64 " ms)", lease ? "ephemeral " : "", s->id,
-           s->h->sb->isolation, ms);
+  log_info("%ssession %s opened%s%s (%s, %" PRIu64 " ms)", lease ? "ephemeral " : "", s->id,
+           *owner ? " for token " : "", owner, s->h->sb->isolation, ms);
   return 0;
 }
 

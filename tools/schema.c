@@ -302,7 +302,8 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
   json_array_append_new(
       tools,
       tool("list_sessions", "List sessions",
-           "List the open sessions with their isolation, age and idle time, and the session cap.",
+           "List the open sessions of this client (its token, over HTTP) with their isolation, "
+           "age and idle time, and the session cap (shared by every client of the server).",
            input(json_object(), (const char *[]){NULL}), list_out, true, false, true, false));
   json_array_append_new(
       tools,
@@ -333,7 +334,8 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
   json_array_append_new(
       tools,
       tool("stage_list", "List stages",
-           "List the stages saved with commit, with their size and the space they may use.",
+           "List the stages this client (its token, over HTTP) saved with commit, with their "
+           "size and the space all stages may use.",
            input(json_object(), (const char *[]){NULL}), stage_list_out, true, false, true,
            false));
   json_array_append_new(

@@ -259,6 +259,164 @@ static void replace_only_when_asked(void) {
   CHECK_EQ_INT(stage_rm("rep", "", &err), 0);
 }
 
+/* A stage of OWNER named NAME. */
+static struct stage *make_owned(const char *name, const char *owner, const char *ram, bool replace,
+                                int *ret_r, char **ret_err) {
+  char *dir = NULL, *err = NULL;
+  struct stage *s = NULL;
+  int r = stage_begin(1 << 20, &dir, &err);
+  CHECK_EQ_INT(r, 0);
+  if (r < 0) {
+    free(err);
+    return NULL;
+  }
+  write_file(dir, "ram", ram);
+  write_file(dir, "state", "device state");
+  struct stage_new in = vm_new;
+  in.owner = owner;
+  r = stage_finish(dir, name, replace, &in, &s, &err);
+  free(dir);
+  *ret_r = r;
+  *ret_err = err;
+  return r == 0 ? s : NULL;
+}
+
+static bool listed(const char *owner, const char *name) {
+  json_t *list = stage_list(owner);
+  bool found = false;
+  size_t i;
+  json_t *v;
+  json_array_foreach(json_object_get(list, "stages"), i, v)
+    found |= strcmp(json_string_value(json_object_get(v, "name")), name) == 0;
+  json_decref(list);
+  return found;
+}
+
+/* A stage is its owner's: to another owner it is a name nobody made, except
+ * that the name cannot be taken again (and that refusal tells nothing about
+ * it). */
+static void stages_belong_to_their_owner(void) {
+  int r;
+  char *err = NULL;
+  struct stage *a = make_owned("own/secret", "alice", "alice's ram", false, &r, &err);
+  CHECK(a != NULL);
+  CHECK(a && a->owner && strcmp(a->owner, "alice") == 0);
+  free(err);
+  err = NULL;
+  CHECK(listed("alice", "own/secret"));
+  CHECK(!listed("bob", "own/secret"));
+  CHECK(!listed("", "own/secret"));
+
+  json_t *info = NULL;
+  struct stage *o = NULL;
+  CHECK_EQ_INT(stage_info("own/secret", "bob", &info, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'own/secret'"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("own/secret", "bob", "vm", "b-aaaa", &o, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'own/secret'"));
+  free(err);
+  err = NULL;
+  /* Another backend's stage would say so to its owner; to bob it is unknown. */
+  CHECK_EQ_INT(stage_open("own/secret", "", "ns", "b-aaaa", &o, &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("own/secret", "bob", &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'own/secret'"));
+  free(err);
+  err = NULL;
+
+  /* Bob cannot take the name, not even with replace, and learns nothing of
+   * alice's stage (its id, size, parent) from the refusal. */
+  for (int replace = 0; replace < 2; replace++) {
+    struct stage *b = make_owned("own/secret", "bob", "bob's ram", replace, &r, &err);
+    CHECK(b == NULL);
+    CHECK_EQ_INT(r, -EEXIST);
+    CHECK(err && strstr(err, "'own/secret' is taken") && strstr(err, "pick another name"));
+    CHECK(err && a && !strstr(err, a->id) && !strstr(err, "alice") && !strstr(err, "replace"));
+    free(err);
+    err = NULL;
+    stage_unref(b);
+  }
+  CHECK_EQ_INT(count_entries(".tmp-"), 0);
+
+  /* Alice still has it, unchanged, and sees it as before. */
+  CHECK_EQ_INT(stage_open("own/secret", "alice", "vm", "b-aaaa", &o, &err), 0);
+  CHECK(o == a);
+  stage_unref(o);
+  CHECK_EQ_INT(stage_info("own/secret", "alice", &info, &err), 0);
+  CHECK(a && strcmp(json_string_value(json_object_get(info, "stage_id")), a->id) == 0);
+  json_decref(info);
+  /* Her own replace works. */
+  struct stage *a2 = make_owned("own/secret", "alice", "alice's new ram", true, &r, &err);
+  CHECK(a2 != NULL);
+  free(err);
+  err = NULL;
+  stage_unref(a);
+  stage_unref(a2);
+  CHECK_EQ_INT(stage_rm("own/secret", "alice", &err), 0);
+  CHECK(!listed("alice", "own/secret"));
+}
+
+/* A stage made before owners were recorded (no "owner" in its meta) is the
+ * owner "" 's: stdio and HTTP without tokens keep their stages. */
+static void stages_without_an_owner_are_the_empty_owners(void) {
+  int r;
+  char *err = NULL;
+  struct stage *s = make_owned("old/one", NULL, "old ram", false, &r, &err);
+  CHECK(s != NULL);
+  free(err);
+  err = NULL;
+  if (!s)
+    return;
+  /* Rewrite its meta as an older server wrote it: no owner field. */
+  _cleanup_free_ char *mp = xasprintf("%s/meta.json", s->dir);
+  json_error_t je;
+  json_t *m = json_load_file(mp, 0, &je);
+  CHECK(m && json_is_string(json_object_get(m, "owner")));
+  CHECK(m && strcmp(json_string_value(json_object_get(m, "owner")), "") == 0);
+  json_object_del(m, "owner");
+  CHECK_EQ_INT(json_dump_file(m, mp, JSON_SORT_KEYS), 0);
+  json_decref(m);
+  stage_unref(s);
+  CHECK(listed("", "old/one"));
+  CHECK(!listed("alice", "old/one"));
+  struct stage *o = NULL;
+  CHECK_EQ_INT(stage_open("old/one", "alice", "vm", "b-aaaa", &o, &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("old/one", "", "vm", "b-aaaa", &o, &err), 0);
+  stage_unref(o);
+  CHECK_EQ_INT(stage_rm("old/one", "alice", &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/one", "", &err), 0);
+
+  /* A stage that lost its meta records no owner either: damaged to "",
+   * unknown to everyone else. */
+  s = make_owned("old/broken", NULL, "ram", false, &r, &err);
+  CHECK(s != NULL);
+  free(err);
+  err = NULL;
+  if (!s)
+    return;
+  _cleanup_free_ char *bp = xasprintf("%s/meta.json", s->dir);
+  stage_unref(s);
+  CHECK_EQ_INT(unlink(bp), 0);
+  CHECK_EQ_INT(stage_open("old/broken", "alice", "vm", "b-aaaa", &o, &err), -ENOENT);
+  CHECK(err && strstr(err, "no stage named 'old/broken'") && !strstr(err, "damaged"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_open("old/broken", "", "vm", "b-aaaa", &o, &err), -EBADMSG);
+  CHECK(err && strstr(err, "damaged"));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/broken", "alice", &err), -ENOENT);
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(stage_rm("old/broken", "", &err), 0);
+}
+
 static void anonymous_goes_with_last_ref(void) {
   struct stage *s = make(NULL, "fork", false, NULL, NULL);
   CHECK(s && s->name == NULL);
@@ -735,7 +893,8 @@ static void run_setup(void) { setup(); }
 
 TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(make_open_list_info_rm),
-          TEST(replace_only_when_asked), TEST(anonymous_goes_with_last_ref),
+          TEST(replace_only_when_asked), TEST(stages_belong_to_their_owner),
+          TEST(stages_without_an_owner_are_the_empty_owners), TEST(anonymous_goes_with_last_ref),
           TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
