@@ -39,7 +39,7 @@ import path from 'node:path';
 import {
   AGENT, CBENCH, REPO, SERVER, VM_DIR, cbench, cgroupChargeKiB, descendants, killTree, log, machineInfo,
   msSince, nowNs, nsToMs, pssKiB, reapRecords, runChild, serverEnv, setSection, sleep, startRawServer,
-  startServer, track, tscKhz, untrack,
+  startServer, track, tscKhz, untrack, MODERN_META, startHttpServer, httpClient, rssKiB,
 } from './lib.mjs';
 import { writeReport } from './report.mjs';
 
@@ -49,8 +49,8 @@ const ONLY = onlyArg > 0 ? new Set(process.argv[onlyArg + 1].split(',').map(Numb
 
 /* Sample counts: quick finishes in a few minutes on 2 cores. */
 const N = QUICK
-  ? { open: 15, openVm: 8, stage: 10, stageVm: 5, cold: 3, bwrap: 20, qemu: 3, exec: 60, f4k: 15, f1m: 8, f32m: 3, tputReps: 3, py: 8, gcc: 4, srt: 10, srtCli: 5, peerOurs: 30 }
-  : { open: 100, openVm: 30, stage: 40, stageVm: 15, cold: 6, bwrap: 100, qemu: 6, exec: 600, f4k: 100, f1m: 40, f32m: 8, tputReps: 5, py: 40, gcc: 20, srt: 60, srtCli: 20, peerOurs: 200 };
+  ? { open: 15, openVm: 8, stage: 10, stageVm: 5, cold: 3, bwrap: 20, qemu: 3, exec: 60, f4k: 15, f1m: 8, f32m: 3, tputReps: 3, py: 8, gcc: 4, srt: 10, srtCli: 5, peerOurs: 30, http: 300, httpMem: 3 }
+  : { open: 100, openVm: 30, stage: 40, stageVm: 15, cold: 6, bwrap: 100, qemu: 6, exec: 600, f4k: 100, f1m: 40, f32m: 8, tputReps: 5, py: 40, gcc: 20, srt: 60, srtCli: 20, peerOurs: 200, http: 2000, httpMem: 5 };
 const RUNS_PER_SESSION = 50;
 const POOL_SIZE = 2;
 const POOL_REFILL_MS = Number(process.env.BENCH_POOL_REFILL_MS || 1500);
@@ -1089,6 +1089,214 @@ async function sectionOneShot() {
   return { id: 'oneshot', title: '9. One-shot runs and tree copies', unit: 'ms', rows, notes, grouped: true };
 }
 
+// ---------------------------------------------------------------- 10. HTTP
+
+/* The Streamable HTTP transport against stdio, on ns, with raw clients on
+ * both sides sending the same 2026-07-28 requests (the _meta envelope; over
+ * HTTP also its standard headers), so that the difference is the transport:
+ *  - run('true') latency on one live session, one keep-alive connection;
+ *  - 32 clients at once against 8 sessions (4 clients per session): over
+ *    HTTP 32 keep-alive connections, over stdio 32 callers multiplexed on
+ *    the one pipe a stdio server has;
+ *  - the server's RSS added per idle keep-alive connection (100 of them). */
+async function sectionHttp() {
+  const rows = [];
+  const notes = [];
+  const rounds = QUICK ? 3 : 5;
+  const per = Math.ceil(N.http / rounds);
+  const CLIENTS = 32;
+  const SESSIONS = 8;
+  const RUNS = QUICK ? 25 : 50;
+  const IDLE = 100;
+  const g1 = 'latency, one client';
+  const g2 = `${CLIENTS} clients at once, ${SESSIONS} sessions`;
+  const g3 = `memory per idle keep-alive connection (${IDLE} connections)`;
+  const stdioLabel = "ns: run('true'), stdio, raw client";
+  const httpLabel = "ns: run('true'), HTTP keep-alive, raw client";
+  const listStdio = "list_sessions, stdio, raw client";
+  const listHttp = "list_sessions, HTTP keep-alive, raw client";
+  const discStdio = 'server/discover, stdio, raw client';
+  const discHttp = 'server/discover, HTTP keep-alive, raw client';
+  const tStdio = `${CLIENTS} clients × ${SESSIONS} sessions: stdio (one pipe)`;
+  const tHttp = `${CLIENTS} clients × ${SESSIONS} sessions: HTTP (${CLIENTS} keep-alive connections)`;
+  const memBase = 'HTTP server RSS with no connection';
+  const memPer = 'RSS added per idle keep-alive connection';
+  /* info: the HTTP server says where it listens at that level; the stdio
+   * server logs at the same level, so both pay the same for logging. */
+  const common = { ...BACKENDS.ns, IGN_MCP_LOG: 'info', IGN_MCP_MAX_CALLS: 256 };
+  const env = { ...common, IGN_MCP_HTTP_MAX_CONNECTIONS: 4 * IDLE, IGN_MCP_HTTP_TIMEOUT_SECS: 600 };
+  let stdio = null;
+  let web = null;
+  const clients = [];
+  try {
+    stdio = await startRawServer(common);
+    web = await startHttpServer(env);
+    const st = async (name, args = {}) => {
+      const r = await stdio.request('tools/call', { name, arguments: args, _meta: MODERN_META });
+      if (r.isError) throw new Error(textOf(r));
+      return r.structuredContent;
+    };
+    const one = httpClient(web.port);
+    clients.push(one);
+
+    // 1. Latency, interleaved rounds on one live session each.
+    const sS = (await st('open_session')).session_id;
+    const sH = (await one.tool('open_session')).session_id;
+    const runS = async () => {
+      const x = await st('run', { session_id: sS, command: 'true' });
+      if (x.exit_code !== 0) throw new Error(`true exited ${x.exit_code}`);
+    };
+    const runH = async () => {
+      const x = await one.tool('run', { session_id: sH, command: 'true' });
+      if (x.exit_code !== 0) throw new Error(`true exited ${x.exit_code}`);
+    };
+    for (let i = 0; i < 50; i++) {
+      await runS();
+      await runH();
+    }
+    const discS = () => stdio.request('server/discover', { _meta: MODERN_META });
+    const discH = () => one.request('server/discover');
+    for (let i = 0; i < 50; i++) {
+      await discS();
+      await discH();
+    }
+    const listS = () => st('list_sessions');
+    const listH = () => one.tool('list_sessions');
+    for (let i = 0; i < 50; i++) {
+      await listS();
+      await listH();
+    }
+    const ls = [];
+    const lh = [];
+    const ds = [];
+    const dh = [];
+    const cs = [];
+    const ch = [];
+    for (let r = 0; r < rounds; r++) {
+      log(`latency round ${r + 1}/${rounds}: ${per} run('true'), server/discover and list_sessions each over stdio and HTTP`);
+      ls.push(...(await timeN(per, runS, { warmup: 0 })));
+      lh.push(...(await timeN(per, runH, { warmup: 0 })));
+      ds.push(...(await timeN(per, discS, { warmup: 0 })));
+      dh.push(...(await timeN(per, discH, { warmup: 0 })));
+      cs.push(...(await timeN(per, listS, { warmup: 0 })));
+      ch.push(...(await timeN(per, listH, { warmup: 0 })));
+    }
+    const q = (a, p) => [...a].sort((x, y) => x - y)[Math.min(a.length - 1, Math.ceil((p / 100) * a.length) - 1)];
+    const dMed = median(lh) - median(ls);
+    const dP90 = q(lh, 90) - q(ls, 90);
+    rows.push(row(stdioLabel, ls, { group: g1, baseline: stdioLabel, extra: `the load average was ${fs.readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ')} when the rounds ended` }));
+    rows.push(row(httpLabel, lh, {
+      group: g1, baseline: stdioLabel,
+      extra: `${dMed >= 0 ? '+' : ''}${dMed.toFixed(3)} ms at the median, ${dP90 >= 0 ? '+' : ''}${dP90.toFixed(3)} ms at p90 vs stdio (target: ≤ +0.3 ms at the median)`,
+    }));
+    const dd = median(dh) - median(ds);
+    rows.push(row(discStdio, ds, { group: g1, baseline: discStdio, extra: 'no sandbox: the transport and the JSON-RPC layer alone' }));
+    rows.push(row(discHttp, dh, { group: g1, baseline: discStdio, extra: `${dd >= 0 ? '+' : ''}${dd.toFixed(3)} ms at the median vs stdio` }));
+    const dc = median(ch) - median(cs);
+    rows.push(row(listStdio, cs, { group: g1, baseline: listStdio, extra: 'a tools/call without a sandbox: the call path (its thread, the call registry) on top of the transport' }));
+    rows.push(row(listHttp, ch, { group: g1, baseline: listStdio, extra: `${dc >= 0 ? '+' : ''}${dc.toFixed(3)} ms at the median vs stdio` }));
+    doneLine(stdioLabel, ls);
+    doneLine(httpLabel, lh);
+    doneLine(discStdio, ds);
+    doneLine(discHttp, dh);
+    await st('close', { session_id: sS });
+    await one.tool('close', { session_id: sH });
+
+    // 2. Throughput: 32 callers, 8 sessions.
+    const idsS = [];
+    const idsH = [];
+    for (let i = 0; i < SESSIONS; i++) {
+      idsS.push((await st('open_session')).session_id);
+      idsH.push((await one.tool('open_session')).session_id);
+    }
+    for (let i = 0; i < CLIENTS; i++) clients.push(httpClient(web.port));
+    const load = async (call) => {
+      const t = nowNs();
+      const lat = await Promise.all(Array.from({ length: CLIENTS }, async (_, c) => {
+        const l = [];
+        for (let i = 0; i < RUNS; i++) {
+          const t1 = nowNs();
+          const x = await call(c, c % SESSIONS);
+          if (x.exit_code !== 0) throw new Error(`true exited ${x.exit_code}`);
+          l.push(msSince(t1));
+        }
+        return l;
+      }));
+      return { rps: (CLIENTS * RUNS) / (msSince(t) / 1000), lat: lat.flat() };
+    };
+    const viaS = (c, s) => st('run', { session_id: idsS[s], command: 'true' });
+    const viaH = (c, s) => clients[1 + c].tool('run', { session_id: idsH[s], command: 'true' });
+    await load(viaS);
+    await load(viaH);
+    const rpsS = [], rpsH = [];
+    let latS = [], latH = [];
+    for (let rep = 0; rep < N.tputReps; rep++) {
+      log(`throughput repetition ${rep + 1}/${N.tputReps}: ${CLIENTS} × ${RUNS} run('true') over stdio, then over HTTP`);
+      const a = await load(viaS);
+      const b = await load(viaH);
+      rpsS.push(a.rps);
+      rpsH.push(b.rps);
+      latS = latS.concat(a.lat);
+      latH = latH.concat(b.lat);
+    }
+    const lq = (l) => `per-run latency ms p50 ${median(l).toFixed(2)} / p90 ${q(l, 90).toFixed(2)} / p99 ${q(l, 99).toFixed(2)}`;
+    rows.push(row(tStdio, rpsS, { group: g2, unit: 'runs/s', higherIsBetter: true, baseline: tStdio, latency: latS, extra: lq(latS) }));
+    rows.push(row(tHttp, rpsH, {
+      group: g2, unit: 'runs/s', higherIsBetter: true, baseline: tStdio, latency: latH,
+      extra: `HTTP/stdio ${(100 * median(rpsH) / median(rpsS)).toFixed(0)}% (target ≥ 80%); ${lq(latH)}`,
+    }));
+    log(`  stdio ${median(rpsS).toFixed(0)} runs/s, HTTP ${median(rpsH).toFixed(0)} runs/s`);
+    for (const id of idsS) await st('close', { session_id: id });
+    for (const id of idsH) await one.tool('close', { session_id: id });
+    for (const c of clients.splice(1)) c.close();
+
+    // 3. Memory: RSS with no connection, then with IDLE idle keep-alive
+    // connections (each has served one tools/list).
+    one.close();
+    const rssNow = async () => {
+      await sleep(1000);
+      const r = [];
+      for (let i = 0; i < 5; i++) {
+        r.push(rssKiB(web.pid));
+        await sleep(100);
+      }
+      return median(r);
+    };
+    const base = [];
+    const perConn = [];
+    for (let rep = -1; rep < N.httpMem; rep++) {
+      const before = await rssNow();
+      const idle = Array.from({ length: IDLE }, () => httpClient(web.port));
+      await Promise.all(idle.map((c) => c.request('tools/list')));
+      const open = idle.reduce((n, c) => n + Object.values(c.agent.freeSockets).flat().length, 0);
+      if (open !== IDLE) throw new Error(`${open} of ${IDLE} connections stayed open after their request`);
+      const withIdle = await rssNow();
+      // Repetition -1 warms up: the first connections' threads also make
+      // what the allocator keeps for every later one.
+      if (rep >= 0) {
+        base.push(before);
+        perConn.push((withIdle - before) / IDLE);
+      }
+      for (const c of idle) c.close();
+      await sleep(500);
+    }
+    rows.push(row(memBase, base, { group: g3, unit: 'KiB', baseline: memBase, extra: 'VmRSS of the server (ns, no session)' }));
+    rows.push(row(memPer, perConn, { group: g3, unit: 'KiB', baseline: memBase, extra: `(VmRSS with ${IDLE} idle keep-alive connections − without) / ${IDLE}, in KiB` }));
+    log(`  ${median(perConn).toFixed(1)} KiB per idle connection`);
+  } finally {
+    for (const c of clients) c.close();
+    if (stdio) await stdio.close();
+    if (web) await web.close();
+  }
+  notes.push(
+    `Raw clients on both transports, sending the same 2026-07-28 requests (the _meta envelope on every request); over HTTP also the standard headers (MCP-Protocol-Version, Mcp-Method, Mcp-Name, Mcp-Param-Session-Id), plain JSON answers (no progressToken), node's http module with a keep-alive agent. Latency: ${rounds} interleaved rounds of ${per} run('true') on one live ns session per transport, after 50 untimed calls each.`,
+    `Throughput: ${CLIENTS} callers at once, caller c on session c mod ${SESSIONS}, ${RUNS} run('true') each in a row; runs/s = ${CLIENTS}×${RUNS} / wall time, one sample per repetition (${N.tputReps}), stdio and HTTP alternating. A stdio server has one client: its ${CLIENTS} callers share the pipe (the same load, one connection); over HTTP each caller has its own keep-alive connection.`,
+    `Memory: VmRSS of the HTTP server (IGN_MCP_HTTP_MAX_CONNECTIONS=${4 * IDLE}, IGN_MCP_HTTP_TIMEOUT_SECS=600 so that none is closed while measured), median of 5 readings 1 s after the connections are in place, ${N.httpMem} repetitions after an untimed one.`,
+  );
+  notes.push(`Measured by \`node bench/bench.mjs ${process.argv.slice(2).join(' ')}\` (Node 22 from tests/node_modules/.bin first on PATH; \`make bench\` runs every section).`);
+  return { id: 'http', title: '10. HTTP transport', unit: 'ms', rows, notes, grouped: true };
+}
+
 // ---------------------------------------------------------------- main
 
 async function main() {
@@ -1105,6 +1313,7 @@ async function main() {
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
     [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages], [9, sectionOneShot],
+    [10, sectionHttp],
   ];
   // With --only, the sections not run are kept from the last run's
   // bench/results.json (each says so), so that BENCHMARKS.md stays whole.

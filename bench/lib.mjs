@@ -6,6 +6,7 @@
 
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -400,6 +401,7 @@ export async function startRawServer(env) {
   return {
     pid: child.pid,
     tool,
+    request,
     async close() {
       const kids = descendants(child.pid);
       child.stdin.end();
@@ -409,6 +411,115 @@ export async function startRawServer(env) {
       untrack(child.pid);
     },
   };
+}
+
+// ---------------------------------------------------------------- MCP: HTTP
+
+/* The envelope of a 2026-07-28 request (stateless: on every request). */
+export const MODERN_META = {
+  'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+  'io.modelcontextprotocol/clientCapabilities': {},
+  'io.modelcontextprotocol/clientInfo': { name: 'ign-bench', version: '0' },
+};
+
+/* The server on its Streamable HTTP transport (`--http 127.0.0.1:0`):
+ * {pid, port, url, close()} once it says where it listens. */
+export async function startHttpServer(env) {
+  const child = spawn(SERVER, ['--http', '127.0.0.1:0'], { env: serverEnv(env), cwd: REPO, stdio: ['pipe', 'ignore', 'pipe'] });
+  track(child.pid, 'ignition-mcp --http');
+  let stderr = '';
+  child.stderr.on('data', (d) => (stderr = (stderr + d).slice(-20000)));
+  const exited = new Promise((r) => child.on('exit', r));
+  let m = null;
+  for (let i = 0; i < 600 && !m; i++) {
+    m = stderr.match(/listening on (http:\/\/127\.0\.0\.1:(\d+)\/mcp)/);
+    if (!m) {
+      if (child.exitCode !== null) break;
+      await sleep(50);
+    }
+  }
+  if (!m) {
+    killTree(child.pid);
+    untrack(child.pid);
+    throw new Error(`ignition-mcp --http did not start: ${stderr.split('\n').filter(Boolean).slice(-3).join(' / ')}`);
+  }
+  return {
+    pid: child.pid,
+    url: m[1],
+    port: Number(m[2]),
+    stderr: () => stderr,
+    async close() {
+      const kids = descendants(child.pid);
+      child.kill('SIGTERM');
+      await Promise.race([exited, sleep(8000)]);
+      await reapRecords(kids, 3000);
+      killTree(child.pid);
+      untrack(child.pid);
+    },
+  };
+}
+
+/* A client of the HTTP endpoint with one keep-alive connection of its own
+ * (raw modern requests with their standard headers, no SDK): tool() gives
+ * the structuredContent, or throws with the tool's error text. */
+export function httpClient(port, { token = null } = {}) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  let nextId = 1;
+  const post = (msg, headers) =>
+    new Promise((resolve, reject) => {
+      const body = Buffer.from(JSON.stringify(msg));
+      const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/mcp', agent, headers: { ...headers, 'Content-Length': body.length } }, (res) => {
+        const chunks = [];
+        res.on('data', (c) => chunks.push(c));
+        res.on('error', reject);
+        res.on('end', () => {
+          const text = Buffer.concat(chunks).toString('utf8');
+          if (res.statusCode !== 200) return reject(new Error(`HTTP ${res.statusCode}: ${text.slice(0, 300)}`));
+          try {
+            resolve(JSON.parse(text));
+          } catch (e) {
+            reject(new Error(`not JSON: ${text.slice(0, 300)}`));
+          }
+        });
+      });
+      req.on('error', reject);
+      req.end(body);
+    });
+  const request = async (method, params = {}) => {
+    const msg = { jsonrpc: '2.0', id: nextId++, method, params: { ...params, _meta: MODERN_META } };
+    const headers = {
+      'Content-Type': 'application/json',
+      Accept: 'application/json, text/event-stream',
+      'MCP-Protocol-Version': MODERN_META['io.modelcontextprotocol/protocolVersion'],
+      'Mcp-Method': method,
+    };
+    if (method === 'tools/call') {
+      headers['Mcp-Name'] = params.name;
+      if (typeof params.arguments?.session_id === 'string') headers['Mcp-Param-Session-Id'] = params.arguments.session_id;
+    }
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const r = await post(msg, headers);
+    if (r.error) throw new Error(JSON.stringify(r.error));
+    return r.result;
+  };
+  return {
+    agent,
+    request,
+    async tool(name, args = {}) {
+      const r = await request('tools/call', { name, arguments: args });
+      if (r.isError) throw new Error(textOf(r));
+      return r.structuredContent;
+    },
+    close() {
+      agent.destroy();
+    },
+  };
+}
+
+/* VmRSS of a process, KiB. */
+export function rssKiB(pid) {
+  const m = fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/^VmRSS:\s+(\d+) kB/m);
+  return m ? Number(m[1]) : NaN;
 }
 
 // ---------------------------------------------------------------- machine

@@ -35,7 +35,8 @@ function findRow(results, id, label) {
 }
 
 function tableFor(section, rows) {
-  const unit = section.unit;
+  /* A group whose rows share a unit of their own is headed by it. */
+  const unit = rows[0]?.unit && rows.every((r) => r.unit === rows[0].unit) ? rows[0].unit : section.unit;
   const byLabel = new Map(section.rows.map((r) => [r.label, r]));
   const tput = section.id === 'throughput';
   const head = tput
@@ -136,6 +137,9 @@ function headline(results) {
     ['ns commit of an idle session', 'stages', 'ns: commit of an idle session (wall)', 'ns: open_session from the base'],
     ['ns open_session(stage)', 'stages', 'ns: open_session(stage)', 'ns: open_session from the base'],
     ['srt per command (library)', 'peer', "srt (sandbox-runtime library): wrapWithSandbox('true') + spawn", 'host: sh -c true via Node child_process.spawn'],
+    ["ns run('true') over HTTP, keep-alive", 'http', "ns: run('true'), HTTP keep-alive, raw client", "ns: run('true'), stdio, raw client"],
+    ['ns 32 clients × 8 sessions over HTTP', 'http', '32 clients × 8 sessions: HTTP (32 keep-alive connections)', '32 clients × 8 sessions: stdio (one pipe)', 'runs/s'],
+    ['HTTP memory per idle keep-alive connection', 'http', 'RSS added per idle keep-alive connection', '', 'KiB'],
     ["ours, ns run('true') (same section)", 'peer', "ignition-mcp ns: run('true') through MCP (SDK client), live session", 'host: sh -c true via Node child_process.spawn'],
   ];
   // The bare QEMU row names its accelerator.

@@ -2,18 +2,19 @@
 # tests/conformance.sh: the official MCP conformance suite and the Inspector
 # CLI's strict tools/list check, against the real server.
 #
-# @modelcontextprotocol/conformance tests servers over Streamable HTTP only, so
-# the server runs behind tests/bridge/stdio-http-bridge.mjs (one server process
-# per HTTP session, messages forwarded unchanged). The suite's "active"
-# scenarios run once each; a scenario fails when any of its checks reports
-# FAILURE or WARNING (the suite's own baseline rule). Failures are compared
-# with tests/conformance-expected-failures.txt, the scenarios a tools-only
-# server does not implement:
+# @modelcontextprotocol/conformance tests servers over Streamable HTTP only:
+# the server runs with its own HTTP transport (`ignition-mcp --http
+# 127.0.0.1:0`, no tokens: loopback only), one process for every scenario.
+# The suite's "active" scenarios run once each; a scenario fails when any of
+# its checks reports FAILURE or WARNING (the suite's own baseline rule).
+# Failures are compared with tests/conformance-expected-failures.txt, the
+# scenarios a tools-only server does not implement:
 #   failed, not listed   -> failed
 #   failed, listed       -> skipped (expected)
 #   passed, listed       -> passed, with a note to drop it from the list
 # Then `inspector --cli SERVER --method tools/list --strict` counts as one test
-# (it exits non-zero on a protocol error or a tool schema that is not portable).
+# (it exits non-zero on a protocol error or a tool schema that is not portable),
+# and the same through the HTTP endpoint as another.
 #
 # The last line is "N passed, N failed, N skipped"; exit status 1 on any failure.
 # Environment: BUILD (default build); IGN_CONFORMANCE_SERVER (default
@@ -54,11 +55,11 @@ printf 'node %s, conformance %s, inspector %s\nserver: %s\n' "$(node --version)"
 	"$server"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ign-conformance.XXXXXX")
-bridge_pid=
+server_pid=
 cleanup() {
-	if [[ -n $bridge_pid ]]; then
-		kill -TERM "$bridge_pid" 2>/dev/null || true
-		wait "$bridge_pid" 2>/dev/null || true
+	if [[ -n $server_pid ]]; then
+		kill -TERM "$server_pid" 2>/dev/null || true
+		wait "$server_pid" 2>/dev/null || true
 	fi
 	rm -rf "$work"
 }
@@ -66,21 +67,22 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# 1. The bridge, on a free loopback port.
-node tests/bridge/stdio-http-bridge.mjs --idle-secs 120 --url-file "$work/url" -- "$server" \
-	>"$work/bridge.out" 2>"$work/bridge.log" &
-bridge_pid=$!
-for _ in $(seq 100); do
-	[[ -s $work/url ]] && break
-	kill -0 "$bridge_pid" 2>/dev/null || break
+# 1. The server's HTTP endpoint, on a free loopback port: the port is in the
+# line "listening on http://127.0.0.1:PORT/mcp" on its stderr.
+"$server" --http 127.0.0.1:0 </dev/null >"$work/server.out" 2>"$work/server.log" &
+server_pid=$!
+url=
+for _ in $(seq 300); do
+	url=$(sed -nE 's|.*listening on (http://127\.0\.0\.1:[0-9]+/mcp).*|\1|p' "$work/server.log" | head -n 1)
+	[[ -n $url ]] && break
+	kill -0 "$server_pid" 2>/dev/null || break
 	sleep 0.1
 done
-if [[ ! -s $work/url ]]; then
-	cat "$work/bridge.log" >&2
-	fail_setup "the stdio<->HTTP bridge did not start"
+if [[ -z $url ]]; then
+	cat "$work/server.log" >&2
+	fail_setup "$server --http 127.0.0.1:0 did not start"
 fi
-url=$(<"$work/url")
-printf 'bridge: %s\n\n' "$url"
+printf 'server: %s\n\n' "$url"
 
 # 2. The suite's active scenarios.
 rm -rf "$results"
@@ -168,9 +170,28 @@ if ((rc == 0)) && [[ -s $work/inspector.err ]]; then
 	sed 's/^/    inspector: /' "$work/inspector.err" | head -n 60
 fi
 
+# 5. The same check through the HTTP endpoint.
+printf '\n--- inspector --cli %s --transport http --method tools/list\n' "$url"
+rc=0
+(
+	cd tests
+	MCP_CATALOG_PATH=$work/inspector-catalog-http.json timeout --foreground --kill-after=10 120 \
+		npx --no-install @modelcontextprotocol/inspector --cli "$url" --transport http --method tools/list
+) >"$work/inspector-http.out" 2>"$work/inspector-http.err" || rc=$?
+ntools=$(node -e 'try { console.log(JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")).tools.length) } catch { console.log(0) }' "$work/inspector-http.out")
+if ((rc == 0 && ntools > 0)); then
+	pass=$((pass + 1))
+	printf 'ok - inspector tools/list over HTTP (%s tools)\n' "$ntools"
+else
+	failed=$((failed + 1))
+	printf 'not ok - inspector tools/list over HTTP (exit %d, %s tools)\n' "$rc" "$ntools"
+	sed 's/^/    /' "$work/inspector-http.err" | tail -n 40
+	head -c 2000 "$work/inspector-http.out" | sed 's/^/    /'
+fi
+
 if ((failed > 0)); then
-	printf '\nserver/bridge log (last 40 lines):\n'
-	tail -n 40 "$work/bridge.log" | sed 's/^/    /'
+	printf '\nserver log (last 40 lines):\n'
+	tail -n 40 "$work/server.log" | sed 's/^/    /'
 fi
 printf '\nper-check results: %s\n' "$results"
 printf '%d passed, %d failed, %d skipped\n' "$pass" "$failed" "$skipped"

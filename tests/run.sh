@@ -19,8 +19,8 @@
 #                build on the ns backend, through the e2e files that drive
 #                every tool (e2e-valgrind), and every server process's
 #                report must have no error (valgrind)
-#   conformance  tests/conformance.sh: the official MCP conformance suite through
-#                the stdio<->HTTP bridge, plus the Inspector CLI's strict check
+#   conformance  tests/conformance.sh: the official MCP conformance suite against
+#                the server's HTTP endpoint, plus the Inspector CLI's strict check
 #   clients      tests/clients: Claude Code, Codex and Gemini CLI (installed
 #                into clients/ by scripts/setup.sh) register the server and
 #                connect to it

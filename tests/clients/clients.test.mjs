@@ -2,7 +2,10 @@
 // README tells users to do it, and each client's own check that it connects.
 //
 //   Claude Code  `claude mcp add --scope local`, a project .mcp.json, the plugin
-//                (--plugin-dir, and installed from the repository's marketplace)
+//                (--plugin-dir, and installed from the repository's marketplace),
+//                and `claude mcp add --transport http` with a bearer token against
+//                the server's HTTP endpoint (`ignition-mcp --http`); over stdio it
+//                speaks 2026-07-28 (server/discover, no initialize)
 //   Codex        ~/.codex/config.toml; `codex mcp list/get`, and its app-server
 //                connecting to the server, listing the tools and calling them
 //   Gemini CLI   ~/.gemini/settings.json and a project .gemini/settings.json;
@@ -22,6 +25,7 @@
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -121,6 +125,41 @@ function writeJson(file, value) {
   fs.writeFileSync(file, JSON.stringify(value, null, 2) + '\n');
 }
 
+/* The server on its HTTP endpoint (`--http 127.0.0.1:0`) with one bearer
+ * token: {url, token, stderr(), close()} once it says where it listens. */
+async function startHttpServer() {
+  const dir = tempDir('http');
+  const token = crypto.randomBytes(24).toString('hex');
+  const tokens = path.join(dir, 'tokens');
+  fs.writeFileSync(tokens, `claude:${token}\n`, { mode: 0o600 });
+  const env = { ...process.env, IGN_MCP_HTTP_TOKENS: tokens };
+  for (const k of Object.keys(env)) if (k.startsWith('IGN_MCP_') && k !== 'IGN_MCP_HTTP_TOKENS') delete env[k];
+  const child = spawn(SERVER, ['--http', '127.0.0.1:0'], { cwd: dir, env, stdio: ['pipe', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d) => (stderr += d));
+  const exited = new Promise((r) => child.on('exit', r));
+  let m = null;
+  for (let i = 0; i < 600 && !m && child.exitCode === null; i++) {
+    m = stderr.match(/listening on (http:\/\/127\.0\.0\.1:\d+\/mcp)/);
+    if (!m) await new Promise((r) => setTimeout(r, 50));
+  }
+  if (!m) {
+    child.kill('SIGKILL');
+    throw new Error(`${SERVER} --http 127.0.0.1:0 did not start:\n${stderr}`);
+  }
+  return {
+    url: m[1],
+    token,
+    stderr: () => stderr,
+    async close() {
+      child.kill('SIGTERM');
+      const t = setTimeout(() => child.kill('SIGKILL'), 10_000);
+      await exited;
+      clearTimeout(t);
+    },
+  };
+}
+
 // ---------------------------------------------------------------- Claude Code
 
 describe('Claude Code', () => {
@@ -171,6 +210,60 @@ describe('Claude Code', () => {
     r = await sh(claude, ['mcp', 'get', 'ignition'], { cwd: project, env });
     assert.match(r.stdout, /Scope: Project config/, show(r));
     assert.match(r.stdout, /Status: ✔ Connected/, show(r));
+  });
+
+  it('over stdio Claude Code speaks 2026-07-28: server/discover first, no initialize, and the server answers it', async () => {
+    const { env, project } = sandboxEnv('claude-wire');
+    // The registered command records what Claude Code writes to the server.
+    const rec = path.join(project, 'rec.sh');
+    const wire = path.join(project, 'wire.log');
+    fs.writeFileSync(rec, `#!/bin/sh\ntee '${wire}' | '${SERVER}'\n`, { mode: 0o755 });
+    let r = await sh(claude, ['mcp', 'add', '--scope', 'local', 'ignition', '--', rec], { cwd: project, env });
+    assert.equal(r.code, 0, show(r));
+    r = await sh(claude, ['mcp', 'list'], { cwd: project, env });
+    assert.match(r.stdout, new RegExp(`^ignition: ${escapeRe(rec)}\\s+- ✔ Connected$`, 'm'), show(r));
+    const sent = fs.readFileSync(wire, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    const methods = sent.map((m) => m.method);
+    assert.equal(methods[0], 'server/discover', `first message: ${JSON.stringify(sent[0]).slice(0, 300)}`);
+    assert.equal(sent[0].params?._meta?.['io.modelcontextprotocol/protocolVersion'], '2026-07-28');
+    assert.ok(!methods.includes('initialize'), `Claude Code sent initialize: ${methods.join(', ')}`);
+  });
+
+  it('claude mcp add --transport http with a bearer token: mcp list and mcp get show it Connected; a wrong token does not connect', async () => {
+    const srv = await startHttpServer();
+    try {
+      const { env, project, home } = sandboxEnv('claude-http');
+      let r = await sh(claude, ['mcp', 'add', '--transport', 'http', 'ignition-http', srv.url, '--header', `Authorization: Bearer ${srv.token}`], { cwd: project, env });
+      assert.equal(r.code, 0, show(r));
+      assert.match(r.out, new RegExp(`Added HTTP MCP server ignition-http with URL: ${escapeRe(srv.url)}`), show(r));
+      assert.doesNotMatch(r.out, new RegExp(srv.token), 'claude printed the token when adding');
+      const cfg = JSON.parse(fs.readFileSync(path.join(home, '.claude.json'), 'utf8'));
+      const reg = cfg.projects?.[project]?.mcpServers?.['ignition-http'];
+      assert.equal(reg?.type, 'http', JSON.stringify(reg));
+      assert.equal(reg?.url, srv.url);
+
+      r = await sh(claude, ['mcp', 'list'], { cwd: project, env });
+      assert.equal(r.code, 0, show(r));
+      assert.match(r.stdout, new RegExp(`^ignition-http: ${escapeRe(srv.url)} \\(HTTP\\) - ✔ Connected$`, 'm'), show(r));
+
+      r = await sh(claude, ['mcp', 'get', 'ignition-http'], { cwd: project, env });
+      assert.equal(r.code, 0, show(r));
+      assert.match(r.stdout, /Status: ✔ Connected/, show(r));
+      assert.match(r.stdout, /Type: http/, show(r));
+      assert.match(r.stdout, new RegExp(`URL: ${escapeRe(srv.url)}`), show(r));
+
+      // The same server with a token it does not know: refused (401), not Connected.
+      const other = sandboxEnv('claude-http-wrong');
+      const wrong = crypto.randomBytes(24).toString('hex');
+      r = await sh(claude, ['mcp', 'add', '--transport', 'http', 'ignition-http', srv.url, '--header', `Authorization: Bearer ${wrong}`], { cwd: other.project, env: other.env });
+      assert.equal(r.code, 0, show(r));
+      r = await sh(claude, ['mcp', 'list'], { cwd: other.project, env: other.env });
+      assert.match(r.stdout, /^ignition-http: /m, show(r));
+      assert.doesNotMatch(r.stdout, /^ignition-http: .*✔ Connected/m, show(r));
+      assert.ok(!srv.stderr().includes(srv.token) && !srv.stderr().includes(wrong), 'a token is in the server log');
+    } finally {
+      await srv.close();
+    }
   });
 
   /* The plugin's launcher finds build/ignition-mcp in the repository; when
