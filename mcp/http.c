@@ -1045,12 +1045,18 @@ static enum MHD_Result serve_post(struct MHD_Connection *c, struct req *q) {
     if (sid[0])
       MHD_add_response_header(resp, "Mcp-Session-Id", sid);
     json_decref(msg);
+    /* The stream sends a keep-alive at least every half timeout while the
+     * call is quiet, so only a client that stops reading it goes idle. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, cfg.http_timeout_secs);
     return queue(c, MHD_HTTP_OK, resp); /* our reference went to the response */
   }
   if (!post_wait(p)) {
     ret = MHD_NO; /* the client is gone: nothing to send */
     goto done;
   }
+  /* The answer is whole: a client that does not read it must not hold the
+   * connection's thread (and the answer) forever. */
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, cfg.http_timeout_secs);
   pthread_mutex_lock(&p->lock);
   bool done = p->done;
   int code = p->error_code;
