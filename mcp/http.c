@@ -67,6 +67,8 @@
 /* As on stdio: after the sandboxes are gone, how long the calls still
  * running may take to answer. */
 #define SHUTDOWN_WAIT_MS 30000
+/* Then how long their answers may take to go out. */
+#define FLUSH_WAIT_MS 2000
 /* Progress notifications an SSE client has not read yet, in bytes: past
  * it more are dropped (progress is a hint; the response always goes out),
  * so a client that does not read cannot make the server hold a command's
@@ -95,6 +97,7 @@ static struct {
   pthread_mutex_t wd_lock;
   pthread_cond_t wd_cond;
   bool wd_stop;
+  atomic_uint serving;     /* requests being served whose answer is not all out */
 } srv = {.wd_lock = PTHREAD_MUTEX_INITIALIZER, .wd_cond = PTHREAD_COND_INITIALIZER};
 
 /* ---- connections and the request watchdog ---- */
@@ -759,6 +762,7 @@ struct req {
   bool too_big;     /* over IGN_MCP_MAX_MESSAGE: nothing more is kept */
   bool answered;    /* a response was queued before the body */
   bool json_ok, sse_ok;
+  bool serving;     /* counted in srv.serving */
   const char *owner;
 };
 
@@ -1118,6 +1122,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   if (q->answered)
     return MHD_YES;
   conn_arm(c, false);
+  if (!q->serving) {
+    q->serving = true;
+    atomic_fetch_add(&srv.serving, 1);
+  }
   return serve_post(c, q);
 }
 
@@ -1126,6 +1134,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   (void)cls, (void)toe;
   struct req *q = *con_cls;
   if (q) {
+    if (q->serving)
+      atomic_fetch_sub(&srv.serving, 1);
     free(q->body);
     free(q);
     *con_cls = NULL;
@@ -1275,6 +1285,12 @@ int http_serve(void) {
   if (left > 0)
     log_warn("exiting with %u call(s) still running after %u s", left, SHUTDOWN_WAIT_MS / 1000);
   atomic_store(&srv.abandon, true);
+  /* The answers are made, but stopping the daemon shuts every connection
+   * at once: let them go out first (a client that does not read its own
+   * is not waited for long). */
+  for (uint64_t end = mono_ms() + FLUSH_WAIT_MS;
+       atomic_load(&srv.serving) > 0 && mono_ms() < end;)
+    usleep(10 * 1000);
   MHD_stop_daemon(srv.d);
   if (have_wd) {
     pthread_mutex_lock(&srv.wd_lock);

@@ -275,3 +275,26 @@ describe('over HTTP: refusals', () => {
     assert.match(r.stderr, /IGN_MCP_HTTP_TOKENS/);
   });
 });
+
+describe('over HTTP: shutdown', () => {
+  it('every call in flight at SIGTERM is answered before the connections close', async () => {
+    const s = await startHttp();
+    const post = (id, name, args) => fetch(s.url, {
+      method: 'POST',
+      headers: modernHeaders('tools/call', name, args.session_id ? { 'Mcp-Param-Session-Id': args.session_id } : {}),
+      body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: args, _meta: ENVELOPE } }),
+    });
+    const opened = await (await post(1, 'open_session', {})).json();
+    const sid = opened.result.structuredContent.session_id;
+    const calls = [2, 3, 4, 5].map((id) => post(id, 'run', { session_id: sid, command: 'sleep 120', timeout_s: 150 })
+      .then(async (r) => ({ status: r.status, body: await r.text() }), (e) => ({ error: String(e?.cause ?? e) })));
+    await new Promise((r) => setTimeout(r, 1500));
+    const closing = s.close();
+    const answers = await Promise.all(calls);
+    await closing;
+    for (const a of answers) {
+      assert.equal(a.error, undefined, `a call got no answer: ${JSON.stringify(answers)}`);
+      assert.ok(a.body.length > 0, JSON.stringify(a));
+    }
+  });
+});
