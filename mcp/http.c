@@ -582,6 +582,37 @@ static const char *hdr(struct MHD_Connection *c, const char *name) {
   return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
 }
 
+struct hdr_count {
+  const char *name;
+  unsigned n;
+};
+
+static enum MHD_Result count_one(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value) {
+  (void)kind, (void)value;
+  struct hdr_count *h = cls;
+  if (key && strcasecmp(key, h->name) == 0)
+    h->n++;
+  return MHD_YES;
+}
+
+/* The first header this server decides on that the request sends more than
+ * once, or NULL.  Only the first of each is read (hdr), while an
+ * intermediary may act on another: one of each is all a request may have. */
+static const char *duplicate_header(struct MHD_Connection *c) {
+  static const char *const once[] = {
+      MHD_HTTP_HEADER_HOST, MHD_HTTP_HEADER_ORIGIN, MHD_HTTP_HEADER_AUTHORIZATION,
+      MHD_HTTP_HEADER_CONTENT_TYPE, "MCP-Protocol-Version", "Mcp-Method", "Mcp-Name",
+      "Mcp-Param-Session-Id", "Mcp-Session-Id"};
+  for (size_t i = 0; i < sizeof once / sizeof once[0]; i++) {
+    struct hdr_count h = {.name = once[i]};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_one, &h);
+    if (h.n > 1)
+      return once[i];
+  }
+  return NULL;
+}
+
 /* V (N bytes) as it may appear in a message: cut, non-printables as '?'. */
 static char *quote(const char *v, size_t n) {
   size_t m = MIN(n, (size_t)QUOTE_MAX);
@@ -853,6 +884,14 @@ static bool early(struct MHD_Connection *c, const char *url, const char *method,
   if (atomic_load(&srv.stopping)) {
     *ret = reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, RPC_INTERNAL_ERROR,
                        "the server is shutting down");
+    return true;
+  }
+  const char *dup = duplicate_header(c);
+  if (dup) {
+    log_info("refused an HTTP request: it has more than one %s header", dup);
+    _cleanup_free_ char *m = xasprintf("the request has more than one %s header: send it once",
+                                       dup);
+    *ret = reply_error(c, MHD_HTTP_BAD_REQUEST, NULL, RPC_INVALID_REQUEST, m);
     return true;
   }
   const char *bad = origin_refusal(c);

@@ -12,6 +12,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Client as Client2 } from '@modelcontextprotocol/client';
@@ -194,6 +195,25 @@ describe('over HTTP: refusals', () => {
     const ok = await fetch(s.url, { method: 'POST', headers: { ...modernHeaders('tools/list'), Origin: `http://localhost:${s.port}` }, body });
     assert.equal(ok.status, 200);
     await ok.text();
+  });
+
+  it('a header this server decides on, sent twice, is 400', async () => {
+    const raw = (extra) => new Promise((resolve, reject) => {
+      const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'ping' });
+      const sock = net.connect(s.port, '127.0.0.1');
+      let got = '';
+      sock.on('data', (d) => { got += d.toString('utf8'); });
+      sock.on('end', () => resolve(got));
+      sock.on('error', reject);
+      sock.write(`POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\nContent-Type: application/json\r\n` +
+                 `Connection: close\r\n${extra}Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    });
+    for (const extra of ['Host: evil.example\r\n', 'Origin: http://localhost\r\nOrigin: http://evil.example\r\n',
+                         'Mcp-Method: ping\r\nMcp-Method: tools/call\r\n']) {
+      const r = await raw(extra);
+      assert.match(r, /^HTTP\/1\.1 400 /, `${JSON.stringify(extra)}: ${r.slice(0, 300)}`);
+      assert.match(r, /more than one/);
+    }
   });
 
   it('a header that does not match the body is 400 HeaderMismatch', async () => {
