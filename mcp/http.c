@@ -67,6 +67,8 @@
 /* As on stdio: after the sandboxes are gone, how long the calls still
  * running may take to answer. */
 #define SHUTDOWN_WAIT_MS 30000
+/* Then how long their answers may take to go out. */
+#define FLUSH_WAIT_MS 2000
 /* Progress notifications an SSE client has not read yet, in bytes: past
  * it more are dropped (progress is a hint; the response always goes out),
  * so a client that does not read cannot make the server hold a command's
@@ -95,6 +97,7 @@ static struct {
   pthread_mutex_t wd_lock;
   pthread_cond_t wd_cond;
   bool wd_stop;
+  atomic_uint serving;     /* requests being served whose answer is not all out */
 } srv = {.wd_lock = PTHREAD_MUTEX_INITIALIZER, .wd_cond = PTHREAD_COND_INITIALIZER};
 
 /* ---- connections and the request watchdog ---- */
@@ -579,6 +582,37 @@ static const char *hdr(struct MHD_Connection *c, const char *name) {
   return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
 }
 
+struct hdr_count {
+  const char *name;
+  unsigned n;
+};
+
+static enum MHD_Result count_one(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value) {
+  (void)kind, (void)value;
+  struct hdr_count *h = cls;
+  if (key && strcasecmp(key, h->name) == 0)
+    h->n++;
+  return MHD_YES;
+}
+
+/* The first header this server decides on that the request sends more than
+ * once, or NULL.  Only the first of each is read (hdr), while an
+ * intermediary may act on another: one of each is all a request may have. */
+static const char *duplicate_header(struct MHD_Connection *c) {
+  static const char *const once[] = {
+      MHD_HTTP_HEADER_HOST, MHD_HTTP_HEADER_ORIGIN, MHD_HTTP_HEADER_AUTHORIZATION,
+      MHD_HTTP_HEADER_CONTENT_TYPE, "MCP-Protocol-Version", "Mcp-Method", "Mcp-Name",
+      "Mcp-Param-Session-Id", "Mcp-Session-Id"};
+  for (size_t i = 0; i < sizeof once / sizeof once[0]; i++) {
+    struct hdr_count h = {.name = once[i]};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_one, &h);
+    if (h.n > 1)
+      return once[i];
+  }
+  return NULL;
+}
+
 /* V (N bytes) as it may appear in a message: cut, non-printables as '?'. */
 static char *quote(const char *v, size_t n) {
   size_t m = MIN(n, (size_t)QUOTE_MAX);
@@ -759,6 +793,7 @@ struct req {
   bool too_big;     /* over IGN_MCP_MAX_MESSAGE: nothing more is kept */
   bool answered;    /* a response was queued before the body */
   bool json_ok, sse_ok;
+  bool serving;     /* counted in srv.serving */
   const char *owner;
 };
 
@@ -849,6 +884,14 @@ static bool early(struct MHD_Connection *c, const char *url, const char *method,
   if (atomic_load(&srv.stopping)) {
     *ret = reply_error(c, MHD_HTTP_SERVICE_UNAVAILABLE, NULL, RPC_INTERNAL_ERROR,
                        "the server is shutting down");
+    return true;
+  }
+  const char *dup = duplicate_header(c);
+  if (dup) {
+    log_info("refused an HTTP request: it has more than one %s header", dup);
+    _cleanup_free_ char *m = xasprintf("the request has more than one %s header: send it once",
+                                       dup);
+    *ret = reply_error(c, MHD_HTTP_BAD_REQUEST, NULL, RPC_INVALID_REQUEST, m);
     return true;
   }
   const char *bad = origin_refusal(c);
@@ -1045,12 +1088,18 @@ static enum MHD_Result serve_post(struct MHD_Connection *c, struct req *q) {
     if (sid[0])
       MHD_add_response_header(resp, "Mcp-Session-Id", sid);
     json_decref(msg);
+    /* The stream sends a keep-alive at least every half timeout while the
+     * call is quiet, so only a client that stops reading it goes idle. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, cfg.http_timeout_secs);
     return queue(c, MHD_HTTP_OK, resp); /* our reference went to the response */
   }
   if (!post_wait(p)) {
     ret = MHD_NO; /* the client is gone: nothing to send */
     goto done;
   }
+  /* The answer is whole: a client that does not read it must not hold the
+   * connection's thread (and the answer) forever. */
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, cfg.http_timeout_secs);
   pthread_mutex_lock(&p->lock);
   bool done = p->done;
   int code = p->error_code;
@@ -1112,6 +1161,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   if (q->answered)
     return MHD_YES;
   conn_arm(c, false);
+  if (!q->serving) {
+    q->serving = true;
+    atomic_fetch_add(&srv.serving, 1);
+  }
   return serve_post(c, q);
 }
 
@@ -1120,6 +1173,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   (void)cls, (void)toe;
   struct req *q = *con_cls;
   if (q) {
+    if (q->serving)
+      atomic_fetch_sub(&srv.serving, 1);
     free(q->body);
     free(q);
     *con_cls = NULL;
@@ -1269,6 +1324,12 @@ int http_serve(void) {
   if (left > 0)
     log_warn("exiting with %u call(s) still running after %u s", left, SHUTDOWN_WAIT_MS / 1000);
   atomic_store(&srv.abandon, true);
+  /* The answers are made, but stopping the daemon shuts every connection
+   * at once: let them go out first (a client that does not read its own
+   * is not waited for long). */
+  for (uint64_t end = mono_ms() + FLUSH_WAIT_MS;
+       atomic_load(&srv.serving) > 0 && mono_ms() < end;)
+    usleep(10 * 1000);
   MHD_stop_daemon(srv.d);
   if (have_wd) {
     pthread_mutex_lock(&srv.wd_lock);

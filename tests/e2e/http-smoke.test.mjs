@@ -12,6 +12,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Client as Client2 } from '@modelcontextprotocol/client';
@@ -196,6 +197,25 @@ describe('over HTTP: refusals', () => {
     await ok.text();
   });
 
+  it('a header this server decides on, sent twice, is 400', async () => {
+    const raw = (extra) => new Promise((resolve, reject) => {
+      const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'ping' });
+      const sock = net.connect(s.port, '127.0.0.1');
+      let got = '';
+      sock.on('data', (d) => { got += d.toString('utf8'); });
+      sock.on('end', () => resolve(got));
+      sock.on('error', reject);
+      sock.write(`POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\nContent-Type: application/json\r\n` +
+                 `Connection: close\r\n${extra}Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    });
+    for (const extra of ['Host: evil.example\r\n', 'Origin: http://localhost\r\nOrigin: http://evil.example\r\n',
+                         'Mcp-Method: ping\r\nMcp-Method: tools/call\r\n']) {
+      const r = await raw(extra);
+      assert.match(r, /^HTTP\/1\.1 400 /, `${JSON.stringify(extra)}: ${r.slice(0, 300)}`);
+      assert.match(r, /more than one/);
+    }
+  });
+
   it('a header that does not match the body is 400 HeaderMismatch', async () => {
     const body = JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'list_sessions', arguments: {}, _meta: ENVELOPE } });
     const res = await fetch(s.url, { method: 'POST', headers: modernHeaders('tools/call', 'open_session'), body });
@@ -273,5 +293,28 @@ describe('over HTTP: refusals', () => {
     const r = await runServer(['--http', '0.0.0.0:0']);
     assert.equal(r.code, 2);
     assert.match(r.stderr, /IGN_MCP_HTTP_TOKENS/);
+  });
+});
+
+describe('over HTTP: shutdown', () => {
+  it('every call in flight at SIGTERM is answered before the connections close', async () => {
+    const s = await startHttp();
+    const post = (id, name, args) => fetch(s.url, {
+      method: 'POST',
+      headers: modernHeaders('tools/call', name, args.session_id ? { 'Mcp-Param-Session-Id': args.session_id } : {}),
+      body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: args, _meta: ENVELOPE } }),
+    });
+    const opened = await (await post(1, 'open_session', {})).json();
+    const sid = opened.result.structuredContent.session_id;
+    const calls = [2, 3, 4, 5].map((id) => post(id, 'run', { session_id: sid, command: 'sleep 120', timeout_s: 150 })
+      .then(async (r) => ({ status: r.status, body: await r.text() }), (e) => ({ error: String(e?.cause ?? e) })));
+    await new Promise((r) => setTimeout(r, 1500));
+    const closing = s.close();
+    const answers = await Promise.all(calls);
+    await closing;
+    for (const a of answers) {
+      assert.equal(a.error, undefined, `a call got no answer: ${JSON.stringify(answers)}`);
+      assert.ok(a.body.length > 0, JSON.stringify(a));
+    }
   });
 });
