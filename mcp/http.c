@@ -115,9 +115,31 @@ static struct conn *conns;
 
 static uint64_t timeout_ms(void) { return (uint64_t)cfg.http_timeout_secs * 1000; }
 
+/* Connections open now.  libmicrohttpd's own limit stops accepting (a
+ * client over it waits in the listen backlog until a slot frees); this
+ * count lets accept_policy close it at once instead, so a client learns
+ * that the server is full.  The library's limit is set a little higher. */
+static atomic_uint n_conns;
+#define CONN_HEADROOM 16
+
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len) {
+  (void)cls;
+  (void)addr;
+  (void)len;
+  if (atomic_load(&n_conns) < cfg.http_max_connections)
+    return MHD_YES;
+  log_warn("refused a connection: %u are open, IGN_MCP_HTTP_MAX_CONNECTIONS is %u",
+           atomic_load(&n_conns), cfg.http_max_connections);
+  return MHD_NO;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode toe) {
   (void)cls;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+    atomic_fetch_add(&n_conns, 1);
+  else if (toe == MHD_CONNECTION_NOTIFY_CLOSED)
+    atomic_fetch_sub(&n_conns, 1);
   if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
     struct conn *k = calloc(1, sizeof *k);
     if (!k)
@@ -1057,7 +1079,11 @@ static enum MHD_Result serve_post(struct MHD_Connection *c, struct req *q) {
   /* SSE when the call will have progress to send and the client takes it,
    * or when it takes nothing else. */
   p->sse = q->sse_ok && (!q->json_ok || progress);
-  const struct mcp_req r = {.out = &p->out, .bytes = q->received, .owner = q->owner};
+  /* A legacy client may cancel with notifications/cancelled in its own
+   * Mcp-Session-Id; a 2026-07-28 client cancels by closing the connection. */
+  const char *scope = modern || !msg ? NULL : hdr(c, "Mcp-Session-Id");
+  const struct mcp_req r = {.out = &p->out, .bytes = q->received, .owner = q->owner,
+                            .cancel_scope = scope};
   mcp_handle_message(&r, msg);
 
   char sid[33] = "";
@@ -1079,6 +1105,8 @@ static enum MHD_Result serve_post(struct MHD_Connection *c, struct req *q) {
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, sse_read, p, sse_free);
     if (!resp) {
+      /* No stream to send on: the call is not left to run unobserved. */
+      mcp_cancel_out(&p->out);
       ret = MHD_NO;
       goto done;
     }
@@ -1276,8 +1304,9 @@ int http_serve(void) {
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                    MHD_USE_ERROR_LOG | (srv.ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
   srv.d = MHD_start_daemon(
-      flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&srv.ss,
-      MHD_OPTION_CONNECTION_LIMIT, cfg.http_max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+      flags, 0, accept_policy, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR,
+      (struct sockaddr *)&srv.ss, MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned)(cfg.http_max_connections + CONN_HEADROOM), MHD_OPTION_CONNECTION_TIMEOUT,
       cfg.http_timeout_secs, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
       NULL, MHD_OPTION_END);
@@ -1295,10 +1324,10 @@ int http_serve(void) {
   snprintf(srv.base, sizeof srv.base, "http://%s:%u", srv.addr, port);
   /* One line: whoever reads the port from it also sees the auth policy. */
   if (srv.tokens)
-    log_info("listening on %s" MCP_PATH "; auth: bearer tokens, %zu names from %s", srv.base,
+    log_always(LOG_INFO, "listening on %s" MCP_PATH "; auth: bearer tokens, %zu names from %s", srv.base,
              tokens_count(srv.tokens), cfg.http_tokens);
   else
-    log_info("listening on %s" MCP_PATH "; auth: none (IGN_MCP_HTTP_TOKENS is not set; only "
+    log_always(LOG_INFO, "listening on %s" MCP_PATH "; auth: none (IGN_MCP_HTTP_TOKENS is not set; only "
              "this machine can connect)", srv.base);
 
   pthread_t wd;

@@ -31,16 +31,13 @@ void log_set_stderr_level(enum log_level l) { stderr_level = l; }
 void log_set_client_level(enum log_level l) { client_level = l; }
 void log_set_client_sink(void (*sink)(enum log_level, const char *)) { client_sink = sink; }
 
-void log_msg(enum log_level l, const char *fmt, ...) {
-  bool to_stderr = (int)l >= stderr_level;
+static void vlog(enum log_level l, bool always, const char *fmt, va_list ap) {
+  bool to_stderr = always || (int)l >= stderr_level;
   bool to_client = (int)l >= client_level && client_sink;
   if (!to_stderr && !to_client)
     return;
   char buf[2048];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
   if (to_stderr) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -53,4 +50,18 @@ void log_msg(enum log_level l, const char *fmt, ...) {
   }
   if (to_client)
     client_sink(l, buf);
+}
+
+void log_msg(enum log_level l, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(l, false, fmt, ap);
+  va_end(ap);
+}
+
+void log_always(enum log_level l, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(l, true, fmt, ap);
+  va_end(ap);
 }

@@ -24,6 +24,9 @@ void log_set_client_level(enum log_level l);
 void log_set_client_sink(void (*sink)(enum log_level l, const char *msg));
 
 __attribute__((format(printf, 2, 3))) void log_msg(enum log_level l, const char *fmt, ...);
+/* The same on stderr whatever IGN_MCP_LOG says: for what a user or a script
+ * must always see (the address a server listens on). */
+__attribute__((format(printf, 2, 3))) void log_always(enum log_level l, const char *fmt, ...);
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARNING, __VA_ARGS__)

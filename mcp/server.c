@@ -90,6 +90,7 @@ struct call {
   size_t bytes; /* its request line and tools_result_cost() */
   bool modern;  /* a 2026-07-28 request: its result is modern_result() */
   char *owner;  /* ctx.owner's copy */
+  char *cancel_scope; /* mcp_req.cancel_scope's copy; NULL: none */
 };
 static struct call *calls;
 static unsigned n_calls;
@@ -232,6 +233,7 @@ static void call_free(struct call *c) {
   if (c->ctx.out && c->ctx.out->release)
     c->ctx.out->release(c->ctx.out);
   free(c->owner);
+  free(c->cancel_scope);
   json_decref(c->ctx.id);
   json_decref(c->ctx.progress_token);
   json_decref(c->args);
@@ -335,6 +337,7 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
   c->modern = modern;
   c->ctx.id = json_incref(id);
   c->owner = strdup(r->owner);
+  c->cancel_scope = r->cancel_scope ? strdup(r->cancel_scope) : NULL;
   c->ctx.owner = c->owner ? c->owner : "";
   c->ctx.out = out;
   if (out->hold)
@@ -375,14 +378,17 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
   }
 }
 
-/* notifications/cancelled: the calls of that id made by the same owner. */
-static void cancel_call(json_t *params, const char *owner) {
+/* notifications/cancelled: the calls of that id made by the same owner in
+ * the same scope (request ids are the client's own: two HTTP clients of one
+ * token may both have an id 1). */
+static void cancel_call(json_t *params, const char *owner, const char *scope) {
   json_t *rid = json_object_get(params, "requestId");
-  if (!rid)
+  if (!rid || !scope)
     return;
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (json_equal(c->ctx.id, rid) && strcmp(c->ctx.owner, owner) == 0) {
+    if (json_equal(c->ctx.id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
+        strcmp(c->cancel_scope, scope) == 0) {
       atomic_store(&c->ctx.cancelled, true);
       log_info("call %s cancelled by the client", c->tool);
     }
@@ -595,7 +601,7 @@ void mcp_handle_message(const struct mcp_req *r, json_t *msg) {
   const char *m = json_string_value(method);
   if (!id) {
     if (strcmp(m, "notifications/cancelled") == 0 && params)
-      cancel_call(params, r->owner);
+      cancel_call(params, r->owner, r->cancel_scope);
     return; /* other notifications need no action and get no answer */
   }
   json_t *empty = params ? NULL : json_object();
@@ -685,7 +691,7 @@ static void on_line(void *ctx, char *line, size_t len) {
   json_t *msg = mcp_parse(&stdio_out, line, len);
   if (!msg)
     return;
-  const struct mcp_req r = {.out = &stdio_out, .bytes = len, .owner = ""};
+  const struct mcp_req r = {.out = &stdio_out, .bytes = len, .owner = "", .cancel_scope = "stdio"};
   mcp_handle_message(&r, msg);
   json_decref(msg);
 }

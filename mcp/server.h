@@ -41,6 +41,11 @@ struct mcp_req {
   struct mcp_out *out;
   size_t bytes;      /* its size as received: counted against the call caps */
   const char *owner; /* see call_ctx.owner */
+  /* Which notifications/cancelled may reach the calls this request starts:
+   * those sent in the same scope ("stdio" on stdio, the Mcp-Session-Id of
+   * a legacy HTTP session).  NULL: none (a 2026-07-28 HTTP request, whose
+   * client cancels by closing the connection). */
+  const char *cancel_scope;
 };
 
 struct call_ctx {
