@@ -783,6 +783,38 @@ describe('raw HTTP: status codes, headers, tokens', () => {
     });
   }
 
+  test('notifications/cancelled reaches only the calls of its own legacy Mcp-Session-Id', T, async () => {
+    assert.ok(aliceSid, 'needs the session of the tests before');
+    const mine = await legacyInit(srv, alice);
+    const other = await legacyInit(srv, alice);
+    const n = uniqueSleepSecs();
+    const rid = 900000 + n;
+    const call = legacy(srv, mine, { jsonrpc: '2.0', id: rid, method: 'tools/call', params: { name: 'run', arguments: { session_id: aliceSid, command: `sleep ${n}` } } }, { token: alice, headers: { Accept: 'application/json' } });
+    let settled = null;
+    call.then((r) => (settled = r.status), () => (settled = 'error'));
+    const started = await waitUntil(() => sleepRuns(srv, alice, aliceSid, n), { timeoutMs: 30_000, intervalMs: 300 });
+    assert.ok(started, `sleep ${n} never started`);
+    const cancel = { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: rid, reason: 'test' } };
+    // The same token and request id from another legacy session, and as a
+    // 2026-07-28 notification: taken (202), and the call runs on.
+    let r = await legacy(srv, other, cancel, { token: alice });
+    assert.equal(r.status, 202, r.text);
+    const m = { ...cancel, params: { ...cancel.params, ...meta() } };
+    r = await request(srv, { headers: { 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream', Authorization: `Bearer ${alice}`, 'MCP-Protocol-Version': V, 'Mcp-Method': m.method }, body: m });
+    assert.equal(r.status, 202, r.text);
+    await sleep(1500);
+    assert.equal(settled, null, `the call ended (${settled}) on a cancel from another session`);
+    assert.ok(await sleepRuns(srv, alice, aliceSid, n), `sleep ${n} was killed by a cancel from another session`);
+    // From its own session: cancelled, no answer, the command killed.
+    r = await legacy(srv, mine, cancel, { token: alice });
+    assert.equal(r.status, 202, r.text);
+    const ended = await waitUntil(() => settled !== null, { timeoutMs: 15_000, intervalMs: 100 });
+    assert.ok(ended, 'the cancelled call never ended');
+    assert.notEqual(settled, 200, 'a cancelled call was answered');
+    const killed = await waitUntil(async () => !(await sleepRuns(srv, alice, aliceSid, n)), { timeoutMs: 15_000, intervalMs: 300 });
+    assert.ok(killed, `sleep ${n} still runs after its cancellation`);
+  });
+
   test('the session of a token is ended only by that token', T, async () => {
     assert.equal((await rawTool(srv, alice, 'close', { session_id: aliceSid })).ok, true);
     assert.deepEqual((await rawTool(srv, alice, 'list_sessions')).sessions, []);
