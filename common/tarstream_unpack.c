@@ -385,6 +385,22 @@ static int unpack_data(struct unpack *u, int fd, const char *path, uint64_t decl
   return 0;
 }
 
+/* A regular file's content into FD (taken: closed here), then its mode and
+ * times; counted once it is whole. */
+static int unpack_file(struct unpack *u, int fd, struct archive_entry *e, const char *raw,
+                       mode_t mode, int64_t size) {
+  int r = unpack_data(u, fd, raw, (uint64_t)size);
+  if (r == 0 && fchmod(fd, mode) < 0)
+    r = unpack_fail(u, -errno, "cannot set the mode of %s: %s", raw, strerror(errno));
+  if (r == 0)
+    set_times_fd(fd, e);
+  close(fd);
+  if (r < 0)
+    return r;
+  u->rep->files++;
+  return 0;
+}
+
 static bool errno_is_duplicate(int e) { return e == EEXIST; }
 
 /* One entry of the stream.  0 (done or skipped) or a negative errno. */
@@ -468,18 +484,8 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     if (r < 0)
       return unpack_fail(u, r, "cannot create %s next to %s: %s", u->staging, u->name,
                          strerror(-r));
-    if (type == AE_IFREG) {
-      r = unpack_data(u, fd, raw, (uint64_t)size);
-      if (r == 0 && fchmod(fd, mode) < 0)
-        r = unpack_fail(u, -errno, "cannot set the mode of %s: %s", raw, strerror(errno));
-      if (r == 0)
-        set_times_fd(fd, e);
-      close(fd);
-      if (r < 0)
-        return r;
-      u->rep->files++;
-      return 0;
-    }
+    if (type == AE_IFREG)
+      return unpack_file(u, fd, e, raw, mode, size);
     /* Its entries, if any, make it writable while they are created and
      * set its mode and time back (open_parent, level_pop). */
     fchmod(fd, mode);
@@ -548,16 +554,7 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     }
     return unpack_fail(u, -errno, "cannot create %s: %s", raw, strerror(errno));
   }
-  int r = unpack_data(u, fd, raw, (uint64_t)size);
-  if (r == 0 && fchmod(fd, mode) < 0)
-    r = unpack_fail(u, -errno, "cannot set the mode of %s: %s", raw, strerror(errno));
-  if (r == 0)
-    set_times_fd(fd, e);
-  close(fd);
-  if (r < 0)
-    return r;
-  u->rep->files++;
-  return 0;
+  return unpack_file(u, fd, e, raw, mode, size);
 }
 
 /* NAME in DIRFD may be replaced: it is missing, a regular file or a
