@@ -9,7 +9,7 @@ CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu17 $(WARN) -D_GNU_SOURCE -DIGN_VERSION='"$(VERSION)"' -I.
 SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c sandbox/vm/*.c common/*.c) proto/proto.c proto/client.c
+SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c sandbox/vm/*.c common/*.c egress/*.c) proto/proto.c $(wildcard proto/client*.c)
 AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c common/tarstream.c common/tarstream_unpack.c
 HEADERS     := $(wildcard */*.h */*/*.h)
 SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive -lmicrohttpd -lnettle

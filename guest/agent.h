@@ -146,6 +146,10 @@ struct agent {
   struct exec_state exec;
   struct files_state files;
   struct tree_state trees;
+  /* Why the sandbox's traffic could not be captured (egress_capture_setup
+   * failed: it then has no route out at all), "" when it is; HELLO_OK
+   * carries it as TAG_EGRESS_ERROR. */
+  char egress_error[256];
 };
 
 /* agent.c */
@@ -251,6 +255,19 @@ int vm_setup(int *ret_chan);
 void vm_wait_host(int chan);
 /* Power off after a fatal error (PID 1 must not exit). */
 __attribute__((noreturn)) void vm_fatal(void);
+
+/* egress_nl.c */
+/* As PID 1 of a sandbox, with CAP_NET_ADMIN over its network namespace and
+ * lo up: the nftables ruleset (table inet ign_egress, docs/egress-design.md
+ * section (a)) that sends every TCP connection to a non-loopback address to
+ * EGRESS_TCP_PORT and every DNS query (UDP and TCP port 53, any server) to
+ * EGRESS_DNS_PORT, and refuses other UDP and everything else; then the
+ * default routes through lo (v4 with source 127.0.0.1, v6).  Raw netlink,
+ * no library.  0, or a negative errno with ERR (ERR_SIZE bytes) saying what
+ * failed; on failure no route was added, so the sandbox has no way out. */
+#define EGRESS_TCP_PORT 15001
+#define EGRESS_DNS_PORT 15353
+int egress_capture_setup(char *err, size_t err_size);
 
 /* confine.c */
 /* Drop every capability for good, set no_new_privs, install the seccomp

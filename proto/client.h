@@ -15,8 +15,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/tarstream.h"
+#include "proto/proto.h"
 
 struct agent_conn;
 
@@ -122,3 +124,82 @@ int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
 int agent_pack(struct agent_conn *c, const char *guest_path, int out_fd,
                const struct tar_limits *lim, const struct agent_ctl *ctl,
                struct tar_report *ret_rep, char **ret_err);
+
+/* Streams (egress; proto.h "Streams").  The agent opens a stream for every
+ * TCP connection a program in the sandbox makes and a lookup for every DNS
+ * query.  The connection checks each stream frame against the protocol
+ * (states, windows, ids counting up; a frame that breaks it ends the
+ * connection like any other) and hands what passes to the connection's
+ * stream handler, from the reader thread: a handler must not block, and
+ * must not call agent_conn_set_streams or agent_conn_free.  Until a handler
+ * is set (and after it is taken away), the connection itself refuses every
+ * stream (STREAM_RESET{ECONNREFUSED}) and lookup (LOOKUP_END{REFUSED}).
+ *
+ * Flow control: the connection tracks both windows.  What the host may send
+ * on a stream starts at OPEN's window and grows by the agent's CREDITs;
+ * agent_stream_send never sends beyond it.  What the agent may send starts
+ * at agent_stream_accept's window and grows by agent_stream_credit; the
+ * handler's data() never gets more than that.  Stream frames the host sends
+ * wait in a queue of their own (AGENT_STREAM_QUEUE_MAX bytes per connection,
+ * taken in turn with the calls' data), so a stream whose sandbox reads
+ * slowly never holds a session's calls; when it is full, agent_stream_send
+ * returns -EAGAIN and writable() says when there is room again. */
+#define AGENT_STREAM_QUEUE_MAX (512u * 1024u)
+/* Streams and lookups open on one connection at once (a protocol bound; the
+ * broker's own caps are lower): more are refused by the connection. */
+#define AGENT_MAX_STREAMS 1024u
+#define AGENT_MAX_LOOKUPS 256u
+
+struct agent_stream_open {
+  int family;        /* AF_INET or AF_INET6 */
+  uint8_t addr[16];  /* the destination the program asked for (4 or 16 bytes used) */
+  uint16_t port;     /* 1..65535 */
+  uint32_t window;   /* what the host may send before a credit (<= STREAM_WINDOW) */
+};
+
+struct agent_lookup {
+  const uint8_t *name; /* as the query spelt it: untrusted, not NUL-terminated */
+  size_t name_len;     /* <= PROTO_MAX_NAME */
+  uint16_t qtype;
+  bool tcp;            /* asked over TCP (else UDP) */
+};
+
+struct agent_stream_handler {
+  void (*open)(void *ctx, uint32_t sid, const struct agent_stream_open *o);
+  void (*data)(void *ctx, uint32_t sid, const uint8_t *p, size_t n);
+  void (*credit)(void *ctx, uint32_t sid, uint32_t n); /* the host may send N more */
+  void (*shut)(void *ctx, uint32_t sid);                /* the program sends no more */
+  void (*reset)(void *ctx, uint32_t sid, int err);      /* terminal */
+  void (*lookup)(void *ctx, uint32_t lid, const struct agent_lookup *q);
+  void (*writable)(void *ctx);  /* room in the stream queue again */
+  void (*closed)(void *ctx);    /* the connection ended: every stream and lookup is gone */
+  void *ctx;
+};
+
+/* Sets (H) or takes away (NULL) the stream handler.  When it returns, no
+ * handler call of the previous one runs or will start; its open streams and
+ * lookups are reset/refused.  Not from a handler, and not with a lock held
+ * that a handler takes. */
+void agent_conn_set_streams(struct agent_conn *c, const struct agent_stream_handler *h);
+/* The agent's TAG_EGRESS_ERROR: why the sandbox could not capture its
+ * traffic (it then has no route out at all), or NULL when it can. */
+const char *agent_conn_egress_error(struct agent_conn *c);
+
+/* Each returns 0, -EPIPE when the connection is dead, -ENOENT when SID is
+ * not open (reset or ended meanwhile), -EINVAL when the call breaks the
+ * protocol (a second accept, data after shut, more than the window). */
+int agent_stream_accept(struct agent_conn *c, uint32_t sid, uint32_t window);
+/* Sends at most what the agent's window and the stream queue allow: returns
+ * the bytes taken (up to N, possibly fewer, in PROTO_CHUNK frames), or
+ * -EAGAIN when none could be (queue full or window closed: writable() or
+ * credit() will say when to try again). */
+ssize_t agent_stream_send(struct agent_conn *c, uint32_t sid, const void *p, size_t n);
+int agent_stream_credit(struct agent_conn *c, uint32_t sid, uint32_t n);
+int agent_stream_shut(struct agent_conn *c, uint32_t sid);
+/* ERR (positive: ECONNREFUSED, ETIMEDOUT, ...) and MSG (may be NULL: for the
+ * agent's log) end the stream; frames of it that still arrive are dropped. */
+int agent_stream_reset(struct agent_conn *c, uint32_t sid, int err, const char *msg);
+/* Answers lookup LID: RCODE, and for NOERROR up to PROTO_MAX_ADDRS addresses
+ * (FAMILIES[i] AF_INET/AF_INET6, ADDRS[i] 4 or 16 bytes) with TTL. */
+int agent_lookup_answer(struct agent_conn *c, uint32_t lid, enum proto_rcode rcode,
+                        const int *families, const uint8_t (*addrs)[16], size_t n, uint32_t ttl);

@@ -111,6 +111,9 @@ bool proto_type_known(uint8_t type) {
   case PROTO_STDERR: case PROTO_EXIT: case PROTO_KILL: case PROTO_WRITE: case PROTO_DATA:
   case PROTO_DATA_END: case PROTO_OK: case PROTO_READ: case PROTO_READ_END: case PROTO_SETUP:
   case PROTO_UNPACK: case PROTO_PACK: case PROTO_PACK_END: case PROTO_CREDIT:
+  case PROTO_STREAM_OPEN: case PROTO_STREAM_ACCEPT: case PROTO_STREAM_DATA:
+  case PROTO_STREAM_CREDIT: case PROTO_STREAM_SHUT: case PROTO_STREAM_RESET: case PROTO_LOOKUP:
+  case PROTO_LOOKUP_END:
     return true;
   default:
     return false;
@@ -264,6 +267,14 @@ const char *proto_type_name(uint8_t type) {
   case PROTO_PACK: return "PACK";
   case PROTO_PACK_END: return "PACK_END";
   case PROTO_CREDIT: return "CREDIT";
+  case PROTO_STREAM_OPEN: return "STREAM_OPEN";
+  case PROTO_STREAM_ACCEPT: return "STREAM_ACCEPT";
+  case PROTO_STREAM_DATA: return "STREAM_DATA";
+  case PROTO_STREAM_CREDIT: return "STREAM_CREDIT";
+  case PROTO_STREAM_SHUT: return "STREAM_SHUT";
+  case PROTO_STREAM_RESET: return "STREAM_RESET";
+  case PROTO_LOOKUP: return "LOOKUP";
+  case PROTO_LOOKUP_END: return "LOOKUP_END";
   default: return "unknown";
   }
 }

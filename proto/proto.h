@@ -60,6 +60,32 @@
  * to it are then dropped.  Every answer must match its request (a HELLO_OK
  * only answers HELLO) and every numeric field must be in range: the host
  * ends the connection on a frame that is not.
+ *
+ * Streams (egress, docs/egress-design.md): the agent takes every TCP
+ * connection and DNS query a program in the sandbox makes and opens a
+ * stream or a lookup for it.  Ids of what the agent opens have bit 31 set
+ * (PROTO_AGENT_ID), count up from 0x80000001 and are never reused while the
+ * connection lives; the host's requests keep ids below 2^31.
+ *   STREAM_OPEN{KIND,FAMILY,ADDR,PORT,WINDOW}   agent -> host
+ *                                     <- STREAM_ACCEPT{WINDOW} | STREAM_RESET
+ *   STREAM_DATA (raw bytes, <= PROTO_CHUNK)     both ways, never beyond the
+ *                                        window the receiver granted
+ *   STREAM_CREDIT{WINDOW}             both ways: the receiver drained N bytes
+ *                                        and grants them again
+ *   STREAM_SHUT                       both ways: the sender sends no more
+ *                                        (FIN: the agent shuts its socket's
+ *                                        write side)
+ *   STREAM_RESET{ERRNO,MESSAGE?}      both ways, terminal: later frames of
+ *                                        the id are dropped
+ *   LOOKUP{NAME,QTYPE,TRANSPORT}      agent -> host
+ *                                     <- LOOKUP_END{RCODE,ADDR*,TTL}
+ * OPEN's WINDOW is what the host may send before a CREDIT, ACCEPT's what the
+ * agent may; neither side ever grants more than STREAM_WINDOW outstanding.
+ * DATA beyond the grant, DATA after SHUT, a CREDIT over STREAM_WINDOW, an
+ * agent id that does not count up, a frame for an id never opened: the
+ * host ends the connection.  A stream ends when both sides sent SHUT, or at
+ * one RESET.  The host may open streams too (ids below 2^31); the agent
+ * answers them STREAM_RESET{EOPNOTSUPP} until something needs them.
  */
 #pragma once
 
@@ -67,7 +93,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 1u
+#define PROTO_VERSION 2u
 #define PROTO_HEADER_SIZE 12u
 /* Largest payload either side accepts.  Output and file data are chunked to
  * PROTO_CHUNK, so every buffer on both sides stays bounded. */
@@ -84,6 +110,14 @@
 #define TREE_WINDOW (1024u * 1024u)
 #define PROTO_MAX_SKIP_PATH 1024u
 #define PROTO_MAX_SKIP_REASON 256u
+/* Streams: bit 31 marks the ids the agent opens; the most bytes either side
+ * grants a stream outstanding; the longest LOOKUP name (a DNS name in
+ * dotted form: 253, a trailing dot, and room for what a hostile query
+ * packs into labels is cut here) and the most addresses in a LOOKUP_END. */
+#define PROTO_AGENT_ID 0x80000000u
+#define STREAM_WINDOW (256u * 1024u)
+#define PROTO_MAX_NAME 255u
+#define PROTO_MAX_ADDRS 8u
 
 enum proto_type {
   PROTO_HELLO = 1,
@@ -109,7 +143,21 @@ enum proto_type {
   PROTO_PACK = 41,
   PROTO_PACK_END = 42,
   PROTO_CREDIT = 43,
+  PROTO_STREAM_OPEN = 50,
+  PROTO_STREAM_ACCEPT = 51,
+  PROTO_STREAM_DATA = 52,
+  PROTO_STREAM_CREDIT = 53,
+  PROTO_STREAM_SHUT = 54,
+  PROTO_STREAM_RESET = 55,
+  PROTO_LOOKUP = 56,
+  PROTO_LOOKUP_END = 57,
 };
+
+enum proto_stream_kind { STREAM_KIND_TCP = 1 };
+enum proto_lookup_transport { LOOKUP_UDP = 1, LOOKUP_TCP = 2 };
+/* DNS response codes a LOOKUP_END carries. */
+enum proto_rcode { RCODE_NOERROR = 0, RCODE_FORMERR = 1, RCODE_SERVFAIL = 2, RCODE_NXDOMAIN = 3,
+                   RCODE_REFUSED = 5 };
 
 enum proto_tag {
   TAG_VERSION = 1,     /* u32 */
@@ -146,6 +194,17 @@ enum proto_tag {
   TAG_SKIPPED = 47,    /* u64, entries left out */
   TAG_SKIP_PATH = 48,  /* string, repeatable, each followed by its SKIP_REASON */
   TAG_SKIP_REASON = 49, /* string, repeatable */
+  TAG_KIND = 60,       /* u32, enum proto_stream_kind */
+  TAG_FAMILY = 61,     /* u32, 4 or 6 */
+  TAG_ADDR = 62,       /* 4 or 16 bytes, network order; repeatable in LOOKUP_END */
+  TAG_PORT = 63,       /* u32, 1..65535 */
+  TAG_NAME = 64,       /* bytes, <= PROTO_MAX_NAME: a DNS name as the query spelt it */
+  TAG_QTYPE = 65,      /* u32, the DNS QTYPE (1 A, 28 AAAA, 16 TXT, ...) */
+  TAG_TRANSPORT = 66,  /* u32, enum proto_lookup_transport */
+  TAG_RCODE = 67,      /* u32, enum proto_rcode */
+  TAG_TTL = 68,        /* u32 seconds */
+  TAG_EGRESS_ERROR = 69, /* string in HELLO_OK: why the sandbox has no capture
+                          * (then it has no route out at all); absent when it has */
 };
 
 struct proto_header {

@@ -1,0 +1,84 @@
+/* egress.h: the egress broker (docs/egress-design.md).  A sandbox has no
+ * network device and no route out; its agent takes every TCP connection and
+ * DNS query and hands it over the agent channel as a stream or a lookup
+ * (proto/client.h "Streams").  The broker decides each on the host, by the
+ * session's policy (network "none", "allow" with allow_hosts, "open") within
+ * what the operator allows (IGN_MCP_NET, IGN_MCP_NET_PRIVATE), resolves
+ * names itself, checks the address it connects to and what the stream says
+ * it is for (TLS SNI, HTTP Host), relays the bytes, and records every
+ * attempt (the flight recorder): in memory for results and network_log, and
+ * as JSON Lines in <log dir>/<session id>.egress.jsonl.
+ *
+ * One broker thread per server (epoll over the upstream sockets) and a small
+ * resolver pool; nothing in it blocks a session's calls. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/client.h"
+
+enum egress_mode {
+  EGRESS_MODE_NONE,  /* every attempt refused and recorded */
+  EGRESS_MODE_ALLOW, /* only allow_hosts */
+  EGRESS_MODE_OPEN,  /* any public destination, recorded */
+};
+
+/* The operator's bounds, from the configuration (mcp/config.c). */
+struct egress_settings {
+  enum egress_mode max_mode; /* IGN_MCP_NET: off -> NONE, allow (default), open */
+  bool off;                  /* IGN_MCP_NET=off: refusals say "egress is off" */
+  bool allow_private;        /* IGN_MCP_NET_PRIVATE=1 */
+  const char *hosts_file;    /* IGN_MCP_EGRESS_HOSTS (a hosts(5) file consulted first), or NULL */
+  const char *log_dir;       /* the JSON Lines logs go here (IGN_MCP_LOG_DIR) */
+  size_t log_cap;            /* IGN_MCP_EGRESS_LOG_CAP: bytes per session's log */
+  unsigned max_streams;      /* IGN_MCP_EGRESS_STREAMS: connections open at once per session */
+  uint64_t max_bytes;        /* IGN_MCP_EGRESS_MAX_MB: bytes each way per session */
+};
+
+/* Starts the broker thread and the resolver pool, reads the hosts file.  0,
+ * or a negative errno with *ret_err. */
+int egress_init(const struct egress_settings *s, char **ret_err);
+/* Ends every stream, stops the threads. */
+void egress_shutdown(void);
+/* The policy in force as one line for the startup log (malloc'd). */
+char *egress_policy_line(void);
+
+struct egress;
+
+/* A session's egress from a tool's arguments: NETWORK (NULL when absent:
+ * "none"; else must be the string "none", "allow" or "open") and
+ * ALLOW_HOSTS (NULL or an array of strings: only with "allow", which needs
+ * at least one).  A mode over the operator's IGN_MCP_NET is refused naming
+ * both.  TOOL names the tool in messages.  0, or -EINVAL with *ret_err
+ * saying what was wrong and what to send instead. */
+int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
+               struct egress **ret, char **ret_err);
+/* A copy of E's policy with an empty record of its own (a fork). */
+int egress_clone(const struct egress *e, struct egress **ret);
+/* The session id: names the log file.  Once, before egress_attach. */
+void egress_set_session(struct egress *e, const char *session_id);
+/* The connection to E's sandbox (once it answered HELLO): its streams come
+ * to the broker.  A reset detaches the old connection and attaches the new
+ * one; the policy and the record go on.  Not with a broker lock held. */
+void egress_attach(struct egress *e, struct agent_conn *c);
+/* Ends the streams of the attached connection (each recorded) and takes the
+ * handler away; a no-op when none is attached. */
+void egress_detach(struct egress *e);
+/* Detaches, flushes the log, frees. */
+void egress_free(struct egress *e);
+
+/* For open_session's result: {mode, allowed_rules, egress_log_path} and,
+ * when CAPTURE_ERROR (agent_conn_egress_error) is not NULL,
+ * "capture": "<why>" (the sandbox then has no egress at all). */
+json_t *egress_summary(const struct egress *e, const char *capture_error);
+/* A result's `egress` field: {mode, allowed_rules, allowed[], denied[],
+ * dns_queries[], total_events, truncated, egress_log_path}.  SINCE_LAST:
+ * only the events since the previous egress_report(e, true) (run,
+ * sandbox_run); else every event of the session (network_log).  Each list
+ * holds at most EGRESS_REPORT_MAX entries (the latest); truncated says one
+ * was cut.  A connection still open shows its bytes so far. */
+#define EGRESS_REPORT_MAX 64u
+json_t *egress_report(struct egress *e, bool since_last);
