@@ -94,14 +94,22 @@ static void network_rows(const char *tool, const char *base) {
   static const struct {
     const char *args, *want;
   } rows[] = {
-      {"\"network\": true", "'network'"},
-      {"\"network\": \"on\"", "'network'"},
-      {"\"allow_hosts\": [\"pypi.org\"]", "allow_hosts"},
-      {"\"network\": \"none\", \"allow_hosts\": [\"pypi.org\"]", "allow_hosts"},
-      {"\"network\": \"allow\", \"allow_hosts\": []", "allow_hosts"},
-      {"\"network\": \"allow\"", "allow_hosts"},
-      {"\"network\": \"allow\", \"allow_hosts\": [\"pypi.org\", \"10.0.0.1\"]", "[1]"},
-      {"\"network\": \"open\"", "IGN_MCP_NET"},
+      {"\"network\": true", ": network must be a string, \"none\", \"allow\" or \"open\"; the "
+                             "boolean form (true/false) is gone"},
+      {"\"network\": \"on\"", ": network must be \"none\", \"allow\" (with allow_hosts) or "
+                               "\"open\", not \"on\""},
+      {"\"allow_hosts\": [\"pypi.org\"]",
+       ": allow_hosts goes only with network \"allow\" (network is \"none\")"},
+      {"\"network\": \"none\", \"allow_hosts\": [\"pypi.org\"]",
+       ": allow_hosts goes only with network \"allow\" (network is \"none\")"},
+      {"\"network\": \"allow\", \"allow_hosts\": []",
+       ": network \"allow\" needs allow_hosts, a non-empty array"},
+      {"\"network\": \"allow\"", ": network \"allow\" needs allow_hosts, a non-empty array"},
+      {"\"network\": \"allow\", \"allow_hosts\": [\"pypi.org\", \"10.0.0.1\"]", "allow_hosts[1]"},
+      {"\"network\": \"allow\", \"allow_hosts\": [\"pypi.org\", 7]",
+       ": allow_hosts[1] must be a string"},
+      {"\"network\": \"open\"",
+       ": network \"open\" is refused: this server runs with IGN_MCP_NET=allow"},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     char *json = xasprintf("{%s%s%s}", base, *base ? ", " : "", rows[i].args);
