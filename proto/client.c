@@ -10,15 +10,18 @@
  * frames, and one writer thread sends them with non-blocking writes and
  * poll(), so no call blocks on a guest that stopped reading:
  *   - control frames (a request's first frame, KILL) go before data frames
- *     (stdin, file content), so a cancellation is not stuck behind an upload;
- *     the frames of one request keep their order (its first frame is always
- *     queued before its data);
+ *     (stdin, file content) and stream frames (client_stream.c), so a
+ *     cancellation is not stuck behind an upload or a download; the frames
+ *     of one request keep their order (its first frame is always queued
+ *     before its data); data and stream frames go in turn;
  *   - data frames wait for room (AGENT_QUEUE_MAX) in their call, which stays
- *     cancellable while it waits;
- *   - a frame the agent has not taken whole within the write deadline ends
- *     the connection (a half-sent frame cannot be taken back); the deadline
- *     runs from the frame's first byte, so an agent that reads a little now
- *     and then cannot hold a frame, and the calls queued behind it, longer;
+ *     cancellable while it waits; stream frames have a queue and a budget
+ *     of their own (AGENT_STREAM_QUEUE_MAX) and never wait;
+ *   - the writer starts a frame only when the socket's buffer has room for
+ *     all of it, so a KILL or a PING never waits behind half a data frame;
+ *     an agent that takes nothing for the write deadline while a frame
+ *     waits ends the connection, and so does one that does not take a
+ *     frame larger than the empty buffer (sent in parts) whole within it;
  *   - a cancelled call takes its queued frames back and queues what tells the
  *     agent to drop the request (KILL, or the end frame of a short upload),
  *     then returns at once; the writer finishes or abandons the rest.
@@ -27,8 +30,8 @@
  * the agent goes silent.
  *
  * This file has the connection, the writer, the reader's dispatch and the
- * simple calls; client_tree.c has the trees (UNPACK, PACK), and
- * client_int.h what the parts share. */
+ * simple calls; client_tree.c has the trees (UNPACK, PACK), client_stream.c
+ * the streams and lookups, and client_int.h what the parts share. */
 #include "proto/client.h"
 
 #include <errno.h>
@@ -39,6 +42,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,9 +60,16 @@
  * shorter (an error quotes at most a few paths). */
 #define MAX_INFO 256u
 #define MAX_MESSAGE (16u * 1024u)
+#define MAX_EGRESS_ERROR 256u
 /* Slack on a command's duration as the agent reports it, over what the host
  * measured between sending EXEC and reading EXIT (the clocks differ a little). */
 #define DURATION_SLACK_MS 10000u
+
+/* The writer: slack over a frame's length for what the socket is charged
+ * beyond its bytes, and how often it looks again for room when poll()
+ * cannot say. */
+#define OUTQ_SLACK 4096u
+#define ROOM_POLL_MS 10u
 
 _Static_assert(AGENT_QUEUE_MAX >= PROTO_HEADER_SIZE + PROTO_CHUNK, "a chunk fits the queue");
 
@@ -87,6 +100,7 @@ void client_mark_dead_locked(struct agent_conn *c, char *reason, bool fault) {
   c->dead = true;
   pthread_cond_broadcast(&c->cond);
   pthread_cond_broadcast(&c->wcond);
+  client_wake_writer_locked(c);
 }
 
 /* ---- the writer ---------------------------------------------------------- */
@@ -173,41 +187,159 @@ static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) 
   return 0;
 }
 
+/* The queue the writer takes its next frame from: ctl_q first, then data_q
+ * and stream_q in turn (a download never starves a call's stdin or upload,
+ * nor the other way round), or NULL when all are empty. */
+static struct frame_queue *next_queue(struct agent_conn *c) {
+  if (c->ctl_q.head)
+    return &c->ctl_q;
+  if (c->data_q.head && c->stream_q.head)
+    return c->stream_turn ? &c->stream_q : &c->data_q;
+  return c->data_q.head ? &c->data_q : c->stream_q.head ? &c->stream_q : NULL;
+}
+
+/* What the socket's buffer is charged now (SIOCOUTQ), or -1 when the fd
+ * does not say. */
+static int socket_outq(const struct agent_conn *c) {
+  int outq = 0;
+  if (c->sndbuf <= 0 || ioctl(c->fd, SIOCOUTQ, &outq) < 0)
+    return -1;
+  return outq;
+}
+
+/* Whether a frame of LEN bytes goes into the socket whole at once.  A unix
+ * socket's buffer is charged the truesize of what it holds (67072 for one
+ * 65548-byte frame), hence the slack; a frame larger than an empty buffer
+ * takes goes when the buffer is empty, and then in parts. */
+static bool frame_fits(const struct agent_conn *c, int outq, size_t len) {
+  return outq <= 0 || (size_t)outq + len + OUTQ_SLACK <= (size_t)c->sndbuf;
+}
+
+/* Waits (without the lock) until the agent may have taken some of what the
+ * socket holds, or a frame is queued, or a short while passed.  A unix
+ * socket polls writable only once its charge is down to a quarter of
+ * SO_SNDBUF: below that, poll() cannot say when a frame fits, so the
+ * writer looks again after ROOM_POLL_MS. */
+static void wait_for_room(struct agent_conn *c, int outq) {
+  bool pollout = (size_t)outq * 4 > (size_t)c->sndbuf;
+  c->writer_polling = true;
+  pthread_mutex_unlock(&c->lock);
+  struct pollfd p[2] = {{.fd = c->wake_fd, .events = POLLIN},
+                        {.fd = c->fd, .events = pollout ? POLLOUT : 0}};
+  if (poll(p, 2, pollout ? (int)TICK_MS : (int)ROOM_POLL_MS) > 0 && (p[0].revents & POLLIN)) {
+    uint64_t n;
+    if (read(c->wake_fd, &n, sizeof n) < 0) {
+      /* EAGAIN: another read took it; nothing else can fail here. */
+    }
+  }
+  pthread_mutex_lock(&c->lock);
+  c->writer_polling = false;
+}
+
+void client_wake_writer_locked(struct agent_conn *c) {
+  pthread_cond_signal(&c->wcond);
+  if (c->writer_polling) {
+    uint64_t one = 1;
+    if (write(c->wake_fd, &one, sizeof one) < 0) {
+      /* EAGAIN: the counter is full, so the writer wakes anyway. */
+    }
+  }
+}
+
+/* Takes the head of Q for the wire, with its accounting. */
+static struct out_frame *take_frame(struct agent_conn *c, struct frame_queue *q) {
+  struct out_frame *f = client_queue_pop(q);
+  if (q == &c->data_q) {
+    c->data_queued -= f->len;
+    pthread_cond_broadcast(&c->cond); /* room for a waiting call */
+  } else if (q == &c->stream_q) {
+    c->stream_queued -= f->len;
+    if (c->want_writable && c->stream_queued <= AGENT_STREAM_QUEUE_MAX / 2)
+      c->writable_due = true;
+  }
+  if (q != &c->ctl_q)
+    c->stream_turn = q == &c->data_q;
+  if (f->id & PROTO_AGENT_ID)
+    client_stream_taken_locked(c, f);
+  return f;
+}
+
+static void writer_fail_locked(struct agent_conn *c, int r, uint32_t deadline) {
+  if (r == -ETIMEDOUT)
+    client_mark_dead_locked(c,
+                            xasprintf("the sandbox's agent stopped reading its channel: it did "
+                                      "not take a whole frame within %u ms, so the host gave up "
+                                      "on it",
+                                      deadline),
+                            true);
+  else if (r == -EPIPE || r == -ECONNRESET)
+    client_mark_dead_locked(c, strdup("the sandbox's agent closed the connection"), false);
+  else
+    client_mark_dead_locked(c, xasprintf("writing to the sandbox's agent failed: %s",
+                                         strerror(-r)), false);
+  /* The reader wakes up too, and nothing more goes out. */
+  shutdown(c->fd, SHUT_RDWR);
+}
+
+/* The writer.  Before it starts a frame it looks at what the socket holds:
+ * a frame that does not fit whole stays queued, so that a frame queued
+ * later (KILL, PING) never waits behind half a data frame.  The deadline
+ * is then "the agent took nothing for write_deadline_ms while a frame
+ * waited" (what the socket holds went down, or the frame could go), and,
+ * for a frame larger than the empty buffer's room (it goes in parts),
+ * "the agent did not take it whole within write_deadline_ms". */
 static void *writer_main(void *arg) {
   struct agent_conn *c = arg;
+  uint64_t stalled_since = 0; /* a frame waits for room since (mono_ms); 0: none */
+  int last_outq = -1;
   pthread_mutex_lock(&c->lock);
   for (;;) {
-    while (!c->dead && !c->ctl_q.head && !c->data_q.head)
+    struct frame_queue *q;
+    while (!c->dead && !c->writable_due && !(q = next_queue(c))) {
+      stalled_since = 0;
       pthread_cond_wait(&c->wcond, &c->lock);
+    }
     if (c->dead)
       break;
-    struct out_frame *f = client_queue_pop(&c->ctl_q);
-    if (!f) {
-      f = client_queue_pop(&c->data_q);
-      c->data_queued -= f->len;
-      pthread_cond_broadcast(&c->cond); /* room for a waiting call */
+    if (c->writable_due) {
+      c->writable_due = c->want_writable = false;
+      pthread_mutex_unlock(&c->lock);
+      client_stream_writable(c);
+      pthread_mutex_lock(&c->lock);
+      continue;
     }
+    int outq = socket_outq(c);
+    if (outq < last_outq)
+      stalled_since = 0; /* the agent took something */
+    last_outq = outq;
+    if (!frame_fits(c, outq, q->head->len)) {
+      uint64_t now = mono_ms();
+      if (!stalled_since)
+        stalled_since = now;
+      if (now - stalled_since >= c->write_deadline_ms) {
+        client_mark_dead_locked(c,
+                                xasprintf("the sandbox's agent stopped reading its channel: it "
+                                          "took nothing for %u ms while frames waited, so the "
+                                          "host gave up on it",
+                                          c->write_deadline_ms),
+                                true);
+        shutdown(c->fd, SHUT_RDWR);
+        break;
+      }
+      wait_for_room(c, outq);
+      continue;
+    }
+    stalled_since = 0;
+    struct out_frame *f = take_frame(c, q);
     uint32_t deadline = c->write_deadline_ms;
     pthread_mutex_unlock(&c->lock);
     int r = write_frame(c->fd, f, deadline);
     client_frame_free(f);
+    int after = socket_outq(c);
     pthread_mutex_lock(&c->lock);
-    if (r == -ETIMEDOUT) {
-      client_mark_dead_locked(c,
-                       xasprintf("the sandbox's agent stopped reading its channel: it did not "
-                                 "take a whole frame within %u ms, so the host gave up on it",
-                                 deadline),
-                       true);
-    } else if (r < 0) {
-      client_mark_dead_locked(c, r == -EPIPE || r == -ECONNRESET
-                              ? strdup("the sandbox's agent closed the connection")
-                              : xasprintf("writing to the sandbox's agent failed: %s",
-                                          strerror(-r)),
-                       false);
-    }
+    last_outq = after;
     if (r < 0) {
-      /* The reader wakes up too, and nothing more goes out. */
-      shutdown(c->fd, SHUT_RDWR);
+      writer_fail_locked(c, r, deadline);
       break;
     }
   }
@@ -282,7 +414,7 @@ int client_enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
     client_queue_push(control ? &c->ctl_q : &c->data_q, f);
     if (!control)
       c->data_queued += f->len;
-    pthread_cond_signal(&c->wcond);
+    client_wake_writer_locked(c);
   }
   pthread_mutex_unlock(&c->lock);
   if (r < 0)
@@ -342,7 +474,7 @@ void client_abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uin
       c->data_queued += end_f->len;
       end_f = NULL;
     }
-    pthread_cond_signal(&c->wcond);
+    client_wake_writer_locked(c);
   }
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
@@ -560,6 +692,26 @@ static char *handle_read_end(struct pending *p, const uint8_t *payload, size_t l
   return NULL;
 }
 
+/* HELLO_OK's EGRESS_ERROR: the agent's words, shown to the user, so only
+ * printable ASCII, 1..MAX_EGRESS_ERROR bytes. */
+static char *hello_egress_error(struct agent_conn *c, const uint8_t *payload, size_t len) {
+  const uint8_t *v;
+  uint32_t n;
+  if (proto_find(payload, len, TAG_EGRESS_ERROR, &v, &n) <= 0)
+    return NULL; /* absent (a malformed payload was refused before) */
+  if (n == 0 || n > MAX_EGRESS_ERROR)
+    return xasprintf("its HELLO_OK frame has an EGRESS_ERROR of %u bytes, not 1..%u", n,
+                     MAX_EGRESS_ERROR);
+  for (uint32_t i = 0; i < n; i++)
+    if (v[i] < 0x20 || v[i] >= 0x7f)
+      return xasprintf("its HELLO_OK frame has an EGRESS_ERROR with byte 0x%02x at %u (only "
+                       "printable ASCII)",
+                       v[i], i);
+  free(c->egress_error);
+  c->egress_error = strndup((const char *)v, n);
+  return c->egress_error ? NULL : strdup("out of memory for the agent's EGRESS_ERROR");
+}
+
 /* Hands one frame to its call.  Returns NULL, or what broke the protocol. */
 static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
                           const uint8_t *payload) {
@@ -602,8 +754,12 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
                     PROTO_VERSION, &version);
     if (!bad)
       bad = client_field_str(payload, h->len, h->type, TAG_INFO, "INFO", MAX_INFO, &info);
-    if (bad)
+    if (!bad)
+      bad = hello_egress_error(c, payload, h->len);
+    if (bad) {
+      free(info);
       return bad;
+    }
     free(c->info);
     c->info = info ? info : strdup("ign-agent");
     client_finish(p, 0);
@@ -682,10 +838,15 @@ static void *reader_main(void *arg) {
         }
         break;
       }
-      pthread_mutex_lock(&c->lock);
-      char *bad = handle_frame(c, &h, payload);
-      pthread_mutex_unlock(&c->lock);
-      pthread_cond_broadcast(&c->cond);
+      char *bad;
+      if (h.id & PROTO_AGENT_ID) {
+        bad = client_stream_frame(c, &h, payload);
+      } else {
+        pthread_mutex_lock(&c->lock);
+        bad = handle_frame(c, &h, payload);
+        pthread_mutex_unlock(&c->lock);
+        pthread_cond_broadcast(&c->cond);
+      }
       if (bad) {
         reason = xasprintf("the sandbox's agent broke the protocol: %s; the host closed the "
                            "connection",
@@ -702,6 +863,7 @@ static void *reader_main(void *arg) {
   pthread_mutex_unlock(&c->lock);
   /* Whatever the agent sends from now on is not read: stop the writer too. */
   shutdown(c->fd, SHUT_RDWR);
+  client_stream_closed(c);
   return NULL;
 }
 
@@ -715,6 +877,9 @@ bool agent_conn_alive(struct agent_conn *c) {
 }
 
 const char *agent_conn_info(struct agent_conn *c) { return c->info ? c->info : ""; }
+
+/* Set once, before agent_conn_open returns. */
+const char *agent_conn_egress_error(struct agent_conn *c) { return c->egress_error; }
 
 void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms) {
   pthread_mutex_lock(&c->lock);
@@ -738,10 +903,16 @@ void agent_conn_free(struct agent_conn *c) {
   if (c->writer_started)
     pthread_join(c->writer, NULL);
   close(c->fd);
+  if (c->wake_fd >= 0)
+    close(c->wake_fd);
   client_queue_clear(&c->ctl_q);
   client_queue_clear(&c->data_q);
+  client_queue_clear(&c->stream_q);
+  client_stream_free_all(c);
   free(c->dead_reason);
   free(c->info);
+  free(c->egress_error);
+  pthread_mutex_destroy(&c->hlock);
   pthread_mutex_destroy(&c->lock);
   pthread_cond_destroy(&c->cond);
   pthread_cond_destroy(&c->wcond);
@@ -755,9 +926,12 @@ int client_register_pending(struct agent_conn *c, struct pending *p, uint8_t typ
     pthread_mutex_unlock(&c->lock);
     return -EPIPE;
   }
-  do
-    p->id = ++c->next_id;
-  while (p->id == 0);
+  /* Ids below 2^31 (the agent's have bit 31), never 0, never one still
+   * waiting for its answer. */
+  do {
+    c->next_id = c->next_id >= PROTO_AGENT_ID - 1 ? 1 : c->next_id + 1;
+    p->id = c->next_id;
+  } while (find_pending(c, p->id));
   p->type = type;
   p->start_ms = mono_ms();
   p->next = c->pending;
@@ -861,6 +1035,25 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
   c->write_deadline_ms = AGENT_WRITE_DEADLINE_MS;
   c->ctl_q.tail = &c->ctl_q.head;
   c->data_q.tail = &c->data_q.head;
+  c->stream_q.tail = &c->stream_q.head;
+  c->last_agent_id = PROTO_AGENT_ID;
+  /* The writer starts a frame only when it fits what the socket's buffer
+   * has room for (SIOCOUTQ against SO_SNDBUF); a channel that cannot say
+   * gets frames as they come. */
+  socklen_t slen = sizeof c->sndbuf;
+  int outq;
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &c->sndbuf, &slen) < 0 ||
+      ioctl(fd, SIOCOUTQ, &outq) < 0)
+    c->sndbuf = 0;
+  c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->wake_fd < 0) {
+    int e = errno;
+    client_set_err(ret_err, xasprintf("cannot make the agent writer's eventfd: %s", strerror(e)));
+    close(fd);
+    free(c);
+    return -e;
+  }
+  pthread_mutex_init(&c->hlock, NULL);
   pthread_mutex_init(&c->lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

@@ -1,8 +1,9 @@
 /* client_int.h: what the parts of the host's agent client share (see
  * client.h): the connection, a call waiting for its answer, the frame
- * queues, and the helpers the parts use.  client.c has the connection, the
- * writer, the reader's dispatch and the simple calls; client_tree.c both
- * sides of UNPACK and PACK.  Private to proto/client*.c. */
+ * queues, the streams' table, and the helpers the parts use.  client.c has
+ * the connection, the writer, the reader's dispatch and the simple calls;
+ * client_tree.c both sides of UNPACK and PACK; client_stream.c the streams
+ * and lookups the agent opens.  Private to proto/client*.c. */
 #pragma once
 
 #include <errno.h>
@@ -69,6 +70,7 @@ struct out_frame {
   struct out_frame *next;
   uint32_t id;
   uint8_t type;
+  bool refusal;   /* a stream or lookup the connection refused itself */
   size_t len;
   uint8_t *bytes; /* header and payload */
 };
@@ -77,10 +79,37 @@ struct frame_queue {
   struct out_frame *head, **tail;
 };
 
+/* A stream or lookup the agent opened (client_stream.c).  Windows count
+ * DATA payload bytes. */
+struct agent_stream {
+  struct agent_stream *next;  /* in its bucket */
+  uint32_t id;
+  bool lookup;
+  /* The host ended it (RESET, LOOKUP_END): its last frame waits in a queue,
+   * the agent's frames of it are dropped; gone once the writer took it. */
+  bool zombie;
+  bool accepted;
+  bool agent_shut, host_shut, host_shut_taken;
+  uint32_t send_window;       /* what the host may still send */
+  /* What the host granted and has not received, and the part of it whose
+   * ACCEPT or CREDIT still waits in ctl_q (the agent does not have it). */
+  uint32_t recv_window, recv_unsent;
+  struct out_frame *credit_f; /* a CREDIT still in ctl_q, grown by later grants */
+};
+
+#define STREAM_BUCKETS 256u
+
 struct agent_conn {
   int fd;
+  int wake_fd;                /* an eventfd: wakes the writer while it polls for room */
   pthread_t reader, writer;
   bool reader_started, writer_started;
+  /* The stream handler: every call of it runs with hlock held (and not
+   * lock); order hlock, then the handler's own locks, then lock. */
+  pthread_mutex_t hlock;
+  struct agent_stream_handler h; /* under hlock */
+  bool h_set;                 /* under hlock */
+  bool streams_closed;        /* under hlock: closed() was called, the reader ended */
   pthread_mutex_t lock;       /* everything below */
   pthread_cond_t cond;        /* calls: a frame arrived, room in the queue, death */
   pthread_cond_t wcond;       /* the writer: a frame was queued, death */
@@ -90,9 +119,22 @@ struct agent_conn {
   bool fault;                 /* the host ended it: protocol broken or a write stalled */
   char *dead_reason;
   char *info;
-  struct frame_queue ctl_q, data_q;
+  char *egress_error;
+  struct frame_queue ctl_q, data_q, stream_q;
   size_t data_queued;         /* bytes in data_q */
+  size_t stream_queued;       /* bytes in stream_q */
+  bool stream_turn;           /* the writer takes stream_q next (else data_q) */
+  bool writer_polling;        /* the writer waits in poll(): wake it by wake_fd */
   uint32_t write_deadline_ms;
+  int sndbuf;                 /* SO_SNDBUF; 0: SIOCOUTQ does not work on the fd */
+  /* Streams: the table (live ones and zombies), counts, the last id the
+   * agent opened, refusals the connection queued and the writer has not
+   * taken, and whether writable() is owed (want) and due. */
+  struct agent_stream *streams[STREAM_BUCKETS];
+  unsigned n_streams, n_lookups;
+  uint32_t last_agent_id;
+  unsigned refusals_queued;
+  bool want_writable, writable_due;
 };
 
 /* ---- client.c ------------------------------------------------------------ */
@@ -110,6 +152,8 @@ static inline void client_finish(struct pending *p, int result) {
   p->result = result;
 }
 void client_mark_dead_locked(struct agent_conn *c, char *reason, bool fault);
+/* Tells the writer a frame was queued (or the connection died). */
+void client_wake_writer_locked(struct agent_conn *c);
 
 /* Frames and their queues (with c->lock held). */
 void client_frame_free(struct out_frame *f);
@@ -150,3 +194,19 @@ char *client_parse_error(const uint8_t *payload, size_t len, char **ret_msg);
  * c->lock held.  NULL, or what broke the protocol. */
 char *client_tree_frame(struct agent_conn *c, struct pending *p, const struct proto_header *h,
                         const uint8_t *payload);
+
+/* ---- client_stream.c ----------------------------------------------------- */
+
+/* A frame whose id has PROTO_AGENT_ID set: checked, and handed to the
+ * handler (from the reader thread, without c->lock).  NULL, or what broke
+ * the protocol. */
+char *client_stream_frame(struct agent_conn *c, const struct proto_header *h,
+                          const uint8_t *payload);
+/* The writer took F (an agent id's) from its queue.  With c->lock held. */
+void client_stream_taken_locked(struct agent_conn *c, const struct out_frame *f);
+/* writable(), from the writer, without c->lock. */
+void client_stream_writable(struct agent_conn *c);
+/* The reader ends: closed(), once. */
+void client_stream_closed(struct agent_conn *c);
+/* agent_conn_free: the table's entries. */
+void client_stream_free_all(struct agent_conn *c);

@@ -404,7 +404,7 @@ static int pack_grant(struct agent_conn *c, struct pending *p, uint32_t n) {
   if (r < 0)
     return r;
   client_queue_push(&c->ctl_q, f);
-  pthread_cond_signal(&c->wcond);
+  client_wake_writer_locked(c);
   return 0;
 }
 
