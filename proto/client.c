@@ -319,8 +319,9 @@ static void *writer_main(void *arg) {
       if (now - stalled_since >= c->write_deadline_ms) {
         client_mark_dead_locked(c,
                                 xasprintf("the sandbox's agent stopped reading its channel: it "
-                                          "took nothing for %u ms while frames waited, so the "
-                                          "host gave up on it",
+                                          "did not take a whole frame within %u ms (it took "
+                                          "nothing while frames waited), so the host gave up "
+                                          "on it",
                                           c->write_deadline_ms),
                                 true);
         shutdown(c->fd, SHUT_RDWR);

@@ -507,7 +507,8 @@ static void stalled_write_hits_its_deadline(void) {
   struct writer_call w = {.c = c};
   write_big(&w);
   CHECK_EQ_INT(w.r, -EPROTO);
-  CHECK(w.err && strstr(w.err, "stopped reading its channel"));
+  CHECK(w.err && strstr(w.err, "stopped reading its channel") &&
+        strstr(w.err, "took nothing while frames waited"));
   CHECK(!agent_conn_alive(c));
   free(w.err);
   peer_stop(&pe, c);
