@@ -107,7 +107,7 @@ comma := ,
 # main() is renamed: the target (or libFuzzer) has its own.
 FUZZ_SRCS_fuzz_mcp         := $(LIB_SRCS)
 FUZZ_SRCS_fuzz_tool_args   := $(LIB_SRCS)
-FUZZ_SRCS_fuzz_proto_host  := proto/proto.c proto/client.c
+FUZZ_SRCS_fuzz_proto_host  := proto/proto.c $(wildcard proto/client*.c)
 FUZZ_SRCS_fuzz_proto_guest := $(filter-out guest/agent.c,$(AGENT_SRCS))
 FUZZ_SRCS_fuzz_egress_policy := common/egress_policy.c
 FUZZ_OBJS_fuzz_proto_guest  = $(dir $@)agent-nomain.o

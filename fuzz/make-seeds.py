@@ -131,6 +131,32 @@ def proto_host():
                                                    + frame('PACK_END', 0, report(131072))))
     write('fuzz_proto_host', 'conn-error', host(1, b'', frame('ERROR', 0, tlv('MESSAGE', 'x'))[:8]
                                                 + b'\0\0\0\0' + tlv('MESSAGE', 'x')))
+    # Streams (call 9, first byte 0xfb): ids with bit 31, spelt out.
+    T.update(STREAM_OPEN=50, STREAM_ACCEPT=51, STREAM_DATA=52, STREAM_CREDIT=53,
+             STREAM_SHUT=54, STREAM_RESET=55, LOOKUP=56, LOOKUP_END=57)
+    TAG.update(KIND=60, FAMILY=61, ADDR=62, PORT=63, NAME=64, QTYPE=65, TRANSPORT=66,
+               RCODE=67, TTL=68, EGRESS_ERROR=69)
+    A = 0x80000000
+    def open_(n, port=443, family=4, addr=bytes([93, 184, 216, 34]), window=65536):
+        return frame('STREAM_OPEN', A | n, u32('KIND', 1) + u32('FAMILY', family)
+                     + tlv('ADDR', addr) + u32('PORT', port) + u32('WINDOW', window))
+    def lookup(n, name, qtype=1, transport=1):
+        return frame('LOOKUP', A | n, tlv('NAME', name) + u32('QTYPE', qtype)
+                     + u32('TRANSPORT', transport))
+    pong = frame('PONG', 0)
+    write('fuzz_proto_host', 'stream', host(0xfb, b'', open_(1) + frame('STREAM_DATA', A | 1, b'GET / HTTP/1.1\r\n')
+                                           + frame('STREAM_CREDIT', A | 1, u32('WINDOW', 100))
+                                           + frame('STREAM_SHUT', A | 1)
+                                           + open_(2, 25) + open_(3, 80, 6, bytes(15) + b'\1')
+                                           + frame('STREAM_RESET', A | 3, u32('ERRNO', 104))
+                                           + lookup(4, 'pypi.org') + lookup(5, 'evil.example', 16, 2)
+                                           + frame('STREAM_DATA', A | 2, b'late') + pong))
+    write('fuzz_proto_host', 'stream-over-window', host(0xfb, b'', open_(1, window=10)
+                                                       + frame('STREAM_DATA', A | 1, b'x' * 2000) + pong))
+    write('fuzz_proto_host', 'stream-ids-down', host(0xfb, b'', open_(2) + open_(1) + pong))
+    write('fuzz_proto_host', 'hello-egress-error', host(0, frame('HELLO_OK', 0, u32('VERSION', 2)
+                                                                 + tlv('EGRESS_ERROR', 'no nf_tables')),
+                                                         frame('PONG', 0)))
 
 
 def open_tar_seed():
