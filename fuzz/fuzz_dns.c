@@ -4,15 +4,19 @@
  * query: the agent must not answer its own answers), whose question is the
  * query's, with every record inside the size it was given. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "guest/dns.h"
 
-static void check(int ok) {
-  if (!ok)
-    abort();
-}
+#define check(ok)                                                    \
+  do {                                                               \
+    if (!(ok)) {                                                     \
+      fprintf(stderr, "fuzz_dns: line %d: %s\n", __LINE__, #ok);     \
+      abort();                                                       \
+    }                                                                \
+  } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static struct dns_query q, again;

@@ -21,16 +21,18 @@
 /* The longest query the agent reads (a UDP datagram or a TCP message): a
  * query is one question and perhaps an EDNS record, far below this. */
 #define DNS_QUERY_MAX 4096u
+/* A response over UDP without EDNS fits in 512 bytes; records that do not
+ * are left out and TC is set (only possible with a name far over 255). */
+#define DNS_UDP_MAX 512u
 /* The longest name kept in wire form, compression pointers followed.  RFC
  * 1035 says 255; a longer one is still passed to the host (its text cut at
  * PROTO_MAX_NAME, which the host records as <invalid:N>) so that a tunnel
- * attempt shows in the flight recorder, and echoed whole in the answer. */
-#define DNS_QNAME_MAX 512u
+ * attempt shows in the flight recorder, and echoed whole in the answer:
+ * up to what leaves room for the header and the question's type and class
+ * in a UDP answer.  Longer: FORMERR. */
+#define DNS_QNAME_MAX (DNS_UDP_MAX - DNS_HEADER_SIZE - 4u)
 /* Largest response: header, question, PROTO_MAX_ADDRS AAAA records. */
 #define DNS_RESPONSE_MAX (DNS_HEADER_SIZE + DNS_QNAME_MAX + 4u + PROTO_MAX_ADDRS * 28u)
-/* A response over UDP without EDNS fits in 512 bytes; what does not is cut
- * and marked TC (only possible with a name far over 255 bytes). */
-#define DNS_UDP_MAX 512u
 
 #define DNS_TYPE_A 1u
 #define DNS_TYPE_AAAA 28u
