@@ -62,7 +62,7 @@ static void hosts_line(char *line, struct host_entry **tab, size_t *n, size_t *c
   char *hash = strchr(line, '#');
   if (hash)
     *hash = '\0';
-  char *save = NULL, *addr = strtok_r(line, " \t\r", &save);
+  char *save = NULL, *addr = strtok_r(line, " \t\r\n", &save);
   if (!addr)
     return;
   uint8_t a[16];
@@ -70,7 +70,7 @@ static void hosts_line(char *line, struct host_entry **tab, size_t *n, size_t *c
                : inet_pton(AF_INET6, addr, a) == 1 ? AF_INET6 : 0;
   if (!family)
     return;
-  for (char *name; (name = strtok_r(NULL, " \t\r", &save));) {
+  for (char *name; (name = strtok_r(NULL, " \t\r\n", &save));) {
     char clean[EGRESS_NAME_BUF];
     if (!egress_name_sanitize(name, strlen(name), clean) || *n >= HOSTS_MAX_ENTRIES)
       continue;

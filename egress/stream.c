@@ -80,8 +80,6 @@ static void unlink_stream(struct stream *s) {
 
 void stream_kill(struct stream *s, int err, const char *reason, bool tell_agent) {
   struct egress *e = s->lk->e;
-  if (tell_agent && !s->lk->dead)
-    agent_stream_reset(s->lk->c, s->sid, err, reason);
   broker_abandon(s->job);
   if (s->fd >= 0) {
     if (s->watching)
@@ -98,6 +96,10 @@ void stream_kill(struct stream *s, int err, const char *reason, bool tell_agent)
     snprintf(s->rec.reason, sizeof s->rec.reason, "%s", reason ? reason : "closed before a decision");
     record_connect(e->rec, &s->rec);
   }
+  /* Recorded before the reset goes out: whoever sees the reset finds it
+   * in the record. */
+  if (tell_agent && !s->lk->dead)
+    agent_stream_reset(s->lk->c, s->sid, err, reason);
   e->open_streams--;
   unlink_stream(s);
   free(s->up);
@@ -424,6 +426,7 @@ static bool send_down(struct stream *s) {
     s->down_len -= (size_t)n;
     s->rec.bytes_down += (uint64_t)n;
     s->lk->e->bytes_down += (uint64_t)n;
+    record_connect_update(s->lk->e->rec, &s->rec);
   }
   s->down_off = 0;
   s->down_blocked = false;
@@ -431,14 +434,14 @@ static bool send_down(struct stream *s) {
 }
 
 /* Moves bytes from upstream to the agent until either side has to wait;
- * false when S was ended. */
+ * false when S was ended.  Every chunk read is offered at once, so a chunk
+ * left over is always one agent_stream_send refused (down_blocked): credit
+ * or writable() brings it back here. */
 static bool pump_down(struct stream *s) {
   struct egress *e = s->lk->e;
-  for (int i = 0; i < PUMP_MAX; i++) {
-    if (!send_down(s))
-      return false;
-    if (s->down_len || s->up_eof)
-      break;
+  if (!send_down(s))
+    return false;
+  for (int i = 0; i < PUMP_MAX && !s->down_len && !s->up_eof; i++) {
     uint64_t left = egress_cfg.max_bytes > e->bytes_down ? egress_cfg.max_bytes - e->bytes_down : 0;
     if (!left) {
       stream_kill(s, ECONNRESET, "byte cap reached", true);
@@ -455,12 +458,13 @@ static bool pump_down(struct stream *s) {
     if (!n)
       s->up_eof = true;
     s->down_len = (size_t)n;
+    if (!send_down(s))
+      return false;
   }
   if (s->up_eof && !s->down_len && !s->down_shut && !s->lk->dead) {
     agent_stream_shut(s->lk->c, s->sid);
     s->down_shut = true;
   }
-  record_connect_update(e->rec, &s->rec);
   return true;
 }
 
@@ -526,7 +530,8 @@ static const char *stage1(struct egress *e, struct stream *s, const struct agent
     return "egress is off";
   if (e->mode == EGRESS_MODE_NONE)
     return "network is none";
-  if (e->open_streams >= egress_cfg.max_streams || e->connecting >= EGRESS_CONNECTS_MAX)
+  /* The counts include this stream already. */
+  if (e->open_streams > egress_cfg.max_streams || e->connecting > EGRESS_CONNECTS_MAX)
     return "too many connections";
   if (e->bytes_up >= egress_cfg.max_bytes || e->bytes_down >= egress_cfg.max_bytes)
     return "byte cap reached";
