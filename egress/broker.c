@@ -273,39 +273,27 @@ static void do_requests(struct req *r) {
   }
 }
 
-/* Takes the inbox and the requests; handles the events, then the
- * requests (a link's events all came before its detach request). */
+/* Takes the requests, then handles the inbox until it is empty, then the
+ * requests: every event of a link came before its detach request (the
+ * handler was taken away before the request was made), so none is left for
+ * a link that is going. */
 static void do_inbox(void) {
   pthread_mutex_lock(&B.lock);
-  struct link *ready = B.ready;
-  B.ready = NULL;
   struct req *reqs = B.reqs;
   B.reqs = NULL;
-  struct batch {
-    struct link *lk;
-    struct ev *ev;
-    bool writable, closed, broken;
-  } *batch = NULL;
-  size_t n = 0;
-  for (struct link *lk = ready; lk; lk = lk->ready_next)
-    n++;
-  batch = n ? calloc(n, sizeof *batch) : NULL;
-  size_t i = 0;
-  for (struct link *lk = ready; lk && batch; lk = lk->ready_next, i++) {
-    batch[i] = (struct batch){lk, lk->head, lk->writable, lk->closed, lk->broken};
+  while (B.ready) {
+    struct link *lk = B.ready;
+    B.ready = lk->ready_next;
+    lk->ready = false;
+    struct ev *ev = lk->head;
+    bool writable = lk->writable, closed = lk->closed, broken = lk->broken;
     lk->head = lk->tail = NULL;
     lk->writable = lk->closed = lk->broken = false;
-    lk->ready = false;
-  }
-  if (n && !batch) { /* no memory for the list: take them next time */
-    B.ready = ready;
     pthread_mutex_unlock(&B.lock);
-    return;
+    link_events(lk, ev, writable, closed, broken);
+    pthread_mutex_lock(&B.lock);
   }
   pthread_mutex_unlock(&B.lock);
-  for (i = 0; i < n; i++)
-    link_events(batch[i].lk, batch[i].ev, batch[i].writable, batch[i].closed, batch[i].broken);
-  free(batch);
   do_requests(reqs);
 }
 
