@@ -86,6 +86,10 @@ $(BUILD)/test/%: $(OBJ)/san/tests/unit/%.o $(call objs,san,$(LIB_SRCS)) $(BUILD)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $(filter %.o,$^) $(SERVER_LIBS)
 
+# Unit tests of agent code link the guest sources they test.
+$(BUILD)/test/test_egress_nl: $(OBJ)/san/guest/egress_nl.o
+$(BUILD)/test/test_dns: $(OBJ)/san/guest/dns.o
+
 $(BUILD):
 	mkdir -p $@
 
@@ -93,7 +97,7 @@ $(BUILD):
 # with libFuzzer (clang) for `make fuzz`, and as a plain replay program (the
 # ordinary compiler, ASan+UBSan) that `make check` runs over the committed
 # corpus in fuzz/corpus/<target>/, crashes found so far included.
-FUZZ_TARGETS := fuzz_mcp fuzz_tool_args fuzz_proto_host fuzz_proto_guest fuzz_egress_policy
+FUZZ_TARGETS := fuzz_mcp fuzz_tool_args fuzz_proto_host fuzz_proto_guest fuzz_egress_policy fuzz_dns
 FUZZ_REPLAYS := $(patsubst %,$(BUILD)/replay/%,$(FUZZ_TARGETS))
 FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/%,$(FUZZ_TARGETS))
 FUZZ_CC      ?= clang
@@ -104,9 +108,10 @@ comma := ,
 # main() is renamed: the target (or libFuzzer) has its own.
 FUZZ_SRCS_fuzz_mcp         := $(LIB_SRCS)
 FUZZ_SRCS_fuzz_tool_args   := $(LIB_SRCS)
-FUZZ_SRCS_fuzz_proto_host  := proto/proto.c proto/client.c
+FUZZ_SRCS_fuzz_proto_host  := proto/proto.c $(wildcard proto/client*.c)
 FUZZ_SRCS_fuzz_proto_guest := $(filter-out guest/agent.c,$(AGENT_SRCS))
 FUZZ_SRCS_fuzz_egress_policy := common/egress_policy.c
+FUZZ_SRCS_fuzz_dns         := guest/dns.c
 FUZZ_OBJS_fuzz_proto_guest  = $(dir $@)agent-nomain.o
 FUZZ_LIBS_fuzz_proto_guest := $(AGENT_LIBS) -lpthread
 

@@ -7,7 +7,10 @@
  *   files.c     WRITE / DATA / DATA_END / READ
  *   tree.c      UNPACK / PACK / CREDIT (and their DATA, DATA_END, KILL):
  *               tar streams, each in a forked child (common/tarstream.h)
- *   machine.c   SETUP, hostname, loopback
+ *   egress.c    the sandbox's TCP connections and DNS queries as streams
+ *               and lookups (STREAM_*, LOOKUP, LOOKUP_END); dns.c its codec
+ *   machine.c   SETUP, hostname, loopback, resolv.conf and hosts
+ *   egress_nl.c the capture of the sandbox's traffic (nftables, routes)
  *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
  *   vm_init.c   PID 1 of a microVM: modules, root disk, overlay, channel
  *   confine.c   the privilege drop: open files, capabilities, no_new_privs,
@@ -22,6 +25,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <sys/socket.h>
+
+#include "guest/dns.h"
 #include "proto/proto.h"
 
 #ifndef IGN_VERSION
@@ -127,6 +133,68 @@ struct tree_state {
   struct tree trees[TREE_MAX];
 };
 
+/* Egress (egress.c): the listeners the capture rules send the sandbox's
+ * traffic to, a stream per TCP connection, a lookup per DNS query. */
+#define EGRESS_AGENT_MAX_STREAMS 256u /* program connections at once; more are reset */
+#define EGRESS_AGENT_MAX_LOOKUPS 64u  /* queries waiting for the host; more get REFUSED */
+#define EGRESS_DNS_TCP_MAX 8u         /* DNS-over-TCP connections at once */
+#define EGRESS_HOST_REFUSED 16u       /* host-opened ids remembered after their RESET */
+#define EGRESS_POLL_MAX (3u + EGRESS_AGENT_MAX_STREAMS + EGRESS_DNS_TCP_MAX)
+
+/* One TCP connection of a program.  An all-zero slot (id 0) is free. */
+struct egress_stream {
+  uint32_t id;
+  int fd;              /* the program's socket, non-blocking */
+  bool accepted;       /* the host's ACCEPT came: reading may start */
+  bool host_shut;      /* the host sent SHUT */
+  bool prog_shut;      /* the program's EOF was read and SHUT sent */
+  bool wr_shut;        /* shutdown(SHUT_WR) done (after host_shut, ring drained) */
+  uint32_t credit;     /* bytes the host still lets us send */
+  /* Host -> program: outstanding + ring_len + uncredited == STREAM_WINDOW. */
+  uint8_t *ring;       /* STREAM_WINDOW bytes, allocated at the first DATA */
+  uint32_t ring_head, ring_len;
+  uint32_t outstanding; /* granted to the host and not used yet */
+  uint32_t uncredited;  /* written to the program, not granted again yet */
+};
+
+/* One DNS query waiting for its LOOKUP_END.  Id 0: free. */
+struct egress_lookup {
+  uint32_t id;
+  bool tcp;
+  unsigned conn;                /* tcp: the index of its connection */
+  struct sockaddr_storage client; /* udp: where the answer goes */
+  uint64_t started_ms;
+  struct dns_query q;
+};
+
+/* A DNS-over-TCP connection: one query at a time. */
+struct egress_dns_conn {
+  bool used;
+  int fd;
+  uint32_t lookup;              /* the query in flight, 0: none */
+  uint8_t in[2 + DNS_QUERY_MAX];
+  size_t in_len;
+  uint8_t out[2 + DNS_RESPONSE_MAX];
+  size_t out_off, out_len;
+};
+
+/* All zero is a valid state with egress off (no listeners). */
+struct egress_state {
+  bool on;                      /* the listeners are open */
+  int tcp_fd, udp_fd, dns_tcp_fd;
+  uint32_t last;                /* the n of the last agent id opened (ids PROTO_AGENT_ID | n) */
+  size_t n_streams;
+  struct egress_stream streams[EGRESS_AGENT_MAX_STREAMS];
+  struct egress_lookup lookups[EGRESS_AGENT_MAX_LOOKUPS];
+  struct egress_dns_conn dns_conns[EGRESS_DNS_TCP_MAX];
+  /* Host-opened streams we reset: their frames still in flight are dropped. */
+  uint32_t host_refused[EGRESS_HOST_REFUSED];
+  size_t n_host_refused;
+  /* Refusals logged at most once a second, the others counted. */
+  uint64_t log_ms;
+  unsigned log_quiet;
+};
+
 /* A failed multi-frame request: frames for ID are dropped until END_TYPE. */
 struct agent_ignored {
   uint32_t id;
@@ -146,6 +214,7 @@ struct agent {
   struct exec_state exec;
   struct files_state files;
   struct tree_state trees;
+  struct egress_state egress;
   /* Why the sandbox's traffic could not be captured (egress_capture_setup
    * failed: it then has no route out at all), "" when it is; HELLO_OK
    * carries it as TAG_EGRESS_ERROR. */
@@ -178,6 +247,10 @@ int agent_signals_init(struct agent *a);
  * command and closes the channel.  Returns the exit status.  main() and the
  * fuzz target call it. */
 int agent_serve(struct agent *a);
+/* egress_capture_setup() as part of a sandbox's setup.  A failure does not
+ * stop the sandbox: it runs with no route out (fail closed), the failure is
+ * logged and kept in a->egress_error for HELLO_OK. */
+void agent_capture_egress(struct agent *a);
 /* Check a path from the host (WHAT names it in messages) and make it absolute:
  * relative paths are taken from /root.  On failure sends the ERROR. */
 int agent_resolve_path(struct agent *a, uint32_t id, const char *what, const uint8_t *v,
@@ -218,9 +291,29 @@ void tree_cancel_all(struct agent *a);
  * what is left. */
 void tree_shutdown(struct tree_state *t);
 
+/* egress.c */
+/* Opens the listeners ([::]:EGRESS_TCP_PORT, UDP and TCP [::]:EGRESS_DNS_PORT,
+ * close-on-exec) in the sandbox's network namespace.  On failure logs,
+ * fills a->egress_error when it is empty, and leaves egress off (what the
+ * rules redirect then finds no listener: it fails, nothing leaves). */
+int egress_start(struct agent *a);
+/* The stream and lookup frames (STREAM_*, LOOKUP, LOOKUP_END). */
+void egress_handle(struct agent *a, const struct proto_header *h, const uint8_t *payload);
+size_t egress_pollfds(const struct egress_state *e, struct pollfd *pfd);
+void egress_on_poll(struct agent *a, const struct pollfd *pfd, size_t n);
+/* The host is gone: every program connection is reset, every query
+ * forgotten, and ids count from 1 again for the next host. */
+void egress_cancel_all(struct agent *a);
+/* The agent is ending: egress_cancel_all and the listeners closed. */
+void egress_shutdown(struct agent *a);
+
 /* machine.c */
 int machine_set_hostname(const char *name, size_t len);
 int machine_loopback_up(void);
+/* /etc/resolv.conf naming 127.0.0.1 (where the capture sends DNS) and an
+ * /etc/hosts with the localhost lines, each unless the tree has one.  Best
+ * effort: a failure is logged. */
+void machine_name_files(void);
 void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len);
 
 /* ns_setup.c */
@@ -249,8 +342,9 @@ int ns_setup(const struct ns_options *o);
 /* vm_init.c */
 /* Before anything else as PID 1 of a VM: /dev and the console as fds 0-2. */
 void vm_early_init(void);
-/* Mount the root, load modules, open the channel.  Logs on failure. */
-int vm_setup(int *ret_chan);
+/* Load modules, mount the root, capture the guest's traffic
+ * (agent_capture_egress), open the channel as a->chan.  Logs on failure. */
+int vm_setup(struct agent *a);
 /* After EOF on the port: wait until a host is connected again. */
 void vm_wait_host(int chan);
 /* Power off after a fatal error (PID 1 must not exit). */
