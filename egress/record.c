@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -117,6 +118,13 @@ static int jlog_open(struct jlog *l) {
   int fd = openat(dfd, l->file, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return -errno;
+  /* Held while the log is open, as the run logs' are: the logs' pruner
+   * (common/runlog.c) removes only files nobody holds. */
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
   l->fd = fd;
   return 0;
 }
