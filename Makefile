@@ -174,7 +174,8 @@ vm-images: $(VM)/initramfs.cpio
 	image/build-rootfs-image.sh $(BUILD)/rootfs/small $(VM)/rootfs-small.erofs
 	image/build-rootfs-image.sh $(BUILD)/rootfs/tools $(VM)/rootfs-tools.erofs
 
-$(VM)/vmlinux:
+# The module list is in the script: a change to it makes the kernel again.
+$(VM)/vmlinux: image/build-kernel.sh
 	image/build-kernel.sh $(VM)
 
 $(VM)/initramfs.cpio: $(BUILD)/ign-agent $(VM)/vmlinux image/build-initramfs.sh
