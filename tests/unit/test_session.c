@@ -110,7 +110,7 @@ static void start_ns(void) {
     return;
   }
   char *err = NULL;
-  char *logs = xasprintf("%s/logs", store);
+  _cleanup_free_ char *logs = xasprintf("%s/logs", store);
   struct egress_settings es = {.max_mode = EGRESS_MODE_ALLOW, .log_dir = logs, .log_cap = 1 << 20,
                                .max_streams = 64, .max_bytes = 1u << 30};
   CHECK_EQ_INT(egress_init(&es, &err), 0);
