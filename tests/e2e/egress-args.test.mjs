@@ -41,7 +41,7 @@ describe('network arguments (IGN_MCP_NET=allow, the default)', () => {
     test(`${tool}: a network that is not one of the three strings is refused, naming them`, T, async () => {
       for (const network of [true, false, 1, 'yes', 'ALLOW', '', ['allow'], { mode: 'allow' }]) {
         const e = await callErr(c, tool, { ...base, network });
-        assert.match(e, new RegExp(`^${tool}: network must be (a string, )?"none", "allow"`), `${JSON.stringify(network)}: ${e}`);
+        assert.match(e, new RegExp(`^${tool}: 'network' must be (a string, )?"none", "allow"`), `${JSON.stringify(network)}: ${e}`);
       }
       /* A boolean (the old form) says what to send instead. */
       for (const network of [true, false]) {
@@ -49,6 +49,7 @@ describe('network arguments (IGN_MCP_NET=allow, the default)', () => {
         assert.match(e, /the boolean form \(true\/false\) is gone: send "allow" with allow_hosts/, e);
       }
       assert.match(await callErr(c, tool, { ...base, network: 'yes' }), /, not "yes"$/);
+      assert.match(await callErr(c, tool, { ...base, network: 1 }), /, not an integer$/);
     });
 
     test(`${tool}: allow_hosts only with network "allow", and not empty there`, T, async () => {
@@ -60,8 +61,10 @@ describe('network arguments (IGN_MCP_NET=allow, the default)', () => {
         const e = await callErr(c, tool, { ...base, ...args });
         assert.match(e, new RegExp(`^${tool}: network "allow" needs allow_hosts, a non-empty array of host names`), `${JSON.stringify(args)}: ${e}`);
       }
-      const e = await callErr(c, tool, { ...base, network: 'allow', allow_hosts: 'pypi.org' });
-      assert.match(e, /needs allow_hosts, a non-empty array .* \(it is not an array\)/, e);
+      for (const network of ['allow', 'none']) {
+        const e = await callErr(c, tool, { ...base, network, allow_hosts: 'pypi.org' });
+        assert.match(e, new RegExp(`^${tool}: 'allow_hosts' must be an array of host names .*, not a string$`), e);
+      }
     });
 
     test(`${tool}: a bad allow_hosts entry is named by its index`, T, async () => {

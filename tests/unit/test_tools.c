@@ -94,9 +94,9 @@ static void network_rows(const char *tool, const char *base) {
   static const struct {
     const char *args, *want;
   } rows[] = {
-      {"\"network\": true", ": network must be a string, \"none\", \"allow\" or \"open\"; the "
+      {"\"network\": true", ": 'network' must be a string, \"none\", \"allow\" or \"open\"; the "
                              "boolean form (true/false) is gone"},
-      {"\"network\": \"on\"", ": network must be \"none\", \"allow\" (with allow_hosts) or "
+      {"\"network\": \"on\"", ": 'network' must be \"none\", \"allow\" (with allow_hosts) or "
                                "\"open\", not \"on\""},
       {"\"allow_hosts\": [\"pypi.org\"]",
        ": allow_hosts goes only with network \"allow\" (network is \"none\")"},
