@@ -1008,7 +1008,15 @@ describe('egress: the operator\'s IGN_MCP_NET=off', { skip: TOOLS_SKIP }, () => 
   });
 
   test('IGN_MCP_NET=1 (the old user-mode switch) stops the server with a message', T, async () => {
-    await assert.rejects(startServer({ env: { IGN_MCP_NET: '1' } }), (e) => /IGN_MCP_NET/.test(e.message));
+    let s;
+    try {
+      s = await startServer({ env: { IGN_MCP_NET: '1' } });
+    } catch (e) {
+      assert.match(e.message, /IGN_MCP_NET/);
+      return;
+    }
+    await s.close();
+    assert.fail('the server started with IGN_MCP_NET=1');
   });
 });
 
