@@ -86,6 +86,9 @@ $(BUILD)/test/%: $(OBJ)/san/tests/unit/%.o $(call objs,san,$(LIB_SRCS)) $(BUILD)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SAN) -o $@ $(filter %.o,$^) $(SERVER_LIBS)
 
+# Unit tests of agent code link the guest sources they test.
+$(BUILD)/test/test_egress_nl: $(OBJ)/san/guest/egress_nl.o
+
 $(BUILD):
 	mkdir -p $@
 

@@ -1,14 +1,20 @@
 /* agent.c: ign-agent's entry point, event loop and request dispatch.
  *
  * Modes (command line):
- *   --serve-fd N   serve the protocol on fd N with no setup (tests, benchmarks)
+ *   --serve-fd N [--egress]
+ *                  serve the protocol on fd N with no setup (tests, benchmarks);
+ *                  --egress captures the traffic of the network namespace
+ *                  we run in first (for tests that made one)
  *   --ns --rootfs DIR [--rootfs-fd N] [--stage DIR | --stage-fd N]
  *        --overlay-mb N --hostname H
  *                  PID 1 of a namespace sandbox the server has cloned (root
  *                  of its own user namespace): build the sandbox (ns_setup.c)
  *                  from the rootfs tree, or from the idmapped mount of it on
- *                  fd N, with a stage's layer over it when given, drop
- *                  privileges (confine.c), serve on fd 3
+ *                  fd N, with a stage's layer over it when given, capture
+ *                  its traffic (egress_nl.c), drop privileges (confine.c),
+ *                  serve on fd 3
+ *   --probe-egress try the capture in a user and network namespace of our
+ *                  own, print "ok" or what failed (the server's doctor)
  *   (as PID 1, without --ns)
  *                  PID 1 of a microVM (vm_init.c): mount the rootfs disk under
  *                  an overlay, serve on the virtio-serial port "agent".  A
@@ -26,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,6 +51,7 @@
 struct agent_options {
   enum agent_mode mode;
   int fd;
+  bool egress; /* --serve-fd with --egress */
   struct ns_options ns;
 };
 
@@ -416,7 +424,57 @@ static int agent_adopt_channel(int fd) {
   return 0;
 }
 
-static int mode_fd(const struct agent_options *o, int *ret_chan) {
+void agent_capture_egress(struct agent *a) {
+  if (egress_capture_setup(a->egress_error, sizeof a->egress_error) < 0)
+    agent_log("egress: %s; the sandbox has no network", a->egress_error);
+}
+
+static int write_file(const char *path, const char *text) {
+  _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  if (write(fd, text, strlen(text)) < 0)
+    return -errno;
+  return 0;
+}
+
+/* Root of a new user namespace that owns a new network namespace, our ids
+ * mapped to its 0. */
+static int probe_enter_namespaces(char *err, size_t err_size) {
+  char uid_map[32], gid_map[32];
+  snprintf(uid_map, sizeof uid_map, "0 %u 1", (unsigned)geteuid());
+  snprintf(gid_map, sizeof gid_map, "0 %u 1", (unsigned)getegid());
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0) {
+    snprintf(err, err_size, "cannot make a user and network namespace to try the capture in: %s",
+             strerror(errno));
+    return -1;
+  }
+  int r;
+  if ((r = write_file("/proc/self/setgroups", "deny")) < 0 ||
+      (r = write_file("/proc/self/uid_map", uid_map)) < 0 ||
+      (r = write_file("/proc/self/gid_map", gid_map)) < 0) {
+    snprintf(err, err_size, "cannot map our ids in a new user namespace: %s", strerror(-r));
+    return -1;
+  }
+  if ((r = machine_loopback_up()) < 0) {
+    snprintf(err, err_size, "cannot bring lo up in a new network namespace: %s", strerror(-r));
+    return -1;
+  }
+  return 0;
+}
+
+/* --probe-egress: can this kernel capture a sandbox's traffic?  Tried as an
+ * ns sandbox's agent does it, in namespaces of our own (as root or as a
+ * user); prints "ok" or what failed on one line. */
+static int agent_probe_egress(void) {
+  char err[256] = "";
+  if (probe_enter_namespaces(err, sizeof err) == 0)
+    egress_capture_setup(err, sizeof err);
+  printf("%s\n", err[0] ? err : "ok");
+  return err[0] ? 1 : 0;
+}
+
+static int mode_fd(const struct agent_options *o, struct agent *a) {
   /* Orphans of our commands (a daemon started with '&') get reparented to
    * us, so our waitpid(-1) loop reaps them as PID 1 would. */
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
@@ -426,7 +484,9 @@ static int mode_fd(const struct agent_options *o, int *ret_chan) {
     agent_log("fd %d is not usable as the channel: %s", o->fd, strerror(-r));
     return r;
   }
-  *ret_chan = o->fd;
+  if (o->egress)
+    agent_capture_egress(a);
+  a->chan = o->fd;
   return 0;
 }
 
@@ -440,7 +500,7 @@ static void agent_hide_args(int argc, char **argv) {
   memcpy(start, shown, (size_t)(end - start) < sizeof shown ? (size_t)(end - start) : sizeof shown);
 }
 
-static int mode_ns(const struct agent_options *o, int argc, char **argv, int *ret_chan) {
+static int mode_ns(const struct agent_options *o, int argc, char **argv, struct agent *a) {
   if (getpid() != 1) {
     agent_log("--ns must run as PID 1 of a new pid namespace (we are pid %d)", (int)getpid());
     return -EINVAL;
@@ -454,19 +514,22 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, int *re
   r = ns_setup(&o->ns);
   if (r < 0)
     return r;
+  machine_name_files();
+  agent_capture_egress(a);
   r = confine_drop_privileges();
   if (r < 0)
     return r;
   agent_hide_args(argc, argv);
-  *ret_chan = AGENT_NS_CHANNEL_FD;
+  a->chan = AGENT_NS_CHANNEL_FD;
   return 0;
 }
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ign-agent --serve-fd N\n"
+          "usage: ign-agent --serve-fd N [--egress]\n"
           "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--stage ABS_DIR | --stage-fd N]\n"
           "                 [--overlay-mb N] [--hostname NAME]\n"
+          "       ign-agent --probe-egress\n"
           "Serves the ignition-mcp agent protocol (version %u) on a channel fd.\n",
           PROTO_VERSION);
 }
@@ -493,6 +556,8 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     OPT_HOSTNAME,
     OPT_HELP,
     OPT_VERSION,
+    OPT_EGRESS,
+    OPT_PROBE_EGRESS,
   };
   static const struct option longopts[] = {
       {"serve-fd", required_argument, NULL, OPT_SERVE_FD},
@@ -505,6 +570,8 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
       {"hostname", required_argument, NULL, OPT_HOSTNAME},
       {"help", no_argument, NULL, OPT_HELP},
       {"version", no_argument, NULL, OPT_VERSION},
+      {"egress", no_argument, NULL, OPT_EGRESS},
+      {"probe-egress", no_argument, NULL, OPT_PROBE_EGRESS},
       {0},
   };
   struct agent_options o = {
@@ -566,6 +633,11 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     case OPT_VERSION:
       printf("ign-agent %s (protocol %u)\n", IGN_VERSION, PROTO_VERSION);
       exit(0);
+    case OPT_EGRESS:
+      o.egress = true;
+      break;
+    case OPT_PROBE_EGRESS:
+      exit(agent_probe_egress());
     default:
       return -EINVAL;
     }
@@ -576,6 +648,10 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
   }
   if (ns == (o.fd >= 0)) {
     agent_log("give exactly one of --serve-fd N and --ns");
+    return -EINVAL;
+  }
+  if (ns && o.egress) {
+    agent_log("--egress is for --serve-fd: --ns always captures the sandbox's traffic");
     return -EINVAL;
   }
   if (ns) {
@@ -623,13 +699,13 @@ int main(int argc, char **argv) {
   int r;
   switch (o.mode) {
   case AGENT_MODE_FD:
-    r = mode_fd(&o, &a.chan);
+    r = mode_fd(&o, &a);
     break;
   case AGENT_MODE_NS:
-    r = mode_ns(&o, argc, argv, &a.chan);
+    r = mode_ns(&o, argc, argv, &a);
     break;
   case AGENT_MODE_VM:
-    r = vm_setup(&a.chan);
+    r = vm_setup(&a);
     if (r < 0)
       vm_fatal();
     break;

@@ -7,7 +7,8 @@
  *   files.c     WRITE / DATA / DATA_END / READ
  *   tree.c      UNPACK / PACK / CREDIT (and their DATA, DATA_END, KILL):
  *               tar streams, each in a forked child (common/tarstream.h)
- *   machine.c   SETUP, hostname, loopback
+ *   machine.c   SETUP, hostname, loopback, resolv.conf and hosts
+ *   egress_nl.c the capture of the sandbox's traffic (nftables, routes)
  *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
  *   vm_init.c   PID 1 of a microVM: modules, root disk, overlay, channel
  *   confine.c   the privilege drop: open files, capabilities, no_new_privs,
@@ -178,6 +179,10 @@ int agent_signals_init(struct agent *a);
  * command and closes the channel.  Returns the exit status.  main() and the
  * fuzz target call it. */
 int agent_serve(struct agent *a);
+/* egress_capture_setup() as part of a sandbox's setup.  A failure does not
+ * stop the sandbox: it runs with no route out (fail closed), the failure is
+ * logged and kept in a->egress_error for HELLO_OK. */
+void agent_capture_egress(struct agent *a);
 /* Check a path from the host (WHAT names it in messages) and make it absolute:
  * relative paths are taken from /root.  On failure sends the ERROR. */
 int agent_resolve_path(struct agent *a, uint32_t id, const char *what, const uint8_t *v,
@@ -221,6 +226,10 @@ void tree_shutdown(struct tree_state *t);
 /* machine.c */
 int machine_set_hostname(const char *name, size_t len);
 int machine_loopback_up(void);
+/* /etc/resolv.conf naming 127.0.0.1 (where the capture sends DNS) and an
+ * /etc/hosts with the localhost lines, each unless the tree has one.  Best
+ * effort: a failure is logged. */
+void machine_name_files(void);
 void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len);
 
 /* ns_setup.c */
@@ -249,8 +258,9 @@ int ns_setup(const struct ns_options *o);
 /* vm_init.c */
 /* Before anything else as PID 1 of a VM: /dev and the console as fds 0-2. */
 void vm_early_init(void);
-/* Mount the root, load modules, open the channel.  Logs on failure. */
-int vm_setup(int *ret_chan);
+/* Load modules, mount the root, capture the guest's traffic
+ * (agent_capture_egress), open the channel as a->chan.  Logs on failure. */
+int vm_setup(struct agent *a);
 /* After EOF on the port: wait until a host is connected again. */
 void vm_wait_host(int chan);
 /* Power off after a fatal error (PID 1 must not exit). */

@@ -1,5 +1,5 @@
 /* machine.c: the sandbox's identity and kernel state: hostname, loopback,
- * and the SETUP request.
+ * the name files (/etc/resolv.conf, /etc/hosts), and the SETUP request.
  *
  * SETUP exists for clones of a warm VM snapshot: every clone wakes with the
  * snapshot's clock and the same RNG state, so the host pushes fresh entropy
@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +44,38 @@ int machine_loopback_up(void) {
   if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
     return -errno;
   return 0;
+}
+
+/* Write CONTENT to PATH unless something (a file, a link) is there already. */
+static int machine_write_if_missing(const char *path, const char *content) {
+  _cleanup_close_ int fd =
+      open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return errno == EEXIST ? 0 : -errno;
+  int r = proto_write_all(fd, content, strlen(content));
+  if (r < 0)
+    return r;
+  if (close(steal_fd(fd)) < 0)
+    return -errno;
+  return 0;
+}
+
+void machine_name_files(void) {
+  /* Any server a program names is redirected to the agent's DNS port, but
+   * programs need one named; the rootfs trees have none.  A tree's own file
+   * is kept (glibc asks 127.0.0.1 when there is none, so a dangling link
+   * does no harm either), and a tree without /etc (a test's busybox) is
+   * left as it is. */
+  static const char resolv[] = "nameserver 127.0.0.1\n";
+  static const char hosts[] = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+  struct stat st;
+  int r;
+  if (stat("/etc", &st) < 0)
+    return;
+  if ((r = machine_write_if_missing("/etc/resolv.conf", resolv)) < 0)
+    agent_log("cannot write /etc/resolv.conf: %s", strerror(-r));
+  if ((r = machine_write_if_missing("/etc/hosts", hosts)) < 0)
+    agent_log("cannot write /etc/hosts: %s", strerror(-r));
 }
 
 static int machine_add_entropy(const uint8_t *p, size_t n) {

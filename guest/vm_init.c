@@ -4,13 +4,16 @@
  *   1. mount devtmpfs, proc and sysfs, and give ourselves the console as
  *      fds 0-2 (the initramfs has no /dev/console node);
  *   2. load the kernel modules the guest needs, in the order listed in
-  *      /lib/modules/modules.order (virtio transport, block, console, overlay, the
- *      rootfs's filesystem), before the warm snapshot is taken, so clones
- *      never pay for it;
+ *      /lib/modules/modules.order (virtio transport, block, console, overlay,
+ *      the rootfs's filesystem, nf_tables and the parts of it the capture
+ *      uses), before the warm snapshot is taken, so clones never pay for it;
  *   3. mount the read-only rootfs disk (/dev/vda), a size-capped tmpfs, and
  *      an overlay of the two, move /dev, /proc and /sys into it and make it
  *      the root (the initramfs stays behind, unreachable);
- *   4. open the virtio-serial port named "agent" as the channel.
+ *   4. write /etc/resolv.conf and /etc/hosts when the rootfs has none, bring
+ *      lo up and capture the guest's traffic (egress_nl.c: the guest has no
+ *      NIC, only lo; the rules are in RAM when the warm snapshot is taken);
+ *   5. open the virtio-serial port named "agent" as the channel.
  * Kernel command line options: ign.fstype=erofs|ext4|squashfs (default:
  * try each), ign.overlay_mb=N (default 1024).
  *
@@ -198,7 +201,7 @@ static int open_port(void) {
   }
 }
 
-int vm_setup(int *ret_chan) {
+int vm_setup(struct agent *a) {
   umask(022);
   mkdir("/proc", 0755);
   mkdir("/sys", 0755);
@@ -225,14 +228,16 @@ int vm_setup(int *ret_chan) {
     return r;
   if ((r = mount_root(fstype, overlay_mb)) < 0)
     return r;
+  machine_name_files();
   machine_set_hostname("ignition", strlen("ignition"));
   r = machine_loopback_up();
   if (r < 0)
     agent_log("bringing up loopback: %s", strerror(-r));
+  agent_capture_egress(a);
   int fd = open_port();
   if (fd < 0)
     return fd;
-  *ret_chan = fd;
+  a->chan = fd;
   return 0;
 }
 

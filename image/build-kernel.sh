@@ -12,7 +12,7 @@
 #                   02 21 4c 18) has a PVH entry note, so QEMU boots it directly
 #                   with -kernel, ~0.5 s faster under TCG than the bzImage.
 #   modules/*.ko    just the modules the guest needs (virtio transport, block,
-#                   console, rng, net, overlay, erofs, ...) and their
+#                   console, rng, overlay, erofs, nf_tables, ...) and their
 #                   dependencies, resolved with modinfo -F depends.
 #   modules/modules.order
 #                   the file names in load order (dependencies first), one a line.
@@ -43,14 +43,19 @@ meta=${IGN_KERNEL_PACKAGE:-linux-image-cloud-amd64}
 
 # The modules the guest needs, by module name. Their dependencies are added
 # automatically. microvm's devices sit on virtio-mmio; virtio_pci is kept for
-# machines with a PCI bus (q35), virtio_net for a future network option. The
-# root image is EROFS (build-rootfs-image.sh); ext4 is built into the kernel.
+# machines with a PCI bus (q35). No guest has a NIC (its traffic leaves only
+# through the agent), so there is no virtio_net: nf_tables and the parts the
+# agent's capture uses (guest/egress_nl.c: the nat chain type, redirect,
+# reject in the inet family) take nfnetlink, conntrack, nat, defrag and
+# nf_reject along as dependencies. The root image is EROFS
+# (build-rootfs-image.sh); ext4 is built into the kernel.
 # IGN_KERNEL_EXTRA_MODULES adds more (e.g. squashfs, for measurements).
 read -r -a extra <<<"${IGN_KERNEL_EXTRA_MODULES:-}"
 wanted=(
 	virtio_mmio virtio_pci
-	virtio_blk virtio_console virtio_rng virtio_net
+	virtio_blk virtio_console virtio_rng
 	overlay erofs
+	nf_tables nft_chain_nat nft_redir nft_reject_inet
 	${extra[@]+"${extra[@]}"}
 )
 

@@ -14,11 +14,14 @@
 #   e2e-user     both passes again as an ordinary user (IGN_TEST_USER,
 #                default ignition-test, made when missing), the way most
 #                people run the server: a run as root only (e2e-ns-user,
-#                e2e-vm-user: one of them)
+#                e2e-vm-user: one of them).  The files listed for the pass in
+#                tests/root-passes-only.txt (nothing in them depends on who
+#                runs the server; the reason is on each line) run in the
+#                root passes only: each is announced and counted as skipped
 #   valgrind     the server's end-to-end path once under valgrind: the plain
-#                build on the ns backend, through the e2e files that drive
-#                every tool (e2e-valgrind), and every server process's
-#                report must have no error (valgrind)
+#                build on the ns backend, through the e2e files of the
+#                protocol and the session tools (e2e-valgrind), and every
+#                server process's report must have no error (valgrind)
 #   conformance  tests/conformance.sh: the official MCP conformance suite against
 #                the server's HTTP endpoint, plus the Inspector CLI's strict check
 #   clients      tests/clients: Claude Code, Codex and Gemini CLI (installed
@@ -26,8 +29,9 @@
 #                connect to it
 #   all          all of them (the default)
 #
-# After e2e, e2e-ns or e2e-vm, test files may be named to run only those, e.g.
-# tests/run.sh e2e-vm tests/e2e/vm.test.mjs
+# After e2e, e2e-ns or e2e-vm (or a user pass), test files may be named to run
+# only those, e.g. tests/run.sh e2e-vm tests/e2e/vm.test.mjs; a file named
+# runs in the user passes too, listed in tests/root-passes-only.txt or not.
 #
 # Each suite's own output is shown as it runs. The counts of all suites are
 # added up and the very last line is "N passed, N failed, N skipped". Exits
@@ -40,7 +44,10 @@
 # IGN_TEST_UNIT_TIMEOUT (seconds for one unit test binary, default 300);
 # IGN_TEST_VM_STORE (the warm-base store of the vm pass; default a fresh
 # directory per run, removed afterwards, so the pass neither uses nor
-# disturbs the bases in /var/lib/ignition-mcp; "default": the server's own).
+# disturbs the bases in /var/lib/ignition-mcp; "default": the server's own);
+# IGN_TEST_ROOT_ONLY (the list of files the user passes leave to the root
+# passes, default tests/root-passes-only.txt; "none": the user passes run
+# every file).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -200,6 +207,33 @@ if ((EUID == 0)) && [[ $what == @(e2e|e2e-ns|e2e-vm|all) ]] && [[ -z $(ensure_te
 	export IGN_TEST_USER=$test_user
 fi
 
+# The e2e files the user passes leave to the root passes (FILE PASSES # why).
+root_only_list=${IGN_TEST_ROOT_ONLY-tests/root-passes-only.txt}
+
+# root_only ROW: the files that the user pass ROW (e2e-ns-user, e2e-vm-user)
+# leaves to the root passes, one "FILE WHY" line each.  What is wrong with
+# the list comes out as "? WHAT": a line that names no pass of ours or gives
+# no reason leaves its file to run (a list misread must not lose tests).
+root_only() {
+	local pass=${1#e2e-} line f passes why
+	[[ -n $root_only_list && $root_only_list != none ]] || return 0
+	if [[ ! -r $root_only_list ]]; then
+		printf '? cannot read %s (IGN_TEST_ROOT_ONLY): every file runs\n' "$root_only_list"
+		return
+	fi
+	while IFS= read -r line || [[ -n $line ]]; do
+		[[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+		read -r f passes why <<<"$line"
+		if [[ ! $passes =~ ^(ns-user|vm-user)(,(ns-user|vm-user))?$ || ! $why =~ ^#[[:space:]]*[^[:space:]] ]]; then
+			printf '? %s: "%s" names no pass (ns-user, vm-user, or both with a comma) or gives no "# why": %s runs\n' \
+				"$root_only_list" "$line" "$f"
+			continue
+		fi
+		why=${why#\#}
+		[[ ,$passes, != *,$pass,* ]] || printf '%s %s\n' "$f" "${why# }"
+	done <"$root_only_list"
+}
+
 # run_e2e BACKEND [ROW [user]]: one pass of the e2e suite with
 # IGN_TEST_BACKEND=BACKEND; its summary row is ROW (default e2e-BACKEND).
 # With "user", the pass runs as $test_user (the test runner, and so every
@@ -211,6 +245,7 @@ run_e2e() {
 	local backend=$1 row=${2:-e2e-$1} as=${3:-}
 	banner "end-to-end tests (tests/e2e), backend $backend${as:+, as the ordinary user $test_user}"
 	local files=() f tap rc group left why t0 secs runner=() outdir=$logdir
+	local root_only_n=0 list_bad=0
 	if ((${#e2e_args[@]} > 0)); then
 		files=("${e2e_args[@]}")
 	else
@@ -271,6 +306,14 @@ run_e2e() {
 		# The user's own environment: no XDG directory of root's, its home.
 		runner=(tests/fence.sh "e2e-user-$$-$backend" 16384 12288 --
 			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME)
+		# Files named on the command line run whatever the list says.
+		((${#e2e_args[@]} > 0)) || leave_to_root_passes "$row"
+		if ((${#files[@]} == 0)); then
+			# node --test given no file would look for tests all over the checkout.
+			printf '%s: every file is in the root passes only\n' "$row"
+			add "$row" 0 "$list_bad" "$root_only_n" "$root_only_n files in the root passes only"
+			return
+		fi
 	fi
 	printf 'node %s; IGN_TEST_SERVER=%s; IGN_TEST_BACKEND=%s%s%s\n' "$("$node" --version)" "$IGN_TEST_SERVER" "$backend" "${store:+; IGN_TEST_VM_STORE=$store}" "${as:+; as $test_user (uid $(id -u "$test_user"))}"
 	tap=$outdir/$row.tap
@@ -300,14 +343,49 @@ run_e2e() {
 	if [[ -n $store && -z ${IGN_TEST_VM_STORE:-} ]]; then
 		rm -rf "$store"
 	fi
-	add_tap "$row" "$tap" "$rc" "${secs} s"
+	local note="$secs s"
+	((root_only_n == 0)) || note+="; $root_only_n files in the root passes only"
+	add_tap "$row" "$tap" "$rc" "$note" "$list_bad" "$root_only_n"
 }
 
-# add_tap ROW TAP RC [NOTE]: adds the counts of a node --test run that wrote
-# TAP and exited RC.  node's TAP reporter ends with "# pass N", "# fail N",
+# leave_to_root_passes ROW: takes the files root_only lists for ROW out of
+# run_e2e's files, saying which and why; sets root_only_n (how many) and
+# list_bad (1 when the list has a line it cannot read).
+leave_to_root_passes() {
+	local row=$1 f why kept=() n
+	local -A why_of=()
+	while read -r f why; do
+		if [[ $f == '?' ]]; then
+			printf 'not ok - %s\n' "$why"
+			list_bad=1
+			continue
+		fi
+		why_of[$f]=$why
+	done < <(root_only "$row")
+	for f in "${files[@]}"; do
+		n=${f#tests/e2e/}
+		if [[ -n ${why_of[$n]+set} ]]; then
+			printf -- '- %s: root passes only (%s): %s\n' "$f" "$root_only_list" "${why_of[$n]}"
+			root_only_n=$((root_only_n + 1))
+			unset 'why_of[$n]'
+		else
+			kept+=("$f")
+		fi
+	done
+	for n in "${!why_of[@]}"; do
+		printf 'note: %s lists %s for %s, which is not in tests/e2e\n' "$root_only_list" "$n" "$row"
+	done
+	((root_only_n == 0)) || printf '%s: %d of %d files left to the root passes, counted as skipped (IGN_TEST_ROOT_ONLY=none runs them here too)\n' \
+		"$row" "$root_only_n" "${#files[@]}"
+	files=("${kept[@]}")
+}
+
+# add_tap ROW TAP RC [NOTE [FAIL SKIP]]: adds the counts of a node --test run
+# that wrote TAP and exited RC, and FAIL failures and SKIP skips of the
+# runner's own.  node's TAP reporter ends with "# pass N", "# fail N",
 # "# cancelled N", "# skipped N" and "# todo N".
 add_tap() {
-	local row=$1 tap=$2 rc=$3 note=${4:-} p fl sk cancelled
+	local row=$1 tap=$2 rc=$3 note=${4:-} xf=${5:-0} xs=${6:-0} p fl sk cancelled
 	p=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
 	fl=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
 	cancelled=$(sed -nE 's/^# cancelled ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
@@ -317,7 +395,7 @@ add_tap() {
 		# leaving out describe() blocks, and one failure for the incomplete run.
 		read -r p fl sk < <(tap_counts "$tap")
 		printf 'not ok - %s: node --test ended (exit %d) without a summary; counted the %d results it reported\n' "$row" "$rc" $((p + fl + sk))
-		add "$row" "$p" $((fl + 1)) "$sk" "$note"
+		add "$row" "$p" $((fl + 1 + xf)) $((sk + xs)) "$note"
 		return
 	fi
 	fl=$((fl + ${cancelled:-0}))
@@ -325,7 +403,7 @@ add_tap() {
 		printf 'not ok - %s: node --test exited %d although it counted no failure\n' "$row" "$rc"
 		fl=1
 	fi
-	add "$row" "$p" "$fl" "$sk" "$note"
+	add "$row" "$p" $((fl + xf)) $((sk + xs)) "$note"
 }
 
 run_conformance() {
@@ -405,8 +483,10 @@ run_clients() {
 }
 
 # run_valgrind: the server's end-to-end path once under valgrind (the plain
-# build, not the sanitizer one): the ns backend, with the e2e files that drive
-# every tool.  A pass needs every server process's report to say
+# build, not the sanitizer one): the ns backend, with the e2e files of the
+# protocol and the session tools (open_session, run, write_file, read_file,
+# list_sessions, reset, close; not copy_in, copy_out, the stage tools,
+# sandbox_run nor HTTP).  A pass needs every server process's report to say
 # "ERROR SUMMARY: 0 errors".
 valgrind_files=(tests/e2e/protocol.test.mjs tests/e2e/tools.test.mjs tests/e2e/exec.test.mjs
 	tests/e2e/files.test.mjs tests/e2e/sessions.test.mjs)

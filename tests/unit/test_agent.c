@@ -90,10 +90,10 @@ static void test_hello_and_version_mismatch(void) {
   CHECK(strstr(info, "mode=fd") != NULL);
   ac_result_free(&r);
 
-  CHECK_EQ_INT(ac_hello(c.fd, 2, 2, &r, NULL, 0), 0);
+  CHECK_EQ_INT(ac_hello(c.fd, 2, PROTO_VERSION + 1, &r, NULL, 0), 0);
   CHECK_EQ_INT(r.terminal, PROTO_ERROR);
   CHECK_EQ_INT(r.error, EPROTONOSUPPORT);
-  CHECK_STREQ(r.message, "agent speaks protocol 1, host asked for 2");
+  CHECK_STREQ(r.message, "agent speaks protocol 2, host asked for 3");
   ac_result_free(&r);
   STOP(c);
 }

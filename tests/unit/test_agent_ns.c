@@ -219,6 +219,11 @@ static void test_ns_network_is_loopback_only(void) {
                 " out=$(nc 127.0.0.1 5555 </dev/null 2>/dev/null) && [ -n \"$out\" ] && break;"
                 " sleep 0.1; done; echo $out",
             "hi\n");
+  /* The capture (guest/egress_nl.c): a default route through lo, and TCP
+   * to anywhere redirected to the agent's port (nothing listens there in
+   * this test: refused, where without the capture it is unreachable). */
+  expect_sh(&s, "awk '$1 == \"lo\" && $2 == \"00000000\"' /proc/net/route | wc -l", "1\n");
+  expect_sh(&s, "nc 93.184.216.34 443 </dev/null 2>&1 | grep -o refused", "refused\n");
   STOP(s);
 }
 
