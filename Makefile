@@ -88,6 +88,7 @@ $(BUILD)/test/%: $(OBJ)/san/tests/unit/%.o $(call objs,san,$(LIB_SRCS)) $(BUILD)
 
 # Unit tests of agent code link the guest sources they test.
 $(BUILD)/test/test_egress_nl: $(OBJ)/san/guest/egress_nl.o
+$(BUILD)/test/test_dns: $(OBJ)/san/guest/dns.o
 
 $(BUILD):
 	mkdir -p $@
@@ -96,7 +97,7 @@ $(BUILD):
 # with libFuzzer (clang) for `make fuzz`, and as a plain replay program (the
 # ordinary compiler, ASan+UBSan) that `make check` runs over the committed
 # corpus in fuzz/corpus/<target>/, crashes found so far included.
-FUZZ_TARGETS := fuzz_mcp fuzz_tool_args fuzz_proto_host fuzz_proto_guest fuzz_egress_policy
+FUZZ_TARGETS := fuzz_mcp fuzz_tool_args fuzz_proto_host fuzz_proto_guest fuzz_egress_policy fuzz_dns
 FUZZ_REPLAYS := $(patsubst %,$(BUILD)/replay/%,$(FUZZ_TARGETS))
 FUZZ_BINS    := $(patsubst %,$(BUILD)/fuzz/%,$(FUZZ_TARGETS))
 FUZZ_CC      ?= clang
@@ -107,9 +108,10 @@ comma := ,
 # main() is renamed: the target (or libFuzzer) has its own.
 FUZZ_SRCS_fuzz_mcp         := $(LIB_SRCS)
 FUZZ_SRCS_fuzz_tool_args   := $(LIB_SRCS)
-FUZZ_SRCS_fuzz_proto_host  := proto/proto.c proto/client.c
+FUZZ_SRCS_fuzz_proto_host  := proto/proto.c $(wildcard proto/client*.c)
 FUZZ_SRCS_fuzz_proto_guest := $(filter-out guest/agent.c,$(AGENT_SRCS))
 FUZZ_SRCS_fuzz_egress_policy := common/egress_policy.c
+FUZZ_SRCS_fuzz_dns         := guest/dns.c
 FUZZ_OBJS_fuzz_proto_guest  = $(dir $@)agent-nomain.o
 FUZZ_LIBS_fuzz_proto_guest := $(AGENT_LIBS) -lpthread
 
@@ -172,7 +174,8 @@ vm-images: $(VM)/initramfs.cpio
 	image/build-rootfs-image.sh $(BUILD)/rootfs/small $(VM)/rootfs-small.erofs
 	image/build-rootfs-image.sh $(BUILD)/rootfs/tools $(VM)/rootfs-tools.erofs
 
-$(VM)/vmlinux:
+# The module list is in the script: a change to it makes the kernel again.
+$(VM)/vmlinux: image/build-kernel.sh
 	image/build-kernel.sh $(VM)
 
 $(VM)/initramfs.cpio: $(BUILD)/ign-agent $(VM)/vmlinux image/build-initramfs.sh

@@ -165,7 +165,8 @@ static bool is_log_name(const char *n) {
   size_t len = strlen(n);
   return n[0] != '.' && ((len > 7 && strcmp(n + len - 7, ".stdout") == 0) ||
                          (len > 7 && strcmp(n + len - 7, ".stderr") == 0) ||
-                         (len > 7 && strcmp(n + len - 7, ".serial") == 0));
+                         (len > 7 && strcmp(n + len - 7, ".serial") == 0) ||
+                         (len > 13 && strcmp(n + len - 13, ".egress.jsonl") == 0));
 }
 
 /* Removes NAME if no one holds it open (its flock).  Returns true if it went. */

@@ -10,7 +10,12 @@
  * queued frames back and ends the upload short, whatever the peer answers.
  * Calls 7 (0xfd) and 8 (0xfc) are trees: an UNPACK that sends a short
  * stream within the CREDIT the peer grants, and a PACK whose DATA goes to
- * /dev/null, with small caps.
+ * /dev/null, with small caps.  Call 9 (0xfb) sets a stream handler that
+ * accepts every stream, echoes its data back within the windows, returns
+ * the credit, shuts when the agent shuts and answers every lookup, then
+ * PINGs: the answer's stream and lookup frames (ids with bit 31, which the
+ * input spells out) reach client_stream.c; the handler is taken away while
+ * streams may be open.
  *
  * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.
  * In both answers a frame header whose id is 0 gets the id of the request it
@@ -93,6 +98,40 @@ static void *peer_main(void *arg) {
   return NULL;
 }
 
+/* Call 9's handler: the broker's side in miniature, from the reader thread. */
+static void fz_open(void *ctx, uint32_t sid, const struct agent_stream_open *o) {
+  struct agent_conn *c = ctx;
+  if (o->port == 25)
+    agent_stream_reset(c, sid, ECONNREFUSED, "port 25");
+  else
+    agent_stream_accept(c, sid, o->window > 1000 ? 1000 : o->window);
+}
+static void fz_data(void *ctx, uint32_t sid, const uint8_t *p, size_t n) {
+  struct agent_conn *c = ctx;
+  agent_stream_send(c, sid, p, n);
+  agent_stream_credit(c, sid, (uint32_t)n);
+}
+static void fz_credit(void *ctx, uint32_t sid, uint32_t n) {
+  (void)ctx;
+  (void)sid;
+  (void)n;
+}
+static void fz_shut(void *ctx, uint32_t sid) { agent_stream_shut(ctx, sid); }
+static void fz_reset(void *ctx, uint32_t sid, int err) {
+  (void)ctx;
+  (void)sid;
+  (void)err;
+}
+static void fz_lookup(void *ctx, uint32_t lid, const struct agent_lookup *q) {
+  static const uint8_t addrs[1][16] = {{198, 18, 0, 1}};
+  static const int fams[1] = {AF_INET};
+  if (q->qtype == 1)
+    agent_lookup_answer(ctx, lid, RCODE_NOERROR, fams, addrs, 1, 30);
+  else
+    agent_lookup_answer(ctx, lid, RCODE_NXDOMAIN, NULL, NULL, 0, 30);
+}
+static void fz_none(void *ctx) { (void)ctx; }
+
 static void call(struct agent_conn *c, unsigned which) {
   atomic_bool cancelled = false;
   const struct agent_ctl ctl = {.cancelled = &cancelled};
@@ -168,6 +207,16 @@ static void call(struct agent_conn *c, unsigned which) {
       }
     break;
   }
+  case 9: {
+    const struct agent_stream_handler h = {
+        .open = fz_open, .data = fz_data, .credit = fz_credit, .shut = fz_shut,
+        .reset = fz_reset, .lookup = fz_lookup, .writable = fz_none, .closed = fz_none,
+        .ctx = c};
+    agent_conn_set_streams(c, &h);
+    agent_ping(c, 5000, &err);
+    agent_conn_set_streams(c, NULL);
+    break;
+  }
   default:
     agent_setup(c, "0123456789abcdef0123456789abcdef", 32, 1, "fuzz",
                 "0123456789abcdef0123456789abcdef", &err);
@@ -187,9 +236,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 3)
     return 0;
-  /* 0xfe, 0xfd, 0xfc pick calls 6, 7, 8 (no input of the corpus before
-   * them started so). */
-  unsigned which = data[0] >= 0xfc && data[0] <= 0xfe ? 6u + (0xfeu - data[0]) : data[0] % 6u;
+  /* 0xfe, 0xfd, 0xfc, 0xfb pick calls 6, 7, 8, 9 (no input of the corpus
+   * before them started so). */
+  unsigned which = data[0] >= 0xfb && data[0] <= 0xfe ? 6u + (0xfeu - data[0]) : data[0] % 6u;
   size_t hello_len = data[1] | (size_t)data[2] << 8;
   data += 3;
   size -= 3;

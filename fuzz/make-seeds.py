@@ -131,6 +131,32 @@ def proto_host():
                                                    + frame('PACK_END', 0, report(131072))))
     write('fuzz_proto_host', 'conn-error', host(1, b'', frame('ERROR', 0, tlv('MESSAGE', 'x'))[:8]
                                                 + b'\0\0\0\0' + tlv('MESSAGE', 'x')))
+    # Streams (call 9, first byte 0xfb): ids with bit 31, spelt out.
+    T.update(STREAM_OPEN=50, STREAM_ACCEPT=51, STREAM_DATA=52, STREAM_CREDIT=53,
+             STREAM_SHUT=54, STREAM_RESET=55, LOOKUP=56, LOOKUP_END=57)
+    TAG.update(KIND=60, FAMILY=61, ADDR=62, PORT=63, NAME=64, QTYPE=65, TRANSPORT=66,
+               RCODE=67, TTL=68, EGRESS_ERROR=69)
+    A = 0x80000000
+    def open_(n, port=443, family=4, addr=bytes([93, 184, 216, 34]), window=65536):
+        return frame('STREAM_OPEN', A | n, u32('KIND', 1) + u32('FAMILY', family)
+                     + tlv('ADDR', addr) + u32('PORT', port) + u32('WINDOW', window))
+    def lookup(n, name, qtype=1, transport=1):
+        return frame('LOOKUP', A | n, tlv('NAME', name) + u32('QTYPE', qtype)
+                     + u32('TRANSPORT', transport))
+    pong = frame('PONG', 0)
+    write('fuzz_proto_host', 'stream', host(0xfb, b'', open_(1) + frame('STREAM_DATA', A | 1, b'GET / HTTP/1.1\r\n')
+                                           + frame('STREAM_CREDIT', A | 1, u32('WINDOW', 100))
+                                           + frame('STREAM_SHUT', A | 1)
+                                           + open_(2, 25) + open_(3, 80, 6, bytes(15) + b'\1')
+                                           + frame('STREAM_RESET', A | 3, u32('ERRNO', 104))
+                                           + lookup(4, 'pypi.org') + lookup(5, 'evil.example', 16, 2)
+                                           + frame('STREAM_DATA', A | 2, b'late') + pong))
+    write('fuzz_proto_host', 'stream-over-window', host(0xfb, b'', open_(1, window=10)
+                                                       + frame('STREAM_DATA', A | 1, b'x' * 2000) + pong))
+    write('fuzz_proto_host', 'stream-ids-down', host(0xfb, b'', open_(2) + open_(1) + pong))
+    write('fuzz_proto_host', 'hello-egress-error', host(0, frame('HELLO_OK', 0, u32('VERSION', 2)
+                                                                 + tlv('EGRESS_ERROR', 'no nf_tables')),
+                                                         frame('PONG', 0)))
 
 
 def open_tar_seed():
@@ -187,6 +213,19 @@ def proto_guest():
                   + u32('WINDOW', 1))
           + frame('DATA', 15, b'x') + frame('CREDIT', 16, u32('WINDOW', 0)))
     write('fuzz_proto_guest', 'bad', frame('STDOUT', 9, b'x') + frame('EXEC', 10, b'\1\0\xff\xff\xff\xff'))
+    # Streams and lookups (egress): the agent opens them, so what the host
+    # sends here is for ids never opened, a host-opened stream, or frames
+    # only the agent sends.
+    def sframe(type_, id_, payload=b''):
+        return struct.pack('<IBBHI', len(payload), type_, 0, 0, id_) + payload
+    win = struct.pack('<HI', 42, 4) + struct.pack('<I', 4096)
+    rcode = struct.pack('<HI', 67, 4) + struct.pack('<I', 0)
+    addr = struct.pack('<HI', 62, 4) + bytes([198, 18, 0, 1])
+    write('fuzz_proto_guest', 'streams', hello
+          + sframe(50, 20, struct.pack('<HI', 60, 4) + struct.pack('<I', 1)) + sframe(52, 20, b'x')
+          + sframe(51, 0x80000001, win) + sframe(52, 0x80000001, b'data')
+          + sframe(53, 0x80000001, win) + sframe(54, 0x80000001) + sframe(55, 0x80000001)
+          + sframe(56, 21, b'') + sframe(57, 0x80000002, rcode + addr) + sframe(53, 22, win))
 
 
 def egress_policy():
@@ -221,8 +260,27 @@ def egress_policy():
     write('fuzz_egress_policy', 'addr-v6-6to4', b'\3\x20\x02\x7f\x00\x00\x01' + bytes(10))
 
 
+def dns():
+    """fuzz_dns: DNS queries as a program sends them to the agent."""
+    def q(name, qtype=1, flags=0x0100, an=0, ns=0, ar=0, qd=1, tail=b''):
+        wire = b''.join(bytes([len(l)]) + l for l in name.split(b'.') if l) + b'\0'
+        return struct.pack('>HHHHHH', 0x1234, flags, qd, an, ns, ar) + wire + struct.pack('>HH', qtype, 1) + tail
+    write('fuzz_dns', 'a', q(b'pypi.org'))
+    write('fuzz_dns', 'aaaa', q(b'files.pythonhosted.org', 28))
+    write('fuzz_dns', 'txt-tunnel', q(b'.'.join([b'q' * 63] * 4) + b'.evil.example', 16))
+    write('fuzz_dns', 'edns', q(b'a.example', 1, ar=1, tail=b'\0\0\x29\x04\xd0\0\0\0\0\0\0'))
+    write('fuzz_dns', 'root', q(b'', 2))
+    write('fuzz_dns', 'pointer-back', struct.pack('>HHHHHH', 1, 0x100, 1, 0, 0, 0) + b'\1a\xc0\x05\0\1\0\1')
+    write('fuzz_dns', 'pointer-loop', struct.pack('>HHHHHH', 1, 0x100, 1, 0, 0, 0) + b'\1a\xc0\x0c\0\1\0\1')
+    write('fuzz_dns', 'counts-over', q(b'a.b', an=0xffff))
+    write('fuzz_dns', 'label-dot-nul', struct.pack('>HHHHHH', 1, 0x100, 1, 0, 0, 0) + b'\x08evil.com\3a\0b\0\0\1\0\1')
+    write('fuzz_dns', 'response', q(b'a.b', flags=0x8180))
+    write('fuzz_dns', 'update', q(b'a.b', flags=0x2800))
+
+
 mcp()
 tool_args()
 proto_host()
 proto_guest()
 egress_policy()
+dns()

@@ -24,7 +24,8 @@
  * entropy and the clock) is shared by all modes.
  *
  * The loop is single-threaded: poll() over the channel, a signalfd for
- * SIGCHLD, the output pipes of commands and the pipes of tree copies, with a timeout computed from the
+ * SIGCHLD, the output pipes of commands, the pipes of tree copies and the
+ * egress sockets (egress.c), with a timeout computed from the
  * nearest command deadline.  A readable channel yields one whole frame: the
  * host writes whole frames, so finishing a partial one with blocking reads
  * never stalls for long.  Writes to the channel block; the host always
@@ -233,6 +234,8 @@ static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, s
   proto_frame_begin(&a->out, PROTO_HELLO_OK, id);
   proto_put_u32(&a->out, TAG_VERSION, PROTO_VERSION);
   proto_put_str(&a->out, TAG_INFO, info);
+  if (a->egress_error[0])
+    proto_put_str(&a->out, TAG_EGRESS_ERROR, a->egress_error);
   agent_send(a);
 }
 
@@ -276,6 +279,16 @@ static void agent_dispatch(struct agent *a, const struct proto_header *h, const 
   case PROTO_SETUP:
     machine_handle_setup(a, h->id, p, h->len);
     break;
+  case PROTO_STREAM_OPEN:
+  case PROTO_STREAM_ACCEPT:
+  case PROTO_STREAM_DATA:
+  case PROTO_STREAM_CREDIT:
+  case PROTO_STREAM_SHUT:
+  case PROTO_STREAM_RESET:
+  case PROTO_LOOKUP:
+  case PROTO_LOOKUP_END:
+    egress_handle(a, h, p);
+    break;
   default:
     /* Frames only the agent sends (STDOUT, EXIT, OK, ...). */
     agent_send_error(a, h->id, EPROTO, "unexpected %s frame from the host",
@@ -293,8 +306,9 @@ static void agent_read_request(struct agent *a) {
     return;
   }
   if (a->mode == AGENT_MODE_VM && (r == -ENODATA || r == -ECONNRESET)) {
-    /* Nobody waits for a tree copy any more. */
+    /* Nobody waits for a tree copy, a stream or a lookup any more. */
     tree_cancel_all(a);
+    egress_cancel_all(a);
     vm_wait_host(a->chan);
     return;
   }
@@ -360,15 +374,16 @@ static void agent_on_signal(struct agent *a) {
 
 int agent_serve(struct agent *a) {
   while (a->chan_ok) {
-    struct pollfd pfd[2 + EXEC_POLL_MAX + TREE_MAX];
+    struct pollfd pfd[2 + EXEC_POLL_MAX + TREE_MAX + EGRESS_POLL_MAX];
     pfd[0] = (struct pollfd){.fd = a->chan, .events = POLLIN};
     pfd[1] = (struct pollfd){.fd = a->sigfd, .events = POLLIN};
     size_t n_exec = exec_pollfds(&a->exec, pfd + 2);
     size_t n_tree = tree_pollfds(&a->trees, pfd + 2 + n_exec);
+    size_t n_egress = egress_pollfds(&a->egress, pfd + 2 + n_exec + n_tree);
     int timeout = exec_poll_timeout(&a->exec), tree_timeout = tree_poll_timeout(&a->trees);
     if (tree_timeout >= 0 && (timeout < 0 || tree_timeout < timeout))
       timeout = tree_timeout;
-    int r = poll(pfd, 2 + n_exec + n_tree, timeout);
+    int r = poll(pfd, 2 + n_exec + n_tree + n_egress, timeout);
     if (r < 0) {
       if (errno == EINTR)
         continue;
@@ -379,6 +394,7 @@ int agent_serve(struct agent *a) {
     /* Output first, then exits (which drain what is left), then new work. */
     exec_on_poll(a, pfd + 2, n_exec);
     tree_on_poll(a, pfd + 2 + n_exec, n_tree);
+    egress_on_poll(a, pfd + 2 + n_exec + n_tree, n_egress);
     if (pfd[1].revents)
       agent_on_signal(a);
     exec_check_timeouts(a);
@@ -387,6 +403,7 @@ int agent_serve(struct agent *a) {
       agent_read_request(a);
   }
   tree_shutdown(&a->trees);
+  egress_shutdown(a);
   exec_shutdown(&a->exec);
   files_shutdown(&a->files);
   proto_buf_free(&a->out);
@@ -720,6 +737,10 @@ int main(int argc, char **argv) {
     agent_log("cannot set up signal handling: %s", strerror(-r));
     return 1;
   }
+  /* Where the capture rules send the sandbox's traffic (fd mode: only
+   * with --egress, which sets them up). */
+  if (o.mode != AGENT_MODE_FD || o.egress)
+    egress_start(&a);
   a.chan_ok = true;
   return agent_serve(&a);
 }

@@ -7,6 +7,8 @@
  *   files.c     WRITE / DATA / DATA_END / READ
  *   tree.c      UNPACK / PACK / CREDIT (and their DATA, DATA_END, KILL):
  *               tar streams, each in a forked child (common/tarstream.h)
+ *   egress.c    the sandbox's TCP connections and DNS queries as streams
+ *               and lookups (STREAM_*, LOOKUP, LOOKUP_END); dns.c its codec
  *   machine.c   SETUP, hostname, loopback, resolv.conf and hosts
  *   egress_nl.c the capture of the sandbox's traffic (nftables, routes)
  *   ns_setup.c  the namespace sandbox's mounts (mode --ns)
@@ -23,6 +25,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <sys/socket.h>
+
+#include "guest/dns.h"
 #include "proto/proto.h"
 
 #ifndef IGN_VERSION
@@ -128,6 +133,68 @@ struct tree_state {
   struct tree trees[TREE_MAX];
 };
 
+/* Egress (egress.c): the listeners the capture rules send the sandbox's
+ * traffic to, a stream per TCP connection, a lookup per DNS query. */
+#define EGRESS_AGENT_MAX_STREAMS 256u /* program connections at once; more are reset */
+#define EGRESS_AGENT_MAX_LOOKUPS 64u  /* queries waiting for the host; more get REFUSED */
+#define EGRESS_DNS_TCP_MAX 8u         /* DNS-over-TCP connections at once */
+#define EGRESS_HOST_REFUSED 16u       /* host-opened ids remembered after their RESET */
+#define EGRESS_POLL_MAX (3u + EGRESS_AGENT_MAX_STREAMS + EGRESS_DNS_TCP_MAX)
+
+/* One TCP connection of a program.  An all-zero slot (id 0) is free. */
+struct egress_stream {
+  uint32_t id;
+  int fd;              /* the program's socket, non-blocking */
+  bool accepted;       /* the host's ACCEPT came: reading may start */
+  bool host_shut;      /* the host sent SHUT */
+  bool prog_shut;      /* the program's EOF was read and SHUT sent */
+  bool wr_shut;        /* shutdown(SHUT_WR) done (after host_shut, ring drained) */
+  uint32_t credit;     /* bytes the host still lets us send */
+  /* Host -> program: outstanding + ring_len + uncredited == STREAM_WINDOW. */
+  uint8_t *ring;       /* STREAM_WINDOW bytes, allocated at the first DATA */
+  uint32_t ring_head, ring_len;
+  uint32_t outstanding; /* granted to the host and not used yet */
+  uint32_t uncredited;  /* written to the program, not granted again yet */
+};
+
+/* One DNS query waiting for its LOOKUP_END.  Id 0: free. */
+struct egress_lookup {
+  uint32_t id;
+  bool tcp;
+  unsigned conn;                /* tcp: the index of its connection */
+  struct sockaddr_storage client; /* udp: where the answer goes */
+  uint64_t started_ms;
+  struct dns_query q;
+};
+
+/* A DNS-over-TCP connection: one query at a time. */
+struct egress_dns_conn {
+  bool used;
+  int fd;
+  uint32_t lookup;              /* the query in flight, 0: none */
+  uint8_t in[2 + DNS_QUERY_MAX];
+  size_t in_len;
+  uint8_t out[2 + DNS_RESPONSE_MAX];
+  size_t out_off, out_len;
+};
+
+/* All zero is a valid state with egress off (no listeners). */
+struct egress_state {
+  bool on;                      /* the listeners are open */
+  int tcp_fd, udp_fd, dns_tcp_fd;
+  uint32_t last;                /* the n of the last agent id opened (ids PROTO_AGENT_ID | n) */
+  size_t n_streams;
+  struct egress_stream streams[EGRESS_AGENT_MAX_STREAMS];
+  struct egress_lookup lookups[EGRESS_AGENT_MAX_LOOKUPS];
+  struct egress_dns_conn dns_conns[EGRESS_DNS_TCP_MAX];
+  /* Host-opened streams we reset: their frames still in flight are dropped. */
+  uint32_t host_refused[EGRESS_HOST_REFUSED];
+  size_t n_host_refused;
+  /* Refusals logged at most once a second, the others counted. */
+  uint64_t log_ms;
+  unsigned log_quiet;
+};
+
 /* A failed multi-frame request: frames for ID are dropped until END_TYPE. */
 struct agent_ignored {
   uint32_t id;
@@ -147,6 +214,7 @@ struct agent {
   struct exec_state exec;
   struct files_state files;
   struct tree_state trees;
+  struct egress_state egress;
   /* Why the sandbox's traffic could not be captured (egress_capture_setup
    * failed: it then has no route out at all), "" when it is; HELLO_OK
    * carries it as TAG_EGRESS_ERROR. */
@@ -222,6 +290,22 @@ void tree_cancel_all(struct agent *a);
 /* The agent is ending: stop every child, wait for them briefly, SIGKILL
  * what is left. */
 void tree_shutdown(struct tree_state *t);
+
+/* egress.c */
+/* Opens the listeners ([::]:EGRESS_TCP_PORT, UDP and TCP [::]:EGRESS_DNS_PORT,
+ * close-on-exec) in the sandbox's network namespace.  On failure logs,
+ * fills a->egress_error when it is empty, and leaves egress off (what the
+ * rules redirect then finds no listener: it fails, nothing leaves). */
+int egress_start(struct agent *a);
+/* The stream and lookup frames (STREAM_*, LOOKUP, LOOKUP_END). */
+void egress_handle(struct agent *a, const struct proto_header *h, const uint8_t *payload);
+size_t egress_pollfds(const struct egress_state *e, struct pollfd *pfd);
+void egress_on_poll(struct agent *a, const struct pollfd *pfd, size_t n);
+/* The host is gone: every program connection is reset, every query
+ * forgotten, and ids count from 1 again for the next host. */
+void egress_cancel_all(struct agent *a);
+/* The agent is ending: egress_cancel_all and the listeners closed. */
+void egress_shutdown(struct agent *a);
 
 /* machine.c */
 int machine_set_hostname(const char *name, size_t len);

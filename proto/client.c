@@ -10,21 +10,28 @@
  * frames, and one writer thread sends them with non-blocking writes and
  * poll(), so no call blocks on a guest that stopped reading:
  *   - control frames (a request's first frame, KILL) go before data frames
- *     (stdin, file content), so a cancellation is not stuck behind an upload;
- *     the frames of one request keep their order (its first frame is always
- *     queued before its data);
+ *     (stdin, file content) and stream frames (client_stream.c), so a
+ *     cancellation is not stuck behind an upload or a download; the frames
+ *     of one request keep their order (its first frame is always queued
+ *     before its data); data and stream frames go in turn;
  *   - data frames wait for room (AGENT_QUEUE_MAX) in their call, which stays
- *     cancellable while it waits;
- *   - a frame the agent has not taken whole within the write deadline ends
- *     the connection (a half-sent frame cannot be taken back); the deadline
- *     runs from the frame's first byte, so an agent that reads a little now
- *     and then cannot hold a frame, and the calls queued behind it, longer;
+ *     cancellable while it waits; stream frames have a queue and a budget
+ *     of their own (AGENT_STREAM_QUEUE_MAX) and never wait;
+ *   - the writer starts a frame only when the socket's buffer has room for
+ *     all of it, so a KILL or a PING never waits behind half a data frame;
+ *     an agent that takes nothing for the write deadline while a frame
+ *     waits ends the connection, and so does one that does not take a
+ *     frame larger than the empty buffer (sent in parts) whole within it;
  *   - a cancelled call takes its queued frames back and queues what tells the
  *     agent to drop the request (KILL, or the end frame of a short upload),
  *     then returns at once; the writer finishes or abandons the rest.
  * Calls wait on a shared condition variable with a short tick so they can
  * notice cancellation, send progress and enforce a host-side deadline even if
- * the agent goes silent. */
+ * the agent goes silent.
+ *
+ * This file has the connection, the writer, the reader's dispatch and the
+ * simple calls; client_tree.c has the trees (UNPACK, PACK), client_stream.c
+ * the streams and lookups, and client_int.h what the parts share. */
 #include "proto/client.h"
 
 #include <errno.h>
@@ -35,103 +42,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/util.h"
+#include "proto/client_int.h"
 #include "proto/proto.h"
 
-#define TICK_MS 100u
-#define PROGRESS_EVERY_MS 1000u
 /* How long past a command's own timeout the host waits before declaring the
  * agent unresponsive. */
 #define EXEC_GRACE_MS 20000u
-#define FILE_TIMEOUT_MS 300000u
-#define TAIL_SIZE 512u
 /* Longest HELLO_OK info and ERROR message taken from an agent; ours are far
  * shorter (an error quotes at most a few paths). */
 #define MAX_INFO 256u
 #define MAX_MESSAGE (16u * 1024u)
+#define MAX_EGRESS_ERROR 256u
 /* Slack on a command's duration as the agent reports it, over what the host
  * measured between sending EXEC and reading EXIT (the clocks differ a little). */
 #define DURATION_SLACK_MS 10000u
 
+/* The writer: slack over a frame's length for what the socket is charged
+ * beyond its bytes, and how often it looks again for room when poll()
+ * cannot say. */
+#define OUTQ_SLACK 4096u
+#define ROOM_POLL_MS 10u
+
 _Static_assert(AGENT_QUEUE_MAX >= PROTO_HEADER_SIZE + PROTO_CHUNK, "a chunk fits the queue");
-
-struct pending {
-  struct pending *next;
-  uint32_t id;
-  uint8_t type;   /* request type */
-  bool done;
-  int result;     /* 0, or negative errno */
-  char *err_msg;
-  uint64_t start_ms;
-  /* exec */
-  struct agent_exec_res *res;
-  size_t out_cap;
-  void (*on_output)(void *ctx, int stream, const void *data, size_t len);
-  void *output_ctx;
-  char tail[TAIL_SIZE];
-  size_t tail_len;
-  /* read */
-  uint8_t *data;
-  size_t data_len, data_cap;
-  uint64_t size;
-  bool eof;
-  /* write: the size announced */
-  uint64_t write_size;
-  /* unpack, pack */
-  struct tree_call *tree;
-};
-
-/* The state of an agent_unpack() or agent_pack() that the reader thread
- * shares with the calling thread (under c->lock). */
-struct tree_call {
-  const struct tar_limits *lim;
-  uint64_t stream_cap;   /* stream bytes either side may move */
-  uint64_t last_ms;      /* the last progress of any kind (mono_ms) */
-  /* UNPACK: bytes the agent lets us send, and bytes sent. */
-  uint64_t credit, sent;
-  /* PACK: the stream received and not written to OUT_FD yet (a ring of
-   * TREE_WINDOW bytes), what the agent may still send (counting a CREDIT
-   * still queued, which it may not use yet), and bytes received. */
-  uint8_t *ring;
-  size_t ring_off, ring_len;
-  uint64_t window_left, received;
-  struct tar_report rep; /* from the terminal frame */
-  bool agent_ended;      /* the agent sent its terminal frame */
-};
-
-struct out_frame {
-  struct out_frame *next;
-  uint32_t id;
-  uint8_t type;
-  size_t len;
-  uint8_t *bytes; /* header and payload */
-};
-
-struct frame_queue {
-  struct out_frame *head, **tail;
-};
-
-struct agent_conn {
-  int fd;
-  pthread_t reader, writer;
-  bool reader_started, writer_started;
-  pthread_mutex_t lock;       /* everything below */
-  pthread_cond_t cond;        /* calls: a frame arrived, room in the queue, death */
-  pthread_cond_t wcond;       /* the writer: a frame was queued, death */
-  struct pending *pending;
-  uint32_t next_id;
-  bool dead;
-  bool fault;                 /* the host ended it: protocol broken or a write stalled */
-  char *dead_reason;
-  char *info;
-  struct frame_queue ctl_q, data_q;
-  size_t data_queued;         /* bytes in data_q */
-  uint32_t write_deadline_ms;
-};
 
 void agent_exec_res_free(struct agent_exec_res *r) {
   free(r->out);
@@ -139,7 +79,7 @@ void agent_exec_res_free(struct agent_exec_res *r) {
   r->out = r->err = NULL;
 }
 
-static void set_err(char **ret_err, char *msg) {
+void client_set_err(char **ret_err, char *msg) {
   if (ret_err) {
     free(*ret_err);
     *ret_err = msg;
@@ -148,11 +88,9 @@ static void set_err(char **ret_err, char *msg) {
   }
 }
 
-static int dead_code(const struct agent_conn *c) { return c->fault ? -EPROTO : -EPIPE; }
-
 /* Marks the connection dead with REASON (taken) unless it already is, and
  * wakes everyone.  With the lock held.  The caller shuts the socket down. */
-static void mark_dead_locked(struct agent_conn *c, char *reason, bool fault) {
+void client_mark_dead_locked(struct agent_conn *c, char *reason, bool fault) {
   if (!c->dead_reason) {
     c->dead_reason = reason;
     c->fault = fault;
@@ -162,18 +100,19 @@ static void mark_dead_locked(struct agent_conn *c, char *reason, bool fault) {
   c->dead = true;
   pthread_cond_broadcast(&c->cond);
   pthread_cond_broadcast(&c->wcond);
+  client_wake_writer_locked(c);
 }
 
 /* ---- the writer ---------------------------------------------------------- */
 
-static void frame_free(struct out_frame *f) {
+void client_frame_free(struct out_frame *f) {
   if (f) {
     free(f->bytes);
     free(f);
   }
 }
 
-static void queue_push(struct frame_queue *q, struct out_frame *f) {
+void client_queue_push(struct frame_queue *q, struct out_frame *f) {
   if (!q->head)
     q->tail = &q->head;
   f->next = NULL;
@@ -181,7 +120,7 @@ static void queue_push(struct frame_queue *q, struct out_frame *f) {
   q->tail = &f->next;
 }
 
-static struct out_frame *queue_pop(struct frame_queue *q) {
+struct out_frame *client_queue_pop(struct frame_queue *q) {
   struct out_frame *f = q->head;
   if (f) {
     q->head = f->next;
@@ -191,15 +130,15 @@ static struct out_frame *queue_pop(struct frame_queue *q) {
   return f;
 }
 
-static void queue_clear(struct frame_queue *q) {
+void client_queue_clear(struct frame_queue *q) {
   struct out_frame *f;
-  while ((f = queue_pop(q)))
-    frame_free(f);
+  while ((f = client_queue_pop(q)))
+    client_frame_free(f);
 }
 
 /* Takes the frames of ID out of Q; returns the types taken as a bit mask
  * (1 << type). */
-static uint64_t queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_bytes) {
+uint64_t client_queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_bytes) {
   uint64_t types = 0;
   size_t bytes = 0;
   struct out_frame **pp = &q->head, *last = NULL;
@@ -209,7 +148,7 @@ static uint64_t queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_byte
       *pp = f->next;
       types |= 1ull << f->type;
       bytes += f->len;
-      frame_free(f);
+      client_frame_free(f);
     } else {
       last = f;
       pp = &f->next;
@@ -248,41 +187,160 @@ static int write_frame(int fd, const struct out_frame *f, uint32_t deadline_ms) 
   return 0;
 }
 
+/* The queue the writer takes its next frame from: ctl_q first, then data_q
+ * and stream_q in turn (a download never starves a call's stdin or upload,
+ * nor the other way round), or NULL when all are empty. */
+static struct frame_queue *next_queue(struct agent_conn *c) {
+  if (c->ctl_q.head)
+    return &c->ctl_q;
+  if (c->data_q.head && c->stream_q.head)
+    return c->stream_turn ? &c->stream_q : &c->data_q;
+  return c->data_q.head ? &c->data_q : c->stream_q.head ? &c->stream_q : NULL;
+}
+
+/* What the socket's buffer is charged now (SIOCOUTQ), or -1 when the fd
+ * does not say. */
+static int socket_outq(const struct agent_conn *c) {
+  int outq = 0;
+  if (c->sndbuf <= 0 || ioctl(c->fd, SIOCOUTQ, &outq) < 0)
+    return -1;
+  return outq;
+}
+
+/* Whether a frame of LEN bytes goes into the socket whole at once.  A unix
+ * socket's buffer is charged the truesize of what it holds (67072 for one
+ * 65548-byte frame), hence the slack; a frame larger than an empty buffer
+ * takes goes when the buffer is empty, and then in parts. */
+static bool frame_fits(const struct agent_conn *c, int outq, size_t len) {
+  return outq <= 0 || (size_t)outq + len + OUTQ_SLACK <= (size_t)c->sndbuf;
+}
+
+/* Waits (without the lock) until the agent may have taken some of what the
+ * socket holds, or a frame is queued, or a short while passed.  A unix
+ * socket polls writable only once its charge is down to a quarter of
+ * SO_SNDBUF: below that, poll() cannot say when a frame fits, so the
+ * writer looks again after ROOM_POLL_MS. */
+static void wait_for_room(struct agent_conn *c, int outq) {
+  bool pollout = (size_t)outq * 4 > (size_t)c->sndbuf;
+  c->writer_polling = true;
+  pthread_mutex_unlock(&c->lock);
+  struct pollfd p[2] = {{.fd = c->wake_fd, .events = POLLIN},
+                        {.fd = c->fd, .events = pollout ? POLLOUT : 0}};
+  if (poll(p, 2, pollout ? (int)TICK_MS : (int)ROOM_POLL_MS) > 0 && (p[0].revents & POLLIN)) {
+    uint64_t n;
+    if (read(c->wake_fd, &n, sizeof n) < 0) {
+      /* EAGAIN: another read took it; nothing else can fail here. */
+    }
+  }
+  pthread_mutex_lock(&c->lock);
+  c->writer_polling = false;
+}
+
+void client_wake_writer_locked(struct agent_conn *c) {
+  pthread_cond_signal(&c->wcond);
+  if (c->writer_polling) {
+    uint64_t one = 1;
+    if (write(c->wake_fd, &one, sizeof one) < 0) {
+      /* EAGAIN: the counter is full, so the writer wakes anyway. */
+    }
+  }
+}
+
+/* Takes the head of Q for the wire, with its accounting. */
+static struct out_frame *take_frame(struct agent_conn *c, struct frame_queue *q) {
+  struct out_frame *f = client_queue_pop(q);
+  if (q == &c->data_q) {
+    c->data_queued -= f->len;
+    pthread_cond_broadcast(&c->cond); /* room for a waiting call */
+  } else if (q == &c->stream_q) {
+    c->stream_queued -= f->len;
+    if (c->want_writable && c->stream_queued <= AGENT_STREAM_QUEUE_MAX / 2)
+      c->writable_due = true;
+  }
+  if (q != &c->ctl_q)
+    c->stream_turn = q == &c->data_q;
+  if (f->id & PROTO_AGENT_ID)
+    client_stream_taken_locked(c, f);
+  return f;
+}
+
+static void writer_fail_locked(struct agent_conn *c, int r, uint32_t deadline) {
+  if (r == -ETIMEDOUT)
+    client_mark_dead_locked(c,
+                            xasprintf("the sandbox's agent stopped reading its channel: it did "
+                                      "not take a whole frame within %u ms, so the host gave up "
+                                      "on it",
+                                      deadline),
+                            true);
+  else if (r == -EPIPE || r == -ECONNRESET)
+    client_mark_dead_locked(c, strdup("the sandbox's agent closed the connection"), false);
+  else
+    client_mark_dead_locked(c, xasprintf("writing to the sandbox's agent failed: %s",
+                                         strerror(-r)), false);
+  /* The reader wakes up too, and nothing more goes out. */
+  shutdown(c->fd, SHUT_RDWR);
+}
+
+/* The writer.  Before it starts a frame it looks at what the socket holds:
+ * a frame that does not fit whole stays queued, so that a frame queued
+ * later (KILL, PING) never waits behind half a data frame.  The deadline
+ * is then "the agent took nothing for write_deadline_ms while a frame
+ * waited" (what the socket holds went down, or the frame could go), and,
+ * for a frame larger than the empty buffer's room (it goes in parts),
+ * "the agent did not take it whole within write_deadline_ms". */
 static void *writer_main(void *arg) {
   struct agent_conn *c = arg;
+  uint64_t stalled_since = 0; /* a frame waits for room since (mono_ms); 0: none */
+  int last_outq = -1;
   pthread_mutex_lock(&c->lock);
   for (;;) {
-    while (!c->dead && !c->ctl_q.head && !c->data_q.head)
+    struct frame_queue *q;
+    while (!c->dead && !c->writable_due && !(q = next_queue(c))) {
+      stalled_since = 0;
       pthread_cond_wait(&c->wcond, &c->lock);
+    }
     if (c->dead)
       break;
-    struct out_frame *f = queue_pop(&c->ctl_q);
-    if (!f) {
-      f = queue_pop(&c->data_q);
-      c->data_queued -= f->len;
-      pthread_cond_broadcast(&c->cond); /* room for a waiting call */
+    if (c->writable_due) {
+      c->writable_due = c->want_writable = false;
+      pthread_mutex_unlock(&c->lock);
+      client_stream_writable(c);
+      pthread_mutex_lock(&c->lock);
+      continue;
     }
+    int outq = socket_outq(c);
+    if (outq < last_outq)
+      stalled_since = 0; /* the agent took something */
+    last_outq = outq;
+    if (!frame_fits(c, outq, q->head->len)) {
+      uint64_t now = mono_ms();
+      if (!stalled_since)
+        stalled_since = now;
+      if (now - stalled_since >= c->write_deadline_ms) {
+        client_mark_dead_locked(c,
+                                xasprintf("the sandbox's agent stopped reading its channel: it "
+                                          "did not take a whole frame within %u ms (it took "
+                                          "nothing while frames waited), so the host gave up "
+                                          "on it",
+                                          c->write_deadline_ms),
+                                true);
+        shutdown(c->fd, SHUT_RDWR);
+        break;
+      }
+      wait_for_room(c, outq);
+      continue;
+    }
+    stalled_since = 0;
+    struct out_frame *f = take_frame(c, q);
     uint32_t deadline = c->write_deadline_ms;
     pthread_mutex_unlock(&c->lock);
     int r = write_frame(c->fd, f, deadline);
-    frame_free(f);
+    client_frame_free(f);
+    int after = socket_outq(c);
     pthread_mutex_lock(&c->lock);
-    if (r == -ETIMEDOUT) {
-      mark_dead_locked(c,
-                       xasprintf("the sandbox's agent stopped reading its channel: it did not "
-                                 "take a whole frame within %u ms, so the host gave up on it",
-                                 deadline),
-                       true);
-    } else if (r < 0) {
-      mark_dead_locked(c, r == -EPIPE || r == -ECONNRESET
-                              ? strdup("the sandbox's agent closed the connection")
-                              : xasprintf("writing to the sandbox's agent failed: %s",
-                                          strerror(-r)),
-                       false);
-    }
+    last_outq = after;
     if (r < 0) {
-      /* The reader wakes up too, and nothing more goes out. */
-      shutdown(c->fd, SHUT_RDWR);
+      writer_fail_locked(c, r, deadline);
       break;
     }
   }
@@ -291,7 +349,7 @@ static void *writer_main(void *arg) {
 }
 
 /* A frame ready to queue: B's bytes are taken. */
-static int make_frame(struct proto_buf *b, struct out_frame **ret) {
+int client_make_frame(struct proto_buf *b, struct out_frame **ret) {
   int r = proto_frame_finish(b);
   if (r < 0)
     return r;
@@ -309,10 +367,6 @@ static int make_frame(struct proto_buf *b, struct out_frame **ret) {
   return 0;
 }
 
-static bool cancelled(const struct agent_ctl *ctl) {
-  return ctl && ctl->cancelled && atomic_load(ctl->cancelled);
-}
-
 /* Milliseconds left until DEADLINE (a mono_ms() time; 0: none), at least 1;
  * 0 when there is no deadline. */
 static uint32_t left_ms(uint64_t deadline) {
@@ -328,16 +382,16 @@ static uint32_t left_ms(uint64_t deadline) {
  * passed and the connection lives: an agent that takes its data slowly
  * cannot hold the call longer than one that does not answer.  -EALREADY: the
  * agent already answered the call P (NULL: none), which needs no more data. */
-static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
+int client_enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
                    const struct agent_ctl *ctl, uint64_t deadline, const struct pending *p) {
   struct out_frame *f;
-  int r = make_frame(b, &f);
+  int r = client_make_frame(b, &f);
   if (r < 0)
     return r;
   pthread_mutex_lock(&c->lock);
   for (;;) {
     if (c->dead) {
-      r = dead_code(c);
+      r = client_dead_code(c);
       break;
     }
     if (!control && p && p->done) {
@@ -346,7 +400,7 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
     }
     if (control || c->data_queued == 0 || c->data_queued + f->len <= AGENT_QUEUE_MAX)
       break;
-    if (cancelled(ctl)) {
+    if (client_cancelled(ctl)) {
       r = -ECANCELED;
       break;
     }
@@ -358,25 +412,25 @@ static int enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
     pthread_cond_timedwait(&c->cond, &c->lock, &ts);
   }
   if (r == 0) {
-    queue_push(control ? &c->ctl_q : &c->data_q, f);
+    client_queue_push(control ? &c->ctl_q : &c->data_q, f);
     if (!control)
       c->data_queued += f->len;
-    pthread_cond_signal(&c->wcond);
+    client_wake_writer_locked(c);
   }
   pthread_mutex_unlock(&c->lock);
   if (r < 0)
-    frame_free(f);
+    client_frame_free(f);
   return r;
 }
 
 /* A data frame of the call P. */
-static int enqueue_data(struct agent_conn *c, enum proto_type t, const struct pending *p,
+int client_enqueue_data(struct agent_conn *c, enum proto_type t, const struct pending *p,
                         const void *raw, size_t n, const struct agent_ctl *ctl,
                         uint64_t deadline) {
   struct proto_buf b = {0};
   proto_frame_begin(&b, t, p->id);
   proto_put_raw(&b, raw, n);
-  int r = enqueue(c, &b, false, ctl, deadline, p);
+  int r = client_enqueue(c, &b, false, ctl, deadline, p);
   proto_buf_free(&b);
   return r;
 }
@@ -386,25 +440,25 @@ static int enqueue_data(struct agent_conn *c, enum proto_type t, const struct pe
  * KILL_IT queues a KILL (a command), and END_TYPE (STDIN_END, DATA_END; 0:
  * none) is queued unless it already went, so that the agent stops waiting for
  * the rest of a stream it will not get.  The agent answers into the void. */
-static void abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uint8_t end_type,
+void client_abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uint8_t end_type,
                             bool end_queued) {
   struct out_frame *kill_f = NULL, *end_f = NULL;
   struct proto_buf b = {0};
   if (kill_it) {
     proto_frame_begin(&b, PROTO_KILL, id);
-    if (make_frame(&b, &kill_f) < 0)
+    if (client_make_frame(&b, &kill_f) < 0)
       kill_f = NULL;
   }
   if (end_type) {
     proto_frame_begin(&b, (enum proto_type)end_type, id);
-    if (make_frame(&b, &end_f) < 0)
+    if (client_make_frame(&b, &end_f) < 0)
       end_f = NULL;
   }
   proto_buf_free(&b);
   pthread_mutex_lock(&c->lock);
   size_t ctl_bytes, data_bytes;
-  uint64_t taken = queue_purge(&c->ctl_q, id, &ctl_bytes);
-  taken |= queue_purge(&c->data_q, id, &data_bytes);
+  uint64_t taken = client_queue_purge(&c->ctl_q, id, &ctl_bytes);
+  taken |= client_queue_purge(&c->data_q, id, &data_bytes);
   c->data_queued -= data_bytes;
   /* A request whose first frame never left is unknown to the agent. */
   bool agent_has_it = !(taken & (1ull << PROTO_EXEC | 1ull << PROTO_WRITE | 1ull << PROTO_READ |
@@ -413,20 +467,20 @@ static void abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uin
   bool end_went = end_queued && !(end_type && (taken & (1ull << end_type)));
   if (!c->dead && agent_has_it) {
     if (kill_f) {
-      queue_push(&c->ctl_q, steal_ptr(kill_f));
+      client_queue_push(&c->ctl_q, steal_ptr(kill_f));
     }
     if (end_f && !end_went) {
       /* Past the room check: an empty frame, at most one per call. */
-      queue_push(&c->data_q, end_f);
+      client_queue_push(&c->data_q, end_f);
       c->data_queued += end_f->len;
       end_f = NULL;
     }
-    pthread_cond_signal(&c->wcond);
+    client_wake_writer_locked(c);
   }
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
-  frame_free(kill_f);
-  frame_free(end_f);
+  client_frame_free(kill_f);
+  client_frame_free(end_f);
 }
 
 /* ---- the reader ---------------------------------------------------------- */
@@ -469,7 +523,7 @@ static void keep_output(struct pending *p, bool is_err, const uint8_t *d, size_t
 
 /* One field of an agent's frame, checked.  Each returns NULL when fine, or
  * the protocol error (malloc'd).  REQUIRED: absence is an error too. */
-static char *field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+char *client_field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
                        const char *name, bool required, uint32_t lo, uint32_t hi, uint32_t *ret) {
   const uint8_t *v;
   uint32_t n;
@@ -487,7 +541,7 @@ static char *field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_
   return NULL;
 }
 
-static char *field_u64(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+char *client_field_u64(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
                        const char *name, bool required, uint64_t hi, uint64_t *ret) {
   const uint8_t *v;
   uint32_t n;
@@ -506,7 +560,7 @@ static char *field_u64(const uint8_t *payload, size_t len, uint8_t type, uint16_
   return NULL;
 }
 
-static char *field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+char *client_field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
                        const char *name, size_t max, char **ret) {
   const uint8_t *v;
   uint32_t n;
@@ -525,7 +579,7 @@ static char *field_str(const uint8_t *payload, size_t len, uint8_t type, uint16_
  * the protocol's tags (all below 64) twice but those in REPEATABLE (a mask
  * of 1 << tag), so that no record the field lookups below do not reach (they
  * take the first of a tag) goes unchecked. */
-static char *check_tlvs_but(const uint8_t *payload, size_t len, uint8_t type,
+char *client_check_tlvs_but(const uint8_t *payload, size_t len, uint8_t type,
                             uint64_t repeatable) {
   struct proto_tlv_iter it;
   proto_tlv_init(&it, payload, len);
@@ -548,30 +602,25 @@ static char *check_tlvs_but(const uint8_t *payload, size_t len, uint8_t type,
   }
 }
 
-static char *check_tlvs(const uint8_t *payload, size_t len, uint8_t type) {
-  return check_tlvs_but(payload, len, type, 0);
+char *client_check_tlvs(const uint8_t *payload, size_t len, uint8_t type) {
+  return client_check_tlvs_but(payload, len, type, 0);
 }
 
 /* An ERROR frame: a positive errno (1..4095) and a message. */
-static char *parse_error(const uint8_t *payload, size_t len, char **ret_msg) {
-  char *bad = check_tlvs(payload, len, PROTO_ERROR);
+char *client_parse_error(const uint8_t *payload, size_t len, char **ret_msg) {
+  char *bad = client_check_tlvs(payload, len, PROTO_ERROR);
   if (bad)
     return bad;
   uint32_t e = EIO;
-  bad = field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
+  bad = client_field_u32(payload, len, PROTO_ERROR, TAG_ERRNO, "ERRNO", false, 1, 4095, &e);
   if (bad)
     return bad;
   char *msg = NULL;
-  bad = field_str(payload, len, PROTO_ERROR, TAG_MESSAGE, "MESSAGE", MAX_MESSAGE, &msg);
+  bad = client_field_str(payload, len, PROTO_ERROR, TAG_MESSAGE, "MESSAGE", MAX_MESSAGE, &msg);
   if (bad)
     return bad;
   *ret_msg = msg ? msg : xasprintf("the agent reported an error (%s)", strerror((int)e));
   return NULL;
-}
-
-static void finish(struct pending *p, int result) {
-  p->done = true;
-  p->result = result;
 }
 
 /* Whether TYPE may answer a request of type REQ. */
@@ -595,16 +644,16 @@ static char *handle_exit(struct pending *p, const uint8_t *payload, size_t len) 
   uint32_t code, sig, timed_out;
   uint64_t dur;
   /* 64 is SIGRTMAX: the largest signal a Linux process can die of. */
-  char *bad = field_u32(payload, len, PROTO_EXIT, TAG_EXIT_CODE, "EXIT_CODE", true, 0, UINT32_MAX,
+  char *bad = client_field_u32(payload, len, PROTO_EXIT, TAG_EXIT_CODE, "EXIT_CODE", true, 0, UINT32_MAX,
                         &code);
   if (!bad)
-    bad = field_u32(payload, len, PROTO_EXIT, TAG_SIGNAL, "SIGNAL", true, 0, 64, &sig);
+    bad = client_field_u32(payload, len, PROTO_EXIT, TAG_SIGNAL, "SIGNAL", true, 0, 64, &sig);
   if (!bad)
-    bad = field_u32(payload, len, PROTO_EXIT, TAG_TIMED_OUT, "TIMED_OUT", true, 0, 1, &timed_out);
+    bad = client_field_u32(payload, len, PROTO_EXIT, TAG_TIMED_OUT, "TIMED_OUT", true, 0, 1, &timed_out);
   if (!bad) {
     /* The command cannot have run longer than the host waited for it. */
     uint64_t max_us = (mono_ms() - p->start_ms + DURATION_SLACK_MS) * 1000u;
-    bad = field_u64(payload, len, PROTO_EXIT, TAG_DURATION_US, "DURATION_US", true, max_us, &dur);
+    bad = client_field_u64(payload, len, PROTO_EXIT, TAG_DURATION_US, "DURATION_US", true, max_us, &dur);
   }
   if (bad)
     return bad;
@@ -620,7 +669,7 @@ static char *handle_exit(struct pending *p, const uint8_t *payload, size_t len) 
   r->signal = (int)sig;
   r->timed_out = timed_out != 0;
   r->duration_us = dur;
-  finish(p, 0);
+  client_finish(p, 0);
   return NULL;
 }
 
@@ -628,11 +677,11 @@ static char *handle_read_end(struct pending *p, const uint8_t *payload, size_t l
   uint64_t size, bytes;
   uint32_t eof;
   /* A file's size is an off_t. */
-  char *bad = field_u64(payload, len, PROTO_READ_END, TAG_SIZE, "SIZE", true, INT64_MAX, &size);
+  char *bad = client_field_u64(payload, len, PROTO_READ_END, TAG_SIZE, "SIZE", true, INT64_MAX, &size);
   if (!bad)
-    bad = field_u32(payload, len, PROTO_READ_END, TAG_EOF, "EOF", true, 0, 1, &eof);
+    bad = client_field_u32(payload, len, PROTO_READ_END, TAG_EOF, "EOF", true, 0, 1, &eof);
   if (!bad)
-    bad = field_u64(payload, len, PROTO_READ_END, TAG_BYTES, "BYTES", true, UINT64_MAX, &bytes);
+    bad = client_field_u64(payload, len, PROTO_READ_END, TAG_BYTES, "BYTES", true, UINT64_MAX, &bytes);
   if (bad)
     return bad;
   if (bytes != p->data_len)
@@ -640,186 +689,28 @@ static char *handle_read_end(struct pending *p, const uint8_t *payload, size_t l
                      (unsigned long long)bytes, p->data_len);
   p->size = size;
   p->eof = eof != 0;
-  finish(p, 0);
+  client_finish(p, 0);
   return NULL;
 }
 
-/* ---- trees: the reader's side -------------------------------------------- */
-
-static void tree_rep_clear(struct tar_report *r) {
-  for (size_t i = 0; i < r->n_listed; i++) {
-    free(r->listed[i].path);
-    free(r->listed[i].reason);
-  }
-  *r = (struct tar_report){0};
-}
-
-/* A SKIP_PATH or SKIP_REASON: at most MAX bytes, no NUL. */
-static char *skip_str(uint8_t type, const char *name, const uint8_t *v, uint32_t n, uint32_t max,
-                      char **ret) {
-  if (n > max)
-    return xasprintf("its %s frame has a %s of %u bytes, over %u", proto_type_name(type), name, n,
-                     max);
-  if (memchr(v, '\0', n))
-    return xasprintf("its %s frame has a %s with a NUL byte", proto_type_name(type), name);
-  *ret = strndup((const char *)v, n);
-  return *ret ? NULL : strdup("out of memory for a report");
-}
-
-/* The report of an UNPACK's OK or a PACK's END, checked against what went
- * through the stream (STREAM bytes) and the call's limits. */
-static char *parse_report(struct tree_call *t, uint8_t type, const uint8_t *payload, size_t len,
-                          uint64_t stream) {
-  char *bad = check_tlvs_but(payload, len, type, 1ull << TAG_SKIP_PATH | 1ull << TAG_SKIP_REASON);
-  struct tar_report r = {0};
-  uint64_t bytes = 0;
-  if (!bad)
-    bad = field_u64(payload, len, type, TAG_FILES, "FILES", true, UINT64_MAX, &r.files);
-  if (!bad)
-    bad = field_u64(payload, len, type, TAG_DIRS, "DIRS", true, UINT64_MAX, &r.dirs);
-  if (!bad)
-    bad = field_u64(payload, len, type, TAG_SYMLINKS, "SYMLINKS", true, UINT64_MAX, &r.symlinks);
-  if (!bad)
-    bad = field_u64(payload, len, type, TAG_TREE_BYTES, "TREE_BYTES", true, t->lim->max_bytes,
-                    &r.bytes);
-  if (!bad)
-    bad = field_u64(payload, len, type, TAG_SKIPPED, "SKIPPED", true, UINT64_MAX, &r.skipped);
-  if (!bad)
-    bad = field_u64(payload, len, type, TAG_BYTES, "BYTES", true, UINT64_MAX, &bytes);
-  if (bad)
-    return bad;
-  if (bytes != stream)
-    return xasprintf("its %s frame says %llu bytes of stream went through, but %llu did",
-                     proto_type_name(type), (unsigned long long)bytes, (unsigned long long)stream);
-  uint64_t max = t->lim->max_files;
-  if (r.files > max || r.dirs > max - r.files || r.symlinks > max - r.files - r.dirs)
-    return xasprintf("its %s frame counts more entries than the %llu allowed",
-                     proto_type_name(type), (unsigned long long)max);
-  if (r.bytes > stream)
-    return xasprintf("its %s frame counts %llu bytes of files in a stream of %llu bytes",
-                     proto_type_name(type), (unsigned long long)r.bytes,
-                     (unsigned long long)stream);
-  /* The listed skips, in pairs. */
-  struct proto_tlv_iter it;
-  proto_tlv_init(&it, payload, len);
-  uint16_t tag;
+/* HELLO_OK's EGRESS_ERROR: the agent's words, shown to the user, so only
+ * printable ASCII, 1..MAX_EGRESS_ERROR bytes. */
+static char *hello_egress_error(struct agent_conn *c, const uint8_t *payload, size_t len) {
   const uint8_t *v;
   uint32_t n;
-  bool want_reason = false;
-  while (!bad && proto_tlv_next(&it, &tag, &v, &n) > 0) {
-    if (tag == TAG_SKIP_PATH) {
-      if (want_reason)
-        bad = xasprintf("its %s frame has a SKIP_PATH without its SKIP_REASON",
-                        proto_type_name(type));
-      else if (r.n_listed == TAR_SKIPPED_LISTED)
-        bad = xasprintf("its %s frame lists more than %u skipped entries", proto_type_name(type),
-                        TAR_SKIPPED_LISTED);
-      else
-        bad = skip_str(type, "SKIP_PATH", v, n, PROTO_MAX_SKIP_PATH,
-                       &r.listed[r.n_listed].path);
-      if (!bad)
-        r.n_listed++;
-      want_reason = true;
-    } else if (tag == TAG_SKIP_REASON) {
-      if (!want_reason)
-        bad = xasprintf("its %s frame has a SKIP_REASON without a SKIP_PATH",
-                        proto_type_name(type));
-      else
-        bad = skip_str(type, "SKIP_REASON", v, n, PROTO_MAX_SKIP_REASON,
-                       &r.listed[r.n_listed - 1].reason);
-      want_reason = false;
-    }
-  }
-  if (!bad && want_reason)
-    bad = xasprintf("its %s frame has a SKIP_PATH without its SKIP_REASON", proto_type_name(type));
-  if (!bad && r.skipped < r.n_listed)
-    bad = xasprintf("its %s frame lists %zu skipped entries but counts %llu",
-                    proto_type_name(type), r.n_listed, (unsigned long long)r.skipped);
-  if (bad) {
-    tree_rep_clear(&r);
-    return bad;
-  }
-  tree_rep_clear(&t->rep);
-  t->rep = r;
-  return NULL;
-}
-
-/* The WINDOW of the CREDIT of request ID that still waits in the control
- * queue (its value sits at a fixed place: the header, a tag and a length),
- * or NULL.  With c->lock held. */
-static uint8_t *queued_credit(struct agent_conn *c, uint32_t id) {
-  for (struct out_frame *f = c->ctl_q.head; f; f = f->next)
-    if (f->id == id && f->type == PROTO_CREDIT)
-      return f->bytes + PROTO_HEADER_SIZE + 6;
-  return NULL;
-}
-
-static char *handle_tree_frame(struct agent_conn *c, struct pending *p,
-                               const struct proto_header *h, const uint8_t *payload) {
-  struct tree_call *t = p->tree;
-  t->last_ms = mono_ms();
-  char *bad = NULL;
-  switch (h->type) {
-  case PROTO_CREDIT: {
-    uint32_t w;
-    if (!(bad = check_tlvs(payload, h->len, h->type)))
-      bad = field_u32(payload, h->len, h->type, TAG_WINDOW, "WINDOW", true, 1, TREE_WINDOW, &w);
-    if (bad)
-      return bad;
-    /* What it grants is room in its buffer, which is TREE_WINDOW bytes. */
-    if (t->credit + w > TREE_WINDOW)
-      return xasprintf("its CREDIT frames grant more than the %u bytes of window", TREE_WINDOW);
-    t->credit += w;
-    return NULL;
-  }
-  case PROTO_DATA: {
-    /* A grant still in the queue has not reached the agent. */
-    const uint8_t *queued = queued_credit(c, h->id);
-    uint64_t granted = t->window_left - (queued ? proto_le32(queued) : 0);
-    if (h->len > granted)
-      return xasprintf("it sent %u bytes of a tree with only %llu granted", h->len,
-                       (unsigned long long)granted);
-    if (h->len > t->stream_cap - t->received) {
-      /* Not a protocol error: the tree is too large, which the agent
-       * should have found; the call fails and the agent is stopped. */
-      p->err_msg = xasprintf("the sandbox sent more than %llu bytes of tar stream for a tree of "
-                             "at most %llu bytes and %llu entries; the copy was stopped",
-                             (unsigned long long)t->stream_cap,
-                             (unsigned long long)t->lim->max_bytes,
-                             (unsigned long long)t->lim->max_files);
-      finish(p, -EFBIG);
-      return NULL;
-    }
-    size_t end = (t->ring_off + t->ring_len) % TREE_WINDOW;
-    size_t first = h->len < TREE_WINDOW - end ? h->len : TREE_WINDOW - end;
-    memcpy(t->ring + end, payload, first);
-    memcpy(t->ring, payload + first, h->len - first);
-    t->ring_len += h->len;
-    t->window_left -= h->len;
-    t->received += h->len;
-    return NULL;
-  }
-  case PROTO_OK:
-  case PROTO_PACK_END:
-    t->agent_ended = true;
-    bad = parse_report(t, h->type, payload, h->len,
-                       h->type == PROTO_OK ? t->sent : t->received);
-    if (!bad)
-      finish(p, 0);
-    return bad;
-  case PROTO_ERROR: {
-    t->agent_ended = true;
-    char *msg = NULL;
-    bad = parse_error(payload, h->len, &msg);
-    if (bad)
-      return bad;
-    p->err_msg = msg;
-    finish(p, -EREMOTEIO);
-    return NULL;
-  }
-  default:
-    return xasprintf("it sent a %s frame, which only the host sends", proto_type_name(h->type));
-  }
+  if (proto_find(payload, len, TAG_EGRESS_ERROR, &v, &n) <= 0)
+    return NULL; /* absent (a malformed payload was refused before) */
+  if (n == 0 || n > MAX_EGRESS_ERROR)
+    return xasprintf("its HELLO_OK frame has an EGRESS_ERROR of %u bytes, not 1..%u", n,
+                     MAX_EGRESS_ERROR);
+  for (uint32_t i = 0; i < n; i++)
+    if (v[i] < 0x20 || v[i] >= 0x7f)
+      return xasprintf("its HELLO_OK frame has an EGRESS_ERROR with byte 0x%02x at %u (only "
+                       "printable ASCII)",
+                       v[i], i);
+  free(c->egress_error);
+  c->egress_error = strndup((const char *)v, n);
+  return c->egress_error ? NULL : strdup("out of memory for the agent's EGRESS_ERROR");
 }
 
 /* Hands one frame to its call.  Returns NULL, or what broke the protocol. */
@@ -834,12 +725,12 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
     return xasprintf("it answered a %s request with a %s frame", proto_type_name(p->type),
                      proto_type_name(h->type));
   if (p->tree)
-    return handle_tree_frame(c, p, h, payload);
+    return client_tree_frame(c, p, h, payload);
   uint32_t version;
   char *bad = NULL;
   /* The frames made of TLV records (not output or file data). */
   if (h->type != PROTO_STDOUT && h->type != PROTO_STDERR && h->type != PROTO_DATA &&
-      h->type != PROTO_ERROR && (bad = check_tlvs(payload, h->len, h->type)))
+      h->type != PROTO_ERROR && (bad = client_check_tlvs(payload, h->len, h->type)))
     return bad;
   switch (h->type) {
   case PROTO_STDOUT:
@@ -860,43 +751,47 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
     return handle_read_end(p, payload, h->len);
   case PROTO_HELLO_OK: {
     char *info = NULL;
-    bad = field_u32(payload, h->len, h->type, TAG_VERSION, "VERSION", true, PROTO_VERSION,
+    bad = client_field_u32(payload, h->len, h->type, TAG_VERSION, "VERSION", true, PROTO_VERSION,
                     PROTO_VERSION, &version);
     if (!bad)
-      bad = field_str(payload, h->len, h->type, TAG_INFO, "INFO", MAX_INFO, &info);
-    if (bad)
+      bad = client_field_str(payload, h->len, h->type, TAG_INFO, "INFO", MAX_INFO, &info);
+    if (!bad)
+      bad = hello_egress_error(c, payload, h->len);
+    if (bad) {
+      free(info);
       return bad;
+    }
     free(c->info);
     c->info = info ? info : strdup("ign-agent");
-    finish(p, 0);
+    client_finish(p, 0);
     return NULL;
   }
   case PROTO_PONG:
-    bad = field_u32(payload, h->len, h->type, TAG_VERSION, "VERSION", false, PROTO_VERSION,
+    bad = client_field_u32(payload, h->len, h->type, TAG_VERSION, "VERSION", false, PROTO_VERSION,
                     PROTO_VERSION, &version);
     if (!bad)
-      finish(p, 0);
+      client_finish(p, 0);
     return bad;
   case PROTO_OK: {
     uint64_t size = p->write_size;
     if (p->type == PROTO_WRITE)
-      bad = field_u64(payload, h->len, h->type, TAG_SIZE, "SIZE", false, UINT64_MAX, &size);
+      bad = client_field_u64(payload, h->len, h->type, TAG_SIZE, "SIZE", false, UINT64_MAX, &size);
     if (!bad && size != p->write_size)
       bad = xasprintf("its OK frame says %llu bytes were written, but %llu were sent",
                       (unsigned long long)size, (unsigned long long)p->write_size);
     if (!bad)
-      finish(p, 0);
+      client_finish(p, 0);
     return bad;
   }
   case PROTO_ERROR: {
     char *msg = NULL;
-    bad = parse_error(payload, h->len, &msg);
+    bad = client_parse_error(payload, h->len, &msg);
     if (bad)
       return bad;
     p->err_msg = msg;
     /* The agent's errno stays the agent's: EPIPE from a guest is not the
      * host's connection dying. */
-    finish(p, -EREMOTEIO);
+    client_finish(p, -EREMOTEIO);
     return NULL;
   }
   default:
@@ -931,7 +826,7 @@ static void *reader_main(void *arg) {
         /* The agent gives up on the connection and says why, in words
          * that are quoted as its own: a guest cannot word the host's. */
         char *msg = NULL;
-        char *bad = parse_error(payload, h.len, &msg);
+        char *bad = client_parse_error(payload, h.len, &msg);
         if (!bad) {
           reason = xasprintf("the sandbox's agent closed the connection: %s", msg);
           free(msg);
@@ -944,10 +839,15 @@ static void *reader_main(void *arg) {
         }
         break;
       }
-      pthread_mutex_lock(&c->lock);
-      char *bad = handle_frame(c, &h, payload);
-      pthread_mutex_unlock(&c->lock);
-      pthread_cond_broadcast(&c->cond);
+      char *bad;
+      if (h.id & PROTO_AGENT_ID) {
+        bad = client_stream_frame(c, &h, payload);
+      } else {
+        pthread_mutex_lock(&c->lock);
+        bad = handle_frame(c, &h, payload);
+        pthread_mutex_unlock(&c->lock);
+        pthread_cond_broadcast(&c->cond);
+      }
       if (bad) {
         reason = xasprintf("the sandbox's agent broke the protocol: %s; the host closed the "
                            "connection",
@@ -960,10 +860,11 @@ static void *reader_main(void *arg) {
   }
   free(payload);
   pthread_mutex_lock(&c->lock);
-  mark_dead_locked(c, reason, fault);
+  client_mark_dead_locked(c, reason, fault);
   pthread_mutex_unlock(&c->lock);
   /* Whatever the agent sends from now on is not read: stop the writer too. */
   shutdown(c->fd, SHUT_RDWR);
+  client_stream_closed(c);
   return NULL;
 }
 
@@ -978,6 +879,9 @@ bool agent_conn_alive(struct agent_conn *c) {
 
 const char *agent_conn_info(struct agent_conn *c) { return c->info ? c->info : ""; }
 
+/* Set once, before agent_conn_open returns. */
+const char *agent_conn_egress_error(struct agent_conn *c) { return c->egress_error; }
+
 void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms) {
   pthread_mutex_lock(&c->lock);
   c->write_deadline_ms = ms ? ms : 1;
@@ -986,7 +890,7 @@ void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms) {
 
 void agent_conn_shutdown(struct agent_conn *c) {
   pthread_mutex_lock(&c->lock);
-  mark_dead_locked(c, strdup("the session was closed"), false);
+  client_mark_dead_locked(c, strdup("the session was closed"), false);
   pthread_mutex_unlock(&c->lock);
   shutdown(c->fd, SHUT_RDWR);
 }
@@ -1000,10 +904,16 @@ void agent_conn_free(struct agent_conn *c) {
   if (c->writer_started)
     pthread_join(c->writer, NULL);
   close(c->fd);
-  queue_clear(&c->ctl_q);
-  queue_clear(&c->data_q);
+  if (c->wake_fd >= 0)
+    close(c->wake_fd);
+  client_queue_clear(&c->ctl_q);
+  client_queue_clear(&c->data_q);
+  client_queue_clear(&c->stream_q);
+  client_stream_free_all(c);
   free(c->dead_reason);
   free(c->info);
+  free(c->egress_error);
+  pthread_mutex_destroy(&c->hlock);
   pthread_mutex_destroy(&c->lock);
   pthread_cond_destroy(&c->cond);
   pthread_cond_destroy(&c->wcond);
@@ -1011,15 +921,18 @@ void agent_conn_free(struct agent_conn *c) {
 }
 
 /* Registers P with a fresh id; the caller then queues its frames. */
-static int register_pending(struct agent_conn *c, struct pending *p, uint8_t type) {
+int client_register_pending(struct agent_conn *c, struct pending *p, uint8_t type) {
   pthread_mutex_lock(&c->lock);
   if (c->dead) {
     pthread_mutex_unlock(&c->lock);
     return -EPIPE;
   }
-  do
-    p->id = ++c->next_id;
-  while (p->id == 0);
+  /* Ids below 2^31 (the agent's have bit 31), never 0, never one still
+   * waiting for its answer. */
+  do {
+    c->next_id = c->next_id >= PROTO_AGENT_ID - 1 ? 1 : c->next_id + 1;
+    p->id = c->next_id;
+  } while (find_pending(c, p->id));
   p->type = type;
   p->start_ms = mono_ms();
   p->next = c->pending;
@@ -1062,8 +975,8 @@ static int wait_pending(struct agent_conn *c, struct pending *p, const struct ag
     if (p->done)
       return p->result;
     if (c->dead)
-      return dead_code(c);
-    if (cancelled(ctl))
+      return client_dead_code(c);
+    if (client_cancelled(ctl))
       return -ECANCELED;
     uint64_t now = mono_ms();
     if (timeout_ms && now - start >= timeout_ms)
@@ -1083,25 +996,25 @@ static int wait_pending(struct agent_conn *c, struct pending *p, const struct ag
 }
 
 /* Ends a call: called with c->lock held, returns without it. */
-static int finish_call(struct agent_conn *c, struct pending *p, int r, char **ret_err) {
+int client_finish_call(struct agent_conn *c, struct pending *p, int r, char **ret_err) {
   if ((r == -EPIPE || r == -EPROTO) && !p->done)
-    set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
+    client_set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
   else if (r == -ETIMEDOUT)
-    set_err(ret_err, strdup("the sandbox's agent stopped answering"));
+    client_set_err(ret_err, strdup("the sandbox's agent stopped answering"));
   else if (r == -ECANCELED)
-    set_err(ret_err, strdup("the call was cancelled"));
+    client_set_err(ret_err, strdup("the call was cancelled"));
   else if (r < 0 && p->err_msg)
-    set_err(ret_err, steal_ptr(p->err_msg));
+    client_set_err(ret_err, steal_ptr(p->err_msg));
   pthread_mutex_unlock(&c->lock);
   unregister_pending(c, p);
   free(p->err_msg);
   return r;
 }
 
-static int dead_error(struct agent_conn *c, char **ret_err) {
+int client_dead_error(struct agent_conn *c, char **ret_err) {
   pthread_mutex_lock(&c->lock);
-  set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
-  int r = dead_code(c);
+  client_set_err(ret_err, strdup(c->dead_reason ? c->dead_reason : "the sandbox is gone"));
+  int r = client_dead_code(c);
   pthread_mutex_unlock(&c->lock);
   return r;
 }
@@ -1110,7 +1023,7 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
   int type = 0;
   socklen_t tlen = sizeof type;
   if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) < 0 || type != SOCK_STREAM) {
-    set_err(ret_err, strdup("the agent channel is not a stream socket"));
+    client_set_err(ret_err, strdup("the agent channel is not a stream socket"));
     close(fd);
     return -ENOTSOCK;
   }
@@ -1123,6 +1036,25 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
   c->write_deadline_ms = AGENT_WRITE_DEADLINE_MS;
   c->ctl_q.tail = &c->ctl_q.head;
   c->data_q.tail = &c->data_q.head;
+  c->stream_q.tail = &c->stream_q.head;
+  c->last_agent_id = PROTO_AGENT_ID;
+  /* The writer starts a frame only when it fits what the socket's buffer
+   * has room for (SIOCOUTQ against SO_SNDBUF); a channel that cannot say
+   * gets frames as they come. */
+  socklen_t slen = sizeof c->sndbuf;
+  int outq;
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &c->sndbuf, &slen) < 0 ||
+      ioctl(fd, SIOCOUTQ, &outq) < 0)
+    c->sndbuf = 0;
+  c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->wake_fd < 0) {
+    int e = errno;
+    client_set_err(ret_err, xasprintf("cannot make the agent writer's eventfd: %s", strerror(e)));
+    close(fd);
+    free(c);
+    return -e;
+  }
+  pthread_mutex_init(&c->hlock, NULL);
   pthread_mutex_init(&c->lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -1131,38 +1063,38 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
   pthread_cond_init(&c->wcond, &ca);
   pthread_condattr_destroy(&ca);
   if (pthread_create(&c->reader, NULL, reader_main, c) != 0) {
-    set_err(ret_err, strdup("cannot start the agent reader thread"));
+    client_set_err(ret_err, strdup("cannot start the agent reader thread"));
     agent_conn_free(c);
     return -EAGAIN;
   }
   c->reader_started = true;
   if (pthread_create(&c->writer, NULL, writer_main, c) != 0) {
-    set_err(ret_err, strdup("cannot start the agent writer thread"));
+    client_set_err(ret_err, strdup("cannot start the agent writer thread"));
     agent_conn_free(c);
     return -EAGAIN;
   }
   c->writer_started = true;
 
   struct pending p = {0};
-  int r = register_pending(c, &p, PROTO_HELLO);
+  int r = client_register_pending(c, &p, PROTO_HELLO);
   if (r == 0) {
     struct proto_buf b = {0};
     proto_frame_begin(&b, PROTO_HELLO, p.id);
     proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
-    r = enqueue(c, &b, true, NULL, 0, NULL);
+    r = client_enqueue(c, &b, true, NULL, 0, NULL);
     proto_buf_free(&b);
     pthread_mutex_lock(&c->lock);
     if (r == 0)
       r = wait_pending(c, &p, NULL, timeout_ms);
     if (r == -ETIMEDOUT) {
-      set_err(ret_err, xasprintf("the sandbox's agent did not answer within %u ms", timeout_ms));
+      client_set_err(ret_err, xasprintf("the sandbox's agent did not answer within %u ms", timeout_ms));
       pthread_mutex_unlock(&c->lock);
       unregister_pending(c, &p);
     } else {
-      r = finish_call(c, &p, r, ret_err);
+      r = client_finish_call(c, &p, r, ret_err);
     }
   } else {
-    set_err(ret_err, strdup("the agent connection closed before the greeting"));
+    client_set_err(ret_err, strdup("the agent connection closed before the greeting"));
   }
   if (r < 0) {
     agent_conn_free(c);
@@ -1174,11 +1106,11 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
 
 int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
   struct pending p = {0};
-  if (register_pending(c, &p, PROTO_PING) < 0)
-    return dead_error(c, ret_err);
+  if (client_register_pending(c, &p, PROTO_PING) < 0)
+    return client_dead_error(c, ret_err);
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_PING, p.id);
-  int r = enqueue(c, &b, true, NULL, 0, NULL);
+  int r = client_enqueue(c, &b, true, NULL, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
@@ -1186,10 +1118,10 @@ int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
     r = wait_pending(c, &p, NULL, timeout_ms);
   if (r < 0 && sent && !p.done) {
     pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, false, 0, false);
+    client_abandon_request(c, p.id, false, 0, false);
     pthread_mutex_lock(&c->lock);
   }
-  return finish_call(c, &p, r, ret_err);
+  return client_finish_call(c, &p, r, ret_err);
 }
 
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
@@ -1197,8 +1129,8 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   struct agent_exec_res res = {.exit_code = -1};
   struct pending p = {.res = &res, .out_cap = req->out_cap, .on_output = req->on_output,
                       .output_ctx = req->output_ctx};
-  if (register_pending(c, &p, PROTO_EXEC) < 0)
-    return dead_error(c, ret_err);
+  if (client_register_pending(c, &p, PROTO_EXEC) < 0)
+    return client_dead_error(c, ret_err);
 
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_EXEC, p.id);
@@ -1211,31 +1143,31 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   proto_put_u32(&b, TAG_HAS_STDIN, req->stdin_data != NULL);
   /* The agent's timer starts when it gets EXEC: the host's, too. */
   uint64_t deadline = req->timeout_ms ? p.start_ms + req->timeout_ms + EXEC_GRACE_MS : 0;
-  int r = enqueue(c, &b, true, ctl, 0, NULL);
+  int r = client_enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   if (r == -EMSGSIZE) {
     pthread_mutex_lock(&c->lock);
     p.err_msg = strdup("the command, cwd and env together are too large for one request; "
                        "put long scripts in a file with write_file and run that");
-    return finish_call(c, &p, -EMSGSIZE, ret_err);
+    return client_finish_call(c, &p, -EMSGSIZE, ret_err);
   }
   bool sent = r == 0;
   const uint8_t *in = req->stdin_data;
   bool end_queued = false;
   for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
     size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
-    r = cancelled(ctl) ? -ECANCELED
-                       : enqueue_data(c, PROTO_STDIN, &p, in + off, n, ctl, deadline);
+    r = client_cancelled(ctl) ? -ECANCELED
+                       : client_enqueue_data(c, PROTO_STDIN, &p, in + off, n, ctl, deadline);
   }
   if (r == 0 && in) {
-    r = enqueue_data(c, PROTO_STDIN_END, &p, NULL, 0, ctl, deadline);
+    r = client_enqueue_data(c, PROTO_STDIN_END, &p, NULL, 0, ctl, deadline);
     end_queued = r == 0;
   }
   if (r == -EALREADY) {
     /* The agent answered before it had all of stdin (the command exited or
      * could not start): the rest is taken back, and STDIN_END tells the
      * agent to stop waiting for it. */
-    abandon_request(c, p.id, false, PROTO_STDIN_END, false);
+    client_abandon_request(c, p.id, false, PROTO_STDIN_END, false);
     r = 0;
   }
 
@@ -1245,10 +1177,10 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   if (r < 0 && sent && !p.done) {
     /* Kill the command's process group; its EXIT will find no one waiting. */
     pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, true, in ? PROTO_STDIN_END : 0, end_queued);
+    client_abandon_request(c, p.id, true, in ? PROTO_STDIN_END : 0, end_queued);
     pthread_mutex_lock(&c->lock);
   }
-  r = finish_call(c, &p, r, ret_err);
+  r = client_finish_call(c, &p, r, ret_err);
   if (r < 0) {
     agent_exec_res_free(&res);
     return r;
@@ -1260,8 +1192,8 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
 int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, const void *data,
                      size_t len, const struct agent_ctl *ctl, char **ret_err) {
   struct pending p = {.write_size = len};
-  if (register_pending(c, &p, PROTO_WRITE) < 0)
-    return dead_error(c, ret_err);
+  if (client_register_pending(c, &p, PROTO_WRITE) < 0)
+    return client_dead_error(c, ret_err);
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_WRITE, p.id);
   proto_put_str(&b, TAG_PATH, path);
@@ -1269,27 +1201,27 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
   proto_put_u64(&b, TAG_SIZE, len);
   /* The upload counts against the call's deadline, as the answer does. */
   uint64_t deadline = p.start_ms + FILE_TIMEOUT_MS;
-  int r = enqueue(c, &b, true, ctl, 0, NULL);
+  int r = client_enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   const uint8_t *d = data;
   for (size_t off = 0; r == 0 && off < len; off += PROTO_CHUNK) {
-    if (cancelled(ctl)) {
+    if (client_cancelled(ctl)) {
       r = -ECANCELED;
       break;
     }
     size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-    r = enqueue_data(c, PROTO_DATA, &p, d + off, n, ctl, deadline);
+    r = client_enqueue_data(c, PROTO_DATA, &p, d + off, n, ctl, deadline);
   }
   bool end_queued = false;
   if (r == 0) {
-    r = enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, deadline);
+    r = client_enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, deadline);
     end_queued = r == 0;
   }
   if (r == -EALREADY) {
     /* The agent answered early (e.g. it refused: disk full): the rest of
      * the upload is taken back and a short DATA_END ends it. */
-    abandon_request(c, p.id, false, PROTO_DATA_END, false);
+    client_abandon_request(c, p.id, false, PROTO_DATA_END, false);
     r = 0;
   }
   pthread_mutex_lock(&c->lock);
@@ -1299,10 +1231,10 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
     /* A DATA_END short of SIZE makes the agent drop the temporary file: a
      * cancelled upload never replaces the target. */
     pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, false, PROTO_DATA_END, end_queued);
+    client_abandon_request(c, p.id, false, PROTO_DATA_END, end_queued);
     pthread_mutex_lock(&c->lock);
   }
-  return finish_call(c, &p, r, ret_err);
+  return client_finish_call(c, &p, r, ret_err);
 }
 
 int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uint64_t max,
@@ -1311,19 +1243,19 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
   struct pending p = {.data_cap = max};
   p.data = malloc(max ? max : 1);
   if (!p.data) {
-    set_err(ret_err, strdup("out of memory for the read buffer"));
+    client_set_err(ret_err, strdup("out of memory for the read buffer"));
     return -ENOMEM;
   }
-  if (register_pending(c, &p, PROTO_READ) < 0) {
+  if (client_register_pending(c, &p, PROTO_READ) < 0) {
     free(p.data);
-    return dead_error(c, ret_err);
+    return client_dead_error(c, ret_err);
   }
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_READ, p.id);
   proto_put_str(&b, TAG_PATH, path);
   proto_put_u64(&b, TAG_OFFSET, offset);
   proto_put_u64(&b, TAG_MAX, max);
-  int r = enqueue(c, &b, true, ctl, 0, NULL);
+  int r = client_enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
@@ -1331,10 +1263,10 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
     r = wait_pending(c, &p, ctl, FILE_TIMEOUT_MS);
   if (r < 0 && sent && !p.done) {
     pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, false, 0, false);
+    client_abandon_request(c, p.id, false, 0, false);
     pthread_mutex_lock(&c->lock);
   }
-  r = finish_call(c, &p, r, ret_err);
+  r = client_finish_call(c, &p, r, ret_err);
   if (r < 0) {
     free(p.data);
     return r;
@@ -1349,8 +1281,8 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
 int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, uint64_t time_ns,
                 const char *hostname, const char *machine_id, char **ret_err) {
   struct pending p = {0};
-  if (register_pending(c, &p, PROTO_SETUP) < 0)
-    return dead_error(c, ret_err);
+  if (client_register_pending(c, &p, PROTO_SETUP) < 0)
+    return client_dead_error(c, ret_err);
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_SETUP, p.id);
   if (entropy)
@@ -1361,7 +1293,7 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     proto_put_str(&b, TAG_HOSTNAME, hostname);
   if (machine_id)
     proto_put_str(&b, TAG_MACHINE_ID, machine_id);
-  int r = enqueue(c, &b, true, NULL, 0, NULL);
+  int r = client_enqueue(c, &b, true, NULL, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
@@ -1369,318 +1301,9 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     r = wait_pending(c, &p, NULL, 10000);
   if (r < 0 && sent && !p.done) {
     pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, false, 0, false);
+    client_abandon_request(c, p.id, false, 0, false);
     pthread_mutex_lock(&c->lock);
   }
-  return finish_call(c, &p, r, ret_err);
+  return client_finish_call(c, &p, r, ret_err);
 }
 
-/* ---- trees: the calling thread's side ------------------------------------ */
-
-/* A tree call fails when nothing moved for this long (the agent answers
- * nothing, grants nothing, sends nothing, and the host side is idle too). */
-#define TREE_IDLE_MS FILE_TIMEOUT_MS
-/* Return window to the agent once this much was written out, or the queue
- * is empty. */
-#define TREE_CREDIT_BATCH (TREE_WINDOW / 4u)
-/* Tar's headers around each entry: a pax header with a path up to
- * PROTO_MAX_PATH, the entry's header, padding.  Generous on purpose: the cap
- * only stops a stream that is far too long; the content is counted exactly
- * where the stream is unpacked. */
-#define TREE_ENTRY_OVERHEAD (8u * 1024u)
-#define TREE_STREAM_SLACK (1024u * 1024u)
-
-static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
-
-static uint64_t tree_stream_cap(const struct tar_limits *lim) {
-  uint64_t entries = sat_add(lim->max_files, 16);
-  uint64_t headers = entries > UINT64_MAX / TREE_ENTRY_OVERHEAD ? UINT64_MAX
-                                                               : entries * TREE_ENTRY_OVERHEAD;
-  return sat_add(sat_add(lim->max_bytes, headers), TREE_STREAM_SLACK);
-}
-
-/* Waits until READY(t) holds, the call is answered, the connection dies or
- * the call is cancelled or idle for TREE_IDLE_MS.  Called and returns with
- * c->lock held: 0 (ready or answered; check p->done), or a negative errno. */
-static int tree_wait(struct agent_conn *c, struct pending *p, const struct agent_ctl *ctl,
-                     bool (*ready)(const struct tree_call *t)) {
-  uint64_t last_progress = mono_ms();
-  for (;;) {
-    if (p->done)
-      return 0;
-    if (c->dead)
-      return dead_code(c);
-    if (cancelled(ctl))
-      return -ECANCELED;
-    if (ready && ready(p->tree))
-      return 0;
-    uint64_t now = mono_ms();
-    if (now - p->tree->last_ms >= TREE_IDLE_MS)
-      return -ETIMEDOUT;
-    if (ctl && ctl->progress && now - last_progress >= PROGRESS_EVERY_MS) {
-      char line[96];
-      uint64_t moved = p->type == PROTO_UNPACK ? p->tree->sent : p->tree->received;
-      snprintf(line, sizeof line, "%.1f MiB of the tree copied", (double)moved / 1048576.0);
-      last_progress = now;
-      pthread_mutex_unlock(&c->lock);
-      ctl->progress(ctl->ctx, line, now - p->start_ms);
-      pthread_mutex_lock(&c->lock);
-      continue;
-    }
-    struct timespec ts = timespec_in(CLOCK_MONOTONIC, TICK_MS);
-    pthread_cond_timedwait(&c->cond, &c->lock, &ts);
-  }
-}
-
-/* Waits up to TICK_MS for FD to be ready for EVENTS, then: 1 ready, 0 not
- * yet, or a negative errno. */
-static int tree_fd_ready(int fd, short events) {
-  struct pollfd pf = {.fd = fd, .events = events};
-  int r = poll(&pf, 1, (int)TICK_MS);
-  if (r < 0)
-    return errno == EINTR ? 0 : -errno;
-  return r > 0;
-}
-
-/* A tree request's first frame. */
-static int tree_request(struct agent_conn *c, struct pending *p, const char *guest_path,
-                        const struct tar_limits *lim, const struct agent_ctl *ctl) {
-  struct proto_buf b = {0};
-  proto_frame_begin(&b, (enum proto_type)p->type, p->id);
-  proto_put_str(&b, TAG_PATH, guest_path);
-  proto_put_u64(&b, TAG_MAX_BYTES, lim->max_bytes);
-  proto_put_u64(&b, TAG_MAX_FILES, lim->max_files);
-  if (p->type == PROTO_PACK)
-    proto_put_u32(&b, TAG_WINDOW, TREE_WINDOW);
-  int r = enqueue(c, &b, true, ctl, 0, NULL);
-  proto_buf_free(&b);
-  return r;
-}
-
-static int tree_check_path(const char *guest_path, char **ret_err) {
-  if (!guest_path || guest_path[0] != '/') {
-    set_err(ret_err, strdup("the sandbox path of a tree copy must be absolute"));
-    return -EINVAL;
-  }
-  if (strlen(guest_path) > PROTO_MAX_PATH) {
-    set_err(ret_err, xasprintf("the sandbox path is longer than %u bytes", PROTO_MAX_PATH));
-    return -ENAMETOOLONG;
-  }
-  return 0;
-}
-
-static bool unpack_ready(const struct tree_call *t) { return t->credit > 0; }
-
-int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
-                 const struct tar_limits *lim, const struct agent_ctl *ctl,
-                 struct tar_report *ret_rep, char **ret_err) {
-  int r = tree_check_path(guest_path, ret_err);
-  if (r < 0)
-    return r;
-  struct tree_call t = {.lim = lim, .stream_cap = tree_stream_cap(lim), .last_ms = mono_ms()};
-  struct pending p = {.tree = &t};
-  if (register_pending(c, &p, PROTO_UNPACK) < 0)
-    return dead_error(c, ret_err);
-  r = tree_request(c, &p, guest_path, lim, ctl);
-  bool sent = r == 0, end_queued = false;
-  _cleanup_free_ uint8_t *chunk = malloc(PROTO_CHUNK);
-  if (!chunk && r == 0)
-    r = -ENOMEM;
-  char *local_err = NULL;
-  while (r == 0) {
-    pthread_mutex_lock(&c->lock);
-    r = tree_wait(c, &p, ctl, unpack_ready);
-    bool answered = p.done;
-    size_t want = t.credit < PROTO_CHUNK ? (size_t)t.credit : PROTO_CHUNK;
-    pthread_mutex_unlock(&c->lock);
-    if (r < 0 || answered)
-      break;
-    /* Read what the agent has room for; poll so a cancel is seen while
-     * the stream's producer is slow. */
-    r = tree_fd_ready(in_fd, POLLIN);
-    if (r <= 0)
-      continue;
-    ssize_t n = read(in_fd, chunk, want);
-    if (n < 0) {
-      r = errno == EINTR || errno == EAGAIN ? 0 : -errno;
-      if (r < 0)
-        local_err = xasprintf("reading the tree's stream failed: %s", strerror(-r));
-      continue;
-    }
-    if (n == 0) {
-      r = enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, 0);
-      end_queued = r == 0;
-      break;
-    }
-    if ((uint64_t)n > t.stream_cap - t.sent) {
-      local_err = xasprintf("the tar stream for '%s' is longer than %llu bytes, which a tree "
-                            "within the limits (%llu bytes, %llu entries) never is",
-                            guest_path, (unsigned long long)t.stream_cap,
-                            (unsigned long long)lim->max_bytes,
-                            (unsigned long long)lim->max_files);
-      r = -EFBIG;
-      break;
-    }
-    pthread_mutex_lock(&c->lock);
-    t.credit -= (uint64_t)n;
-    t.sent += (uint64_t)n;
-    t.last_ms = mono_ms();
-    pthread_mutex_unlock(&c->lock);
-    r = enqueue_data(c, PROTO_DATA, &p, chunk, (size_t)n, ctl, 0);
-  }
-  if (r == -EALREADY)
-    r = 0;
-  pthread_mutex_lock(&c->lock);
-  if (r == 0 && p.done && !end_queued) {
-    /* The agent answered before the end of the stream (it refused, or the
-     * tree failed): the rest is taken back and DATA_END ends the id. */
-    pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, false, PROTO_DATA_END, false);
-    pthread_mutex_lock(&c->lock);
-  }
-  if (r == 0 && !p.done)
-    r = tree_wait(c, &p, ctl, NULL);
-  if (r == 0)
-    r = p.result;
-  if (r < 0 && sent && !t.agent_ended) {
-    /* KILL stops the tar process (its staging is removed); DATA_END ends
-     * the stream unless it already went. */
-    pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, true, PROTO_DATA_END, end_queued);
-    pthread_mutex_lock(&c->lock);
-  }
-  if (local_err)
-    p.err_msg = (free(p.err_msg), local_err);
-  r = finish_call(c, &p, r, ret_err);
-  if (r < 0) {
-    tree_rep_clear(&t.rep);
-    return r;
-  }
-  *ret_rep = t.rep;
-  return 0;
-}
-
-static bool pack_ready(const struct tree_call *t) { return t->ring_len > 0; }
-
-/* Gives the agent of the PACK P N more bytes of window.  A CREDIT not sent
- * yet grows instead of queueing another: an agent that stops reading its
- * channel and keeps sending cannot make the host queue a frame for each
- * frame it sends until the write deadline.  With c->lock held. */
-static int pack_grant(struct agent_conn *c, struct pending *p, uint32_t n) {
-  if (c->dead)
-    return dead_code(c);
-  p->tree->window_left += n;
-  uint8_t *queued = queued_credit(c, p->id);
-  if (queued) {
-    proto_put_le32(queued, proto_le32(queued) + n); /* at most TREE_WINDOW */
-    return 0;
-  }
-  struct proto_buf b = {0};
-  proto_frame_begin(&b, PROTO_CREDIT, p->id);
-  proto_put_u32(&b, TAG_WINDOW, n);
-  struct out_frame *f;
-  int r = make_frame(&b, &f);
-  proto_buf_free(&b);
-  if (r < 0)
-    return r;
-  queue_push(&c->ctl_q, f);
-  pthread_cond_signal(&c->wcond);
-  return 0;
-}
-
-/* Writes some of BUF (N bytes) to FD without blocking for long: a slow
- * reader of OUT_FD must not hold a cancelled call.  A pipe or socket that
- * polls writable takes PIPE_BUF bytes without blocking; a regular file
- * takes everything.  Returns bytes written (0: not ready yet), or -errno. */
-static ssize_t tree_write_some(int fd, bool regular, const uint8_t *buf, size_t n) {
-  if (!regular) {
-    int r = tree_fd_ready(fd, POLLOUT);
-    if (r <= 0)
-      return r;
-    if (n > PIPE_BUF)
-      n = PIPE_BUF;
-  }
-  ssize_t w = write(fd, buf, n);
-  if (w < 0)
-    return errno == EINTR || errno == EAGAIN ? 0 : -errno;
-  return w;
-}
-
-int agent_pack(struct agent_conn *c, const char *guest_path, int out_fd,
-               const struct tar_limits *lim, const struct agent_ctl *ctl,
-               struct tar_report *ret_rep, char **ret_err) {
-  int r = tree_check_path(guest_path, ret_err);
-  if (r < 0)
-    return r;
-  struct stat st;
-  bool regular = fstat(out_fd, &st) == 0 && S_ISREG(st.st_mode);
-  struct tree_call t = {.lim = lim,
-                        .stream_cap = tree_stream_cap(lim),
-                        .last_ms = mono_ms(),
-                        .window_left = TREE_WINDOW,
-                        .ring = malloc(TREE_WINDOW)};
-  if (!t.ring) {
-    set_err(ret_err, strdup("out of memory for the tree's buffer"));
-    return -ENOMEM;
-  }
-  struct pending p = {.tree = &t};
-  if (register_pending(c, &p, PROTO_PACK) < 0) {
-    free(t.ring);
-    return dead_error(c, ret_err);
-  }
-  r = tree_request(c, &p, guest_path, lim, ctl);
-  bool sent = r == 0;
-  char *local_err = NULL;
-  uint64_t unreturned = 0;
-  pthread_mutex_lock(&c->lock);
-  while (r == 0) {
-    r = tree_wait(c, &p, ctl, pack_ready);
-    if (r < 0 || (p.done && (p.result < 0 || t.ring_len == 0)))
-      break;
-    if (cancelled(ctl)) {
-      r = -ECANCELED; /* also while the rest of a finished stream waits */
-      break;
-    }
-    /* The reader only appends past ring_len: this piece stays put while
-     * it is written without the lock. */
-    size_t off = t.ring_off;
-    size_t n = t.ring_len < TREE_WINDOW - off ? t.ring_len : TREE_WINDOW - off;
-    pthread_mutex_unlock(&c->lock);
-    ssize_t w = tree_write_some(out_fd, regular, t.ring + off, n);
-    pthread_mutex_lock(&c->lock);
-    if (w < 0) {
-      r = (int)w;
-      local_err = xasprintf("writing the tree's stream failed: %s", strerror(-r));
-      break;
-    }
-    if (w == 0)
-      continue;
-    t.ring_off = (t.ring_off + (size_t)w) % TREE_WINDOW;
-    t.ring_len -= (size_t)w;
-    t.last_ms = mono_ms();
-    unreturned += (uint64_t)w;
-    if (!p.done && (unreturned >= TREE_CREDIT_BATCH || t.ring_len == 0)) {
-      /* The room is the agent's to fill again. */
-      r = pack_grant(c, &p, (uint32_t)unreturned);
-      unreturned = 0;
-    }
-  }
-  if (r == 0)
-    r = p.result;
-  if (r < 0 && sent && !t.agent_ended) {
-    /* KILL stops the tar process; its late frames are dropped. */
-    pthread_mutex_unlock(&c->lock);
-    abandon_request(c, p.id, true, 0, false);
-    pthread_mutex_lock(&c->lock);
-  }
-  if (local_err)
-    p.err_msg = (free(p.err_msg), local_err);
-  r = finish_call(c, &p, r, ret_err);
-  free(t.ring);
-  if (r < 0) {
-    tree_rep_clear(&t.rep);
-    return r;
-  }
-  *ret_rep = t.rep;
-  return 0;
-}

@@ -57,10 +57,10 @@ struct agent_exec_res {
 
 void agent_exec_res_free(struct agent_exec_res *r);
 
-/* How long the agent may take to read one whole frame before the connection
- * is declared dead: a guest that stops reading, or reads a little now and
- * then, cannot hold a frame, its session or the server's byte budget for
- * longer. */
+/* How long the agent may take nothing from its channel while a frame waits
+ * (or take a frame larger than the socket's buffer, sent in parts, whole)
+ * before the connection is declared dead: a guest that stops reading cannot
+ * hold its session or the server's byte budget for longer. */
 #define AGENT_WRITE_DEADLINE_MS 30000u
 /* Bytes of data frames (stdin, file content) queued per connection; a call
  * with more waits (cancellable) for the writer to make room. */

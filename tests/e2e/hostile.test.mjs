@@ -503,6 +503,8 @@ const FAKE_AGENT = `#!${process.execPath}
 const fs = require('fs');
 const FD = 3;
 const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, WRITE: 20, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30 };
+/* proto/proto.h PROTO_VERSION: the version the fake agent says it speaks. */
+const PROTO_VERSION = 2;
 const tlv = (tag, v) => { const h = Buffer.alloc(6); h.writeUInt16LE(tag, 0); h.writeUInt32LE(v.length, 2); return Buffer.concat([h, v]); };
 const u32 = (tag, n) => { const b = Buffer.alloc(4); b.writeUInt32LE(n >>> 0); return tlv(tag, b); };
 const u64 = (tag, n) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(n); return tlv(tag, b); };
@@ -515,7 +517,7 @@ const send = (type, id, ...parts) => {
 const field = (p, want) => { for (let o = 0; o + 6 <= p.length;) { const t = p.readUInt16LE(o), n = p.readUInt32LE(o + 2); if (t === want) return p.subarray(o + 6, o + 6 + n); o += 6 + n; } return null; };
 const exit = (id, { code = 0, sig = 0, dur = 1000n } = {}) => send(T.EXIT, id, u32(15, code), u32(16, sig), u32(17, 0), u64(18, dur));
 function answer(type, id, p) {
-  if (type === T.HELLO) return send(T.HELLO_OK, id, u32(1, 1), str(2, 'fake agent'));
+  if (type === T.HELLO) return send(T.HELLO_OK, id, u32(1, PROTO_VERSION), str(2, 'fake agent'));
   if (type === T.SETUP) return send(T.OK, id);
   if (type === T.PING) return send(T.PONG, id, u32(1, 1));
   if (type === T.EXEC) {

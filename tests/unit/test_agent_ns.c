@@ -220,10 +220,34 @@ static void test_ns_network_is_loopback_only(void) {
                 " sleep 0.1; done; echo $out",
             "hi\n");
   /* The capture (guest/egress_nl.c): a default route through lo, and TCP
-   * to anywhere redirected to the agent's port (nothing listens there in
-   * this test: refused, where without the capture it is unreachable). */
+   * to anywhere redirected to the agent's port, where the agent opens a
+   * stream for it (guest/egress.c); the host (this test) refuses it. */
   expect_sh(&s, "awk '$1 == \"lo\" && $2 == \"00000000\"' /proc/net/route | wc -l", "1\n");
-  expect_sh(&s, "nc 93.184.216.34 443 </dev/null 2>&1 | grep -o refused", "refused\n");
+  struct ac_exec e = {.command = "nc 93.184.216.34 443 </dev/null >/dev/null 2>&1; echo done"};
+  CHECK_EQ_INT(ac_send_exec(s.fd, 990, &e), 0);
+  struct ac_result r = {0};
+  bool opened = false;
+  for (struct proto_header h; ac_recv(s.fd, &h, AC_TIMEOUT_MS) == 0;) {
+    if (h.type == PROTO_STREAM_OPEN) {
+      const uint8_t *v;
+      uint32_t len;
+      CHECK_EQ_INT(h.id, PROTO_AGENT_ID | 1u);
+      CHECK(ac_find(ac_payload, h.len, TAG_ADDR, &v, &len) && len == 4 &&
+            memcmp(v, "\x5d\xb8\xd8\x22", 4) == 0);
+      CHECK_EQ_INT(ac_u32(ac_payload, h.len, TAG_PORT, 0), 443);
+      struct proto_buf b = {0};
+      proto_frame_begin(&b, PROTO_STREAM_RESET, h.id);
+      proto_put_u32(&b, TAG_ERRNO, ECONNREFUSED);
+      CHECK_EQ_INT(ac_send(s.fd, &b), 0);
+      opened = true;
+    } else if (h.id != 990 || ac_result_take(&r, &h, ac_payload)) {
+      break;
+    }
+  }
+  CHECK(opened);
+  CHECK_EQ_INT(r.terminal, PROTO_EXIT);
+  CHECK(out_is(&r, "done\n"));
+  ac_result_free(&r);
   STOP(s);
 }
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "proto/client.h"
+#include "proto/client_int.h"
 #include "proto/proto.h"
 #include "test.h"
 
@@ -38,17 +39,90 @@ struct peer {
   bool trickle_eof;
   struct agent_conn *_Atomic conn; /* set once open returned */
   atomic_bool call_done;           /* stop trickling: the call returned */
-  /* What the peer saw after HELLO, in order (types), and how many. */
+  /* What the peer saw after HELLO, in order (types and ids), and how many. */
   uint8_t seen[4096];
+  uint32_t seen_id[4096];
   _Atomic size_t n_seen; /* published after its entry is written */
   uint64_t data_bytes;
+  /* HELLO_OK's EGRESS_ERROR (NULL: none), egress_error_len bytes. */
+  const char *egress_error;
+  size_t egress_error_len;
+  /* Stream frames from the host: DATA bytes and frames, the last ACCEPT's
+   * window, CREDIT bytes, SHUTs, the last RESET's errno and message, the
+   * last LOOKUP_END's rcode (-1: none yet), address count and TTL, and
+   * how many RESETs and LOOKUP_ENDs. */
+  _Atomic uint64_t stream_bytes, stream_frames, credits;
+  _Atomic uint32_t accept_window, shuts, resets, lookup_ends, reset_errno, lookup_addrs, lookup_ttl;
+  _Atomic int lookup_rcode;
+  char reset_msg[300];
   pthread_t thread;
 };
 
+/* The test thread speaks for the agent too (its stream frames): whole
+ * frames only, one writer at a time. */
+static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void send_frame(int fd, struct proto_buf *b) {
-  if (proto_frame_finish(b) == 0)
+  if (proto_frame_finish(b) == 0) {
+    pthread_mutex_lock(&send_lock);
     proto_write_all(fd, b->data, b->len);
+    pthread_mutex_unlock(&send_lock);
+  }
   proto_buf_free(b);
+}
+
+/* Notes a stream frame from the host. */
+static void peer_stream_frame(struct peer *pe, const struct proto_header *h,
+                              const uint8_t *payload) {
+  uint32_t v = 0;
+  const uint8_t *val;
+  uint32_t n;
+  switch (h->type) {
+  case PROTO_STREAM_DATA:
+    pe->stream_bytes += h->len;
+    pe->stream_frames++;
+    break;
+  case PROTO_STREAM_ACCEPT:
+    if (proto_find(payload, h->len, TAG_WINDOW, &val, &n) == 1 && proto_val_u32(val, n, &v) == 0)
+      pe->accept_window = v;
+    break;
+  case PROTO_STREAM_CREDIT:
+    if (proto_find(payload, h->len, TAG_WINDOW, &val, &n) == 1 && proto_val_u32(val, n, &v) == 0)
+      pe->credits += v;
+    break;
+  case PROTO_STREAM_SHUT:
+    pe->shuts++;
+    break;
+  case PROTO_STREAM_RESET:
+    if (proto_find(payload, h->len, TAG_ERRNO, &val, &n) == 1 && proto_val_u32(val, n, &v) == 0)
+      pe->reset_errno = v;
+    if (proto_find(payload, h->len, TAG_MESSAGE, &val, &n) == 1 && n < sizeof pe->reset_msg) {
+      memcpy(pe->reset_msg, val, n);
+      pe->reset_msg[n] = '\0';
+    }
+    pe->resets++;
+    break;
+  case PROTO_LOOKUP_END: {
+    struct proto_tlv_iter it;
+    uint16_t tag;
+    uint32_t addrs = 0, ttl = 0;
+    proto_tlv_init(&it, payload, h->len);
+    while (proto_tlv_next(&it, &tag, &val, &n) > 0) {
+      addrs += tag == TAG_ADDR;
+      if (tag == TAG_TTL)
+        proto_val_u32(val, n, &ttl);
+    }
+    if (proto_find(payload, h->len, TAG_RCODE, &val, &n) == 1 && proto_val_u32(val, n, &v) == 0) {
+      pe->lookup_addrs = addrs;
+      pe->lookup_ttl = ttl;
+      pe->lookup_rcode = (int)v;
+    }
+    pe->lookup_ends++;
+    break;
+  }
+  default:
+    break;
+  }
 }
 
 static void *peer_main(void *arg) {
@@ -61,6 +135,8 @@ static void *peer_main(void *arg) {
       proto_frame_begin(&b, PROTO_HELLO_OK, h.id);
       proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
       proto_put_str(&b, TAG_INFO, "fake agent");
+      if (pe->egress_error)
+        proto_put_bytes(&b, TAG_EGRESS_ERROR, pe->egress_error, pe->egress_error_len);
       send_frame(pe->fd, &b);
       while (pe->stall && !atomic_load(&pe->resume))
         usleep(10000);
@@ -79,10 +155,15 @@ static void *peer_main(void *arg) {
       }
       continue;
     }
-    if (pe->n_seen < sizeof pe->seen)
-      pe->seen[pe->n_seen++] = h.type;
+    size_t i = pe->n_seen;
+    if (i < sizeof pe->seen) {
+      pe->seen[i] = h.type;
+      pe->seen_id[i] = h.id;
+      pe->n_seen = i + 1;
+    }
     if (h.type == PROTO_DATA)
       pe->data_bytes += h.len;
+    peer_stream_frame(pe, &h, payload);
     if (pe->script)
       pe->script(pe, &h, payload);
   }
@@ -90,10 +171,14 @@ static void *peer_main(void *arg) {
   return NULL;
 }
 
-static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
+/* Starts the peer and opens the connection: 0 or what agent_conn_open
+ * returned, with *RET_ERR. */
+static int peer_start_r(struct peer *pe, script_fn script, uint64_t arg, struct agent_conn **ret,
+                        char **ret_err) {
   /* A peer may still answer after the host closed the connection: EPIPE,
    * not a signal that ends the whole test. */
   signal(SIGPIPE, SIG_IGN);
+  pe->lookup_rcode = -1;
   int sv[2];
   CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   if (pe->small_sndbuf) {
@@ -104,10 +189,16 @@ static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t
   pe->script = script;
   pe->arg = arg;
   pthread_create(&pe->thread, NULL, peer_main, pe);
+  return agent_conn_open(sv[0], 5000, ret, ret_err);
+}
+
+static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
   struct agent_conn *c = NULL;
   char *err = NULL;
-  int r = agent_conn_open(sv[0], 5000, &c, &err);
+  int r = peer_start_r(pe, script, arg, &c, &err);
   CHECK_EQ_INT(r, 0);
+  if (r < 0)
+    fprintf(stderr, "  %s\n", err);
   free(err);
   return c;
 }
@@ -416,7 +507,8 @@ static void stalled_write_hits_its_deadline(void) {
   struct writer_call w = {.c = c};
   write_big(&w);
   CHECK_EQ_INT(w.r, -EPROTO);
-  CHECK(w.err && strstr(w.err, "stopped reading its channel"));
+  CHECK(w.err && strstr(w.err, "stopped reading its channel") &&
+        strstr(w.err, "took nothing while frames waited"));
   CHECK(!agent_conn_alive(c));
   free(w.err);
   peer_stop(&pe, c);
@@ -727,6 +819,602 @@ static void pack_window_is_what_was_sent(void) {
   peer_stop(&pe, c);
 }
 
+/* ---- streams -------------------------------------------------------------- */
+
+#define SID(n) (PROTO_AGENT_ID | (n))
+/* Polls COND for up to 5 s. */
+#define WAIT_FOR(cond)                                   \
+  do {                                                   \
+    for (int w_ = 0; w_ < 500 && !(cond); w_++)          \
+      usleep(10000);                                     \
+  } while (0)
+
+/* The agent's frames. */
+static void agent_open(struct peer *pe, uint32_t n, uint32_t family, uint32_t addr_len,
+                       uint32_t port, uint32_t window, uint32_t kind) {
+  static const uint8_t addr[16] = {93, 184, 216, 34};
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_STREAM_OPEN, SID(n));
+  proto_put_u32(&b, TAG_KIND, kind);
+  proto_put_u32(&b, TAG_FAMILY, family);
+  proto_put_bytes(&b, TAG_ADDR, addr, addr_len);
+  proto_put_u32(&b, TAG_PORT, port);
+  proto_put_u32(&b, TAG_WINDOW, window);
+  send_frame(pe->fd, &b);
+}
+
+static void agent_tcp(struct peer *pe, uint32_t n, uint32_t window) {
+  agent_open(pe, n, 4, 4, 443, window, STREAM_KIND_TCP);
+}
+
+static void agent_data(struct peer *pe, uint32_t id, size_t len) {
+  static uint8_t bytes[PROTO_MAX_PAYLOAD];
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_STREAM_DATA, id);
+  proto_put_raw(&b, bytes, len);
+  send_frame(pe->fd, &b);
+}
+
+/* A frame of TYPE for ID with one u32 record (TAG 0: none). */
+static void agent_u32(struct peer *pe, uint8_t type, uint32_t id, uint16_t tag, uint32_t v) {
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, (enum proto_type)type, id);
+  if (tag)
+    proto_put_u32(&b, tag, v);
+  send_frame(pe->fd, &b);
+}
+
+static void agent_lookup(struct peer *pe, uint32_t n, const char *name, size_t name_len,
+                         uint32_t qtype, uint32_t transport) {
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_LOOKUP, SID(n));
+  proto_put_bytes(&b, TAG_NAME, name, name_len);
+  proto_put_u32(&b, TAG_QTYPE, qtype);
+  proto_put_u32(&b, TAG_TRANSPORT, transport);
+  send_frame(pe->fd, &b);
+}
+
+/* A stream handler that records what it is told, accepts every stream with
+ * accept_window (0: leaves it), and counts calls made while `forbidden`. */
+struct rec {
+  struct agent_conn *c;
+  uint32_t accept_window;
+  _Atomic unsigned opens, shuts, resets, lookups, writables, closed, violations;
+  _Atomic uint64_t data_bytes, credit_bytes;
+  _Atomic uint32_t last_sid;
+  _Atomic int last_err;
+  atomic_bool forbidden;
+  struct agent_stream_open open;
+  char name[PROTO_MAX_NAME + 1];
+  uint16_t qtype;
+  bool tcp;
+};
+
+static void rec_call(struct rec *r, uint32_t sid) {
+  if (atomic_load(&r->forbidden))
+    r->violations++;
+  r->last_sid = sid;
+}
+static void rec_open(void *ctx, uint32_t sid, const struct agent_stream_open *o) {
+  struct rec *r = ctx;
+  rec_call(r, sid);
+  r->open = *o;
+  if (r->accept_window)
+    CHECK_EQ_INT(agent_stream_accept(r->c, sid, r->accept_window), 0);
+  r->opens++;
+}
+static void rec_data(void *ctx, uint32_t sid, const uint8_t *p, size_t n) {
+  (void)p;
+  rec_call(ctx, sid);
+  ((struct rec *)ctx)->data_bytes += n;
+}
+static void rec_credit(void *ctx, uint32_t sid, uint32_t n) {
+  rec_call(ctx, sid);
+  ((struct rec *)ctx)->credit_bytes += n;
+}
+static void rec_shut(void *ctx, uint32_t sid) {
+  rec_call(ctx, sid);
+  ((struct rec *)ctx)->shuts++;
+}
+static void rec_reset(void *ctx, uint32_t sid, int err) {
+  struct rec *r = ctx;
+  rec_call(r, sid);
+  r->last_err = err;
+  r->resets++;
+}
+static void rec_lookup(void *ctx, uint32_t lid, const struct agent_lookup *q) {
+  struct rec *r = ctx;
+  rec_call(r, lid);
+  memcpy(r->name, q->name, q->name_len);
+  r->name[q->name_len] = '\0';
+  r->qtype = q->qtype;
+  r->tcp = q->tcp;
+  r->lookups++;
+}
+static void rec_writable(void *ctx) {
+  rec_call(ctx, 0);
+  ((struct rec *)ctx)->writables++;
+}
+static void rec_closed(void *ctx) {
+  rec_call(ctx, 0);
+  ((struct rec *)ctx)->closed++;
+}
+
+static void rec_set(struct rec *r, struct agent_conn *c) {
+  const struct agent_stream_handler h = {
+      .open = rec_open, .data = rec_data, .credit = rec_credit, .shut = rec_shut,
+      .reset = rec_reset, .lookup = rec_lookup, .writable = rec_writable, .closed = rec_closed,
+      .ctx = r};
+  r->c = c;
+  agent_conn_set_streams(c, &h);
+}
+
+/* A PING that gets its PONG: every frame the peer sent before was taken. */
+static void check_alive(struct agent_conn *c) {
+  char *err = NULL;
+  CHECK_EQ_INT(agent_ping(c, 5000, &err), 0);
+  if (err)
+    fprintf(stderr, "  %s\n", err);
+  free(err);
+}
+
+static void stream_flows_both_ways(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  struct rec r = {.accept_window = 1000};
+  rec_set(&r, c);
+  agent_tcp(&pe, 1, 100000);
+  WAIT_FOR(pe.accept_window == 1000);
+  CHECK_EQ_INT(r.opens, 1);
+  CHECK_EQ_INT(r.last_sid, SID(1));
+  CHECK_EQ_INT(r.open.family, AF_INET);
+  CHECK_EQ_INT(r.open.port, 443);
+  CHECK_EQ_INT(r.open.window, 100000);
+  CHECK(memcmp(r.open.addr, "\x5d\xb8\xd8\x22", 4) == 0);
+  /* The agent's data, within the grant. */
+  agent_data(&pe, SID(1), 600);
+  WAIT_FOR(r.data_bytes == 600);
+  CHECK_EQ_INT(r.data_bytes, 600);
+  /* The host's: as much as the window, in chunks, then nothing. */
+  static uint8_t buf[150000];
+  CHECK_EQ_INT(agent_stream_send(c, SID(1), buf, sizeof buf), 100000);
+  CHECK_EQ_INT(agent_stream_send(c, SID(1), buf, 10), -EAGAIN);
+  WAIT_FOR(pe.stream_bytes == 100000);
+  CHECK_EQ_INT(pe.stream_bytes, 100000);
+  CHECK_EQ_INT(pe.stream_frames, 2); /* 65536 + 34464 */
+  /* Credits both ways. */
+  agent_u32(&pe, PROTO_STREAM_CREDIT, SID(1), TAG_WINDOW, 5000);
+  WAIT_FOR(r.credit_bytes == 5000);
+  CHECK_EQ_INT(agent_stream_send(c, SID(1), buf, 10000), 5000);
+  CHECK_EQ_INT(agent_stream_credit(c, SID(1), 400), 0);
+  CHECK_EQ_INT(agent_stream_credit(c, SID(1), STREAM_WINDOW), -EINVAL);
+  WAIT_FOR(pe.credits == 400);
+  CHECK_EQ_INT(pe.credits, 400);
+  agent_data(&pe, SID(1), 800); /* the 400 left and the 400 more */
+  WAIT_FOR(r.data_bytes == 1400);
+  CHECK_EQ_INT(r.data_bytes, 1400);
+  /* Shut both ways: then the stream is gone, and its late frames dropped. */
+  CHECK_EQ_INT(agent_stream_shut(c, SID(1)), 0);
+  CHECK_EQ_INT(agent_stream_shut(c, SID(1)), -EINVAL);
+  CHECK_EQ_INT(agent_stream_send(c, SID(1), buf, 1), -EINVAL);
+  WAIT_FOR(pe.shuts == 1);
+  agent_u32(&pe, PROTO_STREAM_SHUT, SID(1), 0, 0);
+  WAIT_FOR(r.shuts == 1);
+  CHECK_EQ_INT(r.shuts, 1);
+  WAIT_FOR(agent_stream_credit(c, SID(1), 1) == -ENOENT);
+  CHECK_EQ_INT(agent_stream_credit(c, SID(1), 1), -ENOENT);
+  agent_u32(&pe, PROTO_STREAM_CREDIT, SID(1), TAG_WINDOW, 1000);
+  check_alive(c);
+  CHECK_EQ_INT(r.credit_bytes, 5000);
+  CHECK_EQ_INT(r.closed, 0);
+  peer_stop(&pe, c);
+  CHECK_EQ_INT(r.closed, 1);
+}
+
+/* Stream frames that break the protocol, after a handler that accepts with
+ * a window of 100 (row 1: leaves the stream unaccepted). */
+static void stream_row(struct peer *pe, unsigned row) {
+  static const char long_name[300] = "x";
+  switch (row) {
+  case 0: agent_tcp(pe, 1, 1000); WAIT_FOR(pe->accept_window == 100);
+          agent_data(pe, SID(1), 200); break;
+  case 1: agent_tcp(pe, 1, 1000); agent_data(pe, SID(1), 1); break;
+  case 2: agent_tcp(pe, 1, 1000); agent_u32(pe, PROTO_STREAM_SHUT, SID(1), 0, 0);
+          agent_data(pe, SID(1), 10); break;
+  case 3: agent_tcp(pe, 1, STREAM_WINDOW);
+          agent_u32(pe, PROTO_STREAM_CREDIT, SID(1), TAG_WINDOW, 1); break;
+  case 4: agent_tcp(pe, 1, 1000); agent_tcp(pe, 1, 1000); break;
+  case 5: agent_tcp(pe, 2, 1000); agent_tcp(pe, 1, 1000); break;
+  case 6: agent_tcp(pe, 1, 1000); agent_data(pe, SID(5), 10); break;
+  case 7: agent_open(pe, 1, 6, 4, 443, 1000, STREAM_KIND_TCP); break;
+  case 8: agent_open(pe, 1, 4, 4, 0, 1000, STREAM_KIND_TCP); break;
+  case 9: agent_open(pe, 1, 4, 4, 70000, 1000, STREAM_KIND_TCP); break;
+  case 10: agent_open(pe, 1, 4, 4, 443, 0, STREAM_KIND_TCP); break;
+  case 11: agent_open(pe, 1, 4, 4, 443, STREAM_WINDOW + 1, STREAM_KIND_TCP); break;
+  case 12: agent_open(pe, 1, 4, 4, 443, 1000, 2); break;
+  case 13: agent_open(pe, 1, 5, 4, 443, 1000, STREAM_KIND_TCP); break;
+  case 14: agent_lookup(pe, 1, long_name, 256, 1, LOOKUP_UDP); break;
+  case 15: agent_lookup(pe, 1, "a.test", 6, 70000, LOOKUP_UDP); break;
+  case 16: agent_lookup(pe, 1, "a.test", 6, 1, 3); break;
+  case 17: agent_tcp(pe, 1, 1000); agent_u32(pe, PROTO_STREAM_ACCEPT, SID(1), TAG_WINDOW, 10);
+           break;
+  case 18: agent_tcp(pe, 1, 1000); agent_u32(pe, PROTO_STREAM_SHUT, SID(1), 0, 0);
+           agent_u32(pe, PROTO_STREAM_SHUT, SID(1), 0, 0); break;
+  case 19: agent_lookup(pe, 1, "a.test", 6, 1, LOOKUP_UDP); agent_data(pe, SID(1), 1); break;
+  case 20: agent_tcp(pe, 1, 1000); agent_u32(pe, PROTO_STREAM_RESET, SID(1), TAG_ERRNO, 0); break;
+  case 21: agent_tcp(pe, 1, 1000); WAIT_FOR(pe->accept_window == 100);
+           agent_data(pe, SID(1), 50); agent_data(pe, SID(1), 51); break;
+  case 22: agent_u32(pe, PROTO_STREAM_OPEN, PROTO_AGENT_ID, 0, 0); break;
+  case 23: agent_tcp(pe, 1, 1000); agent_u32(pe, PROTO_STREAM_CREDIT, SID(1), 0, 0); break;
+  default: break;
+  }
+}
+
+static void stream_frames_are_checked(void) {
+  static const char *says[] = {
+      "sent 200 bytes on stream 0x80000001 with only 100 granted",
+      "sent 1 bytes on stream 0x80000001 with only 0 granted",
+      "sent 10 bytes on stream 0x80000001 after its STREAM_SHUT",
+      "grant more than the 262144 bytes of window",
+      "opened id 0x80000001 after 0x80000001: the ids it opens must count up",
+      "opened id 0x80000001 after 0x80000002",
+      "STREAM_DATA frame for id 0x80000005, which it never opened",
+      "ADDR of 4 bytes for FAMILY 6",
+      "PORT 0, outside 1..65535",
+      "PORT 70000, outside 1..65535",
+      "WINDOW 0, outside 1..262144",
+      "WINDOW 262145, outside 1..262144",
+      "KIND 2, outside 1..1",
+      "FAMILY 5, not 4 or 6",
+      "NAME of 256 bytes, over 255",
+      "QTYPE 70000, outside 0..65535",
+      "TRANSPORT 3, outside 1..2",
+      "STREAM_ACCEPT frame on stream 0x80000001, which only the host sends",
+      "STREAM_SHUT twice on stream 0x80000001",
+      "STREAM_DATA frame for lookup 0x80000001",
+      "ERRNO 0, outside 1..4095",
+      "sent 51 bytes on stream 0x80000001 with only 50 granted",
+      "opened id 0x80000000 after 0x80000000",
+      "its STREAM_CREDIT frame has no WINDOW",
+  };
+  for (unsigned i = 0; i < sizeof says / sizeof says[0]; i++) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+    struct rec r = {.accept_window = i == 1 ? 0 : 100};
+    rec_set(&r, c);
+    stream_row(&pe, i);
+    char *err = NULL;
+    CHECK_EQ_INT(agent_ping(c, 5000, &err), -EPROTO);
+    CHECK(err && strstr(err, "broke the protocol") && strstr(err, says[i]));
+    if (!err || !strstr(err, says[i]))
+      fprintf(stderr, "  row %u: %s\n", i, err ? err : "(none)");
+    CHECK(!agent_conn_alive(c));
+    free(err);
+    peer_stop(&pe, c);
+    CHECK_EQ_INT(r.closed, 1);
+  }
+}
+
+static void stream_reset_drops_late_frames(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  struct rec r = {.accept_window = 1000};
+  rec_set(&r, c);
+  /* The host resets a stream it is sending on. */
+  agent_tcp(&pe, 1, STREAM_WINDOW);
+  WAIT_FOR(pe.accept_window == 1000);
+  static uint8_t buf[STREAM_WINDOW];
+  CHECK_EQ_INT(agent_stream_send(c, SID(1), buf, sizeof buf), STREAM_WINDOW);
+  CHECK_EQ_INT(agent_stream_reset(c, SID(1), ECONNREFUSED, "refused: not in allow_hosts"), 0);
+  CHECK_EQ_INT(agent_stream_reset(c, SID(1), ECONNREFUSED, NULL), -ENOENT);
+  CHECK_EQ_INT(agent_stream_send(c, SID(1), buf, 1), -ENOENT);
+  CHECK_EQ_INT(agent_stream_credit(c, SID(1), 1), -ENOENT);
+  WAIT_FOR(pe.resets == 1);
+  CHECK_EQ_INT(pe.reset_errno, ECONNREFUSED);
+  CHECK_STREQ(pe.reset_msg, "refused: not in allow_hosts");
+  CHECK(pe.stream_bytes <= STREAM_WINDOW);
+  /* What the agent sent meanwhile, within its old grant or not, is dropped. */
+  agent_data(&pe, SID(1), 5000);
+  agent_u32(&pe, PROTO_STREAM_CREDIT, SID(1), TAG_WINDOW, STREAM_WINDOW);
+  agent_u32(&pe, PROTO_STREAM_SHUT, SID(1), 0, 0);
+  agent_u32(&pe, PROTO_STREAM_RESET, SID(1), TAG_ERRNO, EPIPE);
+  check_alive(c);
+  CHECK_EQ_INT(r.data_bytes, 0);
+  CHECK_EQ_INT(r.credit_bytes, 0);
+  CHECK_EQ_INT(r.shuts + r.resets, 0);
+  /* The agent resets one: the handler hears it, and later frames drop. */
+  agent_tcp(&pe, 2, 1000);
+  WAIT_FOR(pe.accept_window == 1000 && r.opens == 2);
+  agent_data(&pe, SID(2), 10);
+  agent_u32(&pe, PROTO_STREAM_RESET, SID(2), TAG_ERRNO, ECONNRESET);
+  WAIT_FOR(r.resets == 1);
+  CHECK_EQ_INT(r.last_err, ECONNRESET);
+  CHECK_EQ_INT(agent_stream_send(c, SID(2), buf, 1), -ENOENT);
+  agent_data(&pe, SID(2), 5000);
+  check_alive(c);
+  CHECK_EQ_INT(r.data_bytes, 10);
+  /* Ids below the last one stay closed, above it open nothing unasked. */
+  CHECK_EQ_INT(agent_stream_send(c, SID(7), buf, 1), -ENOENT);
+  CHECK_EQ_INT(agent_stream_accept(c, 5, 100), -ENOENT);
+  peer_stop(&pe, c);
+}
+
+static void no_handler_refuses(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  agent_tcp(&pe, 1, 1000);
+  agent_lookup(&pe, 2, "pypi.org", 8, 1, LOOKUP_UDP);
+  WAIT_FOR(pe.resets == 1 && pe.lookup_ends == 1);
+  CHECK_EQ_INT(pe.reset_errno, ECONNREFUSED);
+  CHECK_EQ_INT(pe.lookup_rcode, RCODE_REFUSED);
+  agent_data(&pe, SID(1), 10); /* refused: dropped */
+  check_alive(c);
+  /* A handler that leaves everything open: past the caps the connection
+   * refuses by itself, and the handler hears nothing of it. */
+  struct rec r = {0};
+  rec_set(&r, c);
+  uint32_t n = 3;
+  for (unsigned i = 0; i <= AGENT_MAX_LOOKUPS; i++)
+    agent_lookup(&pe, n++, "a.test", 6, 1, LOOKUP_TCP);
+  for (unsigned i = 0; i <= AGENT_MAX_STREAMS; i++)
+    agent_tcp(&pe, n++, 1000);
+  WAIT_FOR(pe.lookup_ends == 2 && pe.resets == 2);
+  check_alive(c);
+  CHECK_EQ_INT(pe.lookup_ends, 2);
+  CHECK_EQ_INT(pe.resets, 2);
+  CHECK_EQ_INT(r.lookups, AGENT_MAX_LOOKUPS);
+  CHECK_EQ_INT(r.opens, AGENT_MAX_STREAMS);
+  /* Taking the handler away ends what it had open. */
+  agent_conn_set_streams(c, NULL);
+  WAIT_FOR(pe.resets == 2 + AGENT_MAX_STREAMS && pe.lookup_ends == 2 + AGENT_MAX_LOOKUPS);
+  CHECK_EQ_INT(pe.resets, 2 + AGENT_MAX_STREAMS);
+  CHECK_EQ_INT(pe.lookup_ends, 2 + AGENT_MAX_LOOKUPS);
+  CHECK_EQ_INT(pe.reset_errno, ECONNREFUSED);
+  peer_stop(&pe, c);
+  CHECK_EQ_INT(r.closed, 0);
+}
+
+static void lookup_is_answered(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  struct rec r = {0};
+  rec_set(&r, c);
+  agent_lookup(&pe, 1, "PyPI.org.", 9, 28, LOOKUP_TCP);
+  WAIT_FOR(r.lookups == 1);
+  CHECK_STREQ(r.name, "PyPI.org.");
+  CHECK_EQ_INT(r.qtype, 28);
+  CHECK(r.tcp);
+  const int fams[2] = {AF_INET, AF_INET6};
+  const uint8_t addrs[2][16] = {{198, 18, 0, 7}, {0x20, 0x01, 0x0d, 0xb8}};
+  const int bad_fam[1] = {99};
+  CHECK_EQ_INT(agent_lookup_answer(c, SID(1), RCODE_NXDOMAIN, fams, addrs, 1, 30), -EINVAL);
+  CHECK_EQ_INT(agent_lookup_answer(c, SID(1), RCODE_NOERROR, bad_fam, addrs, 1, 30), -EINVAL);
+  CHECK_EQ_INT(agent_lookup_answer(c, SID(1), (enum proto_rcode)4, NULL, NULL, 0, 30), -EINVAL);
+  CHECK_EQ_INT(agent_lookup_answer(c, SID(1), RCODE_NOERROR, fams, addrs, 9, 30), -EINVAL);
+  CHECK_EQ_INT(agent_stream_accept(c, SID(1), 100), -ENOENT); /* a lookup, not a stream */
+  CHECK_EQ_INT(agent_lookup_answer(c, SID(1), RCODE_NOERROR, fams, addrs, 2, 30), 0);
+  CHECK_EQ_INT(agent_lookup_answer(c, SID(1), RCODE_NOERROR, fams, addrs, 2, 30), -ENOENT);
+  WAIT_FOR(pe.lookup_ends == 1);
+  CHECK_EQ_INT(pe.lookup_rcode, RCODE_NOERROR);
+  CHECK_EQ_INT(pe.lookup_addrs, 2);
+  CHECK_EQ_INT(pe.lookup_ttl, 30);
+  check_alive(c);
+  peer_stop(&pe, c);
+}
+
+/* Opens, credits, lookups and ends, as fast as the peer can, until
+ * stopped (no data: it would not wait for the ACCEPT). */
+struct flood {
+  struct peer *pe;
+  atomic_bool stop;
+};
+
+static void *flood_main(void *arg) {
+  struct flood *f = arg;
+  for (uint32_t n = 1; !atomic_load(&f->stop) && n < 0x7ffffff0u; n += 2) {
+    agent_tcp(f->pe, n, 1000);
+    agent_lookup(f->pe, n + 1, "a.test", 6, 1, LOOKUP_UDP);
+    agent_u32(f->pe, PROTO_STREAM_CREDIT, SID(n), TAG_WINDOW, 10);
+    agent_u32(f->pe, PROTO_STREAM_SHUT, SID(n), 0, 0);
+    if (n % 3 == 0)
+      agent_u32(f->pe, PROTO_STREAM_RESET, SID(n), TAG_ERRNO, ECONNRESET);
+    if (n % 32 == 1)
+      usleep(100);
+  }
+  return NULL;
+}
+
+/* When agent_conn_set_streams returns, the handler it replaced is never
+ * called again, whatever arrives meanwhile. */
+static void set_streams_stops_the_old_handler(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  struct flood f = {.pe = &pe};
+  pthread_t t;
+  pthread_create(&t, NULL, flood_main, &f);
+  struct rec r = {.accept_window = 100};
+  unsigned calls = 0;
+  for (int i = 0; i < 200; i++) {
+    atomic_store(&r.forbidden, false);
+    rec_set(&r, c);
+    usleep((unsigned)(i % 7) * 300);
+    agent_conn_set_streams(c, NULL);
+    atomic_store(&r.forbidden, true);
+    calls = r.opens;
+    usleep(200);
+  }
+  atomic_store(&f.stop, true);
+  pthread_join(t, NULL);
+  check_alive(c);
+  CHECK_EQ_INT(r.violations, 0);
+  CHECK(calls > 0); /* the handler was called at all */
+  /* A handler set at the end hears the end once. */
+  struct rec last = {0};
+  rec_set(&last, c);
+  peer_stop(&pe, c);
+  CHECK_EQ_INT(last.closed, 1);
+  CHECK_EQ_INT(r.closed, 0);
+}
+
+/* Frames in the peer's receive queue, peeked: whether they are whole, how
+ * many, and where the first PING is (-1: none). */
+static bool peek_frames(int fd, size_t *ret_n, long *ret_ping) {
+  static uint8_t buf[1u << 20];
+  ssize_t got = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+  size_t o = 0, n = 0;
+  *ret_ping = -1;
+  while (got > 0 && o + PROTO_HEADER_SIZE <= (size_t)got) {
+    if (buf[o + 4] == PROTO_PING && *ret_ping < 0)
+      *ret_ping = (long)n;
+    o += PROTO_HEADER_SIZE + proto_le32(buf + o);
+    n++;
+  }
+  *ret_n = n;
+  return got > 0 && o == (size_t)got;
+}
+
+/* An agent that stops reading its channel while the host sends on its
+ * streams: the socket holds whole frames only, so the PING queued beside
+ * them is behind no half frame; agent_stream_send says -EAGAIN once the
+ * stream queue is full, and writable() once it drained. */
+static void stalled_stream_beside_a_ping(void) {
+  struct peer pe = {.stall = true};
+  struct agent_conn *c = peer_start(&pe, answer_ping, 0);
+  struct rec r = {.accept_window = 1000};
+  rec_set(&r, c);
+  for (uint32_t n = 1; n <= 4; n++)
+    agent_tcp(&pe, n, STREAM_WINDOW);
+  WAIT_FOR(r.opens == 4);
+  static uint8_t buf[PROTO_CHUNK];
+  uint64_t taken = 0;
+  bool full = false;
+  for (int round = 0; round < 8 && !full; round++)
+    for (uint32_t n = 1; n <= 4; n++) {
+      ssize_t w = agent_stream_send(c, SID(n), buf, sizeof buf);
+      if (w == -EAGAIN) {
+        full = true;
+        break;
+      }
+      CHECK(w > 0);
+      taken += w > 0 ? (uint64_t)w : 0;
+    }
+  CHECK(full);
+  /* The queue, not the windows, said no: it holds its bytes less the
+   * frames' headers and what is too little to make a frame of. */
+  CHECK(taken >= AGENT_STREAM_QUEUE_MAX - 8192 && taken < 4ull * STREAM_WINDOW);
+  if (taken < AGENT_STREAM_QUEUE_MAX - 8192 || taken >= 4ull * STREAM_WINDOW)
+    fprintf(stderr, "  %llu bytes taken\n", (unsigned long long)taken);
+  struct ping_call pc = {.c = c};
+  pthread_t tp;
+  pthread_create(&tp, NULL, ping_main, &pc);
+  usleep(300000);
+  size_t in_socket = 0;
+  long ping_at = -1;
+  CHECK(peek_frames(pe.fd, &in_socket, &ping_at));
+  CHECK(in_socket > 0);
+  CHECK(agent_conn_alive(c));
+  CHECK_EQ_INT(r.writables, 0);
+  atomic_store(&pe.resume, true);
+  pthread_join(tp, NULL);
+  CHECK_EQ_INT(pc.r, 0);
+  WAIT_FOR(r.writables == 1);
+  CHECK_EQ_INT(r.writables, 1);
+  /* The PING went in among the whole frames the socket held, or right
+   * after them: not behind the queue. */
+  size_t ping_seen = 0;
+  for (size_t i = 0; i < pe.n_seen; i++)
+    if (pe.seen[i] == PROTO_PING) {
+      ping_seen = i;
+      break;
+    }
+  CHECK(ping_seen <= in_socket);
+  CHECK(ping_at < 0 || (size_t)ping_at == ping_seen);
+  CHECK(agent_conn_alive(c));
+  WAIT_FOR(pe.stream_bytes == taken);
+  CHECK_EQ_INT(pe.stream_bytes, taken);
+  peer_stop(&pe, c);
+}
+
+/* PING answered, but not the one with id pe->arg. */
+static void answer_ping_but(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  if (h->id != pe->arg)
+    answer_ping(pe, h, payload);
+}
+
+struct slow_ping {
+  struct agent_conn *c;
+  int r;
+};
+
+static void *slow_ping_main(void *arg) {
+  struct slow_ping *p = arg;
+  char *err = NULL;
+  p->r = agent_ping(p->c, 1500, &err);
+  free(err);
+  return NULL;
+}
+
+/* Request ids stay below 2^31 (the agent's have bit 31), wrap to 1, and
+ * skip one still waiting. */
+static void request_ids_wrap_below_the_agents(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_ping_but, 1);
+  pthread_mutex_lock(&c->lock);
+  c->next_id = 0;
+  pthread_mutex_unlock(&c->lock);
+  struct slow_ping sp = {.c = c};
+  pthread_t t;
+  pthread_create(&t, NULL, slow_ping_main, &sp);
+  WAIT_FOR(pe.n_seen == 1);
+  pthread_mutex_lock(&c->lock);
+  c->next_id = PROTO_AGENT_ID - 2;
+  pthread_mutex_unlock(&c->lock);
+  check_alive(c);
+  check_alive(c);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(sp.r, -ETIMEDOUT);
+  CHECK_EQ_INT(pe.n_seen, 3);
+  CHECK_EQ_INT(pe.seen_id[0], 1);
+  CHECK_EQ_INT(pe.seen_id[1], PROTO_AGENT_ID - 1);
+  CHECK_EQ_INT(pe.seen_id[2], 2);
+  peer_stop(&pe, c);
+}
+
+static void egress_error_is_checked(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  CHECK(agent_conn_egress_error(c) == NULL);
+  peer_stop(&pe, c);
+  struct peer pe2 = {.egress_error = "no nf_tables in the kernel", .egress_error_len = 26};
+  c = peer_start(&pe2, NULL, 0);
+  CHECK_STREQ(agent_conn_egress_error(c), "no nf_tables in the kernel");
+  peer_stop(&pe2, c);
+  static const char long_msg[257] = "x";
+  static const struct {
+    const char *msg;
+    size_t len;
+    const char *says;
+  } bad[] = {
+      {"bad\x1b[31m", 8, "EGRESS_ERROR with byte 0x1b at 3"},
+      {"nul\0hidden", 10, "EGRESS_ERROR with byte 0x00 at 3"},
+      {long_msg, 257, "EGRESS_ERROR of 257 bytes, not 1..256"},
+      {"", 0, "EGRESS_ERROR of 0 bytes"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct peer pe3 = {.egress_error = bad[i].msg, .egress_error_len = bad[i].len};
+    char *err = NULL;
+    c = NULL;
+    CHECK_EQ_INT(peer_start_r(&pe3, NULL, 0, &c, &err), -EPROTO);
+    CHECK(c == NULL);
+    CHECK(err && strstr(err, bad[i].says));
+    if (err && !strstr(err, bad[i].says))
+      fprintf(stderr, "  %s\n", err);
+    free(err);
+    pthread_join(pe3.thread, NULL);
+    close(pe3.fd);
+  }
+}
+
 TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
           TEST(guest_errno_is_not_a_host_error),
           TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
@@ -734,4 +1422,8 @@ TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_ch
           TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data),
-          TEST(pack_window_is_what_was_sent))
+          TEST(pack_window_is_what_was_sent), TEST(stream_flows_both_ways),
+          TEST(stream_frames_are_checked), TEST(stream_reset_drops_late_frames),
+          TEST(no_handler_refuses), TEST(lookup_is_answered),
+          TEST(set_streams_stops_the_old_handler), TEST(stalled_stream_beside_a_ping),
+          TEST(request_ids_wrap_below_the_agents), TEST(egress_error_is_checked))

@@ -1,0 +1,234 @@
+/* egress.c: a session's egress from a tool's arguments (network,
+ * allow_hosts) within the operator's bounds, what results say about it,
+ * and the startup log's line.  The checks answer the MCP client (an AI
+ * agent), so each message says what was wrong and what to send instead. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "egress/egress_int.h"
+
+const char *egress_mode_name(enum egress_mode m) {
+  return m == EGRESS_MODE_OPEN ? "open" : m == EGRESS_MODE_ALLOW ? "allow" : "none";
+}
+
+/* What IGN_MCP_NET lets sessions ask, for messages. */
+static const char *modes_allowed(void) {
+  switch (egress_cfg.max_mode) {
+  case EGRESS_MODE_OPEN:
+    return "\"none\", \"allow\" or \"open\"";
+  case EGRESS_MODE_ALLOW:
+    return "\"none\" or \"allow\"";
+  default:
+    return "only \"none\"";
+  }
+}
+
+static const char *net_setting(void) {
+  return egress_cfg.off ? "off" : egress_mode_name(egress_cfg.max_mode);
+}
+
+static int parse_mode(const char *tool, const json_t *network, enum egress_mode *ret,
+                      char **ret_err) {
+  if (!network || json_is_null(network)) {
+    *ret = EGRESS_MODE_NONE;
+    return 0;
+  }
+  if (json_is_boolean(network)) {
+    *ret_err = xasprintf("%s: network must be a string, \"none\", \"allow\" or \"open\"; the "
+                         "boolean form (true/false) is gone: send \"allow\" with allow_hosts to "
+                         "reach listed hosts, \"open\" for any public destination, or \"none\"",
+                         tool);
+    return -EINVAL;
+  }
+  const char *s = json_string_value(network);
+  if (s && strcmp(s, "none") == 0)
+    *ret = EGRESS_MODE_NONE;
+  else if (s && strcmp(s, "allow") == 0)
+    *ret = EGRESS_MODE_ALLOW;
+  else if (s && strcmp(s, "open") == 0)
+    *ret = EGRESS_MODE_OPEN;
+  else {
+    *ret_err = xasprintf("%s: network must be \"none\", \"allow\" (with allow_hosts) or "
+                         "\"open\"%s%.40s%s",
+                         tool, s ? ", not \"" : "", s ? s : "", s ? "\"" : "");
+    return -EINVAL;
+  }
+  if (*ret > egress_cfg.max_mode) {
+    *ret_err = xasprintf("%s: network \"%s\" is refused: this server runs with IGN_MCP_NET=%s, "
+                         "which lets sessions ask %s; ask for one of those, or have the operator "
+                         "set IGN_MCP_NET", tool, s, net_setting(), modes_allowed());
+    return -EINVAL;
+  }
+  return 0;
+}
+
+static int parse_hosts(const char *tool, enum egress_mode mode, const json_t *allow_hosts,
+                       struct egress_policy *ret, char **ret_err) {
+  bool given = allow_hosts && !json_is_null(allow_hosts);
+  if (mode != EGRESS_MODE_ALLOW) {
+    if (!given)
+      return 0;
+    *ret_err = xasprintf("%s: allow_hosts goes only with network \"allow\" (network is \"%s\"): "
+                         "send network \"allow\" with it, or leave allow_hosts out",
+                         tool, egress_mode_name(mode));
+    return -EINVAL;
+  }
+  if (!given || !json_is_array(allow_hosts) || !json_array_size(allow_hosts)) {
+    *ret_err = xasprintf("%s: network \"allow\" needs allow_hosts, a non-empty array of host "
+                         "names such as [\"pypi.org\", \"*.pythonhosted.org\", \"example.com:8443\"]%s",
+                         tool, given && !json_is_array(allow_hosts) ? " (it is not an array)" : "");
+    return -EINVAL;
+  }
+  size_t n = json_array_size(allow_hosts);
+  if (n > EGRESS_MAX_RULES) {
+    *ret_err = xasprintf("%s: allow_hosts has %zu entries; at most %u are accepted", tool, n,
+                         EGRESS_MAX_RULES);
+    return -EINVAL;
+  }
+  const char *entries[EGRESS_MAX_RULES];
+  size_t lens[EGRESS_MAX_RULES];
+  for (size_t i = 0; i < n; i++) {
+    const json_t *v = json_array_get(allow_hosts, i);
+    if (!json_is_string(v)) {
+      *ret_err = xasprintf("%s: allow_hosts[%zu] must be a string: a host name such as "
+                           "\"pypi.org\", \"*.pypi.org\" or \"pypi.org:443\"", tool, i);
+      return -EINVAL;
+    }
+    entries[i] = json_string_value(v);
+    lens[i] = json_string_length(v);
+  }
+  _cleanup_free_ char *err = NULL;
+  int r = egress_policy_parse(entries, lens, n, ret, &err);
+  if (r < 0)
+    *ret_err = xasprintf("%s: %s", tool, err ? err : "allow_hosts is not valid");
+  return r;
+}
+
+static struct egress *egress_alloc(enum egress_mode mode) {
+  struct egress *e = calloc(1, sizeof *e);
+  if (!e)
+    return NULL;
+  e->mode = mode;
+  pthread_mutex_init(&e->att_lock, NULL);
+  e->rec = record_new();
+  if (!e->rec) {
+    pthread_mutex_destroy(&e->att_lock);
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
+               struct egress **ret, char **ret_err) {
+  enum egress_mode mode;
+  int r = parse_mode(tool, network, &mode, ret_err);
+  if (r < 0)
+    return r;
+  struct egress_policy pol = {0};
+  r = parse_hosts(tool, mode, allow_hosts, &pol, ret_err);
+  if (r < 0)
+    return r;
+  struct egress *e = egress_alloc(mode);
+  if (!e) {
+    egress_policy_free(&pol);
+    *ret_err = strdup("out of memory");
+    return -ENOMEM;
+  }
+  e->pol = pol;
+  *ret = e;
+  return 0;
+}
+
+int egress_clone(const struct egress *src, struct egress **ret) {
+  struct egress *e = egress_alloc(src->mode);
+  if (!e)
+    return -ENOMEM;
+  if (src->pol.n) {
+    e->pol.rules = malloc(src->pol.n * sizeof *e->pol.rules);
+    if (!e->pol.rules) {
+      egress_free(e);
+      return -ENOMEM;
+    }
+    memcpy(e->pol.rules, src->pol.rules, src->pol.n * sizeof *e->pol.rules);
+    e->pol.n = src->pol.n;
+  }
+  *ret = e;
+  return 0;
+}
+
+void egress_set_session(struct egress *e, const char *session_id) {
+  if (e->session_id)
+    return;
+  e->session_id = strdup(session_id ? session_id : "");
+  record_set_log(e->rec, session_id);
+}
+
+void egress_free(struct egress *e) {
+  if (!e)
+    return;
+  egress_detach(e);
+  record_free(e->rec);
+  egress_policy_free(&e->pol);
+  names_free(e);
+  pthread_mutex_destroy(&e->att_lock);
+  free(e->session_id);
+  free(e);
+}
+
+static json_t *rules_json(const struct egress *e) {
+  json_t *a = json_array();
+  for (size_t i = 0; i < e->pol.n; i++) {
+    char buf[EGRESS_ENTRY_MAX + 1];
+    egress_rule_format(&e->pol.rules[i], buf, sizeof buf);
+    json_array_append_new(a, json_string(buf));
+  }
+  return a;
+}
+
+static json_t *log_path_json(const struct egress *e) {
+  const char *p = record_log_path(e->rec);
+  return p ? json_string(p) : json_null();
+}
+
+json_t *egress_summary(const struct egress *e, const char *capture_error) {
+  json_t *o = json_object();
+  json_object_set_new(o, "mode", json_string(egress_mode_name(e->mode)));
+  json_object_set_new(o, "allowed_rules", rules_json(e));
+  json_object_set_new(o, "egress_log_path", log_path_json(e));
+  if (capture_error)
+    json_object_set_new(o, "capture", json_string(capture_error));
+  return o;
+}
+
+json_t *egress_report(struct egress *e, bool since_last) {
+  json_t *o = json_object();
+  json_object_set_new(o, "mode", json_string(egress_mode_name(e->mode)));
+  json_object_set_new(o, "allowed_rules", rules_json(e));
+  record_report(e->rec, since_last, o);
+  json_object_set_new(o, "egress_log_path", log_path_json(e));
+  return o;
+}
+
+char *egress_policy_line(void) {
+  if (egress_cfg.off)
+    return strdup("egress: IGN_MCP_NET=off (every connection and lookup from a sandbox is "
+                  "refused and recorded)");
+  long names = resolve_hosts_count();
+  char hosts[512];
+  if (names < 0)
+    snprintf(hosts, sizeof hosts, "no hosts file");
+  else
+    snprintf(hosts, sizeof hosts, "hosts file %s (%ld name%s)", egress_cfg.hosts_file, names,
+             names == 1 ? "" : "s");
+  return xasprintf("egress: IGN_MCP_NET=%s (sessions may ask %s), private destinations %s, %s",
+                   net_setting(),
+                   egress_cfg.max_mode == EGRESS_MODE_OPEN ? "none, allow or open"
+                   : egress_cfg.max_mode == EGRESS_MODE_ALLOW ? "none or allow" : "none",
+                   egress_cfg.allow_private ? "allowed (IGN_MCP_NET_PRIVATE=1)" : "refused",
+                   hosts);
+}

@@ -1,0 +1,214 @@
+/* egress_int.h: what the broker's files share (egress.h is the interface;
+ * this is not).  broker.c runs the thread and takes the connections'
+ * callbacks, stream.c decides and relays a stream, names.c answers lookups
+ * (the synthetic addresses, the DNS cache), resolve.c resolves names on the
+ * host (the pool, the hosts file), record.c keeps the flight record, egress.c
+ * makes a session's egress from a tool's arguments.
+ *
+ * Ownership: everything under "the broker thread's" below is touched only by
+ * the broker thread (or by egress_shutdown after that thread ended), so it
+ * needs no lock.  See broker.c's top comment for the locks. */
+#pragma once
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/egress_policy.h"
+#include "egress/egress.h"
+#include "proto/client.h"
+
+/* Limits of docs/egress-design.md (d). */
+#define EGRESS_SYNTH_MAX 4096u        /* synthetic addresses (names) per session */
+#define EGRESS_CONNECTS_MAX 16u       /* connects in progress per session */
+#define EGRESS_DNS_RATE 200u          /* queries a second per session (and the burst) */
+#define EGRESS_CONNECT_MS 10000u
+#define EGRESS_PEEK_MS 10000u         /* a web port's first request */
+#define EGRESS_FIRST_BYTE_MS 500u     /* a port a rule names: then connect without a peek */
+#define EGRESS_IDLE_MS 300000u
+#define EGRESS_RESOLVE_MS 5000u
+#define EGRESS_DNS_TTL 60u            /* of a synthetic answer: it never changes in a session */
+#define EGRESS_ADDRS_MAX 16u          /* addresses of one name kept from a resolution */
+#define EGRESS_REASON_MAX 96u
+
+/* The settings in force (egress_init's copy; defaults before it). */
+extern struct egress_settings egress_cfg;
+
+const char *egress_mode_name(enum egress_mode m);
+
+/* ---- resolve.c -------------------------------------------------------- */
+
+struct resolve_job {
+  struct resolve_job *next;
+  char name[EGRESS_NAME_BUF];  /* valid (egress_name_valid), lowercase */
+  /* The worker's answer: 0 and N addresses, or an EAI_* code. */
+  int gai_err;
+  size_t n;
+  int family[EGRESS_ADDRS_MAX];
+  uint8_t addr[EGRESS_ADDRS_MAX][16];
+  bool from_hosts;             /* the hosts file answered */
+  /* The broker thread's: what waits for the answer (NULL: nothing any
+   * more, free it when it comes back), and until when. */
+  void *owner;
+  bool for_stream;
+  uint64_t deadline_ms;
+  struct resolve_job *wait_next; /* the broker's list of jobs out */
+};
+
+/* Reads the hosts file (logged), starts the pool; WAKE is called (from a
+ * worker) after an answer was queued.  0 or -errno with *ret_err. */
+int resolve_init(const char *hosts_file, void (*wake)(void), char **ret_err);
+/* Stops the workers (a worker inside getaddrinfo is waited for at most a
+ * second, then left to finish alone) and frees what was queued. */
+void resolve_shutdown(void);
+/* Queues J: 0, or -EAGAIN when the queue is full (the caller keeps J). */
+int resolve_submit(struct resolve_job *j);
+/* The answers that came back since the last call (a list through next). */
+struct resolve_job *resolve_take_done(void);
+/* The names the hosts file holds now (-1: no hosts file). */
+long resolve_hosts_count(void);
+
+/* ---- record.c --------------------------------------------------------- */
+
+struct record;
+
+/* A connect event as the broker keeps it while the connection lives. */
+struct rec_conn {
+  uint64_t seq;                /* the record's, 0 until recorded */
+  uint64_t ts_ms;              /* wall clock at the open */
+  uint64_t start_ms;           /* monotonic at the open */
+  char host[EGRESS_NAME_BUF];  /* "" for a raw IP connect */
+  char ip[INET6_ADDRSTRLEN];
+  uint16_t port;
+  bool allowed;
+  bool ended;
+  char reason[EGRESS_REASON_MAX];
+  char rule[EGRESS_ENTRY_MAX + 1];
+  char sni[EGRESS_NAME_BUF];   /* the SNI or Host the peek found, "" if none */
+  uint64_t bytes_up, bytes_down;
+  uint64_t duration_ms;        /* once ended */
+};
+
+int record_init(void);
+/* Waits (bounded) for the queued lines, stops the writer. */
+void record_shutdown(void);
+struct record *record_new(void);
+/* Writes what is queued for R (bounded wait) and frees it. */
+void record_free(struct record *r);
+/* Names the log <log_dir>/<session id>.egress.jsonl; the file is made with
+ * the first line.  No log when the settings have no directory or cap. */
+void record_set_log(struct record *r, const char *session_id);
+const char *record_log_path(const struct record *r);
+/* The event C as decided (C->seq set); a refused one is written to the log
+ * at once (it has ended). */
+void record_connect(struct record *r, struct rec_conn *c);
+/* Bytes so far of a connection C still open. */
+void record_connect_update(struct record *r, const struct rec_conn *c);
+/* C ended: its final counts, and its line in the log. */
+void record_connect_end(struct record *r, struct rec_conn *c);
+void record_dns(struct record *r, const char *name, uint16_t qtype, bool allowed,
+                const char *reason);
+/* A query refused by the rate limit: counted; the first of each second is
+ * recorded as an event too (a flood does not push everything else out). */
+void record_dns_rate(struct record *r, const char *name, uint16_t qtype);
+/* {allowed[], denied[], dns_queries[], total_events, truncated, ...} into OUT. */
+void record_report(struct record *r, bool since_last, json_t *out);
+const char *record_qtype_name(uint16_t qtype, char buf[16]);
+
+/* ---- broker.c / stream.c / names.c ------------------------------------ */
+
+struct link;
+struct stream;
+struct lookup;
+
+/* A session's egress. */
+struct egress {
+  enum egress_mode mode;
+  struct egress_policy pol;
+  char *session_id;
+  struct record *rec;
+  pthread_mutex_t att_lock;    /* egress_attach/detach/free */
+  struct link *link;           /* under att_lock */
+  /* The broker thread's. */
+  char **synth;                /* synthetic address i+1 -> name */
+  uint32_t n_synth;
+  uint32_t *synth_slot;        /* hash of names: index+1, 0 empty */
+  double dns_tokens;
+  uint64_t dns_refill_ms;
+  unsigned open_streams, connecting;
+  uint64_t bytes_up, bytes_down;
+};
+
+/* One attached connection (the handler's context). */
+struct link {
+  struct egress *e;
+  struct agent_conn *c;
+  struct agent_stream_handler handler; /* ctx: this link */
+  struct link *next;           /* the broker's list */
+  /* Under the inbox lock (broker.c): what the callbacks handed over. */
+  struct ev *head, *tail;
+  bool ready;                  /* in the broker's ready list */
+  struct link *ready_next;
+  bool writable, closed, broken;
+  /* The broker thread's. */
+  struct stream *streams;
+  struct lookup *lookups;
+  bool dead;                   /* closed: no more streams */
+};
+
+/* What a callback hands the broker. */
+enum ev_kind { EV_OPEN, EV_DATA, EV_CREDIT, EV_SHUT, EV_RESET, EV_LOOKUP };
+struct ev {
+  struct ev *next;
+  enum ev_kind kind;
+  uint32_t id;
+  uint32_t n;                  /* CREDIT */
+  int err;                     /* RESET */
+  struct agent_stream_open o;  /* OPEN */
+  uint16_t qtype;              /* LOOKUP */
+  size_t len;                  /* DATA bytes, LOOKUP name */
+  uint8_t data[];
+};
+
+/* broker.c, for stream.c: the broker's epoll set. */
+int broker_watch(int fd, uint32_t events, void *ptr);
+int broker_rewatch(int fd, uint32_t events, void *ptr);
+void broker_unwatch(int fd);
+/* broker.c: queue a resolution for OWNER (a stream or a lookup).  0, or
+ * -EAGAIN (queue full). */
+int broker_resolve(const char *name, void *owner, bool for_stream, struct resolve_job **ret);
+/* Stops waiting for J (its owner goes away). */
+void broker_abandon(struct resolve_job *j);
+
+/* stream.c */
+void stream_open(struct link *lk, uint32_t sid, const struct agent_stream_open *o);
+struct stream *stream_find(struct link *lk, uint32_t sid);
+void stream_data(struct stream *s, const uint8_t *p, size_t n);
+void stream_credit(struct stream *s);
+void stream_agent_shut(struct stream *s);
+void stream_agent_reset(struct stream *s, int err);
+void stream_io(struct stream *s, uint32_t events);
+void stream_resolved(struct stream *s, struct resolve_job *j);
+/* Handles the deadlines of LK's streams; the next one (monotonic ms), 0 if none. */
+uint64_t link_stream_timers(struct link *lk, uint64_t now);
+/* Ends S: RESET to the agent (unless the connection is gone), recorded. */
+void stream_kill(struct stream *s, int err, const char *reason, bool tell_agent);
+/* The room in the stream queue may let blocked streams go on. */
+void link_writable(struct link *lk);
+
+/* names.c */
+void lookup_start(struct link *lk, uint32_t lid, const uint8_t *name, size_t len, uint16_t qtype);
+void lookup_resolved(struct lookup *q, struct resolve_job *j);
+/* Answers SERVFAIL to lookups waiting too long; the next deadline or 0. */
+uint64_t lookup_timers(struct link *lk, uint64_t now);
+/* Forgets LK's lookups (the connection went away: nobody to answer). */
+void lookup_drop_all(struct link *lk);
+/* The name behind a synthetic address, or NULL. */
+const char *names_synthetic(const struct egress *e, int family, const uint8_t *addr);
+bool names_is_synthetic(int family, const uint8_t *addr);
+void names_free(struct egress *e);
+void names_cache_clear(void);
+/* ADDR is one the sandbox may be sent to: its class, and the reason when
+ * refused ("" when allowed). */
+const char *egress_addr_refusal(int family, const uint8_t *addr);

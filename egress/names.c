@@ -1,0 +1,290 @@
+/* names.c: DNS for a sandbox, answered by the broker (docs/egress-design.md
+ * (d)).  A name the policy admits gets, for an A query, a synthetic address
+ * from 198.18.0.0/15 that stands for that name in that session (at most
+ * EGRESS_SYNTH_MAX names), once the host resolved the name to an address
+ * the sandbox may reach; every other type for it gets NOERROR with no
+ * answer (programs fall back to A; no HTTPS/SVCB record, so no ECH
+ * configuration, reaches them).  A refused name gets NXDOMAIN at once.  At
+ * connect time the synthetic address maps back to the name, which the
+ * broker resolves again itself: what the sandbox saw is never connected to.
+ *
+ * Everything here runs on the broker thread. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "common/util.h"
+#include "egress/egress_int.h"
+
+#define SYNTH_SLOTS (2u * EGRESS_SYNTH_MAX) /* the hash table: half full at most */
+#define CACHE_MAX 512u
+#define CACHE_MS 30000u
+
+struct lookup {
+  struct lookup *next;
+  struct link *lk;
+  uint32_t lid;
+  uint16_t qtype;
+  char name[EGRESS_NAME_BUF];
+  struct resolve_job *job;
+};
+
+/* The host's answers for DNS, shared by every session of the server. */
+struct cache_ent {
+  char name[EGRESS_NAME_BUF];
+  uint64_t expires_ms;         /* 0: empty */
+  int gai_err;
+  size_t n;
+  int family[EGRESS_ADDRS_MAX];
+  uint8_t addr[EGRESS_ADDRS_MAX][16];
+};
+static struct cache_ent cache[CACHE_MAX];
+
+void names_cache_clear(void) { memset(cache, 0, sizeof cache); }
+
+static struct cache_ent *cache_find(const char *name, uint64_t now) {
+  for (size_t i = 0; i < CACHE_MAX; i++)
+    if (cache[i].expires_ms > now && strcmp(cache[i].name, name) == 0)
+      return &cache[i];
+  return NULL;
+}
+
+static void cache_put(const struct resolve_job *j, uint64_t now) {
+  struct cache_ent *slot = &cache[0];
+  for (size_t i = 0; i < CACHE_MAX; i++) {
+    if (cache[i].expires_ms <= now || strcmp(cache[i].name, j->name) == 0) {
+      slot = &cache[i];
+      break;
+    }
+    if (cache[i].expires_ms < slot->expires_ms)
+      slot = &cache[i]; /* the oldest goes when the cache is full */
+  }
+  snprintf(slot->name, sizeof slot->name, "%s", j->name);
+  slot->expires_ms = now + CACHE_MS;
+  slot->gai_err = j->gai_err;
+  slot->n = j->n;
+  memcpy(slot->family, j->family, sizeof slot->family);
+  memcpy(slot->addr, j->addr, sizeof slot->addr);
+}
+
+/* ---- addresses ---- */
+
+const char *egress_addr_refusal(int family, const uint8_t *addr) {
+  enum egress_addr_class c = egress_addr_classify(family, addr);
+  if (c == EGRESS_ADDR_PUBLIC || (egress_cfg.allow_private && egress_addr_class_private(c)))
+    return "";
+  return egress_addr_reason(c);
+}
+
+/* ADDR's IPv4 bytes when it is in 198.18.0.0/15 (also as ::ffff:198.18.x.y),
+ * else NULL. */
+static const uint8_t *synth_v4(int family, const uint8_t *addr) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (family == AF_INET6 && memcmp(addr, mapped, 12) == 0)
+    addr += 12;
+  else if (family != AF_INET)
+    return NULL;
+  return addr[0] == 198 && (addr[1] & 0xfe) == 18 ? addr : NULL;
+}
+
+bool names_is_synthetic(int family, const uint8_t *addr) { return synth_v4(family, addr) != NULL; }
+
+const char *names_synthetic(const struct egress *e, int family, const uint8_t *addr) {
+  const uint8_t *a = synth_v4(family, addr);
+  if (!a)
+    return NULL;
+  /* 198.18.0.1 is number 1, the first name. */
+  uint32_t k = (uint32_t)(a[1] - 18) << 16 | (uint32_t)a[2] << 8 | a[3];
+  return k && k <= e->n_synth ? e->synth[k - 1] : NULL;
+}
+
+static uint32_t name_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++)
+    h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+/* NAME's synthetic address number (>= 1), allocated on first use; 0 when
+ * the session has EGRESS_SYNTH_MAX names already. */
+static uint32_t synth_get(struct egress *e, const char *name) {
+  if (!e->synth_slot) {
+    e->synth_slot = calloc(SYNTH_SLOTS, sizeof *e->synth_slot);
+    e->synth = calloc(EGRESS_SYNTH_MAX, sizeof *e->synth);
+    if (!e->synth_slot || !e->synth) {
+      names_free(e);
+      return 0;
+    }
+  }
+  uint32_t i = name_hash(name) % SYNTH_SLOTS;
+  for (; e->synth_slot[i]; i = (i + 1) % SYNTH_SLOTS)
+    if (strcmp(e->synth[e->synth_slot[i] - 1], name) == 0)
+      return e->synth_slot[i];
+  if (e->n_synth >= EGRESS_SYNTH_MAX || !(e->synth[e->n_synth] = strdup(name)))
+    return 0;
+  e->synth_slot[i] = ++e->n_synth;
+  return e->n_synth;
+}
+
+void names_free(struct egress *e) {
+  for (uint32_t i = 0; e->synth && i < e->n_synth; i++)
+    free(e->synth[i]);
+  free(e->synth);
+  free(e->synth_slot);
+  e->synth = NULL;
+  e->synth_slot = NULL;
+  e->n_synth = 0;
+}
+
+/* ---- lookups ---- */
+
+static void answer(struct link *lk, uint32_t lid, enum proto_rcode rcode, uint32_t synth) {
+  int fam = AF_INET;
+  uint8_t a[1][16] = {{198, (uint8_t)(18 + (synth >> 16)), (uint8_t)(synth >> 8), (uint8_t)synth}};
+  if (!lk->dead)
+    agent_lookup_answer(lk->c, lid, rcode, &fam, a, synth ? 1 : 0, EGRESS_DNS_TTL);
+}
+
+static void refuse(struct link *lk, uint32_t lid, const char *name, uint16_t qtype,
+                   enum proto_rcode rcode, const char *reason) {
+  record_dns(lk->e->rec, name, qtype, false, reason);
+  answer(lk, lid, rcode, 0);
+}
+
+/* The answer for an A query of an admitted NAME from the host's answer. */
+static void decide(struct link *lk, uint32_t lid, const char *name, uint16_t qtype, int gai_err,
+                   size_t n, const int *family, const uint8_t (*addr)[16]) {
+  if (gai_err) {
+    bool none = gai_err == EAI_NONAME || gai_err == EAI_NODATA;
+    char why[EGRESS_REASON_MAX];
+    snprintf(why, sizeof why, "%s: %s", none ? "no such name" : "resolve failed",
+             gai_strerror(gai_err));
+    refuse(lk, lid, name, qtype, none ? RCODE_NXDOMAIN : RCODE_SERVFAIL, why);
+    return;
+  }
+  const char *first = NULL;
+  for (size_t i = 0; i < n; i++) {
+    const char *why = egress_addr_refusal(family[i], addr[i]);
+    if (!*why) {
+      uint32_t k = synth_get(lk->e, name);
+      if (!k) {
+        refuse(lk, lid, name, qtype, RCODE_REFUSED, "too many names in this session");
+        return;
+      }
+      record_dns(lk->e->rec, name, qtype, true, NULL);
+      answer(lk, lid, RCODE_NOERROR, k);
+      return;
+    }
+    if (!first)
+      first = why;
+  }
+  refuse(lk, lid, name, qtype, RCODE_NXDOMAIN, first ? first : "no address");
+}
+
+/* Whether the session's token bucket has a query left. */
+static bool rate_ok(struct egress *e) {
+  uint64_t now = mono_ms();
+  if (!e->dns_refill_ms) {
+    e->dns_tokens = EGRESS_DNS_RATE;
+  } else {
+    e->dns_tokens += (double)(now - e->dns_refill_ms) * EGRESS_DNS_RATE / 1000.0;
+    if (e->dns_tokens > EGRESS_DNS_RATE)
+      e->dns_tokens = EGRESS_DNS_RATE;
+  }
+  e->dns_refill_ms = now;
+  if (e->dns_tokens < 1.0)
+    return false;
+  e->dns_tokens -= 1.0;
+  return true;
+}
+
+void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len, uint16_t qtype) {
+  struct egress *e = lk->e;
+  char name[EGRESS_NAME_BUF];
+  bool valid = egress_name_sanitize(raw, len, name);
+  if (egress_cfg.off || e->mode == EGRESS_MODE_NONE) {
+    refuse(lk, lid, name, qtype, RCODE_NXDOMAIN,
+           egress_cfg.off ? "egress is off" : "network is none");
+    return;
+  }
+  if (!rate_ok(e)) {
+    record_dns_rate(e->rec, name, qtype);
+    answer(lk, lid, RCODE_REFUSED, 0);
+    return;
+  }
+  if (!valid || (e->mode == EGRESS_MODE_ALLOW && !egress_policy_knows(&e->pol, name, strlen(name)))) {
+    refuse(lk, lid, name, qtype, RCODE_NXDOMAIN,
+           e->mode == EGRESS_MODE_ALLOW ? "not in allow_hosts" : "invalid name");
+    return;
+  }
+  if (qtype != 1) { /* AAAA, HTTPS, SVCB, TXT...: NOERROR, no answer */
+    record_dns(e->rec, name, qtype, true, NULL);
+    answer(lk, lid, RCODE_NOERROR, 0);
+    return;
+  }
+  const struct cache_ent *c = cache_find(name, mono_ms());
+  if (c) {
+    decide(lk, lid, name, qtype, c->gai_err, c->n, c->family, c->addr);
+    return;
+  }
+  struct lookup *q = calloc(1, sizeof *q);
+  if (!q) {
+    refuse(lk, lid, name, qtype, RCODE_SERVFAIL, "out of memory");
+    return;
+  }
+  q->lk = lk;
+  q->lid = lid;
+  q->qtype = qtype;
+  snprintf(q->name, sizeof q->name, "%s", name);
+  if (broker_resolve(name, q, false, &q->job) < 0) {
+    free(q);
+    refuse(lk, lid, name, qtype, RCODE_SERVFAIL, "resolver busy");
+    return;
+  }
+  q->next = lk->lookups;
+  lk->lookups = q;
+}
+
+static void lookup_unlink(struct lookup *q) {
+  for (struct lookup **p = &q->lk->lookups; *p; p = &(*p)->next)
+    if (*p == q) {
+      *p = q->next;
+      return;
+    }
+}
+
+void lookup_resolved(struct lookup *q, struct resolve_job *j) {
+  if (!j->gai_err || j->gai_err == EAI_NONAME || j->gai_err == EAI_NODATA)
+    cache_put(j, mono_ms());
+  lookup_unlink(q);
+  decide(q->lk, q->lid, q->name, q->qtype, j->gai_err, j->n, j->family, j->addr);
+  free(q);
+}
+
+uint64_t lookup_timers(struct link *lk, uint64_t now) {
+  uint64_t next = 0;
+  for (struct lookup *q = lk->lookups, *n; q; q = n) {
+    n = q->next;
+    if (now >= q->job->deadline_ms) {
+      broker_abandon(q->job);
+      lookup_unlink(q);
+      refuse(lk, q->lid, q->name, q->qtype, RCODE_SERVFAIL, "resolve timed out");
+      free(q);
+    } else if (!next || q->job->deadline_ms < next) {
+      next = q->job->deadline_ms;
+    }
+  }
+  return next;
+}
+
+void lookup_drop_all(struct link *lk) {
+  while (lk->lookups) {
+    struct lookup *q = lk->lookups;
+    lk->lookups = q->next;
+    broker_abandon(q->job);
+    free(q);
+  }
+}

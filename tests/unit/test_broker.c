@@ -1,0 +1,924 @@
+/* test_broker.c: the egress broker (egress/) with real parts: the real
+ * agent_conn (proto/client.c) over a socketpair whose other end this test
+ * speaks as the agent, frame by frame (HELLO answered, then LOOKUP,
+ * STREAM_OPEN, STREAM_DATA, ...), a real TCP server on 127.0.0.1 that the
+ * broker connects to (IGN_MCP_NET_PRIVATE and a hosts file mapping
+ * good.test to 127.0.0.1), and the JSON Lines log on disk. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/egress_policy.h"
+#include "common/util.h"
+#include "egress/egress.h"
+#include "proto/client.h"
+#include "proto/proto.h"
+#include "test.h"
+
+/* ---- the fake agent ------------------------------------------------------ */
+
+struct frame {
+  struct frame *next;
+  struct proto_header h;
+  uint8_t p[];
+};
+
+struct agent {
+  int fd;
+  pthread_t thread;
+  pthread_mutex_t lock, wlock;
+  pthread_cond_t cond;
+  struct frame *head;
+  bool eof;
+  uint32_t next_id;
+  struct agent_conn *c;
+};
+
+static void *agent_main(void *arg) {
+  struct agent *a = arg;
+  uint8_t *payload = malloc(PROTO_MAX_PAYLOAD);
+  struct proto_header h;
+  while (proto_read_frame(a->fd, &h, payload) == 0) {
+    if (h.type == PROTO_HELLO) {
+      struct proto_buf b = {0};
+      proto_frame_begin(&b, PROTO_HELLO_OK, h.id);
+      proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+      proto_put_str(&b, TAG_INFO, "fake agent");
+      if (proto_frame_finish(&b) == 0) {
+        pthread_mutex_lock(&a->wlock);
+        proto_write_all(a->fd, b.data, b.len);
+        pthread_mutex_unlock(&a->wlock);
+      }
+      proto_buf_free(&b);
+      continue;
+    }
+    struct frame *f = malloc(sizeof *f + h.len);
+    f->h = h;
+    f->next = NULL;
+    memcpy(f->p, payload, h.len);
+    pthread_mutex_lock(&a->lock);
+    struct frame **t = &a->head;
+    while (*t)
+      t = &(*t)->next;
+    *t = f;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->lock);
+  }
+  pthread_mutex_lock(&a->lock);
+  a->eof = true;
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->lock);
+  free(payload);
+  return NULL;
+}
+
+static void agent_start(struct agent *a) {
+  signal(SIGPIPE, SIG_IGN);
+  memset(a, 0, sizeof *a);
+  pthread_mutex_init(&a->lock, NULL);
+  pthread_mutex_init(&a->wlock, NULL);
+  pthread_cond_init(&a->cond, NULL);
+  a->next_id = PROTO_AGENT_ID;
+  int sv[2];
+  CHECK_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  a->fd = sv[1];
+  pthread_create(&a->thread, NULL, agent_main, a);
+  char *err = NULL;
+  CHECK_EQ_INT(agent_conn_open(sv[0], 5000, &a->c, &err), 0);
+  free(err);
+}
+
+static void agent_stop(struct agent *a) {
+  agent_conn_free(a->c);
+  pthread_join(a->thread, NULL);
+  close(a->fd);
+  while (a->head) {
+    struct frame *f = a->head;
+    a->head = f->next;
+    free(f);
+  }
+}
+
+/* The first frame for ID within MS (the caller frees it), or NULL. */
+static struct frame *agent_wait(struct agent *a, uint32_t id, unsigned ms) {
+  struct timespec until = timespec_in(CLOCK_REALTIME, ms);
+  pthread_mutex_lock(&a->lock);
+  for (;;) {
+    for (struct frame **p = &a->head; *p; p = &(*p)->next)
+      if ((*p)->h.id == id) {
+        struct frame *f = *p;
+        *p = f->next;
+        pthread_mutex_unlock(&a->lock);
+        return f;
+      }
+    if (a->eof || pthread_cond_timedwait(&a->cond, &a->lock, &until) == ETIMEDOUT)
+      break;
+  }
+  pthread_mutex_unlock(&a->lock);
+  return NULL;
+}
+
+/* The first frame of TYPE for ID, skipping (and freeing) CREDITs. */
+static struct frame *agent_expect(struct agent *a, uint32_t id, uint8_t type, unsigned ms) {
+  for (;;) {
+    struct frame *f = agent_wait(a, id, ms);
+    if (!f || f->h.type == type)
+      return f;
+    if (f->h.type != PROTO_STREAM_CREDIT) {
+      const uint8_t *v;
+      uint32_t len = 0;
+      if (proto_find(f->p, f->h.len, TAG_MESSAGE, &v, &len) != 1)
+        len = 0;
+      fprintf(stderr, "  id %#x: %s (%.*s), expected %s\n", id, proto_type_name(f->h.type),
+              (int)len, len ? (const char *)v : "", proto_type_name(type));
+      free(f);
+      return NULL;
+    }
+    free(f);
+  }
+}
+
+static void agent_send(struct agent *a, struct proto_buf *b) {
+  if (proto_frame_finish(b) == 0) {
+    pthread_mutex_lock(&a->wlock);
+    proto_write_all(a->fd, b->data, b->len);
+    pthread_mutex_unlock(&a->wlock);
+  }
+  proto_buf_free(b);
+}
+
+static uint32_t ag_lookup(struct agent *a, const void *name, size_t len, uint16_t qtype) {
+  uint32_t id = ++a->next_id;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_LOOKUP, id);
+  proto_put_bytes(&b, TAG_NAME, name, len);
+  proto_put_u32(&b, TAG_QTYPE, qtype);
+  proto_put_u32(&b, TAG_TRANSPORT, LOOKUP_UDP);
+  agent_send(a, &b);
+  return id;
+}
+
+static uint32_t ag_open(struct agent *a, const uint8_t addr[4], uint16_t port) {
+  uint32_t id = ++a->next_id;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_STREAM_OPEN, id);
+  proto_put_u32(&b, TAG_KIND, STREAM_KIND_TCP);
+  proto_put_u32(&b, TAG_FAMILY, 4);
+  proto_put_bytes(&b, TAG_ADDR, addr, 4);
+  proto_put_u32(&b, TAG_PORT, port);
+  proto_put_u32(&b, TAG_WINDOW, STREAM_WINDOW);
+  agent_send(a, &b);
+  return id;
+}
+
+static void ag_simple(struct agent *a, uint8_t type, uint32_t id, const void *p, size_t n) {
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, type, id);
+  if (type == PROTO_STREAM_RESET)
+    proto_put_u32(&b, TAG_ERRNO, ECONNRESET);
+  else if (n)
+    proto_put_raw(&b, p, n);
+  agent_send(a, &b);
+}
+
+static uint32_t tlv_u32(const struct frame *f, uint16_t tag) {
+  const uint8_t *v;
+  uint32_t len, x = UINT32_MAX;
+  if (proto_find(f->p, f->h.len, tag, &v, &len) == 1)
+    proto_val_u32(v, len, &x);
+  return x;
+}
+
+/* A lookup's answer: its RCODE (-1: none came), the first address in A. */
+static int lookup_rcode(struct agent *a, uint32_t id, uint8_t addr[4], size_t *ret_n) {
+  struct frame *f = agent_expect(a, id, PROTO_LOOKUP_END, 5000);
+  if (!f)
+    return -1;
+  int rcode = (int)tlv_u32(f, TAG_RCODE);
+  struct proto_tlv_iter it;
+  proto_tlv_init(&it, f->p, f->h.len);
+  uint16_t tag;
+  const uint8_t *v;
+  uint32_t len;
+  size_t n = 0;
+  while (proto_tlv_next(&it, &tag, &v, &len) == 1)
+    if (tag == TAG_ADDR && len == 4) {
+      if (!n && addr)
+        memcpy(addr, v, 4);
+      n++;
+    }
+  if (ret_n)
+    *ret_n = n;
+  free(f);
+  return rcode;
+}
+
+/* A stream's reset: its errno, MESSAGE into MSG. -1: something else came. */
+static int reset_of(struct agent *a, uint32_t id, char *msg, size_t size) {
+  struct frame *f = agent_expect(a, id, PROTO_STREAM_RESET, 5000);
+  if (!f)
+    return -1;
+  int err = (int)tlv_u32(f, TAG_ERRNO);
+  const uint8_t *v;
+  uint32_t len;
+  msg[0] = '\0';
+  if (proto_find(f->p, f->h.len, TAG_MESSAGE, &v, &len) == 1)
+    snprintf(msg, size, "%.*s", (int)len, (const char *)v);
+  free(f);
+  return err;
+}
+
+/* ---- the server the broker connects to ----------------------------------- */
+
+static struct {
+  int lfd;
+  uint16_t port;
+  atomic_int accepts;
+  atomic_bool stop;
+  pthread_t thread;
+} srv;
+
+/* Echoes each connection until its EOF, one at a time. */
+static void *server_main(void *arg) {
+  (void)arg;
+  while (!atomic_load(&srv.stop)) {
+    struct pollfd p = {.fd = srv.lfd, .events = POLLIN};
+    if (poll(&p, 1, 50) <= 0)
+      continue;
+    int c = accept4(srv.lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0)
+      continue;
+    atomic_fetch_add(&srv.accepts, 1);
+    char buf[4096];
+    for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;)
+      if (write(c, buf, (size_t)n) != n)
+        break;
+    close(c);
+  }
+  return NULL;
+}
+
+static void server_start(void) {
+  srv.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  CHECK_EQ_INT(bind(srv.lfd, (struct sockaddr *)&in, sizeof in), 0);
+  CHECK_EQ_INT(listen(srv.lfd, 16), 0);
+  socklen_t sl = sizeof in;
+  getsockname(srv.lfd, (struct sockaddr *)&in, &sl);
+  srv.port = ntohs(in.sin_port);
+  atomic_store(&srv.stop, false);
+  atomic_store(&srv.accepts, 0);
+  pthread_create(&srv.thread, NULL, server_main, NULL);
+}
+
+static void server_stop(void) {
+  atomic_store(&srv.stop, true);
+  pthread_join(srv.thread, NULL);
+  close(srv.lfd);
+}
+
+/* ---- fixtures ------------------------------------------------------------ */
+
+static char tmp[64], hosts_path[128];
+
+static void write_hosts(const char *text) {
+  FILE *f = fopen(hosts_path, "w");
+  fputs(text, f);
+  fclose(f);
+}
+
+static void init_broker(bool allow_private, unsigned max_streams) {
+  struct egress_settings s = {.max_mode = EGRESS_MODE_OPEN, .allow_private = allow_private,
+                              .hosts_file = hosts_path, .log_dir = tmp, .log_cap = 1u << 20,
+                              .max_streams = max_streams, .max_bytes = 1ull << 30};
+  char *err = NULL;
+  int r = egress_init(&s, &err);
+  CHECK_EQ_INT(r, 0);
+  if (r)
+    fprintf(stderr, "  egress_init: %s\n", err);
+  free(err);
+}
+
+/* A session with MODE and ALLOW (a JSON array text, or NULL), attached. */
+static struct egress *session(const char *mode, const char *allow, const char *sid,
+                              struct agent *a) {
+  json_t *net = json_string(mode), *hosts = allow ? json_loads(allow, 0, NULL) : NULL;
+  struct egress *e = NULL;
+  char *err = NULL;
+  int r = egress_new("open_session", net, hosts, &e, &err);
+  CHECK_EQ_INT(r, 0);
+  if (r)
+    fprintf(stderr, "  egress_new: %s\n", err);
+  free(err);
+  json_decref(net);
+  json_decref(hosts);
+  if (!e)
+    return NULL;
+  egress_set_session(e, sid);
+  agent_start(a);
+  egress_attach(e, a->c);
+  return e;
+}
+
+static void session_end(struct egress *e, struct agent *a) {
+  egress_free(e);
+  agent_stop(a);
+}
+
+/* The synthetic address of NAME, by a lookup. */
+static bool resolve(struct agent *a, const char *name, uint8_t addr[4]) {
+  size_t n = 0;
+  int rc = lookup_rcode(a, ag_lookup(a, name, strlen(name), 1), addr, &n);
+  CHECK_EQ_INT(rc, RCODE_NOERROR);
+  CHECK_EQ_INT(n, 1);
+  return rc == RCODE_NOERROR && n == 1;
+}
+
+/* The last entry of report list LIST, or NULL. */
+static json_t *last_of(json_t *rep, const char *list) {
+  json_t *l = json_object_get(rep, list);
+  size_t n = json_array_size(l);
+  return n ? json_array_get(l, n - 1) : NULL;
+}
+
+static const char *str_of(json_t *o, const char *key) {
+  return json_string_value(json_object_get(o, key));
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+static void check_new_refused(const char *net_json, const char *allow_json, const char *says) {
+  json_t *net = net_json ? json_loads(net_json, JSON_DECODE_ANY, NULL) : NULL;
+  json_t *hosts = allow_json ? json_loads(allow_json, JSON_DECODE_ANY, NULL) : NULL;
+  struct egress *e = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(egress_new("open_session", net, hosts, &e, &err), -EINVAL);
+  CHECK(e == NULL);
+  CHECK(err && strstr(err, says) && strstr(err, "open_session"));
+  if (err && !strstr(err, says))
+    fprintf(stderr, "  %s / %s: \"%s\", expected it to say \"%s\"\n", net_json, allow_json, err, says);
+  free(err);
+  json_decref(net);
+  json_decref(hosts);
+}
+
+static void new_refuses_bad_arguments(void) {
+  struct egress_settings s = {.max_mode = EGRESS_MODE_ALLOW, .hosts_file = hosts_path,
+                              .log_dir = tmp, .log_cap = 1u << 20, .max_streams = 64,
+                              .max_bytes = 1ull << 30};
+  char *err = NULL;
+  CHECK_EQ_INT(egress_init(&s, &err), 0);
+  free(err);
+  check_new_refused("true", NULL, "boolean form (true/false) is gone");
+  check_new_refused("false", NULL, "boolean form");
+  check_new_refused("\"bogus\"", NULL, "not \"bogus\"");
+  check_new_refused("3", NULL, "network must be");
+  check_new_refused("\"open\"", NULL, "IGN_MCP_NET=allow");
+  check_new_refused("\"open\"", "[\"pypi.org\"]", "IGN_MCP_NET");
+  check_new_refused("\"none\"", "[\"pypi.org\"]", "only with network \"allow\"");
+  check_new_refused(NULL, "[\"pypi.org\"]", "only with network \"allow\"");
+  check_new_refused("\"allow\"", NULL, "needs allow_hosts");
+  check_new_refused("\"allow\"", "[]", "needs allow_hosts");
+  check_new_refused("\"allow\"", "\"pypi.org\"", "not an array");
+  check_new_refused("\"allow\"", "[\"pypi.org\", 7]", "allow_hosts[1] must be a string");
+  check_new_refused("\"allow\"", "[\"pypi.org\", \"*.com\"]", "allow_hosts[1]");
+  check_new_refused("\"allow\"", "[\"1.2.3.4\"]", "it is an IP address");
+  /* What passes. */
+  struct egress *e = NULL;
+  json_t *net = json_string("allow"), *hosts = json_loads("[\"PyPI.org\", \"*.x.org:8080\"]", 0, NULL);
+  CHECK_EQ_INT(egress_new("open_session", net, hosts, &e, &err), 0);
+  json_t *sum = e ? egress_summary(e, "no nf_tables") : NULL;
+  CHECK_STREQ(str_of(sum, "mode"), "allow");
+  CHECK_STREQ(json_string_value(json_array_get(json_object_get(sum, "allowed_rules"), 0)), "pypi.org");
+  CHECK_STREQ(json_string_value(json_array_get(json_object_get(sum, "allowed_rules"), 1)), "*.x.org:8080");
+  CHECK_STREQ(str_of(sum, "capture"), "no nf_tables");
+  CHECK(json_is_null(json_object_get(sum, "egress_log_path"))); /* no session id yet */
+  json_decref(sum);
+  egress_free(e);
+  e = NULL;
+  CHECK_EQ_INT(egress_new("open_session", NULL, NULL, &e, &err), 0); /* absent: none */
+  sum = e ? egress_summary(e, NULL) : NULL;
+  CHECK_STREQ(str_of(sum, "mode"), "none");
+  CHECK(!json_object_get(sum, "capture"));
+  json_decref(sum);
+  egress_free(e);
+  json_decref(net);
+  json_decref(hosts);
+  egress_shutdown();
+}
+
+static void policy_line_says_the_bounds(void) {
+  init_broker(true, 64);
+  char *line = egress_policy_line();
+  CHECK(strstr(line, "IGN_MCP_NET=open (sessions may ask none, allow or open)"));
+  CHECK(strstr(line, "private destinations allowed"));
+  CHECK(strstr(line, hosts_path) && strstr(line, "(2 names)"));
+  free(line);
+  egress_shutdown();
+}
+
+static void dns_answers_by_policy(void) {
+  init_broker(true, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\"]", "dns1", &a);
+  uint8_t addr[4] = {0}, again[4] = {0};
+  if (resolve(&a, "good.test", addr)) {
+    CHECK_EQ_INT(addr[0], 198);
+    CHECK(addr[1] == 18 || addr[1] == 19);
+  }
+  resolve(&a, "GOOD.test.", again); /* the same name: the same address */
+  CHECK(memcmp(addr, again, 4) == 0);
+  size_t n = 9;
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 28), NULL, &n), RCODE_NOERROR);
+  CHECK_EQ_INT(n, 0); /* AAAA: no answer */
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 65), NULL, &n), RCODE_NOERROR);
+  CHECK_EQ_INT(n, 0); /* HTTPS: no answer, no ECH configuration */
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "evil.example", 12, 1), NULL, &n), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "bad\0name", 8, 16), NULL, &n), RCODE_NXDOMAIN);
+  json_t *rep = egress_report(e, false);
+  json_t *dns = json_object_get(rep, "dns_queries");
+  CHECK_EQ_INT(json_array_size(dns), 6);
+  json_t *ev = json_array_get(dns, 0);
+  CHECK_STREQ(str_of(ev, "kind"), "dns");
+  CHECK_STREQ(str_of(ev, "name"), "good.test");
+  CHECK_STREQ(str_of(ev, "type"), "A");
+  CHECK(json_is_true(json_object_get(ev, "allowed")));
+  CHECK(json_integer_value(json_object_get(ev, "ts_ms")) > 1700000000000);
+  CHECK_STREQ(str_of(json_array_get(dns, 2), "type"), "AAAA");
+  CHECK_STREQ(str_of(json_array_get(dns, 3), "type"), "HTTPS");
+  ev = json_array_get(dns, 4);
+  CHECK_STREQ(str_of(ev, "name"), "evil.example");
+  CHECK(json_is_false(json_object_get(ev, "allowed")));
+  CHECK_STREQ(str_of(ev, "reason"), "not in allow_hosts");
+  ev = json_array_get(dns, 5);
+  CHECK_STREQ(str_of(ev, "name"), "<invalid:8>");
+  CHECK_STREQ(str_of(ev, "type"), "TXT");
+  json_decref(rep);
+  session_end(e, &a);
+  egress_shutdown();
+}
+
+static void relay_both_ways_and_count(void) {
+  init_broker(true, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "relay1", &a);
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    if (f)
+      CHECK_EQ_INT(tlv_u32(f, TAG_WINDOW), EGRESS_PEEK_MAX);
+    free(f);
+    static const char req[] = "GET / HTTP/1.1\r\nHost: good.test\r\n\r\n";
+    ag_simple(&a, PROTO_STREAM_DATA, sid, req, sizeof req - 1);
+    char got[256];
+    size_t n = 0;
+    while (n < sizeof req - 1 && (f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000))) {
+      memcpy(got + n, f->p, f->h.len < sizeof got - n ? f->h.len : sizeof got - n);
+      n += f->h.len;
+      free(f);
+    }
+    CHECK_EQ_INT(n, sizeof req - 1);
+    CHECK(memcmp(got, req, sizeof req - 1) == 0);
+    /* Still open: the report shows its bytes so far (the broker counts
+     * them just after the agent may have seen them: a moment later). */
+    json_t *rep = NULL, *ev = NULL;
+    for (int i = 0; i < 100; i++) {
+      json_decref(rep);
+      rep = egress_report(e, false);
+      ev = last_of(rep, "allowed");
+      if (json_integer_value(json_object_get(ev, "bytes_down")) == sizeof req - 1)
+        break;
+      usleep(10000);
+    }
+    CHECK(json_is_true(json_object_get(ev, "open")));
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_up")), sizeof req - 1);
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_down")), sizeof req - 1);
+    json_decref(rep);
+    ag_simple(&a, PROTO_STREAM_SHUT, sid, NULL, 0);
+    f = agent_expect(&a, sid, PROTO_STREAM_SHUT, 5000); /* the server closed after our FIN */
+    CHECK(f != NULL);
+    free(f);
+    usleep(100000);
+    rep = egress_report(e, true);
+    ev = last_of(rep, "allowed");
+    CHECK_STREQ(str_of(ev, "kind"), "connect");
+    CHECK_STREQ(str_of(ev, "host"), "good.test");
+    CHECK_STREQ(str_of(ev, "ip"), "127.0.0.1");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "port")), srv.port);
+    char rule[64];
+    snprintf(rule, sizeof rule, "good.test:%u", srv.port);
+    CHECK_STREQ(str_of(ev, "rule"), rule);
+    CHECK_STREQ(str_of(ev, "sni"), "good.test");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_up")), sizeof req - 1);
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_down")), sizeof req - 1);
+    CHECK(!json_object_get(ev, "open"));
+    CHECK(!json_object_get(ev, "reason"));
+    json_decref(rep);
+  }
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  session_end(e, &a);
+  server_stop();
+  egress_shutdown();
+}
+
+/* 600 KiB up and echoed back down: the agent sends only what it was
+ * granted and credits what it read, as the real one does; the broker
+ * relays within both windows and counts every byte. */
+static void relay_within_the_windows(void) {
+  init_broker(true, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "relay2", &a);
+  uint8_t addr[4];
+  enum { TOTAL = 600 * 1024 };
+  static uint8_t chunk[PROTO_CHUNK];
+  size_t sent = 0, recvd = 0, grant = 0;
+  bool order_ok = true, shut = false;
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    grant = f ? tlv_u32(f, TAG_WINDOW) : 0;
+    free(f);
+    while (f || !shut) {
+      while (sent < TOTAL && grant) {
+        size_t n = TOTAL - sent < sizeof chunk ? TOTAL - sent : sizeof chunk;
+        n = n < grant ? n : grant;
+        for (size_t i = 0; i < n; i++)
+          chunk[i] = (uint8_t)((sent + i) * 7 + 1);
+        ag_simple(&a, PROTO_STREAM_DATA, sid, chunk, n);
+        sent += n;
+        grant -= n;
+      }
+      if (sent == TOTAL && !shut) {
+        ag_simple(&a, PROTO_STREAM_SHUT, sid, NULL, 0);
+        shut = true;
+      }
+      f = agent_wait(&a, sid, 5000);
+      if (!f) {
+        fprintf(stderr, "  nothing more came: sent %zu, received %zu, grant %zu, alive %d\n", sent,
+                recvd, grant, agent_conn_alive(a.c));
+        break;
+      }
+      if (f->h.type == PROTO_STREAM_CREDIT) {
+        grant += tlv_u32(f, TAG_WINDOW);
+      } else if (f->h.type == PROTO_STREAM_DATA) {
+        for (size_t i = 0; i < f->h.len; i++)
+          order_ok &= f->p[i] == (uint8_t)((recvd + i) * 7 + 1);
+        recvd += f->h.len;
+        struct proto_buf b = {0};
+        proto_frame_begin(&b, PROTO_STREAM_CREDIT, sid);
+        proto_put_u32(&b, TAG_WINDOW, f->h.len);
+        agent_send(&a, &b);
+      } else {
+        CHECK_EQ_INT(f->h.type, PROTO_STREAM_SHUT);
+        free(f);
+        break;
+      }
+      free(f);
+    }
+  }
+  CHECK_EQ_INT(sent, TOTAL);
+  CHECK_EQ_INT(recvd, TOTAL);
+  CHECK(order_ok);
+  usleep(100000);
+  json_t *rep = egress_report(e, false);
+  json_t *ev = last_of(rep, "allowed");
+  CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_up")), TOTAL);
+  CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_down")), TOTAL);
+  CHECK(!json_object_get(ev, "sni")); /* neither TLS nor HTTP: on an explicit port, no peek name */
+  json_decref(rep);
+  session_end(e, &a);
+  server_stop();
+  egress_shutdown();
+}
+
+/* Opens a stream to ADDR:PORT and expects a reset at once saying WHY. */
+static void check_reset(struct agent *a, const uint8_t addr[4], uint16_t port, const char *why) {
+  char msg[128];
+  uint32_t sid = ag_open(a, addr, port);
+  CHECK_EQ_INT(reset_of(a, sid, msg, sizeof msg), ECONNREFUSED);
+  CHECK_STREQ(msg, why);
+}
+
+static void refusals_at_open(void) {
+  init_broker(true, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "open1", &a);
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    check_reset(&a, (uint8_t[4]){93, 184, 216, 34}, 443, "IP address not in allow_hosts");
+    check_reset(&a, (uint8_t[4]){127, 0, 0, 1}, srv.port, "IP address not in allow_hosts");
+    check_reset(&a, (uint8_t[4]){198, 18, 200, 1}, 443, "unknown address");
+    check_reset(&a, addr, 8443, "port not in allow_hosts");
+  }
+  json_t *rep = egress_report(e, false);
+  json_t *denied = json_object_get(rep, "denied");
+  CHECK_EQ_INT(json_array_size(denied), 4);
+  json_t *ev = json_array_get(denied, 0);
+  CHECK_STREQ(str_of(ev, "ip"), "93.184.216.34");
+  CHECK(json_is_null(json_object_get(ev, "host")));
+  CHECK_STREQ(str_of(ev, "reason"), "IP address not in allow_hosts");
+  CHECK_EQ_INT(json_integer_value(json_object_get(ev, "duration_ms")), 0);
+  ev = json_array_get(denied, 3);
+  CHECK_STREQ(str_of(ev, "host"), "good.test");
+  CHECK_EQ_INT(json_integer_value(json_object_get(ev, "port")), 8443);
+  json_decref(rep);
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  session_end(e, &a);
+  server_stop();
+  egress_shutdown();
+}
+
+/* A TLS ClientHello naming NAME (server_name its one extension) into OUT;
+ * its length. */
+static size_t client_hello(const char *name, uint8_t *out) {
+  size_t n = strlen(name), body = 52 + n, o = 0;
+  uint8_t *p = out;
+  p[o++] = 22, p[o++] = 3, p[o++] = 1, p[o++] = (uint8_t)((body + 4) >> 8), p[o++] = (uint8_t)(body + 4);
+  p[o++] = 1, p[o++] = 0, p[o++] = (uint8_t)(body >> 8), p[o++] = (uint8_t)body;
+  p[o++] = 3, p[o++] = 3;
+  for (int i = 0; i < 32; i++)
+    p[o++] = (uint8_t)i;                                /* random */
+  p[o++] = 0;                                           /* session id */
+  p[o++] = 0, p[o++] = 2, p[o++] = 0x13, p[o++] = 0x01; /* one suite */
+  p[o++] = 1, p[o++] = 0;                               /* null compression */
+  p[o++] = 0, p[o++] = (uint8_t)(9 + n);                /* extensions */
+  p[o++] = 0, p[o++] = 0, p[o++] = 0, p[o++] = (uint8_t)(5 + n);
+  p[o++] = 0, p[o++] = (uint8_t)(3 + n), p[o++] = 0, p[o++] = 0, p[o++] = (uint8_t)n;
+  memcpy(p + o, name, n);
+  return o + n;
+}
+
+static void peek_mismatch_reaches_nothing(void) {
+  init_broker(true, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "peek1", &a);
+  uint8_t addr[4];
+  uint8_t hello_evil[128];
+  size_t hello_len = client_hello("evil.com", hello_evil);
+  static const char host_evil[] = "GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+  static const char two_hosts[] = "GET / HTTP/1.1\r\nHost: good.test\r\nHost: evil.example\r\n\r\n";
+  struct {
+    const void *p;
+    size_t n;
+    const char *why;
+  } rows[] = {{hello_evil, hello_len, "SNI mismatch"},
+              {host_evil, sizeof host_evil - 1, "Host mismatch"},
+              {two_hosts, sizeof two_hosts - 1, "malformed HTTP request"}};
+  if (resolve(&a, "good.test", addr))
+    for (size_t i = 0; i < ARRAY_SIZE(rows); i++) {
+      uint32_t sid = ag_open(&a, addr, srv.port);
+      struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+      CHECK(f != NULL);
+      free(f);
+      ag_simple(&a, PROTO_STREAM_DATA, sid, rows[i].p, rows[i].n);
+      char msg[128];
+      CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+      CHECK_STREQ(msg, rows[i].why);
+    }
+  json_t *rep = egress_report(e, false);
+  json_t *ev = json_array_get(json_object_get(rep, "denied"), 0);
+  CHECK_STREQ(str_of(ev, "reason"), "SNI mismatch");
+  CHECK_STREQ(str_of(ev, "sni"), "evil.com");
+  ev = json_array_get(json_object_get(rep, "denied"), 1);
+  CHECK_STREQ(str_of(ev, "sni"), "evil.example");
+  json_decref(rep);
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 0); /* nothing reached the server */
+  session_end(e, &a);
+  server_stop();
+  egress_shutdown();
+}
+
+static void private_refused_without_allow_private(void) {
+  init_broker(false, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\", \"ten.test\", \"re.test\"]", "priv1", &a);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "ten.test", 8, 1), NULL, NULL), RCODE_NXDOMAIN);
+  json_t *rep = egress_report(e, false);
+  json_t *dns = json_object_get(rep, "dns_queries");
+  CHECK_STREQ(str_of(json_array_get(dns, 0), "reason"), "loopback address");
+  CHECK_STREQ(str_of(json_array_get(dns, 1), "reason"), "private address");
+  json_decref(rep);
+  /* Rebinding: the name was public when the sandbox asked, it is loopback
+   * when it connects; the connect's resolution bypasses the DNS cache (a
+   * name of its own: good.test's answer is in that cache for 30 s). */
+  write_hosts("1.1.1.1 re.test\n");
+  uint8_t addr[4];
+  if (resolve(&a, "re.test", addr)) {
+    write_hosts("127.0.0.1 re.test\n");
+    uint32_t sid = ag_open(&a, addr, 80);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    static const char req[] = "GET / HTTP/1.1\r\nHost: re.test\r\n\r\n";
+    ag_simple(&a, PROTO_STREAM_DATA, sid, req, sizeof req - 1);
+    char msg[128];
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "loopback address");
+    rep = egress_report(e, false);
+    json_t *ev = last_of(rep, "denied");
+    CHECK_STREQ(str_of(ev, "reason"), "loopback address");
+    CHECK_STREQ(str_of(ev, "ip"), "127.0.0.1");
+    json_decref(rep);
+  }
+  write_hosts("127.0.0.1 good.test\n10.0.0.5 ten.test\n");
+  session_end(e, &a);
+  egress_shutdown();
+}
+
+static void too_many_connections(void) {
+  init_broker(true, 2);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\"]", "many1", &a);
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t s1 = ag_open(&a, addr, 80), s2 = ag_open(&a, addr, 443);
+    for (int i = 0; i < 2; i++) {
+      struct frame *f = agent_expect(&a, i ? s2 : s1, PROTO_STREAM_ACCEPT, 5000);
+      CHECK(f != NULL);
+      free(f);
+    }
+    check_reset(&a, addr, 80, "too many connections");
+    ag_simple(&a, PROTO_STREAM_RESET, s1, NULL, 0); /* the program gave one up */
+    usleep(100000);
+    uint32_t s3 = ag_open(&a, addr, 80);
+    struct frame *f = agent_expect(&a, s3, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+  }
+  session_end(e, &a);
+  egress_shutdown();
+}
+
+static void mode_none_refuses_everything(void) {
+  init_broker(true, 64);
+  struct agent a;
+  struct egress *e = session("none", NULL, "none1", &a);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
+  check_reset(&a, (uint8_t[4]){93, 184, 216, 34}, 443, "network is none");
+  json_t *rep = egress_report(e, false);
+  CHECK_STREQ(str_of(last_of(rep, "dns_queries"), "reason"), "network is none");
+  CHECK_STREQ(str_of(last_of(rep, "denied"), "reason"), "network is none");
+  json_decref(rep);
+  session_end(e, &a);
+  egress_shutdown();
+}
+
+static void dns_rate_limited(void) {
+  init_broker(true, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\"]", "rate1", &a);
+  uint32_t ids[250];
+  for (size_t i = 0; i < ARRAY_SIZE(ids); i++)
+    ids[i] = ag_lookup(&a, "evil.example", 12, 1);
+  unsigned refused = 0, first_refused = 0;
+  for (size_t i = 0; i < ARRAY_SIZE(ids); i++) {
+    int rc = lookup_rcode(&a, ids[i], NULL, NULL);
+    if (rc == RCODE_REFUSED && !refused++)
+      first_refused = (unsigned)i;
+  }
+  CHECK(refused >= 20 && refused <= 50); /* 200 in the bucket, some refill while we send */
+  CHECK(first_refused >= 200);
+  json_t *rep = egress_report(e, false);
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "dns_refused_by_rate")), refused);
+  /* The first refusal of the second is an event (the rest are counted):
+   * the refill may admit a later query again. */
+  json_t *dns = json_object_get(rep, "dns_queries");
+  size_t rate_events = 0;
+  for (size_t i = 0; i < json_array_size(dns); i++)
+    rate_events += strcmp(str_of(json_array_get(dns, i), "reason"), "query rate") == 0;
+  CHECK(rate_events >= 1 && rate_events <= 2);
+  json_decref(rep);
+  session_end(e, &a);
+  egress_shutdown();
+}
+
+static void report_since_last_and_log(void) {
+  init_broker(true, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\"]", "rep1", &a);
+  resolve(&a, "good.test", (uint8_t[4]){0});
+  check_reset(&a, (uint8_t[4]){93, 184, 216, 34}, 443, "IP address not in allow_hosts");
+  json_t *rep = egress_report(e, true);
+  static const char *keys[] = {"mode", "allowed_rules", "allowed", "denied", "dns_queries",
+                               "total_events", "truncated", "egress_log_path"};
+  for (size_t i = 0; i < ARRAY_SIZE(keys); i++)
+    CHECK(json_object_get(rep, keys[i]) != NULL);
+  CHECK_STREQ(str_of(rep, "mode"), "allow");
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), 2);
+  CHECK(json_is_false(json_object_get(rep, "truncated")));
+  char path[192];
+  snprintf(path, sizeof path, "%s/rep1.egress.jsonl", tmp);
+  CHECK_STREQ(str_of(rep, "egress_log_path"), path);
+  json_decref(rep);
+  rep = egress_report(e, true); /* nothing since */
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), 0);
+  CHECK_EQ_INT(json_array_size(json_object_get(rep, "dns_queries")), 0);
+  CHECK_EQ_INT(json_array_size(json_object_get(rep, "denied")), 0);
+  json_decref(rep);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "x.example", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), 1);
+  CHECK_STREQ(str_of(last_of(rep, "dns_queries"), "name"), "x.example");
+  json_decref(rep);
+  rep = egress_report(e, false); /* the whole session */
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), 3);
+  CHECK_EQ_INT(json_array_size(json_object_get(rep, "dns_queries")), 2);
+  json_decref(rep);
+  /* More than EGRESS_REPORT_MAX: the latest are kept, truncated says so. */
+  for (unsigned i = 0; i < EGRESS_REPORT_MAX + 6; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "n%u.example", i);
+    CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, name, strlen(name), 1), NULL, NULL), RCODE_NXDOMAIN);
+  }
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(json_array_size(json_object_get(rep, "dns_queries")), EGRESS_REPORT_MAX);
+  CHECK(json_is_true(json_object_get(rep, "truncated")));
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), EGRESS_REPORT_MAX + 6);
+  char want[32];
+  snprintf(want, sizeof want, "n%u.example", EGRESS_REPORT_MAX + 5);
+  CHECK_STREQ(str_of(last_of(rep, "dns_queries"), "name"), want);
+  json_decref(rep);
+  session_end(e, &a); /* flushes the log */
+  struct stat st;
+  CHECK_EQ_INT(stat(path, &st), 0);
+  CHECK_EQ_INT(st.st_mode & 0777, 0600);
+  FILE *f = fopen(path, "r");
+  char line[2048];
+  unsigned lines = 0, dns = 0, connects = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    json_t *o = json_loads(line, 0, NULL);
+    CHECK(o != NULL);
+    lines++;
+    dns += strcmp(str_of(o, "kind") ? str_of(o, "kind") : "", "dns") == 0;
+    if (strcmp(str_of(o, "kind") ? str_of(o, "kind") : "", "connect") == 0) {
+      connects++;
+      CHECK_STREQ(str_of(o, "reason"), "IP address not in allow_hosts");
+      CHECK(json_is_false(json_object_get(o, "allowed")));
+      CHECK(json_is_integer(json_object_get(o, "bytes_up")));
+      CHECK(json_is_integer(json_object_get(o, "duration_ms")));
+    }
+    json_decref(o);
+  }
+  if (f)
+    fclose(f);
+  CHECK_EQ_INT(connects, 1);
+  CHECK_EQ_INT(dns, 2 + EGRESS_REPORT_MAX + 6);
+  CHECK_EQ_INT(lines, connects + dns);
+  egress_shutdown();
+}
+
+static void setup(void) {
+  snprintf(tmp, sizeof tmp, "/tmp/test_broker.XXXXXX");
+  if (!mkdtemp(tmp))
+    abort();
+  snprintf(hosts_path, sizeof hosts_path, "%s/hosts", tmp);
+  write_hosts("# test names\n127.0.0.1 good.test\n10.0.0.5 ten.test\n");
+}
+
+static void teardown(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+  if (system(cmd) != 0)
+    fprintf(stderr, "  could not remove %s\n", tmp);
+}
+
+int main(void) {
+  setup();
+  static const struct test_case cases[] = {
+      TEST(new_refuses_bad_arguments),  TEST(policy_line_says_the_bounds),
+      TEST(dns_answers_by_policy),      TEST(relay_both_ways_and_count), TEST(relay_within_the_windows),
+      TEST(refusals_at_open),           TEST(peek_mismatch_reaches_nothing),
+      TEST(private_refused_without_allow_private), TEST(too_many_connections),
+      TEST(mode_none_refuses_everything), TEST(dns_rate_limited),
+      TEST(report_since_last_and_log),
+  };
+  int r = test_run_all(cases, ARRAY_SIZE(cases));
+  teardown();
+  return r;
+}
