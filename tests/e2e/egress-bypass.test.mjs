@@ -449,33 +449,39 @@ out(name=name, rcodes=[x.get("rcode", x.get("result")) for x in r])`;
     assert.ok(e.name === out.name.toLowerCase() || /^<invalid:\d+>$/.test(e.name), `row 6: the record's name ${e.name}`);
   });
 
-  test('row 7: 1000 DNS queries at once: REFUSED beyond the rate, counted', T, async () => {
+  test('row 7: 1000 DNS queries as fast as they are answered: REFUSED beyond the rate, counted', T, async () => {
+    // At most 32 queries in flight, so that the agent's own cap on waiting
+    // lookups (64, answered REFUSED in the sandbox) is not what refuses.
     const code = `
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-t0 = time.monotonic()
-for i in range(1000):
-    _, p = dns_packet("good.test", 1, i + 1)
-    s.sendto(p, ("8.8.8.8", 53))
-sent = time.monotonic() - t0
-rc = {}
 s.settimeout(5)
+t0 = time.monotonic()
+sent, got, rc = 0, 0, {}
 try:
-    for _ in range(1000):
+    while got < 1000:
+        while sent < 1000 and sent - got < 32:
+            _, p = dns_packet("good.test", 1, sent + 1)
+            s.sendto(p, ("8.8.8.8", 53))
+            sent += 1
         m, _a = s.recvfrom(2048)
+        got += 1
         c = parse_answer(m)["rcode"]
         rc[c] = rc.get(c, 0) + 1
 except socket.timeout:
     pass
-out(sent_s=sent, took_s=time.monotonic() - t0, rcodes=rc)`;
+out(sent=sent, got=got, took_s=time.monotonic() - t0, rcodes=rc)`;
     const { out, eg } = await refused('row 7', () => py(A, code));
     const refusedN = out.rcodes['5'] ?? 0;
     const answered = out.rcodes['0'] ?? 0;
+    assert.equal(out.got, 1000, `row 7: queries went unanswered: ${JSON.stringify(out)}`);
     assert.ok(refusedN >= 1, `row 7: no query was REFUSED: ${JSON.stringify(out)}`);
     assert.ok(answered <= 200 + 200 * out.took_s + 20, `row 7: ${answered} queries answered in ${out.took_s} s, over 200 a second: ${JSON.stringify(out)}`);
     await recorded(A, eg, [{ kind: 'dns', allowed: false, reason: R.rate }], 'row 7');
     assert.equal(eg.truncated, true, 'row 7: 1000 queries fit in the lists?');
-    assert.ok(eg.total_events >= answered + refusedN, `row 7: total_events ${eg.total_events} < ${answered + refusedN} queries answered`);
+    assert.ok(eg.total_events >= answered, `row 7: total_events ${eg.total_events} < the ${answered} queries answered`);
+    // The refusals by rate are counted, not each recorded.
+    assert.ok((eg.dns_refused_by_rate ?? 0) >= refusedN, `row 7: dns_refused_by_rate ${eg.dns_refused_by_rate} < the ${refusedN} REFUSED answers`);
+    process.stdout.write(`# row 7: ${answered} answered, ${refusedN} REFUSED in ${out.took_s.toFixed(2)} s\n`);
     await sleep(1500); // the bucket refills before the next rows
   });
 
@@ -486,10 +492,12 @@ b = dns(".".join(["a" * 59] * 5) + ".example", server="127.0.0.1")
 out(nul=a, long=b)`;
     const { out, eg } = await refused('row 8', () => py(A, code));
     for (const k of ['nul', 'long']) assert.ok([1, 3].includes(out[k].rcode), `row 8 (${k}): expected FORMERR or NXDOMAIN: ${JSON.stringify(out[k])}`);
-    const ev = (await recorded(A, eg, [{ kind: 'dns', name: /^<invalid:\d+>$/, allowed: false }], 'row 8'));
-    assert.ok(ev.length >= 1);
+    await recorded(A, eg, [{ kind: 'dns', name: /^<invalid:\d+>$/, allowed: false }], 'row 8');
+    // A name over DNS's 255 bytes cannot be carried to the host (a LOOKUP's
+    // NAME is at most 255 bytes): the agent answers FORMERR itself, and then
+    // nothing was asked of the host; else the host records it as invalid.
     const inv = eg.dns_queries.filter((e) => /^<invalid:\d+>$/.test(e.name));
-    assert.ok(inv.length >= 2, `row 8: both names should be recorded as <invalid:N>: ${brief(eg)}`);
+    assert.ok(inv.length >= 2 || (out.long.rcode === 1 && inv.length === 1), `row 8: ${JSON.stringify(out)}; recorded: ${brief(eg)}`);
   });
 
   test('row 11: a permitted name resolving to 169.254.169.254, even with IGN_MCP_NET_PRIVATE=1', T, async () => {
@@ -581,14 +589,18 @@ out(r=[tcp("good.test", ${H}, q) for q in reqs])`;
     return { inRun, inLog, inFile, all: [...inRun, ...inLog, ...inFile] };
   }
 
-  test('row 20: UDP to 8.8.8.8:123: EPERM at send, counted', T, async () => {
+  /* Rows 20 and 21 keep what they ran for their record rows below. */
+  let row20 = null;
+  let row21 = null;
+
+  test('row 20: UDP to 8.8.8.8:123: EPERM at send', T, async () => {
     const { out, eg } = await refused('row 20', () => py(A, `out(a=udp_send("8.8.8.8", 123), b=udp_send("127.0.0.1", ${host.ports.udp}))`));
     assert.equal(out.a.result, 'EPERM', `row 20: ${JSON.stringify(out)}`);
     // The host's UDP canary port on the sandbox's own loopback: nothing
     // there, nothing reaches the host's.
     assert.ok(['sent', 'ECONNREFUSED'].includes(out.b.result), `row 20 (loopback): ${JSON.stringify(out.b)}`);
-    const rp = await refusedPackets(A, eg);
-    assert.ok(rp.all.some((e) => e.udp >= 1), `row 20: no refused_packets event with udp >= 1 in the run's egress, network_log or the log: ${JSON.stringify(rp)}`);
+    noneAdmitted(eg, 'row 20');
+    row20 = eg;
   });
 
   test('row 21: ICMP echo to 8.8.8.8', T, async () => {
@@ -598,13 +610,21 @@ out(r=[tcp("good.test", ${H}, q) for q in reqs])`;
       // namespace's ping_group_range admits no group.
       assert.deepEqual([out.raw.stage, out.raw.result], ['socket', 'EPERM'], `row 21 raw: ${JSON.stringify(out)}`);
       assert.deepEqual([out.ping.stage, out.ping.result], ['socket', 'EACCES'], `row 21 ping: ${JSON.stringify(out)}`);
-      noneAdmitted(eg, 'row 21');
     } else {
       // Root in the guest opens a raw socket; the rules refuse the packet.
       assert.deepEqual([out.raw.stage, out.raw.result], ['send', 'EPERM'], `row 21 raw: ${JSON.stringify(out)}`);
-      const rp = await refusedPackets(A, eg);
-      assert.ok(rp.all.some((e) => e.icmp >= 1 || e.other >= 1), `row 21: no refused_packets event counting the ICMP: ${JSON.stringify(rp)}`);
     }
+    noneAdmitted(eg, 'row 21');
+    row21 = eg;
+  });
+
+  test('rows 20 and 21, the record: refused_packets counts the UDP (and on vm the ICMP) packets', T, async () => {
+    assert.ok(row20 && row21, 'rows 20 and 21 did not run');
+    const rp = await refusedPackets(A, row21);
+    const also = events(row20).filter((e) => e.kind === 'refused_packets');
+    const all = [...rp.all, ...also];
+    assert.ok(all.some((e) => e.udp >= 1), `row 20: no refused_packets event with udp >= 1 in the runs' egress, network_log or the log (docs/egress-design.md (e)): ${JSON.stringify(rp)}`);
+    if (IS_VM) assert.ok(all.some((e) => e.icmp >= 1 || e.other >= 1), `row 21: no refused_packets event counting the ICMP: ${JSON.stringify(rp)}`);
   });
 
   test('row 22: a direct connect to the agent\'s own listener (127.0.0.1:15001, [::1]:15001)', T, async () => {
