@@ -239,6 +239,39 @@ static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, s
   agent_send(a);
 }
 
+/* EGRESS_STATS: the capture's refusal counters, from the reader (ns) or
+ * read here (a vm's agent and --serve-fd keep their capabilities). */
+static void agent_handle_egress_stats(struct agent *a, uint32_t id) {
+  if (a->egress_error[0]) {
+    agent_send_error(a, id, ENOENT, "the sandbox has no capture of its traffic: %s",
+                     a->egress_error);
+    return;
+  }
+  uint64_t v[EGRESS_REFUSED_N];
+  char err[200];
+  int r;
+  if (a->refused_fd > 0) {
+    r = egress_refused_reader_ask(a->refused_fd, v, err, sizeof err);
+    if (r == -ETIMEDOUT || r == -EPIPE) {
+      /* Not again: a stopped reader would stall the agent each time. */
+      agent_log("egress: %s; refused packets are not counted any more", err);
+      close(a->refused_fd);
+      a->refused_fd = 0;
+    }
+  } else {
+    r = egress_refused_read(v, err, sizeof err);
+  }
+  if (r < 0) {
+    agent_send_error(a, id, -r, "%s", err);
+    return;
+  }
+  proto_frame_begin(&a->out, PROTO_OK, id);
+  proto_put_u64(&a->out, TAG_UDP, v[EGRESS_REFUSED_UDP]);
+  proto_put_u64(&a->out, TAG_ICMP, v[EGRESS_REFUSED_ICMP]);
+  proto_put_u64(&a->out, TAG_OTHER, v[EGRESS_REFUSED_OTHER]);
+  agent_send(a);
+}
+
 static void agent_dispatch(struct agent *a, const struct proto_header *h, const uint8_t *p) {
   switch (h->type) {
   case PROTO_HELLO:
@@ -278,6 +311,9 @@ static void agent_dispatch(struct agent *a, const struct proto_header *h, const 
     break;
   case PROTO_SETUP:
     machine_handle_setup(a, h->id, p, h->len);
+    break;
+  case PROTO_EGRESS_STATS:
+    agent_handle_egress_stats(a, h->id);
     break;
   case PROTO_STREAM_OPEN:
   case PROTO_STREAM_ACCEPT:
@@ -533,6 +569,15 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, struct 
     return r;
   machine_name_files();
   agent_capture_egress(a);
+  if (!a->egress_error[0]) {
+    /* Before the drop: it keeps the one capability the counters need. */
+    char err[160];
+    int fd = egress_refused_reader_start(err, sizeof err);
+    if (fd < 0)
+      agent_log("egress: %s; refused packets will not be counted", err);
+    else
+      a->refused_fd = fd;
+  }
   r = confine_drop_privileges();
   if (r < 0)
     return r;

@@ -113,7 +113,7 @@ bool proto_type_known(uint8_t type) {
   case PROTO_UNPACK: case PROTO_PACK: case PROTO_PACK_END: case PROTO_CREDIT:
   case PROTO_STREAM_OPEN: case PROTO_STREAM_ACCEPT: case PROTO_STREAM_DATA:
   case PROTO_STREAM_CREDIT: case PROTO_STREAM_SHUT: case PROTO_STREAM_RESET: case PROTO_LOOKUP:
-  case PROTO_LOOKUP_END:
+  case PROTO_LOOKUP_END: case PROTO_EGRESS_STATS:
     return true;
   default:
     return false;
@@ -275,6 +275,7 @@ const char *proto_type_name(uint8_t type) {
   case PROTO_STREAM_RESET: return "STREAM_RESET";
   case PROTO_LOOKUP: return "LOOKUP";
   case PROTO_LOOKUP_END: return "LOOKUP_END";
+  case PROTO_EGRESS_STATS: return "EGRESS_STATS";
   default: return "unknown";
   }
 }

@@ -79,6 +79,12 @@
  *                                        the id are dropped
  *   LOOKUP{NAME,QTYPE,TRANSPORT}      agent -> host
  *                                     <- LOOKUP_END{RCODE,ADDR*,TTL}
+ *   EGRESS_STATS                      host -> agent (no TLVs)
+ *                                     -> OK{UDP,ICMP,OTHER} | ERROR (no capture,
+ *                                        or its rules are gone)
+ *     the packets the capture's rules refused since it was set up (u64
+ *     counts: UDP other than DNS, ICMP and ICMPv6, every other protocol);
+ *     a vm's root can flush the rules, so a count may start again from 0.
  * OPEN's WINDOW is what the host may send before a CREDIT, ACCEPT's what the
  * agent may; neither side ever grants more than STREAM_WINDOW outstanding.
  * DATA beyond the grant, DATA after SHUT, a CREDIT over STREAM_WINDOW, an
@@ -151,6 +157,7 @@ enum proto_type {
   PROTO_STREAM_RESET = 55,
   PROTO_LOOKUP = 56,
   PROTO_LOOKUP_END = 57,
+  PROTO_EGRESS_STATS = 58,
 };
 
 enum proto_stream_kind { STREAM_KIND_TCP = 1 };
@@ -205,6 +212,9 @@ enum proto_tag {
   TAG_TTL = 68,        /* u32 seconds */
   TAG_EGRESS_ERROR = 69, /* string in HELLO_OK: why the sandbox has no capture
                           * (then it has no route out at all); absent when it has */
+  TAG_UDP = 70,        /* u64 in EGRESS_STATS' OK: UDP packets refused (not DNS) */
+  TAG_ICMP = 71,       /* u64: ICMP and ICMPv6 packets refused */
+  TAG_OTHER = 72,      /* u64: packets of any other protocol refused */
 };
 
 struct proto_header {

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -445,6 +446,131 @@ static void a_failed_route_undoes_the_rest(void) {
   in_netns(undo_body);
 }
 
+/* ---- the refusal counters ------------------------------------------------- */
+
+static void read_counts(uint64_t ret[EGRESS_REFUSED_N]) {
+  char err[256] = "";
+  int r = egress_refused_read(ret, err, sizeof err);
+  if (r < 0)
+    fprintf(stderr, "  egress_refused_read: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+}
+
+/* sendto IP:PORT on a socket of FAMILY, TYPE, PROTO: 0 or the errno. */
+static int send_one(int type, int proto, const char *ip, uint16_t port, const void *p, size_t n) {
+  struct sockaddr_storage to;
+  socklen_t len = sockaddr_of(ip, port, &to);
+  int fd = socket(to.ss_family, type | SOCK_CLOEXEC, proto);
+  if (fd < 0)
+    return errno;
+  int r = sendto(fd, p, n, 0, (struct sockaddr *)&to, len) < 0 ? errno : 0;
+  close(fd);
+  return r;
+}
+
+static void counters_body(void) {
+  setup_capture();
+  uint64_t c[EGRESS_REFUSED_N] = {9, 9, 9};
+  read_counts(c);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 0);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_ICMP], 0);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_OTHER], 0);
+  /* UDP, v4 and v6: refused and counted. */
+  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "8.8.8.8", 123, "x", 1), EPERM);
+  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "8.8.8.8", 123, "x", 1), EPERM);
+  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "2001:4860:4860::8888", 123, "x", 1), EPERM);
+  /* Not refused, not counted: DNS (redirected), loopback, TCP (redirected). */
+  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "8.8.8.8", 53, "x", 1), 0);
+  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "127.0.0.1", 9, "x", 1), 0);
+  CHECK(connect_to(SOCK_STREAM, "93.184.216.34", 443) < 0);
+  /* Root of the user namespace has CAP_NET_RAW in its network namespace:
+   * an echo request by a raw socket, v4 and v6, and a protocol of no name
+   * (253, for experiments). */
+  static const uint8_t echo4[8] = {8, 0, 0xf7, 0xff}, echo6[8] = {128, 0};
+  CHECK_EQ_INT(send_one(SOCK_RAW, IPPROTO_ICMP, "8.8.8.8", 0, echo4, sizeof echo4), EPERM);
+  CHECK_EQ_INT(send_one(SOCK_RAW, IPPROTO_ICMPV6, "2001:4860:4860::8888", 0, echo6, sizeof echo6),
+               EPERM);
+  CHECK_EQ_INT(send_one(SOCK_RAW, 253, "8.8.8.8", 0, "x", 1), EPERM);
+  read_counts(c);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 3);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_ICMP], 2);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_OTHER], 1);
+  /* The rules gone (a vm's root may flush them): an error that says so. */
+  CHECK_EQ_INT(delete_table(), 0);
+  char err[256] = "";
+  CHECK_EQ_INT(egress_refused_read(c, err, sizeof err), -ENOENT);
+  CHECK(strstr(err, "gone") != NULL);
+}
+
+static void refused_packets_are_counted(void) {
+  in_netns(counters_body);
+}
+
+/* The pid of our only child, from /proc (CONFIG_PROC_CHILDREN); 0: none. */
+static pid_t only_child(void) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+  FILE *f = fopen(path, "re");
+  int pid = 0;
+  if (f && fscanf(f, "%d", &pid) != 1)
+    pid = 0;
+  if (f)
+    fclose(f);
+  return pid;
+}
+
+static void reader_body(void) {
+  setup_capture();
+  char err[256] = "";
+  int fd = egress_refused_reader_start(err, sizeof err);
+  CHECK(fd >= 3);
+  pid_t reader = only_child();
+  CHECK(reader > 0);
+  /* The agent after confine: no capability; its own read is refused. */
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+  struct __user_cap_data_struct d[2] = {0};
+  CHECK(syscall(SYS_capset, &h, d) == 0);
+  uint64_t c[EGRESS_REFUSED_N];
+  CHECK_EQ_INT(egress_refused_read(c, err, sizeof err), -EPERM);
+  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "8.8.8.8", 123, "x", 1), EPERM);
+  CHECK_EQ_INT(egress_refused_reader_ask(fd, c, err, sizeof err), 0);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 1);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_ICMP], 0);
+  /* The reader holds CAP_NET_ADMIN and nothing else, none to give. */
+  char path[64], line[128];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)reader);
+  FILE *f = fopen(path, "re");
+  CHECK(f != NULL);
+  int seen = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "CapEff:", 7) || !strncmp(line, "CapPrm:", 7)) {
+      CHECK(strstr(line, "0000000000001000\n") != NULL);
+      seen++;
+    } else if (!strncmp(line, "CapBnd:", 7) || !strncmp(line, "CapInh:", 7) ||
+               !strncmp(line, "CapAmb:", 7)) {
+      CHECK(strstr(line, "0000000000000000\n") != NULL);
+      seen++;
+    }
+  }
+  if (f)
+    fclose(f);
+  CHECK_EQ_INT(seen, 5);
+  /* A stopped reader (any process of the sandbox may signal it): a timeout,
+   * not a stall; a killed one: gone. */
+  CHECK(kill(reader, SIGSTOP) == 0);
+  CHECK_EQ_INT(egress_refused_reader_ask(fd, c, err, sizeof err), -ETIMEDOUT);
+  CHECK(strstr(err, "did not answer") != NULL);
+  CHECK(kill(reader, SIGKILL) == 0);
+  CHECK(waitpid(reader, NULL, 0) == reader);
+  CHECK_EQ_INT(egress_refused_reader_ask(fd, c, err, sizeof err), -EPIPE);
+  CHECK(strstr(err, "gone") != NULL);
+  close(fd);
+}
+
+static void a_reader_counts_for_an_agent_without_capabilities(void) {
+  in_netns(reader_body);
+}
+
 /* Whether user namespaces can be made here at all. */
 static const char *check_userns(void) {
   pid_t pid = fork();
@@ -466,6 +592,8 @@ int main(void) {
       TEST(without_capabilities_the_rules_stay),
       TEST(a_second_setup_fails_and_keeps_the_first),
       TEST(a_failed_route_undoes_the_rest),
+      TEST(refused_packets_are_counted),
+      TEST(a_reader_counts_for_an_agent_without_capabilities),
   };
   skip_reason = check_userns();
   if (skip_reason) {
