@@ -17,6 +17,8 @@
  * input spells out) reach client_stream.c; the handler is taken away while
  * streams may be open.
  *
+ * Call 10 (0xfa) is EGRESS_STATS: its OK's three counts are checked.
+ *
  * Input:  u8 call, u16 LE length of the HELLO answer, HELLO answer, call answer.
  * In both answers a frame header whose id is 0 gets the id of the request it
  * answers, so the fuzzer need not guess ids. */
@@ -217,6 +219,11 @@ static void call(struct agent_conn *c, unsigned which) {
     agent_conn_set_streams(c, NULL);
     break;
   }
+  case 10: {
+    uint64_t counts[3];
+    agent_egress_stats(c, 5000, counts, &err);
+    break;
+  }
   default:
     agent_setup(c, "0123456789abcdef0123456789abcdef", 32, 1, "fuzz",
                 "0123456789abcdef0123456789abcdef", &err);
@@ -236,9 +243,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 3)
     return 0;
-  /* 0xfe, 0xfd, 0xfc, 0xfb pick calls 6, 7, 8, 9 (no input of the corpus
-   * before them started so). */
-  unsigned which = data[0] >= 0xfb && data[0] <= 0xfe ? 6u + (0xfeu - data[0]) : data[0] % 6u;
+  /* 0xfe, 0xfd, 0xfc, 0xfb, 0xfa pick calls 6, 7, 8, 9, 10 (no input of
+   * the corpus before them started so). */
+  unsigned which = data[0] >= 0xfa && data[0] <= 0xfe ? 6u + (0xfeu - data[0]) : data[0] % 6u;
   size_t hello_len = data[1] | (size_t)data[2] << 8;
   data += 3;
   size -= 3;

@@ -11,12 +11,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # proto/proto.h
 T = dict(HELLO=1, HELLO_OK=2, ERROR=3, PING=4, PONG=5, EXEC=10, STDIN=11, STDIN_END=12,
          STDOUT=13, STDERR=14, EXIT=15, KILL=16, WRITE=20, DATA=21, DATA_END=22, OK=23,
-         READ=24, READ_END=25, SETUP=30, UNPACK=40, PACK=41, PACK_END=42, CREDIT=43)
+         READ=24, READ_END=25, SETUP=30, UNPACK=40, PACK=41, PACK_END=42, CREDIT=43,
+         EGRESS_STATS=58)
 TAG = dict(VERSION=1, INFO=2, ERRNO=3, MESSAGE=4, COMMAND=10, CWD=11, ENV=12, TIMEOUT_MS=13,
            HAS_STDIN=14, EXIT_CODE=15, SIGNAL=16, TIMED_OUT=17, DURATION_US=18, PATH=20,
            MODE=21, SIZE=22, OFFSET=23, MAX=24, EOF=25, BYTES=26, ENTROPY=30, TIME_NS=31,
            HOSTNAME=32, MACHINE_ID=33, MAX_BYTES=40, MAX_FILES=41, WINDOW=42, FILES=43,
-           DIRS=44, SYMLINKS=45, TREE_BYTES=46, SKIPPED=47, SKIP_PATH=48, SKIP_REASON=49)
+           DIRS=44, SYMLINKS=45, TREE_BYTES=46, SKIPPED=47, SKIP_PATH=48, SKIP_REASON=49,
+           UDP=70, ICMP=71, OTHER=72)
 
 
 def tlv(tag, val):
@@ -110,6 +112,10 @@ def proto_host():
     write('fuzz_proto_host', 'write-error', host(4, b'', frame(
         'ERROR', 0, u32('ERRNO', 28) + tlv('MESSAGE', 'No space left on device'))))
     write('fuzz_proto_host', 'setup', host(5, b'', frame('OK', 0)))
+    write('fuzz_proto_host', 'egress-stats', host(0xfa, b'', frame(
+        'OK', 0, u64('UDP', 3) + u64('ICMP', 1) + u64('OTHER', 0))))
+    write('fuzz_proto_host', 'egress-stats-error', host(0xfa, b'', frame(
+        'ERROR', 0, u32('ERRNO', 2) + tlv('MESSAGE', 'the sandbox has no capture'))))
     write('fuzz_proto_host', 'hello-error', host(0, frame('ERROR', 0, u32('ERRNO', 71)
                                                           + tlv('MESSAGE', 'bad')), b''))
     def report(stream, skips=()):
@@ -212,6 +218,8 @@ def proto_guest():
           + frame('PACK', 14, tlv('PATH', '/nope') + u64('MAX_BYTES', 1) + u64('MAX_FILES', 1)
                   + u32('WINDOW', 1))
           + frame('DATA', 15, b'x') + frame('CREDIT', 16, u32('WINDOW', 0)))
+    write('fuzz_proto_guest', 'egress-stats', hello + frame('EGRESS_STATS', 30)
+          + frame('EGRESS_STATS', 31, u64('UDP', 1)))
     write('fuzz_proto_guest', 'bad', frame('STDOUT', 9, b'x') + frame('EXEC', 10, b'\1\0\xff\xff\xff\xff'))
     # Streams and lookups (egress): the agent opens them, so what the host
     # sends here is for ids never opened, a host-opened stream, or frames

@@ -463,7 +463,8 @@ void client_abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uin
   /* A request whose first frame never left is unknown to the agent. */
   bool agent_has_it = !(taken & (1ull << PROTO_EXEC | 1ull << PROTO_WRITE | 1ull << PROTO_READ |
                                  1ull << PROTO_PING | 1ull << PROTO_SETUP | 1ull << PROTO_HELLO |
-                                 1ull << PROTO_UNPACK | 1ull << PROTO_PACK));
+                                 1ull << PROTO_UNPACK | 1ull << PROTO_PACK |
+                                 1ull << PROTO_EGRESS_STATS));
   bool end_went = end_queued && !(end_type && (taken & (1ull << end_type)));
   if (!c->dead && agent_has_it) {
     if (kill_f) {
@@ -632,7 +633,8 @@ static bool answers(uint8_t req, uint8_t type) {
   case PROTO_PING: return type == PROTO_PONG;
   case PROTO_EXEC: return type == PROTO_STDOUT || type == PROTO_STDERR || type == PROTO_EXIT;
   case PROTO_WRITE:
-  case PROTO_SETUP: return type == PROTO_OK;
+  case PROTO_SETUP:
+  case PROTO_EGRESS_STATS: return type == PROTO_OK;
   case PROTO_READ: return type == PROTO_DATA || type == PROTO_READ_END;
   case PROTO_UNPACK: return type == PROTO_CREDIT || type == PROTO_OK;
   case PROTO_PACK: return type == PROTO_DATA || type == PROTO_PACK_END;
@@ -713,6 +715,34 @@ static char *hello_egress_error(struct agent_conn *c, const uint8_t *payload, si
   return c->egress_error ? NULL : strdup("out of memory for the agent's EGRESS_ERROR");
 }
 
+/* EGRESS_STATS' OK: UDP, ICMP and OTHER, each a u64, each once (the
+ * generic check sees repeated tags below 64 only). */
+static char *handle_egress_stats(struct pending *p, const uint8_t *payload, size_t len) {
+  static const struct {
+    uint16_t tag;
+    const char *name;
+  } fields[3] = {{TAG_UDP, "UDP"}, {TAG_ICMP, "ICMP"}, {TAG_OTHER, "OTHER"}};
+  unsigned seen[3] = {0};
+  struct proto_tlv_iter it;
+  proto_tlv_init(&it, payload, len);
+  uint16_t tag;
+  const uint8_t *v;
+  uint32_t n;
+  while (proto_tlv_next(&it, &tag, &v, &n) > 0)
+    for (size_t i = 0; i < 3; i++)
+      seen[i] += tag == fields[i].tag;
+  for (size_t i = 0; i < 3; i++) {
+    if (seen[i] > 1)
+      return xasprintf("its OK frame to EGRESS_STATS has %s %u times", fields[i].name, seen[i]);
+    char *bad = client_field_u64(payload, len, PROTO_OK, fields[i].tag, fields[i].name, true,
+                                 UINT64_MAX, &p->stats[i]);
+    if (bad)
+      return bad;
+  }
+  client_finish(p, 0);
+  return NULL;
+}
+
 /* Hands one frame to its call.  Returns NULL, or what broke the protocol. */
 static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
                           const uint8_t *payload) {
@@ -773,6 +803,8 @@ static char *handle_frame(struct agent_conn *c, const struct proto_header *h,
       client_finish(p, 0);
     return bad;
   case PROTO_OK: {
+    if (p->type == PROTO_EGRESS_STATS)
+      return handle_egress_stats(p, payload, h->len);
     uint64_t size = p->write_size;
     if (p->type == PROTO_WRITE)
       bad = client_field_u64(payload, h->len, h->type, TAG_SIZE, "SIZE", false, UINT64_MAX, &size);
@@ -1122,6 +1154,32 @@ int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
     pthread_mutex_lock(&c->lock);
   }
   return client_finish_call(c, &p, r, ret_err);
+}
+
+int agent_egress_stats(struct agent_conn *c, uint32_t timeout_ms, uint64_t ret[3],
+                       char **ret_err) {
+  struct pending p = {0};
+  if (client_register_pending(c, &p, PROTO_EGRESS_STATS) < 0)
+    return client_dead_error(c, ret_err);
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_EGRESS_STATS, p.id);
+  int r = client_enqueue(c, &b, true, NULL, 0, NULL);
+  proto_buf_free(&b);
+  bool sent = r == 0;
+  pthread_mutex_lock(&c->lock);
+  if (r == 0)
+    r = wait_pending(c, &p, NULL, timeout_ms);
+  if (r < 0 && sent && !p.done) {
+    pthread_mutex_unlock(&c->lock);
+    client_abandon_request(c, p.id, false, 0, false);
+    pthread_mutex_lock(&c->lock);
+  }
+  uint64_t stats[3];
+  memcpy(stats, p.stats, sizeof stats);
+  r = client_finish_call(c, &p, r, ret_err);
+  if (r == 0)
+    memcpy(ret, stats, sizeof stats);
+  return r;
 }
 
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,

@@ -89,6 +89,12 @@ const char *agent_conn_info(struct agent_conn *c);
  *                the agent's.  A guest's errno never stands for a host error.
  *   other        a host-side failure (-ENOMEM, -EMSGSIZE, ...) */
 int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err);
+/* EGRESS_STATS: the packets the sandbox's capture refused since it was set
+ * up: RET[0] UDP (not DNS), RET[1] ICMP and ICMPv6, RET[2] the rest.  The
+ * agent's numbers, checked for form only: counts a guest's root may have
+ * reset (flushed rules) or made up.  -EREMOTEIO when it has no capture. */
+int agent_egress_stats(struct agent_conn *c, uint32_t timeout_ms, uint64_t ret[3],
+                       char **ret_err);
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
                struct agent_exec_res *ret, char **ret_err);
 int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, const void *data,

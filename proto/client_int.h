@@ -46,6 +46,8 @@ struct pending {
   uint64_t write_size;
   /* unpack, pack */
   struct tree_call *tree;
+  /* egress stats: UDP, ICMP, OTHER */
+  uint64_t stats[3];
 };
 
 /* The state of an agent_unpack() or agent_pack() that the reader thread

@@ -76,8 +76,9 @@ static bool lo_up(void) {
   return ok;
 }
 
-/* A fresh network namespace, the agent in it with --egress, HELLO done. */
-static bool conn_start(struct conn *c) {
+/* A fresh network namespace, the agent in it (with --egress when EGRESS),
+ * HELLO done. */
+static bool conn_start_with(struct conn *c, bool egress) {
   if (unshare(CLONE_NEWNET) < 0 || !lo_up()) {
     fprintf(stderr, "  cannot make a network namespace: %s\n", strerror(errno));
     return false;
@@ -91,7 +92,8 @@ static bool conn_start(struct conn *c) {
   if (pid == 0) {
     if (dup2(sv[1], 3) < 0)
       _exit(126);
-    execl(ac_agent_path(), "ign-agent", "--serve-fd", "3", "--egress", (char *)NULL);
+    execl(ac_agent_path(), "ign-agent", "--serve-fd", "3", egress ? "--egress" : (char *)NULL,
+          (char *)NULL);
     _exit(127);
   }
   close(sv[1]);
@@ -113,6 +115,10 @@ static bool conn_start(struct conn *c) {
     return false;
   }
   return true;
+}
+
+static bool conn_start(struct conn *c) {
+  return conn_start_with(c, true);
 }
 
 static int conn_stop(struct conn *c) {
@@ -697,6 +703,71 @@ static void test_dns_tcp_and_lookup_cap(void) {
   STOP(c);
 }
 
+/* ---- EGRESS_STATS -------------------------------------------------------- */
+
+/* EGRESS_STATS as request ID: the counts of its OK (all three required). */
+static bool ask_stats(int fd, uint32_t id, uint64_t ret[3]) {
+  CHECK_EQ_INT(ac_send_raw(fd, PROTO_EGRESS_STATS, id, NULL, 0), 0);
+  if (!expect(fd, PROTO_OK, id))
+    return false;
+  static const uint16_t tags[3] = {TAG_UDP, TAG_ICMP, TAG_OTHER};
+  for (int i = 0; i < 3; i++) {
+    const uint8_t *v;
+    uint32_t len;
+    if (!ac_find(ac_payload, last.len, tags[i], &v, &len) || len != 8)
+      return false;
+    ret[i] = ac_u64(ac_payload, last.len, tags[i], 0);
+  }
+  return true;
+}
+
+static int send_to(int type, int proto, const char *ip, uint16_t port, const void *p, size_t n) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  int s = socket(AF_INET, type | SOCK_CLOEXEC, proto);
+  if (s < 0)
+    return errno;
+  int r = sendto(s, p, n, 0, (struct sockaddr *)&a, sizeof a) < 0 ? errno : 0;
+  close(s);
+  return r;
+}
+
+static void test_egress_stats(void) {
+  START(c);
+  uint64_t v[3] = {9, 9, 9};
+  CHECK(ask_stats(c.fd, 7, v));
+  CHECK(v[0] == 0 && v[1] == 0 && v[2] == 0);
+  /* The test is a program of the sandbox here: its refused packets count. */
+  CHECK_EQ_INT(send_to(SOCK_DGRAM, 0, "8.8.8.8", 123, "x", 1), EPERM);
+  CHECK_EQ_INT(send_to(SOCK_DGRAM, 0, "192.0.2.1", 5000, "x", 1), EPERM);
+  static const uint8_t echo[8] = {8, 0, 0xf7, 0xff};
+  CHECK_EQ_INT(send_to(SOCK_RAW, IPPROTO_ICMP, "8.8.8.8", 0, echo, sizeof echo), EPERM);
+  CHECK(ask_stats(c.fd, 8, v));
+  CHECK_EQ_INT(v[0], 2);
+  CHECK_EQ_INT(v[1], 1);
+  CHECK_EQ_INT(v[2], 0);
+  /* A payload is ignored; the connection goes on. */
+  CHECK_EQ_INT(ac_send_raw(c.fd, PROTO_EGRESS_STATS, 9, "junk", 4), 0);
+  CHECK(expect(c.fd, PROTO_OK, 9));
+  STOP(c);
+
+  /* No capture: an ERROR that says so, and the agent serves on. */
+  struct conn d;
+  if (!conn_start_with(&d, false)) {
+    CHECK(!"cannot start the agent");
+    return;
+  }
+  CHECK_EQ_INT(ac_send_raw(d.fd, PROTO_EGRESS_STATS, 7, NULL, 0), 0);
+  CHECK(expect(d.fd, PROTO_ERROR, 7));
+  char msg[256];
+  ac_str(ac_payload, last.len, TAG_MESSAGE, msg, sizeof msg);
+  CHECK(strstr(msg, "gone (or there is no capture)") != NULL);
+  CHECK_EQ_INT(ac_u32(ac_payload, last.len, TAG_ERRNO, 0), ENOENT);
+  CHECK_EQ_INT(ac_send_raw(d.fd, PROTO_PING, 8, NULL, 0), 0);
+  CHECK(expect(d.fd, PROTO_PONG, 8));
+  CHECK_EQ_INT(conn_stop(&d), 0);
+}
+
 int main(void) {
   static const struct test_case cases[] = {
       TEST(test_stream_both_ways),
@@ -709,6 +780,7 @@ int main(void) {
       TEST(test_connection_cap),
       TEST(test_dns_udp),
       TEST(test_dns_tcp_and_lookup_cap),
+      TEST(test_egress_stats),
   };
   signal(SIGPIPE, SIG_IGN);
   const char *skip = enter_userns();

@@ -412,6 +412,77 @@ static void guest_errno_is_not_a_host_error(void) {
   }
 }
 
+/* EGRESS_STATS answered as pe->arg says: 0 good (3, 1, 2^64-1), 1 no
+ * OTHER, 2 a UDP of 4 bytes, 3 UDP twice, 4 ERROR{ENOENT}, 5 a PONG, 6 no
+ * answer, 7 good with a tag of no meaning besides. */
+static void answer_stats(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
+  (void)payload;
+  if (h->type != PROTO_EGRESS_STATS || pe->arg == 6)
+    return;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, pe->arg == 4 ? PROTO_ERROR : pe->arg == 5 ? PROTO_PONG : PROTO_OK, h->id);
+  if (pe->arg == 4) {
+    proto_put_u32(&b, TAG_ERRNO, ENOENT);
+    proto_put_str(&b, TAG_MESSAGE, "the sandbox has no capture of its traffic");
+  } else if (pe->arg != 5) {
+    if (pe->arg == 2)
+      proto_put_u32(&b, TAG_UDP, 3);
+    else
+      proto_put_u64(&b, TAG_UDP, 3);
+    if (pe->arg == 3)
+      proto_put_u64(&b, TAG_UDP, 4);
+    proto_put_u64(&b, TAG_ICMP, 1);
+    if (pe->arg != 1)
+      proto_put_u64(&b, TAG_OTHER, UINT64_MAX);
+    if (pe->arg == 7)
+      proto_put_u64(&b, 999, 5);
+  }
+  send_frame(pe->fd, &b);
+}
+
+static void egress_stats_are_checked(void) {
+  static const struct {
+    uint64_t arg;
+    int r;
+    const char *says;
+  } cases[] = {
+      {1, -EPROTO, "its OK frame has no OTHER"},
+      {2, -EPROTO, "its OK frame has a UDP of 4 bytes, not 8"},
+      {3, -EPROTO, "its OK frame to EGRESS_STATS has UDP 2 times"},
+      {4, -EREMOTEIO, "the sandbox has no capture of its traffic"},
+      {5, -EPROTO, "answered a EGRESS_STATS request with a PONG frame"},
+      {6, -ETIMEDOUT, "stopped answering"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_stats, cases[i].arg);
+    uint64_t v[3] = {7, 7, 7};
+    char *err = NULL;
+    CHECK_EQ_INT(agent_egress_stats(c, 300, v, &err), cases[i].r);
+    CHECK(err && strstr(err, cases[i].says));
+    if (err && !strstr(err, cases[i].says))
+      fprintf(stderr, "  %s\n", err);
+    /* Nothing written on a failure. */
+    CHECK(v[0] == 7 && v[1] == 7 && v[2] == 7);
+    /* A refusal or a late answer leaves the connection; a broken answer
+     * ends it. */
+    CHECK_EQ_INT(agent_conn_alive(c), cases[i].r != -EPROTO);
+    free(err);
+    peer_stop(&pe, c);
+  }
+  for (uint64_t arg = 0; arg <= 7; arg += 7) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_stats, arg);
+    uint64_t v[3] = {0};
+    char *err = NULL;
+    CHECK_EQ_INT(agent_egress_stats(c, 5000, v, &err), 0);
+    CHECK(v[0] == 3 && v[1] == 1 && v[2] == UINT64_MAX);
+    CHECK(err == NULL);
+    free(err);
+    peer_stop(&pe, c);
+  }
+}
+
 /* Ends the connection with ERROR{id 0} that reads like the host's words. */
 static void answer_goodbye(struct peer *pe, const struct proto_header *h, const uint8_t *payload) {
   (void)payload;
@@ -1426,4 +1497,5 @@ TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_ch
           TEST(stream_frames_are_checked), TEST(stream_reset_drops_late_frames),
           TEST(no_handler_refuses), TEST(lookup_is_answered),
           TEST(set_streams_stops_the_old_handler), TEST(stalled_stream_beside_a_ping),
-          TEST(request_ids_wrap_below_the_agents), TEST(egress_error_is_checked))
+          TEST(request_ids_wrap_below_the_agents), TEST(egress_error_is_checked),
+          TEST(egress_stats_are_checked))
