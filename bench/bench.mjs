@@ -1297,6 +1297,139 @@ async function sectionHttp() {
   return { id: 'http', title: '10. HTTP transport', unit: 'ms', rows, notes, grouped: true };
 }
 
+// ---------------------------------------------------------------- 11. egress
+
+/* A local HTTP server for section 11: /hello (a short answer) and /big?n=N
+ * (N bytes), every connection closed after its answer. */
+async function egressHttpServer() {
+  const http = await import('node:http');
+  const chunk = Buffer.alloc(1 << 16, 'x');
+  const srv = http.createServer((req, res) => {
+    res.setHeader('Connection', 'close');
+    const u = new URL(req.url, 'http://x');
+    if (u.pathname === '/big') {
+      const n = Number(u.searchParams.get('n'));
+      res.setHeader('Content-Length', String(n));
+      let off = 0;
+      const more = () => {
+        while (off < n) {
+          const len = Math.min(chunk.length, n - off);
+          off += len;
+          if (!res.write(len === chunk.length ? chunk : chunk.subarray(0, len))) return res.once('drain', more);
+        }
+        res.end();
+      };
+      more();
+    } else res.end('hello\n');
+  });
+  await new Promise((resolve) => srv.listen(0, '127.0.0.1', resolve));
+  return { port: srv.address().port, close: () => new Promise((r) => { srv.closeAllConnections?.(); srv.close(r); }) };
+}
+
+/* The program that times connections, the same on the host and in the
+ * sandbox: N times connect, GET /hello, read to the close; the ms of each. */
+const CONNECT_PROBE = `
+import json, socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ip = socket.gethostbyname(host)
+req = ("GET /hello HTTP/1.1\\r\\nHost: %s:%d\\r\\n\\r\\n" % (host, port)).encode()
+out = []
+for i in range(n + 5):
+    t = time.perf_counter()
+    s = socket.create_connection((ip, port))
+    s.sendall(req)
+    while s.recv(65536):
+        pass
+    s.close()
+    if i >= 5:
+        out.append((time.perf_counter() - t) * 1000)
+print(json.dumps(out))
+`;
+
+/* Connection setup through the broker (the sandbox's connect is taken by
+ * its agent, the broker connects on the host) against the host's own
+ * connect, and a 100 MiB download through it against the host's curl. */
+async function sectionEgress() {
+  const rows = [];
+  const nConn = QUICK ? 50 : 200;
+  const nConnVm = QUICK ? 20 : 50;
+  const reps = QUICK ? 3 : 5;
+  const size = 100 * MiB;
+  const g1 = `connection setup: connect, GET /hello, read to the close (ms each, one program, ${nConn} in a row; vm ${nConnVm})`;
+  const g2 = 'a 100 MiB download with curl (MiB/s)';
+  const hostConn = 'host: python3 connects to 127.0.0.1';
+  const hostDl = 'host: curl from 127.0.0.1';
+  const web = await egressHttpServer();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-egress-'));
+  const hosts = path.join(dir, 'hosts');
+  fs.writeFileSync(hosts, '127.0.0.1 good.test\n');
+  const probe = path.join(dir, 'connect.py');
+  fs.writeFileSync(probe, CONNECT_PROBE);
+  const url = (h) => `http://${h}:${web.port}/big?n=${size}`;
+  const curlArgs = (h) => ['-sS', '-o', '/dev/null', '-w', '%{speed_download}', url(h)];
+  try {
+    log(`host: ${nConn} connections from python3, ${reps} curl downloads of 100 MiB`);
+    const hc = JSON.parse((await runChild('python3', ['-c', CONNECT_PROBE, '127.0.0.1', String(web.port), String(nConn)])).stdout);
+    rows.push(row(hostConn, hc, { group: g1, baseline: hostConn, extra: 'the same program as in the sandbox' }));
+    doneLine(hostConn, hc);
+    const hd = [];
+    for (let i = 0; i < reps; i++) hd.push(Number((await runChild('curl', curlArgs('127.0.0.1'))).stdout) / MiB);
+    rows.push(row(hostDl, hd, { group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl }));
+    log(`  host curl: median ${median(hd).toFixed(0)} MiB/s`);
+    for (const backend of ['ns', 'vm']) {
+      const lc = `${backend}: through the broker (good.test → 127.0.0.1)`;
+      const ld = `${backend}: curl through the broker`;
+      if (backend === 'vm' && vmError) {
+        rows.push(notMeasured(lc, vmError, { group: g1 }), notMeasured(ld, vmError, { group: g2 }));
+        continue;
+      }
+      const env = { ...BACKENDS[backend], IGN_MCP_ROOTFS: 'tools', IGN_MCP_NET_PRIVATE: 1, IGN_MCP_EGRESS_HOSTS: hosts };
+      await withServer(env, async (srv) => {
+        const s = await srv.tool('open_session', { network: 'allow', allow_hosts: [`good.test:${web.port}`] });
+        try {
+          const n = backend === 'vm' ? nConnVm : nConn;
+          log(`${backend}: ${n} connections through the broker, ${reps} downloads of 100 MiB`);
+          await srv.tool('write_file', { session_id: s.session_id, path: '/root/connect.py', content_base64: Buffer.from(CONNECT_PROBE).toString('base64') });
+          const r = await srv.run(s.session_id, `python3 /root/connect.py good.test ${web.port} ${n}`, { timeout_s: 600 });
+          const sc = JSON.parse(r.stdout);
+          const d = median(sc) - median(hc);
+          // A guest whose clock ticks coarsely gives samples in steps.
+          const steps = sc.every((x) => Math.abs(x / 4 - Math.round(x / 4)) < 0.01) ? '; every sample is a multiple of 4 ms: the guest clock\'s resolution, not a measurement of 4 ms steps' : '';
+          rows.push(row(lc, sc, {
+            group: g1, baseline: hostConn,
+            extra: `${d >= 0 ? '+' : ''}${d.toFixed(3)} ms at the median vs the host${backend === 'ns' ? ' (target: ≤ +1 ms)' : ' (TCG: reported only)'}${steps}`,
+          }));
+          doneLine(lc, sc);
+          const sd = [];
+          for (let i = 0; i < reps; i++) {
+            const x = await srv.run(s.session_id, `curl ${curlArgs('good.test').map((a) => `'${a}'`).join(' ')}`, { timeout_s: 600 });
+            sd.push(Number(x.stdout) / MiB);
+          }
+          const pct = (100 * median(sd)) / median(hd);
+          rows.push(row(ld, sd, {
+            group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl,
+            extra: `${pct.toFixed(0)}% of the host's${backend === 'ns' ? ' (target: ≥ 50%)' : ' (TCG: reported only)'}`,
+          }));
+          log(`  ${backend} curl: median ${median(sd).toFixed(0)} MiB/s (${pct.toFixed(0)}% of the host's)`);
+        } finally {
+          await srv.tool('close', { session_id: s.session_id }).catch(() => {});
+        }
+      }).catch((e) => {
+        if (!rows.some((x) => x.label === lc)) rows.push(notMeasured(lc, firstLine(e.message), { group: g1 }));
+        if (!rows.some((x) => x.label === ld)) rows.push(notMeasured(ld, firstLine(e.message), { group: g2 }));
+      });
+    }
+  } finally {
+    await web.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  const notes = [
+    `A local HTTP server (node, in the harness) on 127.0.0.1; the sandbox reaches it as good.test (IGN_MCP_EGRESS_HOSTS pins it to 127.0.0.1, IGN_MCP_NET_PRIVATE=1 admits it, allow_hosts ["good.test:PORT"]). Connection setup: one python3 program (the same on the host and in the sandbox, the tools rootfs) makes ${nConn} connections in a row (5 untimed first), each connect, GET /hello, read to the server's close: through the broker that is the agent's accept, STREAM_OPEN, the peek of the request, the broker's connect on the host and the answer relayed back.`,
+    `Download: curl -o /dev/null of 100 MiB, its own %{speed_download}, ${reps} times each; the host's curl against the same server is the baseline. The vm rows run under ${vmInfo?.isolation ?? 'the vm backend'}: reported, no target.`,
+  ];
+  return { id: 'egress', title: '11. Egress through the broker', unit: 'ms', rows, notes, grouped: true };
+}
+
 // ---------------------------------------------------------------- main
 
 async function main() {
@@ -1313,7 +1446,7 @@ async function main() {
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
     [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages], [9, sectionOneShot],
-    [10, sectionHttp],
+    [10, sectionHttp], [11, sectionEgress],
   ];
   // With --only, the sections not run are kept from the last run's
   // bench/results.json (each says so), so that BENCHMARKS.md stays whole.

@@ -383,7 +383,7 @@ static void fd_agent_close(struct target *t) {
 /* Opens a session through the session layer; *ret_info gets the result. */
 static int session_open_id(struct target *t, json_t **ret_info, char **ret_err) {
   json_t *info = NULL;
-  int r = session_open("", NULL, &info, ret_err);
+  int r = session_open("", NULL, NULL, &info, ret_err);
   if (r < 0)
     return r;
   const char *id = json_string_value(json_object_get(info, "session_id"));

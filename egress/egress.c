@@ -31,6 +31,20 @@ static const char *net_setting(void) {
   return egress_cfg.off ? "off" : egress_mode_name(egress_cfg.max_mode);
 }
 
+/* The JSON type of V as a message names it. */
+static const char *json_type_word(const json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: return "a string";
+  case JSON_INTEGER: return "an integer";
+  case JSON_REAL: return "a number";
+  case JSON_TRUE:
+  case JSON_FALSE: return "a boolean";
+  default: return "null";
+  }
+}
+
 static int parse_mode(const char *tool, const json_t *network, enum egress_mode *ret,
                       char **ret_err) {
   if (!network || json_is_null(network)) {
@@ -38,7 +52,7 @@ static int parse_mode(const char *tool, const json_t *network, enum egress_mode 
     return 0;
   }
   if (json_is_boolean(network)) {
-    *ret_err = xasprintf("%s: network must be a string, \"none\", \"allow\" or \"open\"; the "
+    *ret_err = xasprintf("%s: 'network' must be a string, \"none\", \"allow\" or \"open\"; the "
                          "boolean form (true/false) is gone: send \"allow\" with allow_hosts to "
                          "reach listed hosts, \"open\" for any public destination, or \"none\"",
                          tool);
@@ -52,9 +66,9 @@ static int parse_mode(const char *tool, const json_t *network, enum egress_mode 
   else if (s && strcmp(s, "open") == 0)
     *ret = EGRESS_MODE_OPEN;
   else {
-    *ret_err = xasprintf("%s: network must be \"none\", \"allow\" (with allow_hosts) or "
-                         "\"open\"%s%.40s%s",
-                         tool, s ? ", not \"" : "", s ? s : "", s ? "\"" : "");
+    *ret_err = xasprintf("%s: 'network' must be \"none\", \"allow\" (with allow_hosts) or "
+                         "\"open\", not %s%.40s%s",
+                         tool, s ? "\"" : "", s ? s : json_type_word(network), s ? "\"" : "");
     return -EINVAL;
   }
   if (*ret > egress_cfg.max_mode) {
@@ -69,6 +83,12 @@ static int parse_mode(const char *tool, const json_t *network, enum egress_mode 
 static int parse_hosts(const char *tool, enum egress_mode mode, const json_t *allow_hosts,
                        struct egress_policy *ret, char **ret_err) {
   bool given = allow_hosts && !json_is_null(allow_hosts);
+  if (given && !json_is_array(allow_hosts)) {
+    *ret_err = xasprintf("%s: 'allow_hosts' must be an array of host names such as [\"pypi.org\", "
+                         "\"*.pythonhosted.org\", \"example.com:8443\"], not %s",
+                         tool, json_type_word(allow_hosts));
+    return -EINVAL;
+  }
   if (mode != EGRESS_MODE_ALLOW) {
     if (!given)
       return 0;
@@ -77,10 +97,10 @@ static int parse_hosts(const char *tool, enum egress_mode mode, const json_t *al
                          tool, egress_mode_name(mode));
     return -EINVAL;
   }
-  if (!given || !json_is_array(allow_hosts) || !json_array_size(allow_hosts)) {
+  if (!given || !json_array_size(allow_hosts)) {
     *ret_err = xasprintf("%s: network \"allow\" needs allow_hosts, a non-empty array of host "
-                         "names such as [\"pypi.org\", \"*.pythonhosted.org\", \"example.com:8443\"]%s",
-                         tool, given && !json_is_array(allow_hosts) ? " (it is not an array)" : "");
+                         "names such as [\"pypi.org\", \"*.pythonhosted.org\", \"example.com:8443\"]",
+                         tool);
     return -EINVAL;
   }
   size_t n = json_array_size(allow_hosts);

@@ -15,12 +15,17 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "proto/client.h"
 #include "sandbox/sandbox.h"
 
 struct config cfg;
 static char exe_dir[PATH_MAX];
 
 const char *config_exe_dir(void) { return exe_dir; }
+
+const char *config_net_name(void) {
+  return cfg.net == NET_OFF ? "off" : cfg.net == NET_OPEN ? "open" : "allow";
+}
 
 const char *config_backend_name(void) {
   return cfg.backend == BACKEND_VM ? "vm" : cfg.backend == BACKEND_NS ? "ns" : "auto";
@@ -255,6 +260,50 @@ static int load_list(const char *var, char **ret) {
   return 0;
 }
 
+/* IGN_MCP_NET and the broker's bounds.  IGN_MCP_NET once switched on QEMU's
+ * user-mode network (any value); that is gone, and a value from then must
+ * not be taken for one of today's, so anything but the three words stops
+ * the server. */
+static int load_net(void) {
+  const char *v = getenv("IGN_MCP_NET");
+  if (!v || !*v || strcmp(v, "allow") == 0)
+    cfg.net = NET_ALLOW;
+  else if (strcmp(v, "off") == 0)
+    cfg.net = NET_OFF;
+  else if (strcmp(v, "open") == 0)
+    cfg.net = NET_OPEN;
+  else {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_NET=%s is invalid: user-mode networking is gone "
+                    "(no sandbox has a network device; its connections go through the "
+                    "server's egress broker, by each session's network policy). Set "
+                    "IGN_MCP_NET to off, allow (the default: sessions may ask for an "
+                    "allow-list) or open (sessions may also ask for any public host), or "
+                    "unset it\n", v);
+    return -EINVAL;
+  }
+  const char *p = getenv("IGN_MCP_NET_PRIVATE");
+  if (!p || !*p || strcmp(p, "0") == 0)
+    cfg.net_private = false;
+  else if (strcmp(p, "1") == 0)
+    cfg.net_private = true;
+  else {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_NET_PRIVATE=%s is invalid: use 1 (sessions may "
+                    "reach private addresses, e.g. 10.0.0.0/8) or 0 (the default)\n", p);
+    return -EINVAL;
+  }
+  const char *h = getenv("IGN_MCP_EGRESS_HOSTS");
+  cfg.egress_hosts = NULL;
+  if (h && *h) {
+    cfg.egress_hosts = is_file(h) ? realpath(h, NULL) : NULL;
+    if (!cfg.egress_hosts) {
+      fprintf(stderr, "ignition-mcp: IGN_MCP_EGRESS_HOSTS=%s is invalid: give an existing "
+                      "file in hosts(5) format (address, then names), or unset it\n", h);
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
 static int load_http(void) {
   const char *t = getenv("IGN_MCP_HTTP_TOKENS");
   cfg.http_tokens = t && *t ? strdup(t) : NULL;
@@ -319,6 +368,11 @@ int config_load(void) {
   U("IGN_MCP_LOG_CAP", 64ull << 20, 0, 1ull << 40, log_cap);
   U("IGN_MCP_LOG_KEEP_MB", 1024, 0, 1u << 30, log_keep_mb);
   U("IGN_MCP_LOG_KEEP_DAYS", 7, 0, 3650, log_keep_days);
+  U("IGN_MCP_EGRESS_LOG_CAP", 8u << 20, 0, 1ull << 40, egress_log_cap);
+  /* A session's connections at once: below what one agent connection
+   * carries (AGENT_MAX_STREAMS). */
+  U("IGN_MCP_EGRESS_STREAMS", 64, 1, AGENT_MAX_STREAMS, egress_streams);
+  U("IGN_MCP_EGRESS_MAX_MB", 1024, 1, 1u << 30, egress_max_mb);
   /* Each connection is a thread of its own (mcp/http.c). */
   U("IGN_MCP_HTTP_MAX_CONNECTIONS", 64, 1, 1024, http_max_connections);
   U("IGN_MCP_HTTP_TIMEOUT_SECS", 30, 1, 3600, http_timeout_secs);
@@ -328,9 +382,8 @@ int config_load(void) {
 #undef U
   if (r < 0)
     return r;
-  cfg.net = getenv("IGN_MCP_NET") && *getenv("IGN_MCP_NET");
 
-  if (load_host_io() < 0 || load_log_dir() < 0 || load_http() < 0)
+  if (load_net() < 0 || load_host_io() < 0 || load_log_dir() < 0 || load_http() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");

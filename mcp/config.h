@@ -10,12 +10,11 @@
 
 enum backend_choice { BACKEND_AUTO, BACKEND_NS, BACKEND_VM };
 
-struct config {
-  /* A host id: 1 to 16 of [a-z0-9-], starting with a letter. */
-#define CONFIG_HOST_ID_MAX 16
-#define CONFIG_HOST_ID_RULE "1 to 16 characters of a-z, 0-9 and -, starting with a letter"
+/* IGN_MCP_NET: the most network a session may ask for (egress/egress.h). */
+enum net_policy { NET_OFF, NET_ALLOW, NET_OPEN };
 
-enum backend_choice backend;
+struct config {
+  enum backend_choice backend;
   char *rootfs;          /* resolved absolute directory, or NULL if not found */
   char *rootfs_spec;     /* what the user asked for (name or path) */
   char *agent;           /* resolved ign-agent path, or NULL */
@@ -29,7 +28,13 @@ enum backend_choice backend;
   unsigned memory_mb;
   unsigned pids;
   unsigned overlay_mb;
-  bool net;
+  /* egress (egress/egress.h; docs/egress-design.md) */
+  enum net_policy net;   /* IGN_MCP_NET: off, allow (default) or open */
+  bool net_private;      /* IGN_MCP_NET_PRIVATE=1: private addresses may be reached */
+  char *egress_hosts;    /* IGN_MCP_EGRESS_HOSTS: a hosts(5) file consulted first, or NULL */
+  size_t egress_log_cap; /* IGN_MCP_EGRESS_LOG_CAP: bytes of each session's egress log */
+  unsigned egress_streams; /* IGN_MCP_EGRESS_STREAMS: connections open at once per session */
+  unsigned egress_max_mb;  /* IGN_MCP_EGRESS_MAX_MB: MiB each way per session */
   unsigned ns_uid_base;  /* IGN_MCP_NS_UID_BASE: the ns sandboxes' uid blocks (root) */
   /* IGN_MCP_HOST_ID: the prefix of every session id this server mints
    * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;
@@ -74,6 +79,8 @@ int config_load(void);
 bool config_host_id_valid(const char *s, size_t n);
 /* Directory holding the running executable. */
 const char *config_exe_dir(void);
+/* IGN_MCP_NET as a word: "off", "allow" or "open". */
+const char *config_net_name(void);
 /* IGN_MCP_BACKEND as a word: "auto", "vm" or "ns". */
 const char *config_backend_name(void);
 /* Why a program or data file the server needs cannot be used, as one phrase

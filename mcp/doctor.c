@@ -565,7 +565,7 @@ static void check_sandbox(struct report *r, bool parts_ok) {
   }
   struct sandbox_config sc = {
       .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb, .pids = cfg.pids,
-      .overlay_mb = cfg.overlay_mb, .net = cfg.net, .ns_uid_base = cfg.ns_uid_base,
+      .overlay_mb = cfg.overlay_mb, .ns_uid_base = cfg.ns_uid_base,
   };
   struct sandbox *sb = NULL;
   struct agent_conn *conn = NULL;
@@ -640,6 +640,60 @@ static void check_seccomp(struct report *r) {
       strdup("filters available (the agent's filter and QEMU's -sandbox)"), NULL);
 }
 
+/* The network policy (IGN_MCP_NET and the broker's bounds), and whether a
+ * sandbox can route its traffic to the broker at all: `ign-agent
+ * --probe-egress` installs the capture (routes, nf_tables redirect) in a
+ * throw-away network namespace as a sandbox's agent does and prints "ok" or
+ * why not.  Without it a session has no egress whatever it asks: a warning,
+ * since sessions still open.  (It checks this host's kernel, which is what
+ * ns sandboxes use; a microVM's guest kernel brings its own modules.) */
+static void check_egress(struct report *r) {
+  _cleanup_free_ char *policy = xasprintf(
+      "IGN_MCP_NET=%s (%s), private addresses %s%s%s, %u connections and %u MiB each way per "
+      "session",
+      config_net_name(),
+      cfg.net == NET_OFF   ? "sessions have no network"
+      : cfg.net == NET_OPEN ? "sessions may ask none, allow or open"
+                            : "sessions may ask none or allow",
+      cfg.net_private ? "allowed (IGN_MCP_NET_PRIVATE=1)" : "refused",
+      cfg.egress_hosts ? ", hosts file " : "", cfg.egress_hosts ? cfg.egress_hosts : "",
+      cfg.egress_streams, cfg.egress_max_mb);
+  if (cfg.net == NET_OFF) {
+    add(r, FOR_VM | FOR_NS, "egress", ST_OK, xasprintf("%s; capture not checked", policy), NULL);
+    return;
+  }
+  if (!cfg.agent) {
+    add(r, FOR_VM | FOR_NS, "egress", ST_WARN,
+        xasprintf("%s; capture not checked: ign-agent is missing", policy),
+        strdup("see the agent line"));
+    return;
+  }
+  char out[512];
+  int st = run_capture((char *const[]){cfg.agent, "--probe-egress", NULL}, out, sizeof out);
+  /* The first line is the answer (an agent without the option prints
+   * getopt's complaint there). */
+  out[strcspn(out, "\n")] = '\0';
+  if (st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && strcmp(out, "ok") == 0) {
+    add(r, FOR_VM | FOR_NS, "egress", ST_OK,
+        xasprintf("%s; capture works (routes and nf_tables redirect in a fresh network "
+                  "namespace)", policy),
+        NULL);
+    return;
+  }
+  _cleanup_free_ char *why =
+      st < 0 ? xasprintf("%s --probe-egress could not run: %s", cfg.agent, strerror(-st))
+      : out[0] ? xasprintf("%s --probe-egress: %s", cfg.agent, out)
+               : xasprintf("%s --probe-egress failed without a word (status %d)", cfg.agent, st);
+  add(r, FOR_VM | FOR_NS, "egress", ST_WARN,
+      xasprintf("%s; but a sandbox cannot route its traffic to the broker here, so sessions "
+                "have no egress at all, whatever they ask: %s",
+                policy, why),
+      strdup("run the server on a kernel with nf_tables and its NAT redirect (CONFIG_NF_TABLES, "
+             "CONFIG_NF_TABLES_INET, CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_NAT) that allows "
+             "them in user namespaces, and an ign-agent that knows --probe-egress (make); or set "
+             "IGN_MCP_NET=off to say that sessions have no network"));
+}
+
 /* ---- the report ---- */
 
 static bool blocks(const struct check *c, unsigned backend) {
@@ -674,6 +728,7 @@ static void run_checks(struct report *r, bool try) {
   check_cgroups(r);
   check_sandbox(r, ns_parts);
   check_seccomp(r);
+  check_egress(r);
   if (try)
     check_session(r, backend_wanted(FOR_VM));
   r->vm_ready = r->ns_ready = true;

@@ -9,6 +9,7 @@
 #include "common/hostio.h"
 #include "common/runlog.h"
 #include "common/util.h"
+#include "egress/egress.h"
 #include "mcp/config.h"
 #include "mcp/doctor.h"
 #include "mcp/http.h"
@@ -56,7 +57,14 @@ static void usage(void) {
          "  IGN_MCP_NS_UID_BASE   ns as root: first host uid of the sessions' 256 blocks\n"
          "                        of 65536 uids [1879048192]\n"
          "  IGN_MCP_OVERLAY_MB    writable disk per session [1024]\n"
-         "  IGN_MCP_NET           set to give microVMs user-mode networking [unset]\n"
+         "  IGN_MCP_NET           off | allow | open: the most network a session may\n"
+         "                        ask for [allow]; no sandbox has a network device, its\n"
+         "                        connections go through the server's egress broker\n"
+         "  IGN_MCP_NET_PRIVATE   1: sessions may reach private addresses (10/8, ...) [0]\n"
+         "  IGN_MCP_EGRESS_HOSTS  a hosts(5) file the broker consults before DNS [unset]\n"
+         "  IGN_MCP_EGRESS_LOG_CAP bytes of each session's egress log [8388608]\n"
+         "  IGN_MCP_EGRESS_STREAMS connections a session may have open at once [64]\n"
+         "  IGN_MCP_EGRESS_MAX_MB MiB a session may send, and receive, in all [1024]\n"
          "  IGN_MCP_STORE         where warm bases and stages live [/var/lib/ignition-mcp\n"
          "                        as root, else ~/.cache/ignition-mcp]\n"
          "  IGN_MCP_STAGES_MAX_MB space all stages may use in the store [10240]\n"
@@ -173,6 +181,27 @@ int main(int argc, char **argv) {
   else
     log_info("run logs: off (IGN_MCP_LOG_CAP=0)");
 
+  /* The broker: without it no session could have egress, and a server that
+   * runs anyway would hide why. */
+  struct egress_settings es = {
+      .max_mode = cfg.net == NET_OPEN ? EGRESS_MODE_OPEN
+                  : cfg.net == NET_OFF ? EGRESS_MODE_NONE
+                                       : EGRESS_MODE_ALLOW,
+      .off = cfg.net == NET_OFF, .allow_private = cfg.net_private,
+      .hosts_file = cfg.egress_hosts, .log_dir = cfg.log_dir, .log_cap = cfg.egress_log_cap,
+      .max_streams = cfg.egress_streams, .max_bytes = (uint64_t)cfg.egress_max_mb << 20,
+  };
+  _cleanup_free_ char *eg_err = NULL;
+  if (egress_init(&es, &eg_err) < 0) {
+    fprintf(stderr, "ignition-mcp: cannot start the egress broker: %s\n",
+            eg_err ? eg_err : "(no reason given)");
+    return 2;
+  }
+  {
+    _cleanup_free_ char *line = egress_policy_line();
+    log_always(LOG_INFO, "%s", line ? line : "egress: (the policy line could not be made)");
+  }
+
   _cleanup_free_ char *err = NULL;
   {
     /* Host paths: without the root, the tools that name one say why. */
@@ -191,5 +220,8 @@ int main(int argc, char **argv) {
   } else
     log_info("ignition-mcp %s ready: backend %s, rootfs %s", IGN_VERSION, sessions_backend(),
              cfg.rootfs);
-  return argc > 1 ? http_serve() : mcp_serve();
+  int r = argc > 1 ? http_serve() : mcp_serve();
+  /* The sessions are closed by now (each freed its egress). */
+  egress_shutdown();
+  return r;
 }

@@ -67,7 +67,9 @@ static const char *const supported_versions[] = {"2025-11-25", "2025-06-18", "20
 static const char instructions[] =
     "ignition-mcp gives you sandboxes to run code in, isolated from the user's machine.\n"
     "- Call open_session once and keep its session_id; a session is a whole machine of its own "
-    "(Debian with python3, gcc, git, make, curl unless configured otherwise), with no network.\n"
+    "(Debian with python3, gcc, git, make, curl unless configured otherwise), with no network "
+    "unless you ask open_session for one (network: \"allow\", allow_hosts: the hosts it needs); "
+    "network_log shows what it tried to reach.\n"
     "- run executes one command as a fresh `sh -c`: the working directory, environment variables "
     "and shell variables do NOT carry over between runs (pass cwd and env each time, or chain "
     "with &&), but files you create DO persist for the life of the session.\n"

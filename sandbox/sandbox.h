@@ -30,7 +30,6 @@ struct sandbox_config {
   unsigned memory_mb;
   unsigned pids;
   unsigned overlay_mb;
-  bool net;
   unsigned ns_uid_base;     /* first host uid of the ns sandboxes' blocks (root) */
   /* The stage to start from (its files are in stage->dir), or NULL for the
    * base.  The session layer holds a reference to it for as long as the

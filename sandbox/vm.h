@@ -27,7 +27,6 @@ struct vm_spawn_req {
     bool writable;
   } binds[4];
   int qmp_fd, agent_fd;          /* become fds 3 and 4 */
-  bool net;
   uid_t uid;                     /* 0: keep the server's uid */
   gid_t gid, kvm_gid;
 };

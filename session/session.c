@@ -18,7 +18,16 @@
  * table holds one reference and each lease one more.  Retiring a handle
  * (close, reset, reap, shutdown) kills its sandbox at once, which fails the
  * calls still waiting on it; the memory and the cgroup go with the last
- * reference. */
+ * reference.
+ *
+ * Egress: every session owns its struct egress (the tool made it from its
+ * arguments), which outlives its sandboxes: a handle attaches it to its
+ * agent connection once the agent said HELLO, and detaches it when the
+ * handle is retired (before the connection is shut down), so a reset moves
+ * the policy and the record on to the new sandbox.  Detaching waits for the
+ * broker's stream callbacks that run; those never take the table's lock, so
+ * it may be held.  The egress goes with the session's last reference, after
+ * the lock is dropped (freeing it flushes its log). */
 #include "session/session.h"
 
 #include <errno.h>
@@ -30,6 +39,7 @@
 #include <sys/random.h>
 
 #include "common/util.h"
+#include "egress/egress.h"
 #include "mcp/config.h"
 #include "mcp/log.h"
 #include "sandbox/sandbox.h"
@@ -47,6 +57,7 @@ struct handle {
   struct agent_conn *conn;
   const char *retired;      /* NULL while in service, else "closed", "reset", ... */
   struct stage *stage;      /* the stage it was started from (a reference), or NULL */
+  struct egress *egress;    /* the session's, attached to conn until retired; or NULL */
 };
 
 struct session {
@@ -60,6 +71,7 @@ struct session {
   bool removed;             /* no longer in the table */
   bool ephemeral;           /* sandbox_run's: only its lease reaches it (no id lookup) */
   const char *removed_why;
+  struct egress *egress;    /* owned; NULL only for the bench's sessions */
   int busy;
   uint64_t created_ms, last_used_ms;
 };
@@ -84,6 +96,9 @@ struct making {
 };
 static struct making *making;
 static unsigned n_making;
+/* Sessions whose last reference went while the lock was held, linked by
+ * next: freed by table_unlock once the lock is dropped. */
+static struct session *graveyard;
 
 const char *sessions_backend(void) { return backend ? backend->name : "none"; }
 
@@ -106,11 +121,14 @@ static void handle_free(struct handle *h) {
   free(h);
 }
 
-/* Stops a handle's sandbox now; calls waiting on it fail with -EPIPE. */
+/* Stops a handle's sandbox now; calls waiting on it fail with -EPIPE.  Its
+ * open connections out are ended (and recorded) first. */
 static void handle_retire(struct handle *h, const char *why) {
   if (h->retired)
     return;
   h->retired = why;
+  if (h->egress)
+    egress_detach(h->egress);
   agent_conn_shutdown(h->conn);
   /* The backend kills: it alone knows whether its process was reaped. */
   h->sb->ops->kill(h->sb);
@@ -119,13 +137,32 @@ static void handle_retire(struct handle *h, const char *why) {
 static void session_free(struct session *s) {
   if (!s)
     return;
+  if (s->egress)
+    egress_free(s->egress);
   free(s->owner);
   free(s);
 }
 
+/* S, out of the table with no reference left: freed at the next unlock. */
+static void bury_locked(struct session *s) {
+  s->next = graveyard;
+  graveyard = s;
+}
+
 static void session_unref_locked(struct session *s) {
   if (--s->refs == 0)
-    session_free(s);
+    bury_locked(s);
+}
+
+/* Drops the table's lock, then frees what died while it was held. */
+static void table_unlock(void) {
+  struct session *dead = steal_ptr(graveyard);
+  pthread_mutex_unlock(&lock);
+  while (dead) {
+    struct session *next = dead->next;
+    session_free(dead);
+    dead = next;
+  }
 }
 
 /* A new session (one reference) of OWNER with a fresh id: "[<host>.]" then
@@ -218,10 +255,12 @@ static void making_remove_locked(struct making *m) {
   pthread_cond_broadcast(&cond);
 }
 
-/* Creates a sandbox and connects to its agent.  M, already counted in
- * n_making by the caller (under the lock), is listed for shutdown. */
+/* Creates a sandbox, connects to its agent and attaches EGRESS (may be
+ * NULL) to the connection.  M, already counted in n_making by the caller
+ * (under the lock), is listed for shutdown. */
 static int make_handle_listed(struct making *m, const char *id, struct stage *stage,
-                              struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+                              struct egress *egress, struct handle **ret, uint64_t *ret_ms,
+                              char **ret_err) {
   uint64_t t0 = mono_us();
   struct sandbox *sb = NULL;
   _cleanup_free_ char *err = NULL;
@@ -236,7 +275,7 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
   m->sb = sb;
   if (shutting_down)
     sb->ops->kill(sb);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   struct agent_conn *conn = NULL;
   r = agent_conn_open(sb->fd, HELLO_TIMEOUT_MS, &conn, &err);
   if (r == 0)
@@ -244,7 +283,7 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
   pthread_mutex_lock(&lock);
   m->sb = NULL; /* shutdown no longer reaches it */
   bool stopping = shutting_down;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   if (stopping) {
     /* Killed by shutdown, or made just as it began: nobody will use it. */
     *ret_err = strdup("the server is shutting down");
@@ -274,6 +313,10 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
     stage_sessions_add(stage, 1);
     h->stage = stage;
   }
+  if (egress) {
+    egress_attach(egress, conn);
+    h->egress = egress;
+  }
   *ret = h;
   *ret_ms = (mono_us() - t0) / 1000;
   return 0;
@@ -282,18 +325,19 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
 /* make_handle_listed for a caller that holds the lock and has checked that
  * the server is not shutting down; returns with the lock held again, and on
  * success the server is still not shutting down. */
-static int make_handle_locked(const char *id, struct stage *stage, const void *owner,
-                              struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+static int make_handle_locked(const char *id, struct stage *stage, struct egress *egress,
+                              const void *owner, struct handle **ret, uint64_t *ret_ms,
+                              char **ret_err) {
   struct making m = {.owner = owner};
   making_add_locked(&m);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   struct handle *h = NULL;
-  int r = make_handle_listed(&m, id, stage, &h, ret_ms, ret_err);
+  int r = make_handle_listed(&m, id, stage, egress, &h, ret_ms, ret_err);
   pthread_mutex_lock(&lock);
   if (r == 0 && shutting_down) {
     /* Shutdown began after the last look: it is still waiting for this one
      * (n_making), so destroy it now. */
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     handle_retire(h, "closed");
     handle_free(h);
     *ret_err = strdup("the server is shutting down");
@@ -317,6 +361,9 @@ static json_t *describe(const struct session *s, uint64_t open_ms) {
   json_object_set_new(o, "stage_id", st ? json_string(st->id) : json_null());
   if (s->h->sb->info)
     json_object_update(o, s->h->sb->info);
+  if (s->egress)
+    json_object_set_new(o, "egress",
+                        egress_summary(s->egress, agent_conn_egress_error(s->h->conn)));
   /* Only a vm has a serial console. */
   if (!json_object_get(o, "serial_log_path"))
     json_object_set_new(o, "serial_log_path", json_null());
@@ -382,9 +429,10 @@ static int open_stage(const char *name, const char *owner, struct stage **ret, c
 }
 
 /* Opens a session; with LEASE (sandbox_run) an ephemeral one, handed out
- * already leased. */
-static int open_common(const char *owner, const char *stage_name, struct lease *lease,
-                       json_t **ret, char **ret_err) {
+ * already leased.  The session takes *EGRESS (and sets it to NULL) once it
+ * exists. */
+static int open_taking(const char *owner, const char *stage_name, struct egress **egress,
+                       struct lease *lease, json_t **ret, char **ret_err) {
   if (!backend) {
     _cleanup_free_ char *help = unavailable_help();
     *ret_err = xasprintf("no sandbox backend can run here: %s%s%s", backend_error,
@@ -393,12 +441,12 @@ static int open_common(const char *owner, const char *stage_name, struct lease *
   }
   pthread_mutex_lock(&lock);
   if (shutting_down) {
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     *ret_err = strdup("the server is shutting down");
     return -ESHUTDOWN;
   }
   if (n_sessions >= cfg.max_sessions) {
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     *ret_err = xasprintf("cannot open a session: the limit of %u open sessions is reached "
                          "(IGN_MCP_MAX_SESSIONS). Close one you no longer need with "
                          "close(session_id) (list_sessions shows them), or raise "
@@ -410,7 +458,7 @@ static int open_common(const char *owner, const char *stage_name, struct lease *
   }
   n_sessions++;
   unsigned seq = ++next_seq;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
 
   /* The stage is checked (and verified, the first time) before anything
    * starts, without the table's lock. */
@@ -420,21 +468,25 @@ static int open_common(const char *owner, const char *stage_name, struct lease *
   struct session *s = r < 0 ? NULL : session_new(owner, lease ? 'r' : 's', seq);
   if (!s) {
     n_sessions--;
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     if (stage)
       stage_unref(stage);
     return r < 0 ? r : -ENOMEM;
   }
   s->ephemeral = lease != NULL;
+  s->egress = steal_ptr(*egress);
+  if (s->egress)
+    egress_set_session(s->egress, s->id);
 
   uint64_t ms;
-  r = shutting_down ? -ESHUTDOWN : make_handle_locked(s->id, stage, lease, &s->h, &ms, ret_err);
+  r = shutting_down ? -ESHUTDOWN
+                    : make_handle_locked(s->id, stage, s->egress, lease, &s->h, &ms, ret_err);
   if (r == -ESHUTDOWN && !*ret_err)
     *ret_err = strdup("the server is shutting down");
   if (r < 0) {
     /* (Shutdown makes it fail: the sandbox is destroyed by then.) */
     n_sessions--;
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     session_free(s);
     if (stage)
       stage_unref(stage);
@@ -451,7 +503,7 @@ static int open_common(const char *owner, const char *stage_name, struct lease *
     lease->s = s;
     lease->h = s->h;
   }
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   if (stage)
     stage_unref(stage); /* the handle holds its own */
   log_info("%ssession %s opened%s%s (%s, %" PRIu64 " ms)", lease ? "ephemeral " : "", s->id,
@@ -459,13 +511,22 @@ static int open_common(const char *owner, const char *stage_name, struct lease *
   return 0;
 }
 
-int session_open(const char *owner, const char *stage_name, json_t **ret, char **ret_err) {
-  return open_common(owner, stage_name, NULL, ret, ret_err);
+static int open_common(const char *owner, const char *stage_name, struct egress *egress,
+                       struct lease *lease, json_t **ret, char **ret_err) {
+  int r = open_taking(owner, stage_name, &egress, lease, ret, ret_err);
+  if (egress) /* the session did not take it */
+    egress_free(egress);
+  return r;
 }
 
-int session_open_ephemeral(const char *owner, const char *stage_name, struct lease *ret,
-                           json_t **ret_info, char **ret_err) {
-  return open_common(owner, stage_name, ret, ret_info, ret_err);
+int session_open(const char *owner, const char *stage_name, struct egress *egress, json_t **ret,
+                 char **ret_err) {
+  return open_common(owner, stage_name, egress, NULL, ret, ret_err);
+}
+
+int session_open_ephemeral(const char *owner, const char *stage_name, struct egress *egress,
+                           struct lease *ret, json_t **ret_info, char **ret_err) {
+  return open_common(owner, stage_name, egress, ret, ret_info, ret_err);
 }
 
 void session_end_ephemeral(struct lease *l) {
@@ -475,7 +536,7 @@ void session_end_ephemeral(struct lease *l) {
   /* Shutdown may have closed it already. */
   struct handle *dead = l->s->removed ? NULL : close_locked(l->s, "closed");
   pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   handle_free(dead);
   session_release(l); /* the last reference: the sandbox is destroyed here */
   log_info("ephemeral session %s ended", id);
@@ -486,7 +547,7 @@ void session_kill_starting(const struct lease *l) {
   for (struct making *m = making; m; m = m->next)
     if (m->sb && m->owner == l)
       m->sb->ops->kill(m->sb);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
 }
 
 /* For a call that found S in the table and waited for its reset, only to
@@ -528,7 +589,7 @@ int session_acquire(const char *id, const char *owner, struct lease *ret, char *
   pthread_mutex_lock(&lock);
   struct session *s = find_serving_locked(id, owner, ret_err);
   if (!s) {
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     return -ENOENT;
   }
   /* The reference taken while waiting is the lease's. */
@@ -537,7 +598,7 @@ int session_acquire(const char *id, const char *owner, struct lease *ret, char *
   s->h->refs++;
   ret->s = s;
   ret->h = s->h;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   return 0;
 }
 
@@ -549,13 +610,14 @@ void session_release(struct lease *l) {
   l->s->last_used_ms = mono_ms();
   handle_unref_locked(l->h, &dead);
   session_unref_locked(l->s);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   handle_free(dead);
   l->s = NULL;
   l->h = NULL;
 }
 
 struct agent_conn *lease_conn(const struct lease *l) { return l->h->conn; }
+struct egress *lease_egress(const struct lease *l) { return l->s->egress; }
 const char *lease_id(const struct lease *l) { return l->s->id; }
 bool lease_ephemeral(const struct lease *l) { return l->s->ephemeral; }
 
@@ -563,7 +625,7 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
   pthread_mutex_lock(&lock);
   const char *retired = l->h->retired;
   const char *removed_why = l->s->removed ? l->s->removed_why : NULL;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   if (l->s->ephemeral) {
     /* No tool reaches it by its id: say what to call instead. */
     _cleanup_free_ char *why =
@@ -597,7 +659,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
    * error about the stage would tell that the session exists. */
   pthread_mutex_lock(&lock);
   bool known = find_locked(id, owner) != NULL;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   if (!known) {
     *ret_err = unknown_id(id);
     return -ENOENT;
@@ -620,7 +682,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
     *ret_err = s ? removed_while_waiting(s) : unknown_id(id);
     if (s)
       session_unref_locked(s);
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     if (stage)
       stage_unref(stage);
     return -ENOENT;
@@ -630,7 +692,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   struct handle *old = steal_ptr(s->h), *dead = NULL;
   handle_retire(old, "reset");
   handle_unref_locked(old, &dead);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   handle_free(dead);
 
   struct handle *h = NULL;
@@ -641,7 +703,8 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
     *ret_err = strdup("the server is shutting down");
     r = -ESHUTDOWN;
   } else {
-    r = make_handle_locked(id, stage, NULL, &h, &ms, ret_err);
+    /* The policy and the record go on in the new sandbox. */
+    r = make_handle_locked(id, stage, s->egress, NULL, &h, &ms, ret_err);
   }
   s->resetting = false;
   s->last_used_ms = mono_ms();
@@ -669,7 +732,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   }
   session_unref_locked(s);
   pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   handle_free(dead);
   if (stage)
     stage_unref(stage); /* the handle holds its own */
@@ -696,14 +759,14 @@ int session_close(const char *id, const char *owner, char **ret_err) {
   pthread_mutex_lock(&lock);
   struct session *s = find_locked(id, owner);
   if (!s || s->removed) {
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     *ret_err = unknown_id(id);
     return -ENOENT;
   }
   /* A reset in progress notices removal and discards its new sandbox. */
   struct handle *dead = close_locked(s, "closed");
   pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   handle_free(dead);
   log_info("session %s closed", id);
   return 0;
@@ -720,7 +783,7 @@ static int quiet_begin(const char *id, const char *owner, const char *what, stru
   pthread_mutex_lock(&lock);
   struct session *s = find_serving_locked(id, owner, ret_err);
   if (!s) {
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     return -ENOENT;
   }
   s->snapshotting = true;
@@ -738,14 +801,14 @@ static int quiet_begin(const char *id, const char *owner, const char *what, stru
     s->snapshotting = false;
     pthread_cond_broadcast(&cond);
     session_unref_locked(s);
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     return -EBUSY;
   }
   s->busy++;
   s->h->refs++;
   ret->s = s;
   ret->h = s->h;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   return 0;
 }
 
@@ -753,7 +816,7 @@ static void quiet_end(struct lease *l) {
   pthread_mutex_lock(&lock);
   l->s->snapshotting = false;
   pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   session_release(l);
 }
 
@@ -883,9 +946,9 @@ static void *fork_main(void *arg) {
     j->r = -ESHUTDOWN;
     j->err = strdup("the server is shutting down");
   } else {
-    j->r = make_handle_locked(j->s->id, j->stage, NULL, &j->s->h, &j->ms, &j->err);
+    j->r = make_handle_locked(j->s->id, j->stage, j->s->egress, NULL, &j->s->h, &j->ms, &j->err);
   }
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   return NULL;
 }
 
@@ -900,7 +963,7 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
   /* The new sessions' slots first: a fork past the cap changes nothing. */
   pthread_mutex_lock(&lock);
   if (shutting_down) {
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     *ret_err = strdup("the server is shutting down");
     return -ESHUTDOWN;
   }
@@ -909,32 +972,42 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
                          "(IGN_MCP_MAX_SESSIONS) are open. Close sessions you no longer need "
                          "(list_sessions shows them), fork fewer, or raise IGN_MCP_MAX_SESSIONS.",
                          count, n_sessions, cfg.max_sessions);
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     return -EUSERS;
   }
   n_sessions += count;
-  pthread_mutex_unlock(&lock);
+  table_unlock();
 
-  struct lease l;
+  struct lease l = {0};
   struct stage *st = NULL;
   struct sandbox_snapshot snap = {0};
+  /* Each fork gets the source's network policy with a record of its own,
+   * copied while the lease keeps the source's egress alive. */
+  struct egress *clones[SESSION_FORK_MAX] = {0};
   int r = quiet_begin(id, owner, "fork", &l, ret_err);
-  if (r == 0) {
+  for (unsigned i = 0; r == 0 && l.s->egress && i < count; i++)
+    if ((r = egress_clone(l.s->egress, &clones[i])) < 0)
+      *ret_err = xasprintf("fork of session '%s' failed: its network policy could not be "
+                           "copied (%s)", id, strerror(-r));
+  if (r == 0)
     r = snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
+  if (l.s)
     quiet_end(&l);
-  }
   struct fork_job jobs[SESSION_FORK_MAX] = {0};
   unsigned made = 0;
   for (unsigned i = 0; r == 0 && i < count; i++, made++) {
     pthread_mutex_lock(&lock);
     unsigned seq = ++next_seq;
-    pthread_mutex_unlock(&lock);
+    table_unlock();
     /* The forks are the caller's, as the session they copy is. */
     struct session *s = session_new(owner, 's', seq);
     if (!s) {
       r = -ENOMEM;
       break;
     }
+    s->egress = steal_ptr(clones[i]);
+    if (s->egress)
+      egress_set_session(s->egress, s->id);
     jobs[i] = (struct fork_job){.s = s, .stage = st};
     if (pthread_create(&jobs[i].thread, NULL, fork_main, &jobs[i]) != 0) {
       session_free(s);
@@ -953,6 +1026,9 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
     }
     free(jobs[i].err);
   }
+  for (unsigned i = 0; i < count; i++)
+    if (clones[i])
+      egress_free(clones[i]);
   if (st)
     stage_unref(st); /* the forks' handles hold it */
   json_t *list = json_array();
@@ -977,14 +1053,14 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
         handle_retire(s->h, "closed");
         handle_unref_locked(s->h, &dead[i]);
       }
-      session_free(s);
+      bury_locked(s);
     }
   }
   if (first_err < 0)
     n_sessions -= count;
   else
     n_sessions -= count - made; /* (made == count on success) */
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   for (unsigned i = 0; i < made; i++)
     handle_free(dead[i]);
   if (first_err < 0) {
@@ -1023,7 +1099,7 @@ json_t *session_list(const char *owner) {
       json_object_set_new(o, "ephemeral", json_true());
     json_array_append_new(arr, o);
   }
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   return json_pack("{s:o, s:i, s:i}", "sessions", arr, "max_sessions", (int)cfg.max_sessions,
                    "idle_secs", (int)cfg.idle_secs);
 }
@@ -1040,7 +1116,7 @@ static void *reaper_main(void *unused) {
     for (;;) {
       pthread_mutex_lock(&lock);
       if (shutting_down) {
-        pthread_mutex_unlock(&lock);
+        table_unlock();
         return NULL;
       }
       uint64_t now = mono_ms();
@@ -1052,14 +1128,14 @@ static void *reaper_main(void *unused) {
           break;
         }
       if (!victim) {
-        pthread_mutex_unlock(&lock);
+        table_unlock();
         break;
       }
       char id[SESSION_ID_MAX];
       memcpy(id, victim->id, sizeof id);
       struct handle *dead = close_locked(victim, "reaped after being idle");
       pthread_cond_broadcast(&cond);
-      pthread_mutex_unlock(&lock);
+      table_unlock();
       handle_free(dead);
       log_info("session %s reaped after %u s idle", id, cfg.idle_secs);
     }
@@ -1069,7 +1145,7 @@ static void *reaper_main(void *unused) {
 int sessions_init(char **ret_err) {
   sb_cfg = (struct sandbox_config){
       .rootfs = cfg.rootfs, .agent = cfg.agent, .memory_mb = cfg.memory_mb,
-      .pids = cfg.pids, .overlay_mb = cfg.overlay_mb, .net = cfg.net,
+      .pids = cfg.pids, .overlay_mb = cfg.overlay_mb,
       .ns_uid_base = cfg.ns_uid_base,
   };
   int r = 0;
@@ -1144,7 +1220,7 @@ void sessions_shutdown(void) {
     if (m->sb)
       m->sb->ops->kill(m->sb);
   pthread_cond_broadcast(&cond);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
   for (size_t i = 0; i < n_dead; i++)
     handle_free(dead[i]);
   if (backend == &sandbox_vm_ops)
@@ -1167,5 +1243,5 @@ void sessions_shutdown(void) {
     log_warn("%u sandbox(es) still being started after %u s; exiting without them (their "
              "processes die with the server; the next server removes what they left)",
              n_making, SHUTDOWN_MAKING_WAIT_MS / 1000);
-  pthread_mutex_unlock(&lock);
+  table_unlock();
 }

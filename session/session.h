@@ -23,6 +23,7 @@
 
 struct session;
 struct handle;
+struct egress;
 
 struct lease {
   struct session *s;
@@ -40,9 +41,14 @@ void sessions_set_unavailable_help(char *(*explain)(void));
 /* "ns" or "vm" (or "none"). */
 const char *sessions_backend(void);
 
-/* Opens a session from stage STAGE (NULL: the base); *ret is an object with
- * session_id, isolation, backend, limits, stage, stage_id, ... */
-int session_open(const char *owner, const char *stage, json_t **ret, char **ret_err);
+/* Opens a session from stage STAGE (NULL: the base) with network policy
+ * EGRESS (egress_new; NULL: none at all, for the bench), which the call
+ * takes whatever it returns: the session owns it from then on, through
+ * resets, and frees it with its last reference.  *ret is an object with
+ * session_id, isolation, backend, limits, stage, stage_id, egress
+ * (egress_summary), ... */
+int session_open(const char *owner, const char *stage, struct egress *egress, json_t **ret,
+                 char **ret_err);
 int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err);
 
 /* The host part of session id ID into RET_HOST ("h2" of "h2.s3-9f2a"): true
@@ -60,10 +66,10 @@ char *session_id_elsewhere(const char *id);
  * session cap and is listed by list_sessions (with "ephemeral": true, always
  * busy), but no tool reaches it by its id: only the lease *ret, which
  * session_end_ephemeral gives back, destroying the sandbox (shutdown may
- * retire it earlier; its calls then fail with -EPIPE).  *ret_info as
- * session_open's. */
-int session_open_ephemeral(const char *owner, const char *stage, struct lease *ret,
-                           json_t **ret_info, char **ret_err);
+ * retire it earlier; its calls then fail with -EPIPE).  EGRESS and
+ * *ret_info as session_open's. */
+int session_open_ephemeral(const char *owner, const char *stage, struct egress *egress,
+                           struct lease *ret, json_t **ret_info, char **ret_err);
 void session_end_ephemeral(struct lease *l);
 /* Kills the sandbox being started by the session_open_ephemeral that fills
  * L, if there is one: that open then fails at once (a sandbox_run
@@ -81,6 +87,8 @@ int session_commit_ephemeral(const struct lease *l, const char *name, bool repla
                              const struct commit_stop *stop, json_t **ret, char **ret_err);
 void session_release(struct lease *l);
 struct agent_conn *lease_conn(const struct lease *l);
+/* The session's egress (alive while the lease is held), or NULL. */
+struct egress *lease_egress(const struct lease *l);
 const char *lease_id(const struct lease *l);
 bool lease_ephemeral(const struct lease *l);
 /* A sentence for a call whose sandbox connection failed: it names the id and
@@ -96,7 +104,8 @@ int session_reset(const char *id, const char *owner, const char *stage, json_t *
 int session_commit(const char *id, const char *owner, const char *name, bool replace, json_t **ret,
                    char **ret_err);
 /* COUNT new sessions, each a copy of session ID as it is now; *ret:
- * {sessions: [{session_id, isolation, open_ms}], fork_ms, paused_ms, carries}. */
+ * {sessions: [{session_id, isolation, open_ms}], fork_ms, paused_ms, carries}.
+ * Each new session gets a copy of ID's network policy with an empty record. */
 #define SESSION_FORK_MAX 8
 int session_fork(const char *id, const char *owner, unsigned count, json_t **ret, char **ret_err);
 int session_close(const char *id, const char *owner, char **ret_err);

@@ -64,5 +64,6 @@ char *base64_encode(const void *data, size_t len);
  * length when not NULL. */
 char *utf8_sanitize(const char *data, size_t len, size_t *ret_len);
 
-/* The tools/list array. */
-json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t max_read);
+/* The tools/list array.  NET is IGN_MCP_NET ("off", "allow" or "open"):
+ * the network modes a session may ask for. */
+json_t *tool_definitions(const char *net, size_t output_cap, size_t max_file, size_t max_read);

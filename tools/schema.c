@@ -1,7 +1,7 @@
 /* schema.c: what tools/list says about each tool: title, a description
  * written for a model, input and output JSON Schemas, and annotations that
- * tell the truth (no tool reaches the outside world unless IGN_MCP_NET
- * gives sandboxes a network). */
+ * tell the truth (run and sandbox_run may reach the outside world, through
+ * the egress broker, unless IGN_MCP_NET=off). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +21,37 @@ static const char session_id_schema[] =
     "{\"type\":\"string\",\"description\":\"The id open_session returned.\","
     "\"x-mcp-header\":\"Session-Id\"}";
 
+/* The network modes a session may ask for under IGN_MCP_NET (the enum of
+ * `network`), and the arguments that ask. */
+#define NETWORK_DESC                                                                              \
+  "The sandbox's network: none (the default: every attempt is refused), allow (only the hosts "   \
+  "in allow_hosts) or open (any public host; only when the server runs with IGN_MCP_NET=open). "  \
+  "The sandbox has no network device either way: its connections go through the server, which "   \
+  "decides each one and records it."
+#define ALLOW_HOSTS_DESC                                                                          \
+  "With network \"allow\" (and only then; at least one): the hosts the sandbox may reach. "       \
+  "Each is a host name (ports 80 and 443), name:PORT, name:* (any port) or *.suffix (names "      \
+  "below suffix, which has two labels at least), e.g. pypi.org, *.pythonhosted.org, "             \
+  "github.com:22. Names only: IP addresses are refused."
+
+/* The `egress` field of run and sandbox_run, and network_log's result. */
+#define EGRESS_REPORT_SCHEMA                                                                      \
+    "{\"type\":\"object\",\"description\":\"What the sandbox tried to reach (run, "               \
+    "sandbox_run: since the previous report; network_log: the whole session), newest last, at "   \
+    "most 64 per list.\",\"properties\":{"                                                        \
+    "\"mode\":{\"type\":\"string\"},"                                                             \
+    "\"allowed_rules\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"                     \
+    "\"allowed\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},"                            \
+    "\"description\":\"Connections made: host, ip, port, rule, bytes_up, bytes_down, "            \
+    "duration_ms.\"},"                                                                            \
+    "\"denied\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},"                             \
+    "\"description\":\"Connections and lookups refused, each with its reason.\"},"                \
+    "\"dns_queries\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},"                       \
+    "\"total_events\":{\"type\":\"integer\"},\"truncated\":{\"type\":\"boolean\"},"               \
+    "\"egress_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"                 \
+    "\"description\":\"Every event of the session as JSON Lines on the host.\"}},"                \
+    "\"required\":[\"mode\",\"allowed\",\"denied\",\"dns_queries\"]}"
+
 static const char open_session_out[] =
     "{\"type\":\"object\",\"properties\":{"
     "\"session_id\":{\"type\":\"string\"},"
@@ -34,6 +65,13 @@ static const char open_session_out[] =
     "\"serial_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"
     "\"description\":\"vm: the guest's serial console (kernel messages) on the host, the first "
     "1 MiB; null on namespace sandboxes.\"},"
+    "\"egress\":{\"type\":\"object\",\"description\":\"The session's network policy: mode, "
+    "allowed_rules, egress_log_path, and capture when the sandbox cannot route its traffic to "
+    "the server (it then has no network at all).\",\"properties\":{"
+    "\"mode\":{\"type\":\"string\"},"
+    "\"allowed_rules\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+    "\"egress_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+    "\"capture\":{\"type\":\"string\"}},\"required\":[\"mode\"]},"
     "\"ok\":{\"type\":\"boolean\"}},"
     "\"required\":[\"session_id\",\"isolation\",\"backend\"]}";
 
@@ -56,7 +94,8 @@ static const char run_out[] =
     "\"description\":\"The complete stderr on the host, as stdout_log_path.\"},"
     "\"log_error\":{\"type\":\"string\",\"description\":\"Present when a log is incomplete "
     "or could not be made (full disk, a disk slower than the output, a refused log "
-    "directory); the run itself is unaffected.\"}},"
+    "directory); the run itself is unaffected.\"},"
+    "\"egress\":" EGRESS_REPORT_SCHEMA "},"
     "\"required\":[\"stdout\",\"stderr\",\"exit_code\",\"timed_out\",\"signal\",\"duration_ms\","
     "\"stdout_bytes\",\"stderr_bytes\",\"stdout_truncated\",\"stderr_truncated\","
     "\"stdout_log_path\",\"stderr_log_path\"]}";
@@ -202,6 +241,20 @@ static json_t *input(json_t *props, const char *const *required) {
                    "additionalProperties", 0);
 }
 
+/* `network` (the modes IGN_MCP_NET lets a session ask for) and `allow_hosts`. */
+static json_t *network_props(const char *net) {
+  json_t *modes = json_pack("[s]", "none");
+  if (strcmp(net, "off") != 0)
+    json_array_append_new(modes, json_string("allow"));
+  if (strcmp(net, "open") == 0)
+    json_array_append_new(modes, json_string("open"));
+  return json_pack("{s:{s:s, s:o, s:s, s:s}, s:{s:s, s:i, s:{s:s, s:i, s:i}, s:s}}", "network",
+                   "type", "string", "enum", modes, "default", "none", "description",
+                   NETWORK_DESC, "allow_hosts", "type", "array", "maxItems", 256, "items",
+                   "type", "string", "minLength", 1, "maxLength", 262, "description",
+                   ALLOW_HOSTS_DESC);
+}
+
 static json_t *tool(const char *name, const char *title, const char *desc, json_t *in,
                     const char *out, bool read_only, bool destructive, bool idempotent,
                     bool open_world) {
@@ -211,8 +264,16 @@ static json_t *tool(const char *name, const char *title, const char *desc, json_
                    destructive, "idempotentHint", idempotent, "openWorldHint", open_world);
 }
 
-json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t max_read) {
+json_t *tool_definitions(const char *net, size_t output_cap, size_t max_file, size_t max_read) {
   json_t *tools = json_array();
+  /* Whether a sandbox may reach anything outside (the annotations say so). */
+  bool reach = strcmp(net, "off") != 0;
+  const char *net_text =
+      reach ? " The sandbox has no network device: its connections go out only through the "
+              "server, as the session's network policy allows (open_session's network and "
+              "allow_hosts; none by default), and every attempt is recorded (the result's egress "
+              "field; network_log for the whole session)."
+            : " The sandbox has no network: this server allows none (IGN_MCP_NET=off).";
   _cleanup_free_ char *run_desc = xasprintf(
       "Run a shell command in a session's sandbox as `/bin/sh -c COMMAND` and return its stdout, "
       "stderr and exit code. Every run starts a fresh shell in /root (or cwd): `cd` and `export` "
@@ -221,7 +282,7 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       "fields give the full size); the complete output is kept on the host at stdout_log_path "
       "and stderr_log_path. The command "
       "is killed after timeout_s seconds (default 30, at most 3600).%s",
-      output_cap, net ? "" : " The sandbox has no network.");
+      output_cap, net_text);
   _cleanup_free_ char *write_desc = xasprintf(
       "Write a file into a session's sandbox from base64 content (binary-safe, at most %zu "
       "bytes), creating missing parent directories and replacing the file whole. Relative paths "
@@ -233,15 +294,21 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       "advancing offset.",
       max_read);
 
+  _cleanup_free_ char *open_desc = xasprintf(
+      "Open a new sandbox session: a private machine (a microVM, or a namespace sandbox where "
+      "no VM can run) cloned from a clean image, or from a stage saved with commit. Returns "
+      "its session_id, which every other tool needs, and how it is isolated. Open one per "
+      "task and reuse it; close it when done.%s",
+      reach ? " It has no network unless asked: network \"allow\" with allow_hosts (e.g. "
+              "[\"pypi.org\", \"files.pythonhosted.org\"]) lets it reach those hosts only; "
+              "every attempt is recorded (network_log)."
+            : " It has no network (IGN_MCP_NET=off on this server).");
+  json_t *open_props = network_props(net);
+  json_object_set_new(open_props, "stage", parse(stage_name_schema));
   json_array_append_new(
-      tools,
-      tool("open_session", "Open a sandbox session",
-           "Open a new sandbox session: a private machine (a microVM, or a namespace sandbox where "
-           "no VM can run) cloned from a clean image, or from a stage saved with commit. Returns "
-           "its session_id, which every other tool needs, and how it is isolated. Open one per "
-           "task and reuse it; close it when done.",
-           input(json_pack("{s:o}", "stage", parse(stage_name_schema)), (const char *[]){NULL}),
-           open_session_out, false, false, false, false));
+      tools, tool("open_session", "Open a sandbox session", open_desc,
+                  input(open_props, (const char *[]){NULL}), open_session_out, false, false,
+                  false, false));
   json_array_append_new(
       tools,
       tool("run", "Run a command", run_desc,
@@ -258,7 +325,7 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
                            "type", "object", "additionalProperties", "type", "string",
                            "description", "Extra environment variables, NAME: value."),
                  (const char *[]){"session_id", "command", NULL}),
-           run_out, false, true, false, net));
+           run_out, false, true, false, reach));
   json_array_append_new(
       tools,
       tool("write_file", "Write a file", write_desc,
@@ -386,33 +453,29 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
       "ones left (files, processes). timeout_s (default 30, at most 3600) covers the whole call, "
       "start included. Output beyond %zu bytes per stream is cut; the complete output is kept "
       "on the host at stdout_log_path and stderr_log_path.%s",
-      output_cap, net ? "" : " The sandbox has no network.");
+      output_cap,
+      reach ? " The sandbox has no network device: its connections go out only through the "
+              "server, as this call's network and allow_hosts allow (none by default), and "
+              "every attempt is recorded (the result's egress field)."
+            : " The sandbox has no network: this server allows none (IGN_MCP_NET=off).");
+  json_t *sbrun_in = json_pack(
+      "{s:{s:s, s:s}, s:o, s:o, s:{s:s, s:s}, s:{s:s, s:s}, s:o, s:o, s:{s:s, s:{s:s}, s:s}, "
+      "s:{s:s, s:s}, s:{s:s, s:i, s:i, s:i, s:s}}",
+      "command", "type", "string", "description", "Shell command, run with /bin/sh -c.", "stage",
+      parse(stage_name_schema), "commit_as", parse(stage_name_schema), "stdin", "type", "string",
+      "description", "Text fed to the command's standard input.", "stdin_file", "type", "string",
+      "description", STDIN_FILE_DESC, "copy_in", parse(copy_in_arr), "copy_out",
+      parse(copy_out_arr), "env", "type", "object", "additionalProperties", "type", "string",
+      "description", "Extra environment variables, NAME: value.", "cwd", "type", "string",
+      "description", "Working directory (default /root).", "timeout_s", "type", "integer",
+      "minimum", 1, "maximum", 3600, "default", 30, "description",
+      "Seconds for the whole call, start included.");
+  json_object_update_new(sbrun_in, network_props(net));
   json_array_append_new(
       tools,
       tool("sandbox_run", "Run a command in a one-shot sandbox", sbrun_desc,
-           input(json_pack("{s:{s:s, s:s}, s:o, s:o, s:{s:s, s:s}, s:{s:s, s:{s:s}, s:s}, "
-                           "s:{s:s, s:s}, s:{s:s, s:s}, s:o, s:o, s:{s:s, s:{s:s}, s:s}, "
-                           "s:{s:s, s:s}, s:{s:s, s:i, s:i, s:i, s:s}}",
-                           "command", "type", "string", "description",
-                           "Shell command, run with /bin/sh -c.", "stage",
-                           parse(stage_name_schema), "commit_as", parse(stage_name_schema),
-                           "network", "type", "boolean", "description",
-                           "Whether the sandbox has a network; only what the server gives "
-                           "every sandbox (IGN_MCP_NET) is accepted for now.",
-                           "allow_hosts", "type", "array", "items", "type", "string",
-                           "description",
-                           "Not available yet (no egress filter): leave it out.", "stdin",
-                           "type", "string", "description",
-                           "Text fed to the command's standard input.", "stdin_file", "type",
-                           "string", "description", STDIN_FILE_DESC, "copy_in",
-                           parse(copy_in_arr), "copy_out", parse(copy_out_arr), "env", "type",
-                           "object", "additionalProperties", "type", "string", "description",
-                           "Extra environment variables, NAME: value.", "cwd", "type", "string",
-                           "description", "Working directory (default /root).", "timeout_s",
-                           "type", "integer", "minimum", 1, "maximum", 3600, "default", 30,
-                           "description", "Seconds for the whole call, start included."),
-                 (const char *[]){"command", NULL}),
-           sbrun_out_text, false, true, false, net));
+           input(sbrun_in, (const char *[]){"command", NULL}),
+           sbrun_out_text, false, true, false, reach));
   json_array_append_new(
       tools,
       tool("copy_in", "Copy files from the host into a session",
@@ -449,5 +512,16 @@ json_t *tool_definitions(bool net, size_t output_cap, size_t max_file, size_t ma
                            "Destination on the host."),
                  (const char *[]){"session_id", "guest_path", "host_path", NULL}),
            copied_obj, false, true, true, false));
+  json_array_append_new(
+      tools,
+      tool("network_log", "Show what a session tried to reach",
+           "Everything a session's sandbox tried to reach over the network since it opened: "
+           "connections made (host, address, port, bytes each way), connections and DNS lookups "
+           "refused with the reason, the DNS queries, and egress_log_path, the complete record "
+           "as JSON Lines on the host (each list here holds the latest 64). Each run's result "
+           "carries the same for that command alone.",
+           input(json_pack("{s:o}", "session_id", parse(session_id_schema)),
+                 (const char *[]){"session_id", NULL}),
+           EGRESS_REPORT_SCHEMA, true, false, true, false));
   return tools;
 }

@@ -12,6 +12,7 @@
 
 #include "common/runlog.h"
 #include "common/util.h"
+#include "egress/egress.h"
 #include "mcp/config.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
@@ -29,11 +30,16 @@
 static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *stage = NULL;
-  if (args_check(args, "open_session", (const char *[]){"stage", NULL}, &err) < 0 ||
+  if (args_check(args, "open_session", (const char *[]){"stage", "network", "allow_hosts", NULL},
+                 &err) < 0 ||
       arg_string(args, "open_session", "stage", false, 0, ARG_MAX_PATH, &stage, NULL, &err) < 0)
     return err_result_free(err);
+  struct egress *e = NULL;
+  if (egress_new("open_session", json_object_get(args, "network"),
+                 json_object_get(args, "allow_hosts"), &e, &err) < 0)
+    return err_result_free(err);
   json_t *info;
-  if (session_open(call_owner(ctx), stage, &info, &err) < 0)
+  if (session_open(call_owner(ctx), stage, e, &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }
@@ -101,17 +107,22 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
     json_decref(dropped);
     return out;
   }
+  /* What the command tried to reach, since the previous run's report. */
+  json_t *egress = lease_egress(&l) ? egress_report(lease_egress(&l), true) : NULL;
   session_release(&l);
 
   json_t *o = exec_result_json(&res);
   agent_exec_res_free(&res);
   if (!o) {
+    json_decref(egress);
     json_t *discard = json_object();
     runlog_close_run(logs, log_err, discard);
     json_decref(discard);
     return err_result("out of memory shaping the output; lower IGN_MCP_OUTPUT_CAP");
   }
   runlog_close_run(logs, log_err, o);
+  if (egress)
+    json_object_set_new(o, "egress", egress);
   return ok_result(o);
 }
 
@@ -238,6 +249,20 @@ static json_t *tool_list_sessions(json_t *args, struct call_ctx *ctx) {
   return ok_result(session_list(call_owner(ctx)));
 }
 
+static json_t *tool_network_log(json_t *args, struct call_ctx *ctx) {
+  char *err = NULL;
+  const char *id;
+  if (args_check(args, "network_log", (const char *[]){"session_id", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0)
+    return err_result_free(err);
+  struct lease l;
+  if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
+    return err_result_free(err);
+  json_t *rep = lease_egress(&l) ? egress_report(lease_egress(&l), false) : NULL;
+  session_release(&l);
+  return rep ? ok_result(rep) : err_result(NULL);
+}
+
 static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *id, *name;
@@ -314,7 +339,7 @@ static const struct tool tools[] = {
     {"fork", tool_fork},                 {"stage_list", tool_stage_list},
     {"stage_info", tool_stage_info},     {"stage_rm", tool_stage_rm},
     {"sandbox_run", tool_sandbox_run},   {"copy_in", tool_copy_in},
-    {"copy_out", tool_copy_out},
+    {"copy_out", tool_copy_out},         {"network_log", tool_network_log},
 };
 
 bool tools_exists(const char *name) {
@@ -356,5 +381,5 @@ size_t tools_result_cost(const char *name, json_t *args) {
 }
 
 json_t *tools_list(void) {
-  return tool_definitions(cfg.net, cfg.output_cap, cfg.max_file, (size_t)read_cap());
+  return tool_definitions(config_net_name(), cfg.output_cap, cfg.max_file, (size_t)read_cap());
 }

@@ -34,6 +34,7 @@
 #include "common/runlog.h"
 #include "common/tarstream.h"
 #include "common/util.h"
+#include "egress/egress.h"
 #include "mcp/config.h"
 #include "mcp/log.h"
 #include "sandbox/stage.h"
@@ -364,6 +365,7 @@ struct sbrun {
   size_t n_cin, n_cout;
   const char *env[MAX_ENV];
   size_t n_env;
+  struct egress *egress;   /* the sandbox's network policy: the session takes it */
 };
 
 static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_err) {
@@ -375,12 +377,10 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
                  ret_err) < 0)
     return -EINVAL;
   a->timeout_s = DEFAULT_TIMEOUT_S;
-  bool network = cfg.net;
   if (arg_string(args, tool, "command", true, 1, MAX_COMMAND, &a->command, NULL, ret_err) < 0 ||
       arg_string(args, tool, "stage", false, 0, ARG_MAX_PATH, &a->stage, NULL, ret_err) < 0 ||
       arg_string(args, tool, "commit_as", false, 0, ARG_MAX_PATH, &a->commit_as, NULL,
                  ret_err) < 0 ||
-      arg_bool(args, tool, "network", &network, ret_err) < 0 ||
       arg_stdin_file(args, tool, &a->in_file, ret_err) < 0 ||
       arg_stdin(args, tool, cfg.max_stdin, &a->in, &a->in_len, ret_err) < 0 ||
       arg_copies(args, tool, "copy_in", a->cin, SANDBOX_RUN_MAX_COPIES, &a->n_cin, ret_err) < 0 ||
@@ -398,27 +398,6 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
       return -EINVAL;
     }
   }
-  /* Checked as the schema says before it is refused for what it asks. */
-  if (arg_string_array(args, "sandbox_run", "allow_hosts", 256, 253, ret_err) < 0)
-    return -EINVAL;
-  json_t *hosts = json_object_get(args, "allow_hosts");
-  if (hosts && !json_is_null(hosts)) {
-    *ret_err = strdup("sandbox_run: 'allow_hosts' is not available yet: this server has no "
-                      "egress filter, so it cannot let a sandbox reach some hosts and not "
-                      "others. Leave it out; sandboxes have no network unless the server was "
-                      "started with IGN_MCP_NET=on (then they reach everything).");
-    return -EOPNOTSUPP;
-  }
-  if (network != cfg.net) {
-    *ret_err = xasprintf("sandbox_run: 'network': %s is not available here: %s. Leave "
-                         "'network' out (egress control per call is not built yet).",
-                         network ? "true" : "false",
-                         network ? "this server gives sandboxes no network (IGN_MCP_NET is "
-                                   "off); ask the user to start it with IGN_MCP_NET=on"
-                                 : "this server gives every sandbox the host's network "
-                                   "(IGN_MCP_NET=on) and cannot take it away for one call");
-    return -EOPNOTSUPP;
-  }
   if (a->n_cout && !hostio_copy_out_enabled()) {
     *ret_err = xasprintf("sandbox_run: %s", copy_out_off);
     return -EPERM;
@@ -432,7 +411,9 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
       return -EINVAL;
     }
   }
-  return 0;
+  /* Last: nothing after it can fail and leave it behind. */
+  return egress_new(tool, json_object_get(args, "network"), json_object_get(args, "allow_hosts"),
+                    &a->egress, ret_err);
 }
 
 static json_t *copy_entry(const struct copy *c, const char *host, const char *guest) {
@@ -454,21 +435,25 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
     return err_result_free(err);
   _cleanup_free_ void *in_owned = NULL;
   if (a.in_file) {
-    if (stdin_file_load("sandbox_run", a.in_file, &in_owned, &a.in_len, &err) < 0)
+    if (stdin_file_load("sandbox_run", a.in_file, &in_owned, &a.in_len, &err) < 0) {
+      egress_free(a.egress);
       return err_result_free(err);
+    }
     a.in = in_owned;
   }
   uint64_t deadline = t0 + (uint64_t)a.timeout_s * 1000;
 
   struct lease l = {0};
   struct watch w;
-  if (watch_start(&w, ctx, deadline, &l) < 0)
+  if (watch_start(&w, ctx, deadline, &l) < 0) {
+    egress_free(a.egress);
     return err_result("cannot start a thread for this call; try again");
+  }
 
-  /* Open. */
+  /* Open (the session takes the egress, whatever happens). */
   atomic_store(&w.opening, true);
   json_t *info = NULL;
-  int r = session_open_ephemeral(call_owner(ctx), a.stage, &l, &info, &err);
+  int r = session_open_ephemeral(call_owner(ctx), a.stage, a.egress, &l, &info, &err);
   atomic_store(&w.opening, false);
   if (r < 0) {
     watch_stop(&w);
@@ -622,6 +607,12 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
                           json_string("the command did not exit 0, so nothing was committed"));
     }
   }
+
+  /* What the sandbox tried to reach; its connections still open are ended
+   * by the teardown. */
+  json_t *egress = o && lease_egress(&l) ? egress_report(lease_egress(&l), true) : NULL;
+  if (egress)
+    json_object_set_new(o, "egress", egress);
 
   /* Teardown: nothing outlives the call. */
   json_t *sinfo = json_object_get(info, "serial_log_path");

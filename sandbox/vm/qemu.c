@@ -169,9 +169,6 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
            "-device", "virtserialport,chardev=agent,name=agent,bus=vser0.0",
            "-object", "rng-random,id=rng0,filename=/dev/urandom",
            "-device", "virtio-rng-device,rng=rng0", NULL);
-  if (cfg.net)
-    args_add(argv, &n, "-netdev", "user,id=net0", "-device", "virtio-net-device,netdev=net0",
-             NULL);
   if (restores)
     args_add(argv, &n, "-incoming", "defer", NULL);
   else
@@ -202,7 +199,7 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
       .binds = {{cfg.vm_image, "image", false},
                 {restores ? ram_file : cfg.kernel, restores ? "ram" : "kernel", restores},
                 {restores ? NULL : cfg.initramfs, "initramfs", false}},
-      .qmp_fd = qsv[1], .agent_fd = asv[1], .net = cfg.net,
+      .qmp_fd = qsv[1], .agent_fd = asv[1],
       .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,
   };
   pid_t pid = 0;

@@ -5,8 +5,9 @@
  *   - with no_new_privs and no capabilities;
  *   - as PID 1 of a pid namespace of its own, with a /proc of that
  *     namespace, so that it cannot see or name any other process;
- *   - in a network namespace of its own with no interfaces (unless
- *     IGN_MCP_NET asks for user-mode networking);
+ *   - in a network namespace of its own with no interfaces (the guest has
+ *     no network device either: its connections go over the agent channel
+ *     to the server's egress broker);
  *   - in a mount namespace where /home, /root, /run/user and the directory
  *     of all the server's state directories are empty tmpfs mounts, so the
  *     host's home directories, credentials and the other QEMUs' state are
@@ -248,8 +249,7 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   child_fail(log_fd, "execute QEMU", j->qemu, VM_SPAWN_EXIT_EXEC);
 }
 
-/* QEMU starts in new pid, mount and (unless IGN_MCP_NET) network
- * namespaces, and without root in a new user namespace that owns them: a
+/* QEMU starts in new pid, mount and network namespaces, and without root in a new user namespace that owns them: a
  * raw clone, so that it is PID 1 of its pid namespace and can mount a /proc
  * that shows only itself. */
 static int spawn_on_thread(void *p) {
@@ -281,8 +281,7 @@ struct ruleset_attr {
  * (ABI 3) is handled where the kernel has it, or an escaped QEMU could cut
  * any file its uid may write to (another user's world-writable file, the
  * user's own, a base's RAM file) to nothing.  From ABI 6 the domain is also
- * scoped: no abstract unix socket made outside it can be reached (the host's
- * and the user's, with IGN_MCP_NET sharing the network namespace) and no
+ * scoped: no abstract unix socket made outside it can be reached and no
  * process outside it signalled.  -1 when the kernel has no Landlock (the
  * caller logs it once). */
 static int landlock_ruleset(const char *dir, const char *file) {
@@ -390,7 +389,7 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
       .qemu = req->qemu, .argv = req->argv, .envp = (char *const[]){"PATH=/usr/bin:/bin", NULL},
       .qmp_fd = req->qmp_fd, .agent_fd = req->agent_fd, .log_fd = log_fd, .null_fd = null_fd,
       .server_pidfd = pidfd, .ll_ruleset = -1, .reveal_in = -1,
-      .clone_flags = CLONE_NEWPID | CLONE_NEWNS | (req->net ? 0 : CLONE_NEWNET),
+      .clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET,
       .userns = vm_spawn_userns(),
       /* The golden VM creates its RAM file; clones and cold VMs (whose
        * guests are the sessions') only write their log. */

@@ -50,8 +50,8 @@ char *vm_fingerprint(const char *accel) {
   stat_part(buf, sizeof buf, "initramfs", cfg.initramfs);
   stat_part(buf, sizeof buf, "image", cfg.vm_image);
   size_t n = strlen(buf);
-  snprintf(buf + n, sizeof buf - n, "mem=%u accel=%s tb=%d overlay=%u net=%d v=%d",
-           cfg.vm_memory_mb, accel, TB_SIZE_MB, vm_guest_overlay_mb(), cfg.net, FINGERPRINT_VERSION);
+  snprintf(buf + n, sizeof buf - n, "mem=%u accel=%s tb=%d overlay=%u v=%d",
+           cfg.vm_memory_mb, accel, TB_SIZE_MB, vm_guest_overlay_mb(), FINGERPRINT_VERSION);
   return strdup(buf);
 }
 

@@ -28,7 +28,7 @@ const T = { timeout: 60_000 };
 
 /* Every check doctor makes, by the name it prints. */
 const CHECKS = ['qemu', 'kvm', 'kernel', 'initramfs', 'image', 'store', 'warm base', 'landlock',
-  'agent', 'rootfs', 'namespaces', 'cgroups', 'sandbox', 'seccomp', 'session'];
+  'agent', 'rootfs', 'namespaces', 'cgroups', 'sandbox', 'seccomp', 'egress', 'session'];
 
 function doctor(env = {}, args = []) {
   const r = spawnSync(SERVER, ['doctor', ...args], {
@@ -85,6 +85,26 @@ describe('doctor on this host', () => {
     assert.equal(j.backend, BACKEND);
     assert.equal(j.backend_setting, BACKEND);
     assert.equal(j.ready[BACKEND], true);
+  });
+
+  test('the egress line: the policy, and whether a sandbox can capture its traffic (a warning, with a fix, when not)', T, () => {
+    const r = doctor();
+    const { status, rest } = checkLine(r.stdout, 'egress');
+    assert.match(rest, /^IGN_MCP_NET=allow \(sessions may ask none or allow\), private addresses refused, 64 connections and 1024 MiB each way per session/, rest);
+    assert.ok(['ok', 'warn'].includes(status), rest);
+    if (status === 'ok') assert.match(rest, /capture works/, rest);
+    else {
+      assert.match(rest, /sessions have no egress at all/, rest);
+      assert.match(rest, /--probe-egress/, rest);
+      assert.match(rest, /fix: .*nf_tables/, rest);
+    }
+    const off = checkLine(doctor({ IGN_MCP_NET: 'off', IGN_MCP_NET_PRIVATE: '1' }).stdout, 'egress');
+    assert.equal(off.status, 'ok');
+    assert.match(off.rest, /^IGN_MCP_NET=off \(sessions have no network\), private addresses allowed \(IGN_MCP_NET_PRIVATE=1\), .*capture not checked/, off.rest);
+    /* The old setting stops doctor as it stops the server. */
+    const old = doctor({ IGN_MCP_NET: '1' });
+    assert.equal(old.status, 2);
+    assert.match(old.stderr, /user-mode networking is gone/);
   });
 
   test('a stray argument is refused with exit 2', T, () => {

@@ -416,6 +416,7 @@ const BASE = {
   sandbox_run: { command: 'true' },
   copy_in: { session_id: SID, host_path: 'hostile-never', guest_path: '/root/hostile-in' },
   copy_out: { session_id: SID, guest_path: '/root/hostile.txt', host_path: 'hostile-never' },
+  network_log: { session_id: SID },
 };
 const GENERATED = [];
 let gid = 1000;

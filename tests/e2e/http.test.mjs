@@ -321,6 +321,9 @@ async function everyTool(listed, callTool, dir) {
 
   const l = await ok('list_sessions');
   assert.deepEqual(l.sessions.map((x) => x.session_id), [sid]);
+  const nl = await ok('network_log', { session_id: sid });
+  assert.equal(nl.mode, 'none');
+  assert.deepEqual([nl.allowed, nl.denied], [[], []]);
 
   const marker = crypto.randomBytes(8).toString('hex');
   fs.mkdirSync(path.join(dir, 'in/sub'), { recursive: true });

@@ -12,9 +12,13 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
-import { startServer, startRaw, call, callErr, openSession, run, sh, findProcs, uniqueSleepSecs, waitUntil, sleep, textOf, REPO, IS_NS, IS_VM, TOOLS_SKIP, SESSION_CGROUPS } from './lib.mjs';
+import { startServer, startRaw, call, callErr, openSession, run, sh, findProcs, uniqueSleepSecs, waitUntil, sleep, textOf, REPO, IS_NS, IS_VM, TOOLS_SKIP, SESSION_CGROUPS, AGENT } from './lib.mjs';
 
 const T = { timeout: 120_000 };
 const MiB = 1 << 20;
@@ -76,6 +80,34 @@ const envOf = (n, size) => {
   }
   return e;
 };
+
+/* The egress caps need a sandbox that can route its traffic to the broker:
+ * the agent's own probe says whether this host can (ns; a vm guest brings
+ * its own kernel, and the same agent). */
+function captureSkip() {
+  const r = spawnSync(AGENT, ['--probe-egress'], { encoding: 'utf8', timeout: 20_000 });
+  const line = `${r.stdout ?? ''}${r.stderr ?? ''}`.split('\n')[0];
+  return r.status === 0 && line === 'ok' ? false : `a sandbox cannot capture its traffic here (${AGENT} --probe-egress: ${line || `status ${r.status}`})`;
+}
+
+/* A hosts file naming good.test 127.0.0.1 (IGN_MCP_EGRESS_HOSTS), and the
+ * settings that let a session reach it: {env, remove()}. */
+function goodTest(extra = {}) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-limits-egress-'));
+  fs.writeFileSync(path.join(dir, 'hosts'), '127.0.0.1 good.test\n');
+  return {
+    env: { IGN_MCP_EGRESS_HOSTS: path.join(dir, 'hosts'), IGN_MCP_NET_PRIVATE: 1, ...extra },
+    remove: () => fs.rmSync(dir, { recursive: true, force: true }),
+  };
+}
+
+const listening = (srv) => new Promise((res) => srv.listen(0, '127.0.0.1', () => res(srv.address().port)));
+
+/* The reasons of a session's refused events (network_log). */
+async function deniedReasons(c, sid) {
+  const log = await call(c, 'network_log', { session_id: sid });
+  return log.denied.map((e) => e.reason ?? '');
+}
 
 const ROWS = [
   {
@@ -502,6 +534,95 @@ const ROWS = [
       } finally {
         await s.close();
       }
+    },
+  },
+  {
+    row: 'allow_hosts entries',
+    run: () =>
+      withServer({}, async (c) => {
+        const hosts = (n) => Array.from({ length: n }, (_, i) => `h${i}.example`);
+        const o = await call(c, 'open_session', { network: 'allow', allow_hosts: hosts(256) });
+        assert.equal(o.egress.allowed_rules.length, 256);
+        for (const [tool, base] of [['open_session', {}], ['sandbox_run', { command: 'true' }]]) {
+          const e = await callErr(c, tool, { ...base, network: 'allow', allow_hosts: hosts(257) });
+          assert.equal(e, `${tool}: allow_hosts has 257 entries; at most 256 are accepted`);
+        }
+        assert.deepEqual((await call(c, 'list_sessions')).sessions.map((x) => x.session_id), [o.session_id], 'a refused call left a session');
+        await call(c, 'close', { session_id: o.session_id });
+      }),
+  },
+  {
+    row: 'egress connections at once',
+    run: async (t) => {
+      const skip = captureSkip();
+      if (skip) return t.skip(skip);
+      const g = goodTest({ IGN_MCP_EGRESS_STREAMS: 2 });
+      const held = [];
+      const srv = net.createServer((sock) => held.push(sock));
+      const port = await listening(srv);
+      try {
+        await withServer(g.env, async (c) => {
+          const o = await call(c, 'open_session', { network: 'allow', allow_hosts: [`good.test:${port}`] });
+          // Four connections held open at once: two reach the host.
+          await run(c, o.session_id, `for i in 1 2 3 4; do sleep 8 | nc good.test ${port} >/dev/null 2>&1 & done; sleep 4`, { timeout_s: 30 });
+          assert.equal(held.length, 2, `${held.length} connections reached the host`);
+          assert.ok((await deniedReasons(c, o.session_id)).some((r) => /too many connections/.test(r)), 'no refusal recorded as too many connections');
+        });
+      } finally {
+        for (const s of held) s.destroy();
+        srv.close();
+        g.remove();
+      }
+    },
+  },
+  {
+    row: 'egress bytes',
+    run: async (t) => {
+      const skip = captureSkip();
+      if (skip) return t.skip(skip);
+      const g = goodTest({ IGN_MCP_EGRESS_MAX_MB: 1 });
+      const body = Buffer.alloc(3 * MiB, 'x');
+      const srv = http.createServer((req, res) => res.end(req.url === '/big' ? body : 'small\n'));
+      const port = await listening(srv);
+      try {
+        await withServer(g.env, async (c) => {
+          const o = await call(c, 'open_session', { network: 'allow', allow_hosts: [`good.test:${port}`] });
+          const sid = o.session_id;
+          // Under the cap: whole.
+          assert.equal((await run(c, sid, `wget -q -O - http://good.test:${port}/small`)).stdout, 'small\n');
+          // Past it: the download is cut near 1 MiB, and what follows is refused.
+          const r = await run(c, sid, `wget -q -O /tmp/big http://good.test:${port}/big; wc -c < /tmp/big; wget -q -O - http://good.test:${port}/small; echo rc=$?`, { timeout_s: 60 });
+          const got = Number(r.stdout.split('\n')[0]);
+          assert.ok(got <= 1 * MiB + 256 * 1024, `${got} bytes came in past a 1 MiB cap`);
+          assert.match(r.stdout, /rc=[1-9]/, r.stdout);
+          assert.ok((await deniedReasons(c, sid)).some((x) => /byte cap/.test(x)), 'no refusal recorded as byte cap reached');
+        });
+      } finally {
+        srv.close();
+        g.remove();
+      }
+    },
+  },
+  {
+    row: 'egress log size',
+    run: async (t) => {
+      const skip = captureSkip();
+      if (skip) return t.skip(skip);
+      await withServer({ IGN_MCP_EGRESS_LOG_CAP: 4096 }, async (c) => {
+        const o = await call(c, 'open_session', {});
+        const file = o.egress.egress_log_path;
+        // Refused lookups (network none), each a line of the log.
+        await run(c, o.session_id, 'for i in $(seq 1 100); do nslookup host$i.example >/dev/null 2>&1; done', { timeout_s: 120 });
+        const done = await waitUntil(() => fs.existsSync(file) && /"kind":"truncated"/.test(fs.readFileSync(file, 'utf8')), { timeoutMs: 10_000 });
+        assert.ok(done, `${file} has no truncated line`);
+        const text = fs.readFileSync(file, 'utf8');
+        const lines = text.trimEnd().split('\n');
+        assert.match(lines.at(-1), /"kind":"truncated"/);
+        assert.ok(Buffer.byteLength(text) - Buffer.byteLength(lines.at(-1)) - 1 <= 4096, `${Buffer.byteLength(text)} bytes in a log capped at 4096`);
+        // The record in memory goes on counting.
+        const log = await call(c, 'network_log', { session_id: o.session_id });
+        assert.ok(log.total_events > lines.length, `${log.total_events} events, ${lines.length} lines`);
+      });
     },
   },
 ];

@@ -32,6 +32,7 @@ const BY_ID = [
   ['fork', {}],
   ['copy_in', { host_path: 'README.md', guest_path: '/tmp/r' }],
   ['copy_out', { host_path: 'build/owner-test-out', guest_path: '/etc/hostname' }],
+  ['network_log', {}],
 ];
 
 describe('host ids', () => {

@@ -151,11 +151,22 @@ describe('sandbox_run', () => {
     await call(c, 'stage_rm', { name });
   });
 
-  test('refusals: network and allow_hosts (no egress filter yet), stdin with stdin_file, a bad stage name', T, async () => {
-    assert.match(await callErr(c, 'sandbox_run', { command: 'true', allow_hosts: ['pypi.org'] }), /allow_hosts.*not available yet/);
-    assert.match(await callErr(c, 'sandbox_run', { command: 'true', network: true }), /IGN_MCP_NET/);
-    const ok = await call(c, 'sandbox_run', { command: 'true', network: false });
+  test('network and allow_hosts are real arguments: a policy runs and is reported; malformed ones are refused', T, async () => {
+    const ok = await call(c, 'sandbox_run', { command: 'true', network: 'allow', allow_hosts: ['pypi.org'] });
     assert.equal(ok.exit_code, 0);
+    assert.equal(ok.egress.mode, 'allow', JSON.stringify(ok.egress));
+    assert.deepEqual(ok.egress.allowed_rules, ['pypi.org']);
+    const none = await call(c, 'sandbox_run', { command: 'true', network: 'none' });
+    assert.equal(none.egress.mode, 'none');
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', allow_hosts: ['pypi.org'] }), /allow_hosts/);
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', network: true }), /network/);
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', network: false }), /network/);
+    assert.match(await callErr(c, 'sandbox_run', { command: 'true', network: 'allow', allow_hosts: ['ok.example', '1.2.3.4'] }), /\[1\]/);
+    const l = await call(c, 'list_sessions');
+    assert.deepEqual(l.sessions, [], 'a refused call left a session');
+  });
+
+  test('refusals: stdin with stdin_file, a bad stage name', T, async () => {
     assert.match(await callErr(c, 'sandbox_run', { command: 'cat', stdin: 'a', stdin_file: 'in.txt' }), /not both/);
     assert.match(await callErr(c, 'sandbox_run', { command: 'true', stage: 'no/such-stage' }), /no-such|no stage|such-stage/);
   });

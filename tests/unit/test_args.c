@@ -121,20 +121,45 @@ static void bool_checks(void) {
   json_decref(a);
 }
 
+/* Every tool is described whole; what IGN_MCP_NET allows shows in the
+ * annotations (only run and sandbox_run may reach the outside, and only when
+ * it is not off) and in the modes `network` offers. */
 static void definitions_are_complete(void) {
-  json_t *tools = tool_definitions(false, 65536, 1 << 20, 1 << 20);
-  CHECK_EQ_INT(json_array_size(tools), 15);
-  size_t i;
-  json_t *t;
-  json_array_foreach(tools, i, t) {
-    CHECK(json_is_string(json_object_get(t, "title")));
-    CHECK(json_is_string(json_object_get(t, "description")));
-    CHECK(json_is_object(json_object_get(t, "inputSchema")));
-    CHECK(json_is_object(json_object_get(t, "outputSchema")));
-    json_t *a = json_object_get(t, "annotations");
-    CHECK(json_is_false(json_object_get(a, "openWorldHint")));
+  static const struct {
+    const char *net;
+    const char *modes;
+  } rows[] = {{"off", "[\"none\"]"}, {"allow", "[\"none\", \"allow\"]"},
+              {"open", "[\"none\", \"allow\", \"open\"]"}};
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    json_t *tools = tool_definitions(rows[r].net, 65536, 1 << 20, 1 << 20);
+    CHECK_EQ_INT(json_array_size(tools), 16);
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+      const char *name = json_string_value(json_object_get(t, "name"));
+      CHECK(json_is_string(json_object_get(t, "title")));
+      CHECK(json_is_string(json_object_get(t, "description")));
+      json_t *in = json_object_get(t, "inputSchema");
+      CHECK(json_is_object(in));
+      CHECK(json_is_object(json_object_get(t, "outputSchema")));
+      json_t *a = json_object_get(t, "annotations");
+      bool reaches = strcmp(rows[r].net, "off") != 0 &&
+                     (strcmp(name, "run") == 0 || strcmp(name, "sandbox_run") == 0);
+      CHECK(json_is_boolean(json_object_get(a, "openWorldHint")));
+      CHECK(json_is_true(json_object_get(a, "openWorldHint")) == reaches);
+      json_t *net = json_object_get(json_object_get(in, "properties"), "network");
+      bool asks = strcmp(name, "open_session") == 0 || strcmp(name, "sandbox_run") == 0;
+      CHECK((net != NULL) == asks);
+      if (net) {
+        json_t *want = json_loads(rows[r].modes, 0, NULL);
+        CHECK(json_equal(json_object_get(net, "enum"), want));
+        json_decref(want);
+      }
+    }
+    CHECK_STREQ(json_string_value(json_object_get(json_array_get(tools, 15), "name")),
+                "network_log");
+    json_decref(tools);
   }
-  json_decref(tools);
 }
 
 static void stdin_file_checks(void) {

@@ -421,14 +421,16 @@ static void new_refuses_bad_arguments(void) {
   check_new_refused("true", NULL, "boolean form (true/false) is gone");
   check_new_refused("false", NULL, "boolean form");
   check_new_refused("\"bogus\"", NULL, "not \"bogus\"");
-  check_new_refused("3", NULL, "network must be");
+  check_new_refused("3", NULL,
+                    "'network' must be \"none\", \"allow\" (with allow_hosts) or \"open\", "
+                    "not an integer");
   check_new_refused("\"open\"", NULL, "IGN_MCP_NET=allow");
   check_new_refused("\"open\"", "[\"pypi.org\"]", "IGN_MCP_NET");
   check_new_refused("\"none\"", "[\"pypi.org\"]", "only with network \"allow\"");
   check_new_refused(NULL, "[\"pypi.org\"]", "only with network \"allow\"");
   check_new_refused("\"allow\"", NULL, "needs allow_hosts");
   check_new_refused("\"allow\"", "[]", "needs allow_hosts");
-  check_new_refused("\"allow\"", "\"pypi.org\"", "not an array");
+  check_new_refused("\"allow\"", "\"pypi.org\"", "'allow_hosts' must be an array of host names");
   check_new_refused("\"allow\"", "[\"pypi.org\", 7]", "allow_hosts[1] must be a string");
   check_new_refused("\"allow\"", "[\"pypi.org\", \"*.com\"]", "allow_hosts[1]");
   check_new_refused("\"allow\"", "[\"1.2.3.4\"]", "it is an IP address");

@@ -4,7 +4,9 @@
  * backend (skipped where it cannot run): a session, its forks, its stages
  * and sandbox_run's one-shot sessions are reached only by the owner that
  * made them; to any other the id is unknown in the same words as an id
- * nobody opened. */
+ * nobody opened.  Egress: a session's network policy (the broker's
+ * struct egress) goes with it through reset and is copied by fork; an open
+ * that fails frees it (ASan would see it otherwise). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 
 #include "common/fs.h"
 #include "common/util.h"
+#include "egress/egress.h"
 #include "mcp/config.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
@@ -107,12 +110,45 @@ static void start_ns(void) {
     return;
   }
   char *err = NULL;
+  _cleanup_free_ char *logs = xasprintf("%s/logs", store);
+  struct egress_settings es = {.max_mode = EGRESS_MODE_ALLOW, .log_dir = logs, .log_cap = 1 << 20,
+                               .max_streams = 64, .max_bytes = 1u << 30};
+  CHECK_EQ_INT(egress_init(&es, &err), 0);
+  free(err);
+  err = NULL;
   if (sessions_init(&err) < 0) {
     printf("ok - owners # skip the ns backend cannot run here: %s\n", err);
     free(err);
     return;
   }
   ns_up = true;
+}
+
+/* A session's egress as open_session makes it: NETWORK ("none", "allow")
+ * with HOST as its one allow_hosts entry (NULL: none). */
+static struct egress *policy(const char *network, const char *host) {
+  json_t *n = json_string(network);
+  json_t *h = host ? json_pack("[s]", host) : NULL;
+  struct egress *e = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(egress_new("test", n, h, &e, &err), 0);
+  if (err)
+    fprintf(stderr, "  egress_new: %s\n", err);
+  free(err);
+  json_decref(n);
+  json_decref(h);
+  return e;
+}
+
+/* INFO's egress (open_session's, reset's) is MODE with RULE as its only
+ * rule (NULL: none). */
+static void check_summary(json_t *info, const char *mode, const char *rule) {
+  json_t *e = json_object_get(info, "egress");
+  CHECK_STREQ(json_string_value(json_object_get(e, "mode")), mode);
+  json_t *rules = json_object_get(e, "allowed_rules");
+  CHECK_EQ_INT(json_array_size(rules), rule ? 1 : 0);
+  if (rule)
+    CHECK_STREQ(json_string_value(json_array_get(rules, 0)), rule);
 }
 
 static json_t *ids_of(json_t *list) {
@@ -151,7 +187,7 @@ static void owners_are_apart(void) {
     return;
   json_t *info = NULL;
   char *err = NULL;
-  int r = session_open("alice", NULL, &info, &err);
+  int r = session_open("alice", NULL, policy("allow", "pypi.org"), &info, &err);
   CHECK_EQ_INT(r, 0);
   if (r < 0) {
     fprintf(stderr, "  open: %s\n", err);
@@ -215,15 +251,15 @@ static void owners_are_apart(void) {
     json_decref(info);
     free(err);
     err = NULL;
-    CHECK_EQ_INT(session_open("bob", "own/alice", &info, &err), -ENOENT);
+    CHECK_EQ_INT(session_open("bob", "own/alice", policy("allow", "pypi.org"), &info, &err), -ENOENT);
     CHECK(err && strstr(err, "no stage named 'own/alice'"));
     free(err);
     err = NULL;
     struct lease e;
-    CHECK_EQ_INT(session_open_ephemeral("bob", "own/alice", &e, &info, &err), -ENOENT);
+    CHECK_EQ_INT(session_open_ephemeral("bob", "own/alice", policy("none", NULL), &e, &info, &err), -ENOENT);
     free(err);
     err = NULL;
-    CHECK_EQ_INT(session_open_ephemeral("bob", NULL, &e, &info, &err), 0);
+    CHECK_EQ_INT(session_open_ephemeral("bob", NULL, policy("none", NULL), &e, &info, &err), 0);
     if (!err) {
       json_decref(info);
       json_t *c = NULL;
@@ -252,12 +288,69 @@ static void owners_are_apart(void) {
   CHECK(!lists("alice", id));
 }
 
+/* The policy a session was opened with holds through reset, and a fork
+ * gets a copy of it with a record of its own. */
+static void egress_follows_the_session(void) {
+  if (!ns_up)
+    return;
+  json_t *info = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(session_open("carol", NULL, policy("allow", "*.pythonhosted.org:443"), &info, &err),
+               0);
+  if (!info) {
+    fprintf(stderr, "  open: %s\n", err);
+    free(err);
+    return;
+  }
+  check_summary(info, "allow", "*.pythonhosted.org:443");
+  char id[SESSION_ID_MAX];
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(info, "session_id")));
+  json_decref(info);
+  CHECK_EQ_INT(session_reset(id, "carol", NULL, &info, &err), 0);
+  check_summary(info, "allow", "*.pythonhosted.org:443");
+  json_decref(info);
+  int r = session_fork(id, "carol", 2, &info, &err);
+  if (r == 0) {
+    json_t *list = json_object_get(info, "sessions");
+    CHECK_EQ_INT(json_array_size(list), 2);
+    size_t i;
+    json_t *f;
+    json_array_foreach(list, i, f) {
+      const char *fid = json_string_value(json_object_get(f, "session_id"));
+      struct lease l;
+      CHECK_EQ_INT(session_acquire(fid, "carol", &l, &err), 0);
+      json_t *rep = egress_report(lease_egress(&l), false);
+      CHECK_STREQ(json_string_value(json_object_get(rep, "mode")), "allow");
+      CHECK_EQ_INT(json_array_size(json_object_get(rep, "allowed_rules")), 1);
+      CHECK_EQ_INT(json_array_size(json_object_get(rep, "denied")), 0);
+      json_decref(rep);
+      session_release(&l);
+      CHECK_EQ_INT(session_close(fid, "carol", &err), 0);
+    }
+    json_decref(info);
+  } else {
+    CHECK_EQ_INT(r, -EOPNOTSUPP);
+  }
+  free(err);
+  err = NULL;
+  /* The lease's egress is the session's: a run's report comes from it. */
+  struct lease l;
+  CHECK_EQ_INT(session_acquire(id, "carol", &l, &err), 0);
+  json_t *rep = egress_report(lease_egress(&l), true);
+  CHECK_STREQ(json_string_value(json_object_get(rep, "mode")), "allow");
+  json_decref(rep);
+  session_release(&l);
+  CHECK_EQ_INT(session_close(id, "carol", &err), 0);
+  free(err);
+}
+
 static void stop_ns(void) {
   if (ns_up)
     sessions_shutdown();
+  egress_shutdown();
   fs_remove_tree(store);
 }
 
 TEST_MAIN(TEST(host_id_rule), TEST(host_part_of_an_id), TEST(an_id_of_another_host_names_it),
           TEST(host_id_from_the_environment), TEST(start_ns), TEST(owners_are_apart),
-          TEST(stop_ns))
+          TEST(egress_follows_the_session), TEST(stop_ns))

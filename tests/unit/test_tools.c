@@ -3,9 +3,12 @@
  * arguments sandbox_run, copy_in, copy_out and run refuse before anything
  * starts; the tools listed. */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
+#include "egress/egress.h"
 #include "mcp/config.h"
 #include "test.h"
 #include "tools/tools.h"
@@ -53,7 +56,6 @@ static char *call_err(const char *name, const char *json) {
 
 /* What sandbox_run, copy_in, copy_out and run refuse before anything starts. */
 static void transfer_arguments_are_checked(void) {
-  cfg.net = false;
   CHECK_CALL_ERR("sandbox_run", "{}", "sandbox_run needs the argument 'command' (a string)");
   CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"image\": \"x\"}",
                  "sandbox_run has no argument 'image'; its arguments are: command, stage, "
@@ -63,16 +65,6 @@ static void transfer_arguments_are_checked(void) {
                  "{\"command\": \"cat\", \"stdin\": \"x\", \"stdin_file\": \"f\"}",
                  "sandbox_run: give either 'stdin' (the text itself) or 'stdin_file' (a file on "
                  "the host), not both");
-  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"allow_hosts\": []}",
-                 "sandbox_run: 'allow_hosts' is not available yet: this server has no egress "
-                 "filter, so it cannot let a sandbox reach some hosts and not others. Leave it "
-                 "out; sandboxes have no network unless the server was started with "
-                 "IGN_MCP_NET=on (then they reach everything).");
-  CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"network\": true}",
-                 "sandbox_run: 'network': true is not available here: this server gives "
-                 "sandboxes no network (IGN_MCP_NET is off); ask the user to start it with "
-                 "IGN_MCP_NET=on. Leave 'network' out (egress control per call is not built "
-                 "yet).");
   CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"timeout_s\": 0}",
                  "sandbox_run: 'timeout_s' is 0, outside its range 1..3600; give a value in "
                  "that range");
@@ -94,14 +86,74 @@ static void transfer_arguments_are_checked(void) {
                  "host), not both");
 }
 
-static void fifteen_tools_are_listed(void) {
+/* NETWORK_ROWS: the tool's own name, then what the broker's egress_new
+ * refuses of `network` and `allow_hosts`, before anything starts; a policy
+ * that passes reaches the session layer (which has no backend here), and
+ * the egress made for it is freed there (ASan would see a leak). */
+static void network_rows(const char *tool, const char *base) {
+  static const struct {
+    const char *args, *want;
+  } rows[] = {
+      {"\"network\": true", ": 'network' must be a string, \"none\", \"allow\" or \"open\"; the "
+                             "boolean form (true/false) is gone"},
+      {"\"network\": \"on\"", ": 'network' must be \"none\", \"allow\" (with allow_hosts) or "
+                               "\"open\", not \"on\""},
+      {"\"allow_hosts\": [\"pypi.org\"]",
+       ": allow_hosts goes only with network \"allow\" (network is \"none\")"},
+      {"\"network\": \"none\", \"allow_hosts\": [\"pypi.org\"]",
+       ": allow_hosts goes only with network \"allow\" (network is \"none\")"},
+      {"\"network\": \"allow\", \"allow_hosts\": []",
+       ": network \"allow\" needs allow_hosts, a non-empty array"},
+      {"\"network\": \"allow\"", ": network \"allow\" needs allow_hosts, a non-empty array"},
+      {"\"network\": \"allow\", \"allow_hosts\": [\"pypi.org\", \"10.0.0.1\"]", "allow_hosts[1]"},
+      {"\"network\": \"allow\", \"allow_hosts\": [\"pypi.org\", 7]",
+       ": allow_hosts[1] must be a string"},
+      {"\"network\": \"open\"",
+       ": network \"open\" is refused: this server runs with IGN_MCP_NET=allow"},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    char *json = xasprintf("{%s%s%s}", base, *base ? ", " : "", rows[i].args);
+    char *e = call_err(tool, json);
+    CHECK(strncmp(e, tool, strlen(tool)) == 0);
+    CHECK(strstr(e, rows[i].want) != NULL);
+    if (strncmp(e, tool, strlen(tool)) != 0 || !strstr(e, rows[i].want))
+      fprintf(stderr, "# %s %s: %s\n", tool, json, e);
+    free(e);
+    free(json);
+  }
+  for (const char *ok = "\"network\": \"allow\", \"allow_hosts\": [\"pypi.org\"]"; ok; ok = NULL) {
+    char *json = xasprintf("{%s%s%s}", base, *base ? ", " : "", ok);
+    char *e = call_err(tool, json);
+    CHECK(strstr(e, "no sandbox backend can run here") != NULL);
+    free(e);
+    free(json);
+  }
+}
+
+static void network_arguments_are_checked(void) {
+  struct egress_settings es = {.max_mode = EGRESS_MODE_ALLOW, .log_dir = "/nonexistent/logs",
+                               .log_cap = 1 << 20, .max_streams = 64, .max_bytes = 1u << 30};
+  char *err = NULL;
+  CHECK_EQ_INT(egress_init(&es, &err), 0);
+  free(err);
+  network_rows("open_session", "");
+  network_rows("sandbox_run", "\"command\": \"true\"");
+  egress_shutdown();
+}
+
+static void sixteen_tools_are_listed(void) {
   json_t *t = tools_list();
-  CHECK_EQ_INT(json_array_size(t), 15);
-  const char *last[] = {"sandbox_run", "copy_in", "copy_out"};
-  for (size_t i = 0; i < 3; i++)
+  CHECK_EQ_INT(json_array_size(t), 16);
+  const char *last[] = {"sandbox_run", "copy_in", "copy_out", "network_log"};
+  for (size_t i = 0; i < 4; i++)
     CHECK_STREQ(json_string_value(json_object_get(json_array_get(t, 12 + i), "name")), last[i]);
   json_decref(t);
+  CHECK_CALL_ERR("network_log", "{}",
+                 "this tool needs the argument 'session_id' (a string: the id open_session "
+                 "returned)");
+  CHECK_CALL_ERR("network_log", "{\"session_id\": \"s1\", \"all\": true}",
+                 "network_log has no argument 'all'; its arguments are: session_id");
 }
 
 TEST_MAIN(TEST(read_file_cost_follows_max_bytes_up_to_the_cap), TEST(transfer_arguments_are_checked),
-          TEST(fifteen_tools_are_listed))
+          TEST(network_arguments_are_checked), TEST(sixteen_tools_are_listed))
