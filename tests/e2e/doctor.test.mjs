@@ -100,7 +100,7 @@ describe('doctor on this host', () => {
     }
     const off = checkLine(doctor({ IGN_MCP_NET: 'off', IGN_MCP_NET_PRIVATE: '1' }).stdout, 'egress');
     assert.equal(off.status, 'ok');
-    assert.match(off.rest, /^IGN_MCP_NET=off \(sessions have no network\), private addresses allowed \(IGN_MCP_NET_PRIVATE=1\), .*capture not checked/, off.rest);
+    assert.match(off.rest, /^IGN_MCP_NET=off \(sessions have no network\), private networks allowed \(IGN_MCP_NET_PRIVATE=1\), this host refused, .*capture not checked/, off.rest);
     /* The old setting stops doctor as it stops the server. */
     const old = doctor({ IGN_MCP_NET: '1' });
     assert.equal(old.status, 2);
