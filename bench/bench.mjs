@@ -1383,7 +1383,7 @@ async function sectionEgress() {
         rows.push(notMeasured(lc, vmError, { group: g1 }), notMeasured(ld, vmError, { group: g2 }));
         continue;
       }
-      const env = { ...BACKENDS[backend], IGN_MCP_ROOTFS: 'tools', IGN_MCP_NET_PRIVATE: 1, IGN_MCP_EGRESS_HOSTS: hosts };
+      const env = { ...BACKENDS[backend], IGN_MCP_ROOTFS: 'tools', IGN_MCP_NET_PRIVATE: 'host', IGN_MCP_EGRESS_HOSTS: hosts };
       await withServer(env, async (srv) => {
         const s = await srv.tool('open_session', { network: 'allow', allow_hosts: [`good.test:${web.port}`] });
         try {
@@ -1424,7 +1424,7 @@ async function sectionEgress() {
     fs.rmSync(dir, { recursive: true, force: true });
   }
   const notes = [
-    `A local HTTP server (node, in the harness) on 127.0.0.1; the sandbox reaches it as good.test (IGN_MCP_EGRESS_HOSTS pins it to 127.0.0.1, IGN_MCP_NET_PRIVATE=1 admits it, allow_hosts ["good.test:PORT"]). Connection setup: one python3 program (the same on the host and in the sandbox, the tools rootfs) makes ${nConn} connections in a row (5 untimed first), each connect, GET /hello, read to the server's close: through the broker that is the agent's accept, STREAM_OPEN, the peek of the request, the broker's connect on the host and the answer relayed back.`,
+    `A local HTTP server (node, in the harness) on 127.0.0.1; the sandbox reaches it as good.test (IGN_MCP_EGRESS_HOSTS pins it to 127.0.0.1, IGN_MCP_NET_PRIVATE=host admits it, allow_hosts ["good.test:PORT"]). Connection setup: one python3 program (the same on the host and in the sandbox, the tools rootfs) makes ${nConn} connections in a row (5 untimed first), each connect, GET /hello, read to the server's close: through the broker that is the agent's accept, STREAM_OPEN, the peek of the request, the broker's connect on the host and the answer relayed back.`,
     `Download: curl -o /dev/null of 100 MiB, its own %{speed_download}, ${reps} times each; the host's curl against the same server is the baseline. The vm rows run under ${vmInfo?.isolation ?? 'the vm backend'}: reported, no target.`,
   ];
   return { id: 'egress', title: '11. Egress through the broker', unit: 'ms', rows, notes, grouped: true };

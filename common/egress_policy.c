@@ -472,7 +472,6 @@ const char *egress_addr_reason(enum egress_addr_class c) {
 
 bool egress_addr_class_private(enum egress_addr_class c) {
   switch (c) {
-  case EGRESS_ADDR_LOOPBACK:
   case EGRESS_ADDR_PRIVATE:
   case EGRESS_ADDR_SHARED:
   case EGRESS_ADDR_LINK_LOCAL:

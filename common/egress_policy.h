@@ -93,7 +93,10 @@ bool egress_name_sanitize(const void *name, size_t len, char out[EGRESS_NAME_BUF
 
 /* The class of an address the broker would connect to.  EGRESS_ADDR_PUBLIC
  * is the only one allowed without IGN_MCP_NET_PRIVATE; the classes for which
- * egress_addr_class_private() holds are allowed with it; the others never. */
+ * egress_addr_class_private() holds are allowed with IGN_MCP_NET_PRIVATE=1;
+ * EGRESS_ADDR_LOOPBACK only with IGN_MCP_NET_PRIVATE=host; the others
+ * never.  (An address the host itself has, of any class, is the broker's to
+ * refuse: it asks the kernel, not this table.) */
 enum egress_addr_class {
   EGRESS_ADDR_PUBLIC = 0,
   EGRESS_ADDR_LOOPBACK,      /* 127/8, ::1 */
@@ -123,8 +126,9 @@ enum egress_addr_class egress_addr_classify(int family, const void *addr);
 /* The reason a record carries ("private address", "metadata address", ...);
  * "" for EGRESS_ADDR_PUBLIC. */
 const char *egress_addr_reason(enum egress_addr_class c);
-/* Whether IGN_MCP_NET_PRIVATE=1 allows the class (loopback, private,
- * shared, link-local but metadata, site-local, local NAT64). */
+/* Whether IGN_MCP_NET_PRIVATE=1 allows the class (private, shared,
+ * link-local but metadata, site-local, local NAT64): not loopback, which
+ * reaches the host's own services and needs IGN_MCP_NET_PRIVATE=host. */
 bool egress_addr_class_private(enum egress_addr_class c);
 
 /* What the first bytes of a stream say about the name it is for. */

@@ -116,12 +116,14 @@ void fs_remove_tree(const char *dir) {
     log_warn("cannot remove %s: %s", dir, strerror(errno));
 }
 
-int fs_mkdir_p(const char *path, mode_t mode) {
+int fs_mkdir_p(const char *path, mode_t parents_mode, mode_t mode) {
   _cleanup_free_ char *p = strdup(path);
+  if (!p)
+    return -ENOMEM;
   for (char *s = p + 1; *s; s++)
     if (*s == '/') {
       *s = '\0';
-      if (mkdir(p, 0755) < 0 && errno != EEXIST)
+      if (mkdir(p, parents_mode) < 0 && errno != EEXIST)
         return -errno;
       *s = '/';
     }

@@ -9,5 +9,6 @@
  * directories are moved up and removed in later passes).  A DIR that is a
  * link or a file: only the name goes.  Failures are logged. */
 void fs_remove_tree(const char *dir);
-/* mkdir -p: the parents with 0755, PATH itself with MODE.  0 or -errno. */
-int fs_mkdir_p(const char *path, mode_t mode);
+/* mkdir -p: the parents it makes with PARENTS_MODE, PATH itself with MODE.
+ * 0 or -errno. */
+int fs_mkdir_p(const char *path, mode_t parents_mode, mode_t mode);

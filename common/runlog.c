@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/util.h"
 #include "mcp/log.h"
 
@@ -90,29 +91,11 @@ static struct {
 
 /* ---- the directory ---- */
 
-/* mkdir -p with 0700 for every directory it makes. */
-static int mkdir_private(const char *path) {
-  _cleanup_free_ char *p = strdup(path);
-  if (!p)
-    return -ENOMEM;
-  for (char *s = p + 1;; s++) {
-    if (*s != '/' && *s != '\0')
-      continue;
-    char c = *s;
-    *s = '\0';
-    if (mkdir(p, 0700) < 0 && errno != EEXIST)
-      return -errno;
-    *s = c;
-    if (!c)
-      return 0;
-  }
-}
-
 /* Makes and checks the directory; under rl.lock.  0, or -errno with *ret_err. */
 static int dir_ready_locked(char **ret_err) {
   if (rl.dirfd >= 0)
     return 0;
-  int r = mkdir_private(rl.dir);
+  int r = fs_mkdir_p(rl.dir, 0700, 0700);
   if (r < 0) {
     *ret_err = xasprintf("cannot create the log directory %s: %s; set IGN_MCP_LOG_DIR to a "
                          "directory you own", rl.dir, strerror(-r));

@@ -58,6 +58,7 @@ static struct {
   struct link *ready;          /* links with events, under lock */
   struct req *reqs;            /* under lock */
   struct link *links;          /* the broker thread's */
+  struct resolve_job *pinned;  /* the broker thread's: answered from the hosts file */
   char *hosts_file, *log_dir;  /* egress_cfg's strings */
 } B = {.lock = PTHREAD_MUTEX_INITIALIZER, .req_done = PTHREAD_COND_INITIALIZER,
        .epfd = -1, .evfd = -1};
@@ -89,7 +90,8 @@ void broker_unwatch(int fd) { epoll_ctl(B.epfd, EPOLL_CTL_DEL, fd, NULL); }
 
 /* ---- the resolver (for stream.c, names.c) ---- */
 
-int broker_resolve(const char *name, void *owner, bool for_stream, struct resolve_job **ret) {
+int broker_resolve(struct egress *e, const char *name, void *owner, bool for_stream,
+                   struct resolve_job **ret) {
   struct resolve_job *j = calloc(1, sizeof *j);
   if (!j)
     return -ENOMEM;
@@ -97,7 +99,16 @@ int broker_resolve(const char *name, void *owner, bool for_stream, struct resolv
   j->owner = owner;
   j->for_stream = for_stream;
   j->deadline_ms = mono_ms() + EGRESS_RESOLVE_MS;
-  int r = resolve_submit(j);
+  if (resolve_hosts_answer(j)) {
+    /* Answered in this turn of the loop (resolver_answers), never behind
+     * another session's jobs in the pool. */
+    j->state = JOB_DONE;
+    j->next = B.pinned;
+    B.pinned = j;
+    *ret = j;
+    return 0;
+  }
+  int r = resolve_submit(j, e->quota);
   if (r < 0) {
     free(j);
     return r;
@@ -106,21 +117,35 @@ int broker_resolve(const char *name, void *owner, bool for_stream, struct resolv
   return 0;
 }
 
-/* The job is freed when it comes back: the worker still has it. */
-void broker_abandon(struct resolve_job *j) {
-  if (j)
+/* A job a worker has, or that is done, is freed when it comes back. */
+uint64_t broker_abandon(struct resolve_job *j) {
+  if (!j)
+    return 0;
+  uint64_t ran = 0;
+  if (!resolve_cancel(j, &ran))
     j->owner = NULL;
+  return ran;
 }
 
-static void resolver_answers(void) {
-  for (struct resolve_job *j = resolve_take_done(), *next; j; j = next) {
+static void answer_jobs(struct resolve_job *j) {
+  for (struct resolve_job *next; j; j = next) {
     next = j->next;
+    if (!j->for_stream && !j->from_hosts)
+      names_cache_job(j);
     if (j->owner && j->for_stream)
       stream_resolved(j->owner, j);
     else if (j->owner)
       lookup_resolved(j->owner, j);
     free(j);
   }
+}
+
+static void resolver_answers(void) {
+  /* No answer starts another resolution: one round suffices. */
+  struct resolve_job *pinned = B.pinned;
+  B.pinned = NULL;
+  answer_jobs(pinned);
+  answer_jobs(resolve_take_done());
 }
 
 /* ---- the callbacks (reader threads) ---- */
@@ -317,6 +342,8 @@ static void *broker_main(void *arg) {
     int timeout = next ? (next > now ? (int)(next - now) : 0) : 1000;
     if (timeout > 1000)
       timeout = 1000;
+    if (B.pinned) /* a timer's connect was answered from the hosts file */
+      timeout = 0;
     int n = epoll_wait(B.epfd, evs, ARRAY_SIZE(evs), timeout);
     for (int i = 0; i < n; i++) {
       if (evs[i].data.ptr == &evfd_tag) {
@@ -341,6 +368,8 @@ static void *broker_main(void *arg) {
     link_teardown(lk, true, "the server is shutting down");
     lk->dead = true;
   }
+  answer_jobs(B.pinned); /* abandoned by the teardown: only freed */
+  B.pinned = NULL;
   return NULL;
 }
 
@@ -379,6 +408,8 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
   egress_cfg.log_dir = B.log_dir;
   if (egress_cfg.off)
     egress_cfg.max_mode = EGRESS_MODE_NONE;
+  if (egress_cfg.allow_host)
+    egress_cfg.allow_private = true; /* "host" is "1" and more */
   names_cache_clear();
   int r = record_init();
   if (r < 0) {

@@ -134,10 +134,11 @@ static struct egress *egress_alloc(enum egress_mode mode) {
     return NULL;
   e->mode = mode;
   pthread_mutex_init(&e->att_lock, NULL);
+  pthread_mutex_init(&e->synth_lock, NULL);
   e->rec = record_new();
-  if (!e->rec) {
-    pthread_mutex_destroy(&e->att_lock);
-    free(e);
+  e->quota = resolve_quota_new();
+  if (!e->rec || !e->quota) {
+    egress_free(e);
     return NULL;
   }
   return e;
@@ -168,6 +169,12 @@ int egress_clone(const struct egress *src, struct egress **ret) {
   struct egress *e = egress_alloc(src->mode);
   if (!e)
     return -ENOMEM;
+  /* The fork's programs hold the source's answers: the same address must
+   * stand for the same name (and a new name must not take its number). */
+  if (names_copy(e, (struct egress *)src) < 0) {
+    egress_free(e);
+    return -ENOMEM;
+  }
   if (src->pol.n) {
     e->pol.rules = malloc(src->pol.n * sizeof *e->pol.rules);
     if (!e->pol.rules) {
@@ -192,9 +199,13 @@ void egress_free(struct egress *e) {
   if (!e)
     return;
   egress_detach(e);
-  record_free(e->rec);
+  if (e->rec)
+    record_free(e->rec);
+  if (e->quota)
+    resolve_quota_put(e->quota);
   egress_policy_free(&e->pol);
   names_free(e);
+  pthread_mutex_destroy(&e->synth_lock);
   pthread_mutex_destroy(&e->att_lock);
   free(e->session_id);
   free(e);
@@ -249,6 +260,10 @@ char *egress_policy_line(void) {
                    net_setting(),
                    egress_cfg.max_mode == EGRESS_MODE_OPEN ? "none, allow or open"
                    : egress_cfg.max_mode == EGRESS_MODE_ALLOW ? "none or allow" : "none",
-                   egress_cfg.allow_private ? "allowed (IGN_MCP_NET_PRIVATE=1)" : "refused",
+                   egress_cfg.allow_host ? "allowed, loopback and the host's own addresses "
+                                           "too (IGN_MCP_NET_PRIVATE=host)"
+                   : egress_cfg.allow_private ? "allowed, but not loopback nor the host's own "
+                                                "addresses (IGN_MCP_NET_PRIVATE=1)"
+                                              : "refused",
                    hosts);
 }

@@ -30,7 +30,13 @@ enum egress_mode {
 struct egress_settings {
   enum egress_mode max_mode; /* IGN_MCP_NET: off -> NONE, allow (default), open */
   bool off;                  /* IGN_MCP_NET=off: refusals say "egress is off" */
-  bool allow_private;        /* IGN_MCP_NET_PRIVATE=1 */
+  /* IGN_MCP_NET_PRIVATE: "1" sets allow_private (private networks, CGNAT,
+   * link-local but metadata, ...; never loopback nor an address of the
+   * host itself); "host" sets both (also loopback and the host's own
+   * addresses: services the host runs on 0.0.0.0).  allow_host implies
+   * allow_private. */
+  bool allow_private;
+  bool allow_host;
   const char *hosts_file;    /* IGN_MCP_EGRESS_HOSTS (a hosts(5) file consulted first), or NULL */
   const char *log_dir;       /* the JSON Lines logs go here (IGN_MCP_LOG_DIR) */
   size_t log_cap;            /* IGN_MCP_EGRESS_LOG_CAP: bytes per session's log */
@@ -56,7 +62,10 @@ struct egress;
  * saying what was wrong and what to send instead. */
 int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
                struct egress **ret, char **ret_err);
-/* A copy of E's policy with an empty record of its own (a fork). */
+/* A copy of E's policy and of its synthetic addresses (a vm fork keeps the
+ * answers its programs cached: in the fork they stand for the same names),
+ * with an empty record of its own.  Take it once the source sandbox is
+ * paused: a name E's sandbox is given after the copy is not in it. */
 int egress_clone(const struct egress *e, struct egress **ret);
 /* The session id: names the log file.  Once, before egress_attach. */
 void egress_set_session(struct egress *e, const char *session_id);

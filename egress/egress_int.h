@@ -28,6 +28,8 @@
 #define EGRESS_FIRST_BYTE_MS 500u     /* a port a rule names: then connect without a peek */
 #define EGRESS_IDLE_MS 300000u
 #define EGRESS_RESOLVE_MS 5000u
+#define EGRESS_RESOLVE_JOBS_MAX 16u   /* resolutions out per session (queued or running) */
+#define EGRESS_RESOLVE_FAIL_MS 5000u  /* a name that failed or timed out is not asked again */
 #define EGRESS_DNS_TTL 60u            /* of a synthetic answer: it never changes in a session */
 #define EGRESS_ADDRS_MAX 16u          /* addresses of one name kept from a resolution */
 #define EGRESS_REASON_MAX 96u
@@ -39,9 +41,21 @@ const char *egress_mode_name(enum egress_mode m);
 
 /* ---- resolve.c -------------------------------------------------------- */
 
+/* A session's share of the resolver pool (resolve.c; under its lock):
+ * counted from the submit until a worker finished the job or it left the
+ * queue unstarted, so a job its session gave up on still counts while a
+ * worker is stuck in it.  Held by the session and by each job it has out. */
+struct resolve_quota;
+
+enum resolve_state { JOB_NEW, JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
 struct resolve_job {
   struct resolve_job *next;
   char name[EGRESS_NAME_BUF];  /* valid (egress_name_valid), lowercase */
+  /* resolve.c's, under its lock. */
+  struct resolve_quota *quota; /* NULL once done */
+  enum resolve_state state;
+  uint64_t started_ms;         /* when a worker took it */
   /* The worker's answer: 0 and N addresses, or an EAI_* code. */
   int gai_err;
   size_t n;
@@ -59,11 +73,23 @@ struct resolve_job {
 /* Reads the hosts file (logged), starts the pool; WAKE is called (from a
  * worker) after an answer was queued.  0 or -errno with *ret_err. */
 int resolve_init(const char *hosts_file, void (*wake)(void), char **ret_err);
+struct resolve_quota *resolve_quota_new(void);
+/* The session is done with Q (it goes when its last job is done). */
+void resolve_quota_put(struct resolve_quota *q);
+/* When the hosts file pins J's name: its addresses into J (from_hosts set),
+ * true; no pool, no waiting (the file is re-read if it changed). */
+bool resolve_hosts_answer(struct resolve_job *j);
 /* Stops the workers (a worker inside getaddrinfo is waited for at most a
  * second, then left to finish alone) and frees what was queued. */
 void resolve_shutdown(void);
-/* Queues J: 0, or -EAGAIN when the queue is full (the caller keeps J). */
-int resolve_submit(struct resolve_job *j);
+/* Queues J for Q's session: 0, -EBUSY when the session has
+ * EGRESS_RESOLVE_JOBS_MAX out already, -EAGAIN when the queue is full (the
+ * caller keeps J). */
+int resolve_submit(struct resolve_job *j, struct resolve_quota *q);
+/* Takes J out of the queue and frees it when no worker started it (true);
+ * else false, and *RET_RAN_MS says how long a worker has had it (0: it is
+ * done already). */
+bool resolve_cancel(struct resolve_job *j, uint64_t *ret_ran_ms);
 /* The answers that came back since the last call (a list through next). */
 struct resolve_job *resolve_take_done(void);
 /* The names the hosts file holds now (-1: no hosts file). */
@@ -128,9 +154,12 @@ struct egress {
   struct egress_policy pol;
   char *session_id;
   struct record *rec;
+  struct resolve_quota *quota;
   pthread_mutex_t att_lock;    /* egress_attach/detach/free */
   struct link *link;           /* under att_lock */
-  /* The broker thread's. */
+  /* The broker thread's; it changes them under synth_lock, which
+   * egress_clone takes to copy them from another thread. */
+  pthread_mutex_t synth_lock;
   char **synth;                /* synthetic address i+1 -> name */
   uint32_t n_synth;
   uint32_t *synth_slot;        /* hash of names: index+1, 0 empty */
@@ -175,11 +204,16 @@ struct ev {
 int broker_watch(int fd, uint32_t events, void *ptr);
 int broker_rewatch(int fd, uint32_t events, void *ptr);
 void broker_unwatch(int fd);
-/* broker.c: queue a resolution for OWNER (a stream or a lookup).  0, or
- * -EAGAIN (queue full). */
-int broker_resolve(const char *name, void *owner, bool for_stream, struct resolve_job **ret);
-/* Stops waiting for J (its owner goes away). */
-void broker_abandon(struct resolve_job *j);
+/* broker.c: a resolution of NAME for OWNER (a stream or a lookup) of E's
+ * session; the answer comes to stream_resolved or lookup_resolved, later
+ * in the broker's loop (a name the hosts file pins is answered without the
+ * pool, in the same turn).  0, or -EBUSY (E has EGRESS_RESOLVE_JOBS_MAX
+ * out), -EAGAIN (queue full), -ENOMEM. */
+int broker_resolve(struct egress *e, const char *name, void *owner, bool for_stream,
+                   struct resolve_job **ret);
+/* Stops waiting for J (its owner goes away): out of the queue if no
+ * worker took it yet.  How long a worker has had it (0: none, or done). */
+uint64_t broker_abandon(struct resolve_job *j);
 
 /* stream.c */
 void stream_open(struct link *lk, uint32_t sid, const struct agent_stream_open *o);
@@ -200,6 +234,10 @@ void link_writable(struct link *lk);
 /* names.c */
 void lookup_start(struct link *lk, uint32_t lid, const uint8_t *name, size_t len, uint16_t qtype);
 void lookup_resolved(struct lookup *q, struct resolve_job *j);
+/* The host's answer of a DNS job J (its lookup may be gone) into the
+ * cache: an address or no such name for 30 s, another failure for
+ * EGRESS_RESOLVE_FAIL_MS. */
+void names_cache_job(const struct resolve_job *j);
 /* Answers SERVFAIL to lookups waiting too long; the next deadline or 0. */
 uint64_t lookup_timers(struct link *lk, uint64_t now);
 /* Forgets LK's lookups (the connection went away: nobody to answer). */
@@ -208,7 +246,11 @@ void lookup_drop_all(struct link *lk);
 const char *names_synthetic(const struct egress *e, int family, const uint8_t *addr);
 bool names_is_synthetic(int family, const uint8_t *addr);
 void names_free(struct egress *e);
+/* DST gets SRC's synthetic addresses (DST has none yet).  0 or -ENOMEM. */
+int names_copy(struct egress *dst, struct egress *src);
 void names_cache_clear(void);
 /* ADDR is one the sandbox may be sent to: its class, and the reason when
- * refused ("" when allowed). */
+ * refused ("" when allowed): a class the operator does not allow, or an
+ * address of the host itself ("the host's own address", but with
+ * allow_host).  On the broker thread. */
 const char *egress_addr_refusal(int family, const uint8_t *addr);

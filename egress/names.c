@@ -10,11 +10,17 @@
  *
  * Everything here runs on the broker thread. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "egress/egress_int.h"
@@ -52,7 +58,7 @@ static struct cache_ent *cache_find(const char *name, uint64_t now) {
   return NULL;
 }
 
-static void cache_put(const struct resolve_job *j, uint64_t now) {
+static void cache_put(const struct resolve_job *j, uint64_t now, uint64_t ms) {
   struct cache_ent *slot = &cache[0];
   for (size_t i = 0; i < CACHE_MAX; i++) {
     if (cache[i].expires_ms <= now || strcmp(cache[i].name, j->name) == 0) {
@@ -63,20 +69,132 @@ static void cache_put(const struct resolve_job *j, uint64_t now) {
       slot = &cache[i]; /* the oldest goes when the cache is full */
   }
   snprintf(slot->name, sizeof slot->name, "%s", j->name);
-  slot->expires_ms = now + CACHE_MS;
+  slot->expires_ms = now + ms;
   slot->gai_err = j->gai_err;
   slot->n = j->n;
   memcpy(slot->family, j->family, sizeof slot->family);
   memcpy(slot->addr, j->addr, sizeof slot->addr);
 }
 
+void names_cache_job(const struct resolve_job *j) {
+  bool settled = !j->gai_err || j->gai_err == EAI_NONAME || j->gai_err == EAI_NODATA;
+  cache_put(j, mono_ms(), settled ? CACHE_MS : EGRESS_RESOLVE_FAIL_MS);
+}
+
+/* NAME did not resolve in time: not asked again for a while. */
+static void cache_timeout(const char *name) {
+  struct resolve_job j = {.gai_err = EAI_AGAIN};
+  snprintf(j.name, sizeof j.name, "%s", name);
+  cache_put(&j, mono_ms(), EGRESS_RESOLVE_FAIL_MS);
+}
+
 /* ---- addresses ---- */
+
+static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+/* Whether the kernel routes ADDR to this host itself (RTM_GETROUTE: a
+ * route of type RTN_LOCAL, i.e. an address of any interface or a local
+ * range): 1, 0, or -errno when it cannot say.  A socket per question: the
+ * broker may move between network namespaces (tests do), a kept socket
+ * would answer for the old one; the round trip costs some microseconds. */
+static int route_is_local(int family, const uint8_t *addr) {
+  struct {
+    struct nlmsghdr nh;
+    struct rtmsg rt;
+    struct rtattr dst;
+    uint8_t a[16];
+  } req = {0};
+  size_t alen = family == AF_INET ? 4 : 16;
+  req.nh.nlmsg_len = (uint32_t)(NLMSG_LENGTH(sizeof req.rt) + RTA_LENGTH(alen));
+  req.nh.nlmsg_type = RTM_GETROUTE;
+  req.nh.nlmsg_flags = NLM_F_REQUEST;
+  req.nh.nlmsg_seq = 1;
+  req.rt.rtm_family = (uint8_t)family;
+  req.rt.rtm_dst_len = (uint8_t)(alen * 8);
+  req.dst.rta_len = (uint16_t)RTA_LENGTH(alen);
+  req.dst.rta_type = RTA_DST;
+  memcpy(req.a, addr, alen);
+  int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (fd < 0)
+    return -errno;
+  int r = -EIO;
+  union {
+    struct nlmsghdr nh;
+    uint8_t b[4096];
+  } buf;
+  if (send(fd, &req, req.nh.nlmsg_len, 0) < 0) {
+    r = -errno;
+    goto out;
+  }
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  if (poll(&p, 1, 1000) != 1) {
+    r = -ETIMEDOUT;
+    goto out;
+  }
+  ssize_t n = recv(fd, &buf, sizeof buf, 0);
+  if (n < 0) {
+    r = -errno;
+    goto out;
+  }
+  struct nlmsghdr *nh = &buf.nh;
+  if (!NLMSG_OK(nh, (size_t)n)) {
+    r = -EPROTO;
+  } else if (nh->nlmsg_type == NLMSG_ERROR) {
+    const struct nlmsgerr *e = NLMSG_DATA(nh);
+    /* No route at all: nothing local either. */
+    r = nh->nlmsg_len < NLMSG_LENGTH(sizeof *e) ? -EPROTO
+        : e->error == -ENETUNREACH || e->error == -EHOSTUNREACH ? 0 : e->error ? e->error : -EPROTO;
+  } else if (nh->nlmsg_type == RTM_NEWROUTE && nh->nlmsg_len >= NLMSG_LENGTH(sizeof(struct rtmsg))) {
+    const struct rtmsg *rt = NLMSG_DATA(nh);
+    r = rt->rtm_type == RTN_LOCAL;
+  } else {
+    r = -EPROTO;
+  }
+out:
+  close(fd);
+  return r;
+}
+
+/* The same question from the interfaces' addresses, when netlink cannot be
+ * asked: 1, 0, or -errno. */
+static int ifaddr_is_local(int family, const uint8_t *addr) {
+  struct ifaddrs *ifs;
+  if (getifaddrs(&ifs) < 0)
+    return -errno;
+  int r = 0;
+  for (struct ifaddrs *i = ifs; i && !r; i = i->ifa_next) {
+    const struct sockaddr *sa = i->ifa_addr;
+    if (!sa || sa->sa_family != family)
+      continue;
+    r = family == AF_INET ? memcmp(&((const struct sockaddr_in *)sa)->sin_addr, addr, 4) == 0
+                          : memcmp(&((const struct sockaddr_in6 *)sa)->sin6_addr, addr, 16) == 0;
+  }
+  freeifaddrs(ifs);
+  return r;
+}
 
 const char *egress_addr_refusal(int family, const uint8_t *addr) {
   enum egress_addr_class c = egress_addr_classify(family, addr);
-  if (c == EGRESS_ADDR_PUBLIC || (egress_cfg.allow_private && egress_addr_class_private(c)))
+  bool host = egress_cfg.allow_host;
+  if (c == EGRESS_ADDR_LOOPBACK)
+    return host ? "" : egress_addr_reason(c);
+  if (c != EGRESS_ADDR_PUBLIC &&
+      !((egress_cfg.allow_private || host) && egress_addr_class_private(c)))
+    return egress_addr_reason(c);
+  if (host)
     return "";
-  return egress_addr_reason(c);
+  /* An address the host has (any interface, public or private) reaches
+   * the host itself: its services on 0.0.0.0, as loopback would. */
+  if (family == AF_INET6 && memcmp(addr, v4_mapped, 12) == 0) {
+    family = AF_INET; /* what the connect does with it */
+    addr += 12;
+  }
+  int local = route_is_local(family, addr);
+  if (local < 0)
+    local = ifaddr_is_local(family, addr);
+  if (local < 0)
+    return "cannot tell whether the address is the host's own";
+  return local ? "the host's own address" : "";
 }
 
 /* ADDR's IPv4 bytes when it is in 198.18.0.0/15 (also as ::ffff:198.18.x.y),
@@ -109,26 +227,41 @@ static uint32_t name_hash(const char *s) {
 }
 
 /* NAME's synthetic address number (>= 1), allocated on first use; 0 when
- * the session has EGRESS_SYNTH_MAX names already. */
+ * the session has EGRESS_SYNTH_MAX names already.  Changes are made under
+ * synth_lock (egress_clone reads them from a session thread). */
 static uint32_t synth_get(struct egress *e, const char *name) {
+  if (e->synth_slot) {
+    for (uint32_t i = name_hash(name) % SYNTH_SLOTS; e->synth_slot[i]; i = (i + 1) % SYNTH_SLOTS)
+      if (strcmp(e->synth[e->synth_slot[i] - 1], name) == 0)
+        return e->synth_slot[i];
+  }
+  if (e->n_synth >= EGRESS_SYNTH_MAX)
+    return 0;
+  pthread_mutex_lock(&e->synth_lock);
+  uint32_t k = 0;
   if (!e->synth_slot) {
     e->synth_slot = calloc(SYNTH_SLOTS, sizeof *e->synth_slot);
     e->synth = calloc(EGRESS_SYNTH_MAX, sizeof *e->synth);
     if (!e->synth_slot || !e->synth) {
-      names_free(e);
-      return 0;
+      free(e->synth_slot);
+      free(e->synth);
+      e->synth_slot = NULL;
+      e->synth = NULL;
+      goto out;
     }
   }
   uint32_t i = name_hash(name) % SYNTH_SLOTS;
-  for (; e->synth_slot[i]; i = (i + 1) % SYNTH_SLOTS)
-    if (strcmp(e->synth[e->synth_slot[i] - 1], name) == 0)
-      return e->synth_slot[i];
-  if (e->n_synth >= EGRESS_SYNTH_MAX || !(e->synth[e->n_synth] = strdup(name)))
-    return 0;
-  e->synth_slot[i] = ++e->n_synth;
-  return e->n_synth;
+  while (e->synth_slot[i])
+    i = (i + 1) % SYNTH_SLOTS;
+  if (!(e->synth[e->n_synth] = strdup(name)))
+    goto out;
+  e->synth_slot[i] = k = ++e->n_synth;
+out:
+  pthread_mutex_unlock(&e->synth_lock);
+  return k;
 }
 
+/* Not with the broker touching E: egress_free, after the detach. */
 void names_free(struct egress *e) {
   for (uint32_t i = 0; e->synth && i < e->n_synth; i++)
     free(e->synth[i]);
@@ -137,6 +270,25 @@ void names_free(struct egress *e) {
   e->synth = NULL;
   e->synth_slot = NULL;
   e->n_synth = 0;
+}
+
+int names_copy(struct egress *dst, struct egress *src) {
+  pthread_mutex_lock(&src->synth_lock);
+  int r = 0;
+  if (src->synth_slot) {
+    dst->synth_slot = malloc(SYNTH_SLOTS * sizeof *dst->synth_slot);
+    dst->synth = calloc(EGRESS_SYNTH_MAX, sizeof *dst->synth);
+    r = dst->synth_slot && dst->synth ? 0 : -ENOMEM;
+    if (!r)
+      memcpy(dst->synth_slot, src->synth_slot, SYNTH_SLOTS * sizeof *dst->synth_slot);
+    for (uint32_t i = 0; !r && i < src->n_synth; i++, dst->n_synth++)
+      if (!(dst->synth[i] = strdup(src->synth[i])))
+        r = -ENOMEM;
+  }
+  pthread_mutex_unlock(&src->synth_lock);
+  if (r < 0)
+    names_free(dst);
+  return r;
 }
 
 /* ---- lookups ---- */
@@ -225,6 +377,13 @@ void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len,
     answer(lk, lid, RCODE_NOERROR, 0);
     return;
   }
+  /* A name the hosts file pins, then the cache, then the pool. */
+  struct resolve_job pinned;
+  snprintf(pinned.name, sizeof pinned.name, "%s", name);
+  if (resolve_hosts_answer(&pinned)) {
+    decide(lk, lid, name, qtype, 0, pinned.n, pinned.family, pinned.addr);
+    return;
+  }
   const struct cache_ent *c = cache_find(name, mono_ms());
   if (c) {
     decide(lk, lid, name, qtype, c->gai_err, c->n, c->family, c->addr);
@@ -239,9 +398,11 @@ void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len,
   q->lid = lid;
   q->qtype = qtype;
   snprintf(q->name, sizeof q->name, "%s", name);
-  if (broker_resolve(name, q, false, &q->job) < 0) {
+  if (broker_resolve(e, name, q, false, &q->job) < 0) {
+    /* EGRESS_RESOLVE_JOBS_MAX of this session's are out (or the queue is
+     * full): the program may ask again later. */
     free(q);
-    refuse(lk, lid, name, qtype, RCODE_SERVFAIL, "resolver busy");
+    refuse(lk, lid, name, qtype, RCODE_REFUSED, "resolver busy");
     return;
   }
   q->next = lk->lookups;
@@ -257,8 +418,6 @@ static void lookup_unlink(struct lookup *q) {
 }
 
 void lookup_resolved(struct lookup *q, struct resolve_job *j) {
-  if (!j->gai_err || j->gai_err == EAI_NONAME || j->gai_err == EAI_NODATA)
-    cache_put(j, mono_ms());
   lookup_unlink(q);
   decide(q->lk, q->lid, q->name, q->qtype, j->gai_err, j->n, j->family, j->addr);
   free(q);
@@ -269,7 +428,11 @@ uint64_t lookup_timers(struct link *lk, uint64_t now) {
   for (struct lookup *q = lk->lookups, *n; q; q = n) {
     n = q->next;
     if (now >= q->job->deadline_ms) {
-      broker_abandon(q->job);
+      /* A name a worker spent most of the time on is slow: asking again
+       * soon would only hold another worker.  One still queued says
+       * nothing about the name. */
+      if (broker_abandon(q->job) >= EGRESS_RESOLVE_MS / 2)
+        cache_timeout(q->name);
       lookup_unlink(q);
       refuse(lk, q->lid, q->name, q->qtype, RCODE_SERVFAIL, "resolve timed out");
       free(q);

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
 #include "mcp/log.h"
@@ -90,26 +91,9 @@ static void jlog_unref_locked(struct jlog *l) {
   free(l);
 }
 
-static int mkdir_private(const char *path) {
-  _cleanup_free_ char *p = strdup(path);
-  if (!p)
-    return -ENOMEM;
-  for (char *s = p + 1;; s++) {
-    if (*s != '/' && *s != '\0')
-      continue;
-    char c = *s;
-    *s = '\0';
-    if (mkdir(p, 0700) < 0 && errno != EEXIST)
-      return -errno;
-    *s = c;
-    if (!c)
-      return 0;
-  }
-}
-
 /* On the writer thread, without the lock. */
 static int jlog_open(struct jlog *l) {
-  int r = mkdir_private(egress_cfg.log_dir);
+  int r = fs_mkdir_p(egress_cfg.log_dir, 0700, 0700);
   if (r < 0)
     return r;
   _cleanup_close_ int dfd = open(egress_cfg.log_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -1,10 +1,25 @@
 /* resolve.c: names resolved on the host for the broker.
  *
  * getaddrinfo blocks for as long as the host's resolver likes, so it runs
- * in a pool of RESOLVE_THREADS workers fed by a queue of RESOLVE_QUEUE_MAX
- * jobs; the broker never waits for one (it answers SERVFAIL after
- * EGRESS_RESOLVE_MS and lets the worker finish alone).  getaddrinfo keeps
- * nsswitch and /etc/hosts as the operator expects.
+ * in a pool of workers fed by a queue of RESOLVE_QUEUE_MAX jobs; the broker
+ * never waits for one (it answers SERVFAIL after EGRESS_RESOLVE_MS and lets
+ * the worker finish alone).  getaddrinfo keeps nsswitch and /etc/hosts as
+ * the operator expects.
+ *
+ * The pool is shared by every session, and a sandbox chooses the names: a
+ * program asking for names whose servers never answer could hold every
+ * worker and so every other session's resolutions.  Hence:
+ *   - a session has at most EGRESS_RESOLVE_JOBS_MAX jobs out (queued or
+ *     running, a job it gave up on included while a worker is stuck in it);
+ *   - a job given up on before a worker took it leaves the queue;
+ *   - a general worker takes the queued job of the session with the fewest
+ *     jobs running, and none of a session running RESOLVE_SESSION_RUNNING
+ *     already: one session holds at most that many of the general workers;
+ *   - one more worker takes only connect-time resolutions (for_stream), so
+ *     a flood of DNS queries never keeps a connect waiting for a worker;
+ *   - names the hosts file pins are answered on the broker thread
+ *     (resolve_hosts_answer), without the pool.
+ * (names.c adds the cache of failures, so asking again costs no job.)
  *
  * The operator's hosts file (IGN_MCP_EGRESS_HOSTS, hosts(5) format) is
  * consulted first: it pins names for tests, or for a site.  It is read at
@@ -24,11 +39,18 @@
 #include "egress/egress_int.h"
 #include "mcp/log.h"
 
-#define RESOLVE_THREADS 4u
+#define RESOLVE_THREADS 4u         /* general workers; one more for connects */
+#define RESOLVE_SESSION_RUNNING 2u /* general workers one session may hold */
 #define RESOLVE_QUEUE_MAX 256u
 #define HOSTS_MAX_BYTES (1u << 20) /* a bigger hosts file is refused */
+#define HOSTS_LINE_MAX 4096u       /* a longer line is dropped (logged) */
 #define HOSTS_MAX_ENTRIES 16384u
 #define STOP_WAIT_MS 1000u
+
+struct resolve_quota {
+  unsigned refs;               /* the session's and its jobs' */
+  unsigned out, running;
+};
 
 struct host_entry {
   char name[EGRESS_NAME_BUF];
@@ -134,10 +156,18 @@ static void hosts_refresh_locked(void) {
              rs.hosts_path, strerror(errno));
     return;
   }
-  size_t cap = 0;
-  char line[1024];
-  while (fgets(line, sizeof line, f))
-    hosts_line(line, &rs.hosts, &rs.n_hosts, &cap);
+  /* Whole lines: a tail read as a line of its own could pin a name. */
+  size_t cap = 0, line_cap = 0, dropped = 0;
+  _cleanup_free_ char *line = NULL;
+  for (ssize_t n; (n = getline(&line, &line_cap, f)) >= 0;) {
+    if ((size_t)n > HOSTS_LINE_MAX)
+      dropped++;
+    else
+      hosts_line(line, &rs.hosts, &rs.n_hosts, &cap);
+  }
+  if (dropped)
+    log_warn("egress: the hosts file %s has %zu line%s over %u bytes; they are ignored",
+             rs.hosts_path, dropped, dropped == 1 ? "" : "s", HOSTS_LINE_MAX);
   log_info("egress: hosts file %s read: %zu names", rs.hosts_path, hosts_names());
 }
 
@@ -160,6 +190,13 @@ static bool hosts_lookup(struct resolve_job *j) {
   return found;
 }
 
+bool resolve_hosts_answer(struct resolve_job *j) {
+  j->n = 0;
+  j->gai_err = 0;
+  j->from_hosts = hosts_lookup(j);
+  return j->from_hosts;
+}
+
 long resolve_hosts_count(void) {
   pthread_mutex_lock(&rs.hosts_lock);
   hosts_refresh_locked();
@@ -171,11 +208,8 @@ long resolve_hosts_count(void) {
 /* ---- the pool ---- */
 
 static void resolve_one(struct resolve_job *j) {
-  j->n = 0;
-  j->gai_err = 0;
-  j->from_hosts = hosts_lookup(j);
-  if (j->from_hosts)
-    return;
+  if (resolve_hosts_answer(j))
+    return; /* pinned since the broker asked */
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_ADDRCONFIG}, *res = NULL;
   int r = getaddrinfo(j->name, NULL, &hints, &res);
@@ -204,24 +238,66 @@ static void resolve_one(struct resolve_job *j) {
     j->gai_err = EAI_NONAME;
 }
 
+/* Under rs.lock. */
+static void quota_put_locked(struct resolve_quota *q) {
+  if (q && !--q->refs)
+    free(q);
+}
+
+static void queue_unlink_locked(struct resolve_job *j) {
+  struct resolve_job *prev = NULL;
+  for (struct resolve_job *x = rs.q_head; x; prev = x, x = x->next)
+    if (x == j) {
+      if (prev)
+        prev->next = j->next;
+      else
+        rs.q_head = j->next;
+      if (rs.q_tail == j)
+        rs.q_tail = prev;
+      rs.queued--;
+      return;
+    }
+}
+
+/* The job a worker takes next (out of the queue), or NULL: see the top
+ * comment.  FOR_CONNECTS: the worker kept for connect-time resolutions. */
+static struct resolve_job *pick_locked(bool for_connects) {
+  struct resolve_job *best = NULL;
+  for (struct resolve_job *j = rs.q_head; j; j = j->next) {
+    if (for_connects ? !j->for_stream : j->quota->running >= RESOLVE_SESSION_RUNNING)
+      continue;
+    if (!best || j->quota->running < best->quota->running)
+      best = j; /* the first of the least busy session: the oldest */
+  }
+  if (best)
+    queue_unlink_locked(best);
+  return best;
+}
+
 static void *worker_main(void *arg) {
-  (void)arg;
+  bool for_connects = arg != NULL;
   pthread_mutex_lock(&rs.lock);
   for (;;) {
-    while (!rs.stop && !rs.q_head)
+    struct resolve_job *j = NULL;
+    while (!rs.stop && !(j = pick_locked(for_connects)))
       pthread_cond_wait(&rs.work, &rs.lock);
-    if (rs.stop)
-      break;
-    struct resolve_job *j = rs.q_head;
-    rs.q_head = j->next;
-    if (!rs.q_head)
-      rs.q_tail = NULL;
-    rs.queued--;
+    if (!j)
+      break; /* stopping */
+    j->state = JOB_RUNNING;
+    j->started_ms = mono_ms();
+    j->quota->running++;
     pthread_mutex_unlock(&rs.lock);
     resolve_one(j);
     pthread_mutex_lock(&rs.lock);
+    j->quota->running--;
+    j->quota->out--;
+    quota_put_locked(j->quota);
+    j->quota = NULL;
+    j->state = JOB_DONE;
     j->next = rs.done;
     rs.done = j;
+    /* The session runs one fewer: a job passed over may go now. */
+    pthread_cond_broadcast(&rs.work);
     void (*wake)(void) = rs.wake;
     pthread_mutex_unlock(&rs.lock);
     if (wake)
@@ -247,9 +323,10 @@ int resolve_init(const char *hosts_file, void (*wake)(void), char **ret_err) {
   pthread_mutex_lock(&rs.lock);
   rs.stop = false;
   rs.wake = wake;
-  for (unsigned i = 0; i < RESOLVE_THREADS; i++) {
+  /* Worker 0 is the connects' own. */
+  for (unsigned i = 0; i < RESOLVE_THREADS + 1; i++) {
     pthread_t t;
-    int r = pthread_create(&t, NULL, worker_main, NULL);
+    int r = pthread_create(&t, NULL, worker_main, i == 0 ? (void *)1 : NULL);
     if (r) {
       pthread_mutex_unlock(&rs.lock);
       resolve_shutdown();
@@ -264,9 +341,14 @@ int resolve_init(const char *hosts_file, void (*wake)(void), char **ret_err) {
   return 0;
 }
 
-static void jobs_free(struct resolve_job *j) {
+/* Under rs.lock. */
+static void jobs_free_locked(struct resolve_job *j) {
   while (j) {
     struct resolve_job *next = j->next;
+    if (j->quota) {
+      j->quota->out--;
+      quota_put_locked(j->quota);
+    }
     free(j);
     j = next;
   }
@@ -281,11 +363,11 @@ void resolve_shutdown(void) {
   while (rs.live)
     if (pthread_cond_timedwait(&rs.gone, &rs.lock, &until) == ETIMEDOUT)
       break;
-  jobs_free(rs.q_head);
+  jobs_free_locked(rs.q_head);
   rs.q_head = rs.q_tail = NULL;
   rs.queued = 0;
   if (!rs.live) {
-    jobs_free(rs.done);
+    jobs_free_locked(rs.done);
     rs.done = NULL;
   } /* else a worker still owns its job and will put it on `done` */
   rs.started = false;
@@ -299,12 +381,32 @@ void resolve_shutdown(void) {
   pthread_mutex_unlock(&rs.hosts_lock);
 }
 
-int resolve_submit(struct resolve_job *j) {
+struct resolve_quota *resolve_quota_new(void) {
+  struct resolve_quota *q = calloc(1, sizeof *q);
+  if (q)
+    q->refs = 1;
+  return q;
+}
+
+void resolve_quota_put(struct resolve_quota *q) {
   pthread_mutex_lock(&rs.lock);
-  if (!rs.started || rs.stop || rs.queued >= RESOLVE_QUEUE_MAX) {
+  quota_put_locked(q);
+  pthread_mutex_unlock(&rs.lock);
+}
+
+int resolve_submit(struct resolve_job *j, struct resolve_quota *q) {
+  pthread_mutex_lock(&rs.lock);
+  int r = !rs.started || rs.stop || rs.queued >= RESOLVE_QUEUE_MAX ? -EAGAIN
+          : q->out >= EGRESS_RESOLVE_JOBS_MAX                    ? -EBUSY
+                                                                 : 0;
+  if (r < 0) {
     pthread_mutex_unlock(&rs.lock);
-    return -EAGAIN;
+    return r;
   }
+  j->quota = q;
+  q->refs++;
+  q->out++;
+  j->state = JOB_QUEUED;
   j->next = NULL;
   if (rs.q_tail)
     rs.q_tail->next = j;
@@ -312,9 +414,23 @@ int resolve_submit(struct resolve_job *j) {
     rs.q_head = j;
   rs.q_tail = j;
   rs.queued++;
-  pthread_cond_signal(&rs.work);
+  /* Every worker looks: the one woken might be one that may not take it. */
+  pthread_cond_broadcast(&rs.work);
   pthread_mutex_unlock(&rs.lock);
   return 0;
+}
+
+bool resolve_cancel(struct resolve_job *j, uint64_t *ret_ran_ms) {
+  pthread_mutex_lock(&rs.lock);
+  bool queued = j->state == JOB_QUEUED;
+  *ret_ran_ms = j->state == JOB_RUNNING ? mono_ms() - j->started_ms : 0;
+  if (queued) {
+    queue_unlink_locked(j);
+    j->next = NULL;
+    jobs_free_locked(j);
+  }
+  pthread_mutex_unlock(&rs.lock);
+  return queued;
 }
 
 struct resolve_job *resolve_take_done(void) {

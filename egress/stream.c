@@ -10,6 +10,15 @@
  * the host resolves the name to now (never what the sandbox saw, never the
  * DNS cache), and the connect.
  *
+ * Ports 80 and 443 are web ports whatever the rule says ("good.test:443",
+ * "good.test:*"): the first bytes must be TLS or HTTP naming the host, and
+ * nothing is connected before they came.  On another port a program may
+ * wait for the server to speak first (SSH, SMTP): after
+ * EGRESS_FIRST_BYTE_MS without a byte the broker connects, but still holds
+ * the program's first bytes until they pass the same check (peek_pending):
+ * a ClientHello or an HTTP request naming another host is reset as it is
+ * on a web port; bytes that are neither go up.
+ *
  * Flow control: the agent may send what it was granted (first
  * EGRESS_PEEK_MAX, enough for the peek; once connected up to STREAM_WINDOW
  * outstanding): granted + buffered <= STREAM_WINDOW always, and credit goes
@@ -44,8 +53,9 @@ struct stream {
   int family;                  /* the destination the program asked for */
   uint8_t addr[16];
   bool raw;                    /* not a synthetic address: a raw IP connect (open mode) */
-  bool web;                    /* must be TLS or HTTP (a web port admitted by default) */
-  bool explicit_port;          /* a port a rule names: connect without a peek after 500 ms */
+  bool web;                    /* port 80 or 443: must be TLS or HTTP, peeked before connecting */
+  bool peek_pending;           /* connecting or connected, the first bytes not checked yet */
+  uint64_t peek_deadline;      /* peek_pending: the first byte came, a decision is due */
   const char *peek_more;       /* the refusal if the peek never completes */
   struct rec_conn rec;
   /* agent -> upstream */
@@ -115,7 +125,7 @@ static void set_watch(struct stream *s) {
     want = EPOLLOUT;
   else if (s->st == ST_RELAY)
     want = (!s->up_eof && !s->down_len && !s->down_blocked ? EPOLLIN : 0) |
-           (s->up_len ? EPOLLOUT : 0);
+           (s->up_len && !s->peek_pending ? EPOLLOUT : 0);
   if (want == s->watching)
     return;
   /* Out of the set when nothing is wanted: a socket shut both ways would
@@ -154,6 +164,8 @@ static void grant(struct stream *s) {
 /* Writes what the agent sent upstream; false when S was ended. */
 static bool flush_up(struct stream *s) {
   struct egress *e = s->lk->e;
+  if (s->peek_pending)
+    return true; /* held until the check passed; no more credit meanwhile */
   while (s->up_len) {
     ssize_t n = send(s->fd, s->up + s->up_off, s->up_len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR)
@@ -221,8 +233,12 @@ void stream_data(struct stream *s, const uint8_t *p, size_t n) {
   s->granted -= (uint32_t)n;
   s->last_ms = mono_ms();
   if (s->st == ST_PEEK) {
-    if (first && s->explicit_port) /* a first byte came: the peek may take its time */
+    if (first && !s->web) /* a first byte came: the peek may take its time */
       s->deadline = s->last_ms + EGRESS_PEEK_MS;
+    peek_check(s);
+  } else if (s->peek_pending) {
+    if (first)
+      s->peek_deadline = s->last_ms + EGRESS_PEEK_MS;
     peek_check(s);
   } else if (s->st == ST_RELAY && flush_up(s)) {
     set_watch(s);
@@ -244,41 +260,35 @@ static bool peek_name_ok(const struct stream *s, const char *found) {
   return !host_is_literal(found) || strcmp(found, s->rec.ip) == 0;
 }
 
-/* Decides once the first bytes say enough: refuses, connects, or waits. */
-static void peek_check(struct stream *s) {
+enum verdict { V_WAIT, V_PASS, V_REFUSE };
+
+/* What the first bytes say: V_REFUSE (*RET_WHY the reason), V_PASS, or
+ * V_WAIT for more. */
+static enum verdict peek_verdict(struct stream *s, const char **ret_why) {
   const uint8_t *b = s->up + s->up_off;
   size_t len = s->up_len;
   bool last = len >= EGRESS_PEEK_MAX || s->agent_shut; /* no more bytes will come */
   char out[EGRESS_NAME_BUF];
   if (!len) {
-    if (s->agent_shut) {
-      if (s->web)
-        refuse(s, "no request");
-      else
-        go_connect(s);
-    }
-    return;
+    if (!s->agent_shut)
+      return V_WAIT;
+    *ret_why = "no request";
+    return s->web ? V_REFUSE : V_PASS;
   }
   switch (egress_tls_sni(b, len, out)) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    if (!s->raw && strcmp(out, s->rec.host) != 0)
-      refuse(s, "SNI mismatch");
-    else
-      go_connect(s);
-    return;
+    *ret_why = "SNI mismatch";
+    return !s->raw && strcmp(out, s->rec.host) != 0 ? V_REFUSE : V_PASS;
   case EGRESS_PEEK_ABSENT:
-    go_connect(s);
-    return;
+    return V_PASS;
   case EGRESS_PEEK_MALFORMED:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    refuse(s, "malformed TLS");
-    return;
+    *ret_why = "malformed TLS";
+    return V_REFUSE;
   case EGRESS_PEEK_MORE:
-    s->peek_more = "malformed TLS";
-    if (last)
-      refuse(s, s->peek_more);
-    return;
+    *ret_why = s->peek_more = "malformed TLS";
+    return last ? V_REFUSE : V_WAIT;
   case EGRESS_PEEK_OTHER:
     break;
   }
@@ -286,30 +296,53 @@ static void peek_check(struct stream *s) {
   switch (egress_http_host(b, len, out, &port)) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    if (!peek_name_ok(s, out))
-      refuse(s, "Host mismatch");
-    else
-      go_connect(s);
-    return;
+    *ret_why = "Host mismatch";
+    return peek_name_ok(s, out) ? V_PASS : V_REFUSE;
   case EGRESS_PEEK_ABSENT:
-    go_connect(s);
-    return;
+    return V_PASS;
   case EGRESS_PEEK_MALFORMED:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    refuse(s, "malformed HTTP request");
-    return;
+    *ret_why = "malformed HTTP request";
+    return V_REFUSE;
   case EGRESS_PEEK_MORE:
-    s->peek_more = "malformed HTTP request";
-    if (last)
-      refuse(s, s->peek_more);
-    return;
+    *ret_why = s->peek_more = "malformed HTTP request";
+    return last ? V_REFUSE : V_WAIT;
   case EGRESS_PEEK_OTHER:
     break;
   }
-  if (s->web)
-    refuse(s, "not TLS or HTTP on a web port");
-  else
-    go_connect(s);
+  *ret_why = "not TLS or HTTP on a web port";
+  return s->web ? V_REFUSE : V_PASS;
+}
+
+/* A stream connecting or connected before its first bytes were checked
+ * is refused: nothing of the program's went up, so it is a denied event. */
+static void late_refuse(struct stream *s, const char *why) {
+  s->rec.allowed = false;
+  stream_kill(s, ECONNREFUSED, why, true);
+}
+
+/* Decides once the first bytes say enough: refuses, connects (or lets the
+ * held bytes go up), or waits. */
+static void peek_check(struct stream *s) {
+  const char *why = NULL;
+  enum verdict v = peek_verdict(s, &why);
+  if (v == V_WAIT)
+    return;
+  if (s->st == ST_PEEK) {
+    if (v == V_PASS)
+      go_connect(s);
+    else
+      refuse(s, why);
+    return;
+  }
+  if (v == V_REFUSE) {
+    late_refuse(s, why);
+    return;
+  }
+  s->peek_pending = false;
+  s->peek_deadline = 0;
+  if (s->st == ST_RELAY && flush_up(s) && !maybe_finish(s))
+    set_watch(s); /* else connected() sends them */
 }
 
 /* ---- connecting ---- */
@@ -381,8 +414,9 @@ static void go_connect(struct stream *s) {
     connect_addr(s, s->family, s->addr);
     return;
   }
-  if (broker_resolve(s->rec.host, s, true, &s->job) < 0)
-    stream_kill(s, EHOSTUNREACH, "connect failed: the resolver is busy", true);
+  /* -EBUSY: this session has EGRESS_RESOLVE_JOBS_MAX resolutions out. */
+  if (broker_resolve(s->lk->e, s->rec.host, s, true, &s->job) < 0)
+    stream_kill(s, EHOSTUNREACH, "resolver busy", true);
 }
 
 void stream_resolved(struct stream *s, struct resolve_job *j) {
@@ -510,7 +544,7 @@ void link_writable(struct link *lk) {
 
 void stream_agent_shut(struct stream *s) {
   s->agent_shut = true;
-  if (s->st == ST_PEEK)
+  if (s->st == ST_PEEK || s->peek_pending)
     peek_check(s);
   else if (s->st == ST_RELAY && flush_up(s) && !maybe_finish(s))
     set_watch(s);
@@ -535,7 +569,9 @@ static const char *stage1(struct egress *e, struct stream *s, const struct agent
     return "too many connections";
   if (e->bytes_up >= egress_cfg.max_bytes || e->bytes_down >= egress_cfg.max_bytes)
     return "byte cap reached";
-  bool web_port = o->port == 80 || o->port == 443;
+  /* Web ports whatever a rule says: "good.test:443" must not make the
+   * peek optional. */
+  s->web = o->port == 80 || o->port == 443;
   if (names_is_synthetic(o->family, o->addr)) {
     const char *name = names_synthetic(e, o->family, o->addr);
     if (!name)
@@ -550,11 +586,8 @@ static const char *stage1(struct egress *e, struct stream *s, const struct agent
     if (*refusal)
       return refusal;
   }
-  if (e->mode == EGRESS_MODE_OPEN) {
-    s->web = web_port;
-    s->explicit_port = !web_port;
+  if (e->mode == EGRESS_MODE_OPEN)
     return NULL;
-  }
   size_t len = strlen(s->rec.host);
   long i = egress_policy_match(&e->pol, s->rec.host, len, o->port);
   if (i < 0)
@@ -562,8 +595,6 @@ static const char *stage1(struct egress *e, struct stream *s, const struct agent
                                                           : "not in allow_hosts";
   const struct egress_rule *r = &e->pol.rules[i];
   egress_rule_format(r, s->rec.rule, sizeof s->rec.rule);
-  s->explicit_port = r->ports != EGRESS_PORTS_WEB;
-  s->web = !s->explicit_port;
   return NULL;
 }
 
@@ -597,19 +628,20 @@ void stream_open(struct link *lk, uint32_t sid, const struct agent_stream_open *
     return;
   }
   s->granted = EGRESS_PEEK_MAX;
-  s->deadline = s->last_ms + (s->explicit_port ? EGRESS_FIRST_BYTE_MS : EGRESS_PEEK_MS);
+  s->deadline = s->last_ms + (s->web ? EGRESS_PEEK_MS : EGRESS_FIRST_BYTE_MS);
 }
 
 /* ---- time ---- */
 
-static uint64_t timers(struct stream *s, uint64_t now) {
+static uint64_t state_timers(struct stream *s, uint64_t now) {
   switch (s->st) {
   case ST_PEEK:
     if (now < s->deadline)
       return s->deadline;
-    if (!s->up_len && s->explicit_port)
-      go_connect(s); /* a server-first protocol, perhaps (SSH, SMTP) */
-    else
+    if (!s->up_len && !s->web) {
+      s->peek_pending = true; /* a server-first protocol, perhaps (SSH, SMTP) */
+      go_connect(s);
+    } else
       refuse(s, s->up_len && s->peek_more ? s->peek_more : "no request");
     return 0;
   case ST_RESOLVE:
@@ -629,6 +661,16 @@ static uint64_t timers(struct stream *s, uint64_t now) {
     return 0;
   }
   return 0;
+}
+
+static uint64_t timers(struct stream *s, uint64_t now) {
+  uint64_t peek = s->peek_pending ? s->peek_deadline : 0;
+  if (peek && now >= peek) {
+    late_refuse(s, s->peek_more ? s->peek_more : "no request");
+    return 0;
+  }
+  uint64_t t = state_timers(s, now); /* S may be gone after it */
+  return t && (!peek || t < peek) ? t : peek;
 }
 
 uint64_t link_stream_timers(struct link *lk, uint64_t now) {

@@ -771,6 +771,18 @@ void egress_handle(struct agent *a, const struct proto_header *h, const uint8_t 
 
 /* ---- the loop's hooks ------------------------------------------------- */
 
+/* Which slot each entry of the last egress_pollfds stands for (entries
+ * from 3 on): a stream's index and id, or a DNS connection's index.  The
+ * agent has one egress_state and one loop, so one table serves.  Matching
+ * entries to slots by their order would go wrong once a slot is freed
+ * between the two calls (every later entry skipped) or an fd number is
+ * reused (events handed to another socket's handler). */
+static struct {
+  bool dns;
+  uint16_t slot;
+  uint32_t id;
+} poll_slots[EGRESS_POLL_MAX];
+
 size_t egress_pollfds(const struct egress_state *e, struct pollfd *pfd) {
   if (!e->on)
     return 0;
@@ -786,16 +798,24 @@ size_t egress_pollfds(const struct egress_state *e, struct pollfd *pfd) {
                        (s->accepted && s->credit > 0 && !s->prog_shut ? POLLIN : 0));
     /* A socket nothing is wanted from is left out: its hang-up would
      * otherwise wake the loop again and again. */
-    if (ev)
-      pfd[n++] = (struct pollfd){.fd = s->fd, .events = ev};
+    if (!ev)
+      continue;
+    poll_slots[n].dns = false;
+    poll_slots[n].slot = (uint16_t)i;
+    poll_slots[n].id = s->id;
+    pfd[n++] = (struct pollfd){.fd = s->fd, .events = ev};
   }
   for (size_t i = 0; i < EGRESS_DNS_TCP_MAX; i++) {
     const struct egress_dns_conn *c = &e->dns_conns[i];
     if (!c->used)
       continue;
     short ev = (short)(c->out_len ? POLLOUT : !c->lookup ? POLLIN : 0);
-    if (ev)
-      pfd[n++] = (struct pollfd){.fd = c->fd, .events = ev};
+    if (!ev)
+      continue;
+    poll_slots[n].dns = true;
+    poll_slots[n].slot = (uint16_t)i;
+    poll_slots[n].id = 0;
+    pfd[n++] = (struct pollfd){.fd = c->fd, .events = ev};
   }
   return n;
 }
@@ -804,27 +824,25 @@ void egress_on_poll(struct agent *a, const struct pollfd *pfd, size_t n) {
   struct egress_state *e = &a->egress;
   if (!e->on || n < 3)
     return;
-  size_t k = 3;
-  /* The entries come in the order egress_pollfds wrote them; a stream
-   * freed on the way is skipped by its fd no longer matching. */
-  for (size_t i = 0; i < EGRESS_AGENT_MAX_STREAMS && k < n; i++) {
-    struct egress_stream *s = &e->streams[i];
-    if (s->id == 0 || s->fd != pfd[k].fd)
-      continue;
-    short rev = pfd[k++].revents;
+  /* An entry whose slot was freed, or holds another stream or socket by
+   * now, is skipped: its events were not this one's. */
+  for (size_t k = 3; k < n && k < EGRESS_POLL_MAX; k++) {
+    short rev = pfd[k].revents;
     if (!rev)
+      continue;
+    if (poll_slots[k].dns) {
+      struct egress_dns_conn *c = &e->dns_conns[poll_slots[k].slot];
+      if (c->used && c->fd == pfd[k].fd)
+        dns_conn_on_poll(a, c);
+      continue;
+    }
+    struct egress_stream *s = &e->streams[poll_slots[k].slot];
+    if (s->id == 0 || s->id != poll_slots[k].id || s->fd != pfd[k].fd)
       continue;
     if ((rev & (POLLOUT | POLLERR | POLLHUP)) && s->ring_len > 0 && !stream_flush(a, s))
       continue;
     if (s->id && (rev & (POLLIN | POLLERR | POLLHUP)) && s->accepted && !s->prog_shut)
       stream_pump(a, s);
-  }
-  for (size_t i = 0; i < EGRESS_DNS_TCP_MAX && k < n; i++) {
-    struct egress_dns_conn *c = &e->dns_conns[i];
-    if (!c->used || c->fd != pfd[k].fd)
-      continue;
-    if (pfd[k++].revents)
-      dns_conn_on_poll(a, c);
   }
   /* New connections and queries after the old ones moved. */
   if (pfd[0].revents)

@@ -282,13 +282,17 @@ static int load_net(void) {
     return -EINVAL;
   }
   const char *p = getenv("IGN_MCP_NET_PRIVATE");
+  cfg.net_private = cfg.net_host = false;
   if (!p || !*p || strcmp(p, "0") == 0)
-    cfg.net_private = false;
+    ;
   else if (strcmp(p, "1") == 0)
     cfg.net_private = true;
+  else if (strcmp(p, "host") == 0)
+    cfg.net_private = cfg.net_host = true;
   else {
     fprintf(stderr, "ignition-mcp: IGN_MCP_NET_PRIVATE=%s is invalid: use 1 (sessions may "
-                    "reach private addresses, e.g. 10.0.0.0/8) or 0 (the default)\n", p);
+                    "reach private networks, e.g. 10.0.0.0/8), host (those and this host "
+                    "itself: its loopback and its own addresses) or 0 (the default)\n", p);
     return -EINVAL;
   }
   const char *h = getenv("IGN_MCP_EGRESS_HOSTS");

@@ -30,7 +30,8 @@ struct config {
   unsigned overlay_mb;
   /* egress (egress/egress.h; docs/egress-design.md) */
   enum net_policy net;   /* IGN_MCP_NET: off, allow (default) or open */
-  bool net_private;      /* IGN_MCP_NET_PRIVATE=1: private addresses may be reached */
+  bool net_private;      /* IGN_MCP_NET_PRIVATE=1 or host: private networks may be reached */
+  bool net_host;         /* IGN_MCP_NET_PRIVATE=host: this host too (loopback, its own addresses) */
   char *egress_hosts;    /* IGN_MCP_EGRESS_HOSTS: a hosts(5) file consulted first, or NULL */
   size_t egress_log_cap; /* IGN_MCP_EGRESS_LOG_CAP: bytes of each session's egress log */
   unsigned egress_streams; /* IGN_MCP_EGRESS_STREAMS: connections open at once per session */

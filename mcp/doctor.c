@@ -649,13 +649,15 @@ static void check_seccomp(struct report *r) {
  * ns sandboxes use; a microVM's guest kernel brings its own modules.) */
 static void check_egress(struct report *r) {
   _cleanup_free_ char *policy = xasprintf(
-      "IGN_MCP_NET=%s (%s), private addresses %s%s%s, %u connections and %u MiB each way per "
+      "IGN_MCP_NET=%s (%s), private networks %s%s%s, %u connections and %u MiB each way per "
       "session",
       config_net_name(),
       cfg.net == NET_OFF   ? "sessions have no network"
       : cfg.net == NET_OPEN ? "sessions may ask none, allow or open"
                             : "sessions may ask none or allow",
-      cfg.net_private ? "allowed (IGN_MCP_NET_PRIVATE=1)" : "refused",
+      cfg.net_host      ? "and this host allowed (IGN_MCP_NET_PRIVATE=host)"
+      : cfg.net_private ? "allowed (IGN_MCP_NET_PRIVATE=1), this host refused"
+                        : "and this host refused",
       cfg.egress_hosts ? ", hosts file " : "", cfg.egress_hosts ? cfg.egress_hosts : "",
       cfg.egress_streams, cfg.egress_max_mb);
   if (cfg.net == NET_OFF) {

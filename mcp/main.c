@@ -60,7 +60,8 @@ static void usage(void) {
          "  IGN_MCP_NET           off | allow | open: the most network a session may\n"
          "                        ask for [allow]; no sandbox has a network device, its\n"
          "                        connections go through the server's egress broker\n"
-         "  IGN_MCP_NET_PRIVATE   1: sessions may reach private addresses (10/8, ...) [0]\n"
+         "  IGN_MCP_NET_PRIVATE   1: sessions may reach private networks (10/8, ...);\n"
+         "                        host: also this host (loopback, its addresses) [0]\n"
          "  IGN_MCP_EGRESS_HOSTS  a hosts(5) file the broker consults before DNS [unset]\n"
          "  IGN_MCP_EGRESS_LOG_CAP bytes of each session's egress log [8388608]\n"
          "  IGN_MCP_EGRESS_STREAMS connections a session may have open at once [64]\n"
@@ -188,6 +189,7 @@ int main(int argc, char **argv) {
                   : cfg.net == NET_OFF ? EGRESS_MODE_NONE
                                        : EGRESS_MODE_ALLOW,
       .off = cfg.net == NET_OFF, .allow_private = cfg.net_private,
+      .allow_host = cfg.net_host,
       .hosts_file = cfg.egress_hosts, .log_dir = cfg.log_dir, .log_cap = cfg.egress_log_cap,
       .max_streams = cfg.egress_streams, .max_bytes = (uint64_t)cfg.egress_max_mb << 20,
   };

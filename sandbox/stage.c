@@ -77,7 +77,7 @@ static char *stages_dir(void) { return xasprintf("%s/stages", cfg.store); }
  * reach a stage's files as they reach a base's) are kept. */
 static int ensure_stages_dir(char **ret_err) {
   _cleanup_free_ char *d = stages_dir();
-  int r = fs_mkdir_p(d, 0700);
+  int r = fs_mkdir_p(d, 0755, 0700);
   if (r < 0) {
     *ret_err = xasprintf("cannot make the stage directory %s: %s (IGN_MCP_STORE must be a "
                          "writable directory)",

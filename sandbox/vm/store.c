@@ -270,7 +270,7 @@ static int build_base(const char *accel, const char *fingerprint, char **ret_tmp
   _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
   *ret_fault = BASE_FAULT_STORE;
   fs_remove_tree(tmp);
-  int r = fs_mkdir_p(tmp, 0750);
+  int r = fs_mkdir_p(tmp, 0755, 0750);
   if (r < 0) {
     *ret_err = xasprintf("cannot create %s: %s (set IGN_MCP_STORE to a writable directory)", tmp,
                          strerror(-r));

@@ -168,7 +168,7 @@ static int make_run_dir(char **ret_err) {
   vmb.run_dir = getuid() == 0 ? strdup("/run/ignition-mcp")
                 : xdg_ok      ? xasprintf("%s/ignition-mcp", xdg)
                               : xasprintf("/tmp/ignition-mcp-%u", getuid());
-  int r = fs_mkdir_p(vmb.run_dir, 0711);
+  int r = fs_mkdir_p(vmb.run_dir, 0755, 0711);
   if (r < 0) {
     *ret_err = xasprintf("cannot create %s: %s", vmb.run_dir, strerror(-r));
     return r;
@@ -193,7 +193,7 @@ static int prepare_store(bool make_store, char **ret_err) {
   /* The golden VM writes its RAM file in the store by path. */
   if ((r = vm_check_reachable(cfg.store, "the store (IGN_MCP_STORE)", ret_err)) < 0)
     return r;
-  if (make_store && (r = fs_mkdir_p(cfg.store, 0755)) < 0) {
+  if (make_store && (r = fs_mkdir_p(cfg.store, 0755, 0755)) < 0) {
     *ret_err = xasprintf("cannot create the store %s: %s (set IGN_MCP_STORE)", cfg.store,
                          strerror(-r));
     return r;

@@ -90,7 +90,7 @@ describe('doctor on this host', () => {
   test('the egress line: the policy, and whether a sandbox can capture its traffic (a warning, with a fix, when not)', T, () => {
     const r = doctor();
     const { status, rest } = checkLine(r.stdout, 'egress');
-    assert.match(rest, /^IGN_MCP_NET=allow \(sessions may ask none or allow\), private addresses refused, 64 connections and 1024 MiB each way per session/, rest);
+    assert.match(rest, /^IGN_MCP_NET=allow \(sessions may ask none or allow\), private networks and this host refused, 64 connections and 1024 MiB each way per session/, rest);
     assert.ok(['ok', 'warn'].includes(status), rest);
     if (status === 'ok') assert.match(rest, /capture works/, rest);
     else {
@@ -100,7 +100,7 @@ describe('doctor on this host', () => {
     }
     const off = checkLine(doctor({ IGN_MCP_NET: 'off', IGN_MCP_NET_PRIVATE: '1' }).stdout, 'egress');
     assert.equal(off.status, 'ok');
-    assert.match(off.rest, /^IGN_MCP_NET=off \(sessions have no network\), private addresses allowed \(IGN_MCP_NET_PRIVATE=1\), .*capture not checked/, off.rest);
+    assert.match(off.rest, /^IGN_MCP_NET=off \(sessions have no network\), private networks allowed \(IGN_MCP_NET_PRIVATE=1\), this host refused, .*capture not checked/, off.rest);
     /* The old setting stops doctor as it stops the server. */
     const old = doctor({ IGN_MCP_NET: '1' });
     assert.equal(old.status, 2);

@@ -11,7 +11,7 @@
 // with the host's openssl) and a canary TCP and UDP port on 127.0.0.1, each
 // counting what reaches it.  IGN_MCP_EGRESS_HOSTS makes good.test and friends
 // resolve where the rows need them.  Three servers: P with
-// IGN_MCP_NET_PRIVATE=1 (good.test reaches the local servers), Q without it
+// IGN_MCP_NET_PRIVATE=host (good.test reaches the local servers), Q without it
 // (loopback and private names refused, the rebinding row), O with
 // IGN_MCP_NET=off.
 
@@ -328,7 +328,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     fs.writeFileSync(hostsP, '127.0.0.1 good.test\n127.0.0.1 loop.test\n10.0.0.5 ten.test\n169.254.169.254 meta.test\n0.0.0.0 zero.test\n');
     hostsQ = path.join(dir, 'hosts-q');
     fs.writeFileSync(hostsQ, `127.0.0.1 good.test loop.test\n10.0.0.5 ten.test\n169.254.169.254 meta.test\n${RAW4} rebind.test\n`);
-    P = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_NET_PRIVATE: '1', IGN_MCP_EGRESS_HOSTS: hostsP } });
+    P = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_NET_PRIVATE: 'host', IGN_MCP_EGRESS_HOSTS: hostsP } });
     Q = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_EGRESS_HOSTS: hostsQ } });
     rulesA.push(`good.test:${H}`, `good.test:${S}`, 'meta.test', 'zero.test', 'pypi.org');
     A = await openEgress(P.client, { network: 'allow', allow_hosts: rulesA }, 'session A');
@@ -367,7 +367,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     await recorded(A, r.egress, [{ kind: 'dns', name: 'good.test', type: 'A', allowed: true }], 'getent');
   });
 
-  test('positive: HTTP GET through good.test (IGN_MCP_NET_PRIVATE=1): the body, bytes counted both ways', T, async () => {
+  test('positive: HTTP GET through good.test (IGN_MCP_NET_PRIVATE=host): the body, bytes counted both ways', T, async () => {
     const { http: H } = host.ports;
     const before = host.seen();
     const r = await call(P.client, 'run', { session_id: A.sid, command: `curl -sS --max-time 20 http://good.test:${H}/hello` });
@@ -513,7 +513,7 @@ out(nul=a, long=b)`;
     assert.ok(inv.length >= 2 || (out.long.rcode === 1 && inv.length === 1), `row 8: ${JSON.stringify(out)}; recorded: ${brief(eg)}`);
   });
 
-  test('row 11: a permitted name resolving to 169.254.169.254, even with IGN_MCP_NET_PRIVATE=1', T, async () => {
+  test('row 11: a permitted name resolving to 169.254.169.254, even with IGN_MCP_NET_PRIVATE=host', T, async () => {
     const { out, eg } = await refused('row 11', () => py(A, 'out(dns=dns("meta.test", server="127.0.0.1"), libc=resolve("meta.test"))'));
     assert.equal(out.dns.rcode, 3, `row 11: ${JSON.stringify(out)}`);
     assert.ok(out.libc.result?.startsWith('gai:'), `row 11: getaddrinfo: ${JSON.stringify(out.libc)}`);
@@ -829,7 +829,7 @@ out(body=body, sha=h.hexdigest())`;
     assertAskedIp(c, RAW4, 'row 28');
   });
 
-  test('positive: open mode reaches good.test (IGN_MCP_NET_PRIVATE=1); metadata still refused', T, async () => {
+  test('positive: open mode reaches good.test (IGN_MCP_NET_PRIVATE=host); metadata still refused', T, async () => {
     const { http: H } = host.ports;
     B = await openEgress(P.client, { network: 'open' }, 'session B');
     const before = host.seen();

@@ -223,9 +223,16 @@ describe('host is invisible', () => {
     assert.equal(conns, 1);
     conns = 0;
     assert.notEqual((await run(c, sid, 'command -v nc')).stdout.trim(), '', 'nc missing in the rootfs');
+    // The connect itself completes with the sandbox's own agent (which takes
+    // every TCP connection for the egress broker); the session's network is
+    // "none", so each attempt is reset and recorded, and the host's
+    // listener never sees one.
     for (const a of addrs) {
       const r = await run(c, sid, `echo hi | nc -w 2 ${a} ${port}; echo rc=$?`, { timeout_s: 10 });
-      assert.ok(!r.stdout.includes('rc=0'), `nc to ${a}:${port} succeeded: ${JSON.stringify(r)}`);
+      const refused = (r.egress?.denied ?? []).filter((e) => e.kind === 'connect' && e.port === port && e.ip === a);
+      assert.equal(refused.length, 1, `nc to ${a}:${port} not refused in the record: ${JSON.stringify(r)}`);
+      assert.equal(refused[0].reason, 'network is none', JSON.stringify(refused[0]));
+      assert.equal((r.egress?.allowed ?? []).length, 0, JSON.stringify(r.egress));
     }
     await sleep(200);
     assert.equal(conns, 0, 'the host listener saw a connection from the sandbox');

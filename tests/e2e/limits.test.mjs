@@ -96,7 +96,7 @@ function goodTest(extra = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-limits-egress-'));
   fs.writeFileSync(path.join(dir, 'hosts'), '127.0.0.1 good.test\n');
   return {
-    env: { IGN_MCP_EGRESS_HOSTS: path.join(dir, 'hosts'), IGN_MCP_NET_PRIVATE: 1, ...extra },
+    env: { IGN_MCP_EGRESS_HOSTS: path.join(dir, 'hosts'), IGN_MCP_NET_PRIVATE: 'host', ...extra },
     remove: () => fs.rmSync(dir, { recursive: true, force: true }),
   };
 }

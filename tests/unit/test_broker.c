@@ -2,8 +2,15 @@
  * agent_conn (proto/client.c) over a socketpair whose other end this test
  * speaks as the agent, frame by frame (HELLO answered, then LOOKUP,
  * STREAM_OPEN, STREAM_DATA, ...), a real TCP server on 127.0.0.1 that the
- * broker connects to (IGN_MCP_NET_PRIVATE and a hosts file mapping
- * good.test to 127.0.0.1), and the JSON Lines log on disk. */
+ * broker connects to (IGN_MCP_NET_PRIVATE=host and a hosts file mapping
+ * good.test to 127.0.0.1), and the JSON Lines log on disk.
+ *
+ * Some tests need a network of their own: they run in a child in new user,
+ * network and mount namespaces (in_netns), where they give lo another
+ * address (the host's own, not loopback) or put a resolv.conf naming a DNS
+ * server that never answers over /etc/resolv.conf, as a hostile sandbox's
+ * names would behave; where the namespaces cannot be made they say so and
+ * skip. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,13 +22,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/egress_policy.h"
 #include "common/util.h"
 #include "egress/egress.h"
+#include "egress/egress_int.h" /* EGRESS_RESOLVE_JOBS_MAX */
 #include "proto/client.h"
 #include "proto/proto.h"
 #include "test.h"
@@ -200,9 +213,11 @@ static uint32_t tlv_u32(const struct frame *f, uint16_t tag) {
   return x;
 }
 
-/* A lookup's answer: its RCODE (-1: none came), the first address in A. */
-static int lookup_rcode(struct agent *a, uint32_t id, uint8_t addr[4], size_t *ret_n) {
-  struct frame *f = agent_expect(a, id, PROTO_LOOKUP_END, 5000);
+/* A lookup's answer within MS: its RCODE (-1: none came), the first
+ * address in A. */
+static int lookup_rcode_within(struct agent *a, uint32_t id, uint8_t addr[4], size_t *ret_n,
+                               unsigned ms) {
+  struct frame *f = agent_expect(a, id, PROTO_LOOKUP_END, ms);
   if (!f)
     return -1;
   int rcode = (int)tlv_u32(f, TAG_RCODE);
@@ -224,8 +239,13 @@ static int lookup_rcode(struct agent *a, uint32_t id, uint8_t addr[4], size_t *r
   return rcode;
 }
 
+static int lookup_rcode(struct agent *a, uint32_t id, uint8_t addr[4], size_t *ret_n) {
+  return lookup_rcode_within(a, id, addr, ret_n, 5000);
+}
+
 /* A stream's reset: its errno, MESSAGE into MSG. -1: something else came. */
 static int reset_of(struct agent *a, uint32_t id, char *msg, size_t size) {
+  msg[0] = '\0';
   struct frame *f = agent_expect(a, id, PROTO_STREAM_RESET, 5000);
   if (!f)
     return -1;
@@ -245,6 +265,7 @@ static struct {
   int lfd;
   uint16_t port;
   atomic_int accepts;
+  atomic_long bytes;           /* what reached the server */
   atomic_bool stop;
   pthread_t thread;
 } srv;
@@ -261,17 +282,20 @@ static void *server_main(void *arg) {
       continue;
     atomic_fetch_add(&srv.accepts, 1);
     char buf[4096];
-    for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;)
+    for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;) {
+      atomic_fetch_add(&srv.bytes, n);
       if (write(c, buf, (size_t)n) != n)
         break;
+    }
     close(c);
   }
   return NULL;
 }
 
-static void server_start(void) {
+/* The echo server on ADDR (host order), a port of its own. */
+static void server_start_on(uint32_t addr) {
   srv.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(addr)};
   CHECK_EQ_INT(bind(srv.lfd, (struct sockaddr *)&in, sizeof in), 0);
   CHECK_EQ_INT(listen(srv.lfd, 16), 0);
   socklen_t sl = sizeof in;
@@ -279,7 +303,17 @@ static void server_start(void) {
   srv.port = ntohs(in.sin_port);
   atomic_store(&srv.stop, false);
   atomic_store(&srv.accepts, 0);
+  atomic_store(&srv.bytes, 0);
   pthread_create(&srv.thread, NULL, server_main, NULL);
+}
+
+static void server_start(void) { server_start_on(INADDR_LOOPBACK); }
+
+/* Waits up to MS for the server to have accepted N connections. */
+static bool server_accepted(int n, unsigned ms) {
+  for (unsigned i = 0; i < ms / 10 && atomic_load(&srv.accepts) < n; i++)
+    usleep(10000);
+  return atomic_load(&srv.accepts) >= n;
 }
 
 static void server_stop(void) {
@@ -298,9 +332,13 @@ static void write_hosts(const char *text) {
   fclose(f);
 }
 
-static void init_broker(bool allow_private, unsigned max_streams) {
-  struct egress_settings s = {.max_mode = EGRESS_MODE_OPEN, .allow_private = allow_private,
-                              .hosts_file = hosts_path, .log_dir = tmp, .log_cap = 1u << 20,
+/* IGN_MCP_NET_PRIVATE as the operator sets it. */
+enum private { PRIV_NONE, PRIV_ONE, PRIV_HOST };
+
+static void init_broker(enum private priv, unsigned max_streams) {
+  struct egress_settings s = {.max_mode = EGRESS_MODE_OPEN, .allow_private = priv == PRIV_ONE,
+                              .allow_host = priv == PRIV_HOST, .hosts_file = hosts_path,
+                              .log_dir = tmp, .log_cap = 1u << 20,
                               .max_streams = max_streams, .max_bytes = 1ull << 30};
   char *err = NULL;
   int r = egress_init(&s, &err);
@@ -421,7 +459,7 @@ static void new_refuses_bad_arguments(void) {
 }
 
 static void policy_line_says_the_bounds(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   char *line = egress_policy_line();
   CHECK(strstr(line, "IGN_MCP_NET=open (sessions may ask none, allow or open)"));
   CHECK(strstr(line, "private destinations allowed"));
@@ -431,7 +469,7 @@ static void policy_line_says_the_bounds(void) {
 }
 
 static void dns_answers_by_policy(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   struct agent a;
   struct egress *e = session("allow", "[\"good.test\"]", "dns1", &a);
   uint8_t addr[4] = {0}, again[4] = {0};
@@ -472,7 +510,7 @@ static void dns_answers_by_policy(void) {
 }
 
 static void relay_both_ways_and_count(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   server_start();
   char allow[96];
   snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
@@ -543,7 +581,7 @@ static void relay_both_ways_and_count(void) {
  * granted and credits what it read, as the real one does; the broker
  * relays within both windows and counts every byte. */
 static void relay_within_the_windows(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   server_start();
   char allow[96];
   snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
@@ -621,7 +659,7 @@ static void check_reset(struct agent *a, const uint8_t addr[4], uint16_t port, c
 }
 
 static void refusals_at_open(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   server_start();
   char allow[96];
   snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
@@ -673,7 +711,7 @@ static size_t client_hello(const char *name, uint8_t *out) {
 }
 
 static void peek_mismatch_reaches_nothing(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   server_start();
   char allow[96];
   snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
@@ -716,7 +754,7 @@ static void peek_mismatch_reaches_nothing(void) {
 }
 
 static void private_refused_without_allow_private(void) {
-  init_broker(false, 64);
+  init_broker(PRIV_NONE, 64);
   struct agent a;
   struct egress *e = session("allow", "[\"good.test\", \"ten.test\", \"re.test\"]", "priv1", &a);
   CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
@@ -727,8 +765,8 @@ static void private_refused_without_allow_private(void) {
   CHECK_STREQ(str_of(json_array_get(dns, 1), "reason"), "private address");
   json_decref(rep);
   /* Rebinding: the name was public when the sandbox asked, it is loopback
-   * when it connects; the connect's resolution bypasses the DNS cache (a
-   * name of its own: good.test's answer is in that cache for 30 s). */
+   * when it connects; the connect resolves the name again (the hosts file
+   * is re-read when it changed), never from what the sandbox was told. */
   write_hosts("1.1.1.1 re.test\n");
   uint8_t addr[4];
   if (resolve(&a, "re.test", addr)) {
@@ -754,7 +792,7 @@ static void private_refused_without_allow_private(void) {
 }
 
 static void too_many_connections(void) {
-  init_broker(true, 2);
+  init_broker(PRIV_HOST, 2);
   struct agent a;
   struct egress *e = session("allow", "[\"good.test\"]", "many1", &a);
   uint8_t addr[4];
@@ -778,7 +816,7 @@ static void too_many_connections(void) {
 }
 
 static void mode_none_refuses_everything(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   struct agent a;
   struct egress *e = session("none", NULL, "none1", &a);
   CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
@@ -792,7 +830,7 @@ static void mode_none_refuses_everything(void) {
 }
 
 static void dns_rate_limited(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   struct agent a;
   struct egress *e = session("allow", "[\"good.test\"]", "rate1", &a);
   uint32_t ids[250];
@@ -821,7 +859,7 @@ static void dns_rate_limited(void) {
 }
 
 static void report_since_last_and_log(void) {
-  init_broker(true, 64);
+  init_broker(PRIV_HOST, 64);
   struct agent a;
   struct egress *e = session("allow", "[\"good.test\"]", "rep1", &a);
   resolve(&a, "good.test", (uint8_t[4]){0});
@@ -895,6 +933,434 @@ static void report_since_last_and_log(void) {
   egress_shutdown();
 }
 
+/* ---- in a network of its own -------------------------------------------- */
+
+static bool write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  bool ok = f && fputs(text, f) >= 0;
+  if (f)
+    ok = fclose(f) == 0 && ok;
+  return ok;
+}
+
+/* New user, network and mount namespaces for this (single-threaded) child,
+ * lo up, mounts private.  NULL, or why not. */
+static const char *netns_enter(void) {
+  uid_t uid = getuid();
+  gid_t gid = getgid();
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS) < 0)
+    return "cannot make user, network and mount namespaces (unshare)";
+  char map[64];
+  snprintf(map, sizeof map, "0 %u 1", (unsigned)uid);
+  if (!write_file("/proc/self/setgroups", "deny") || !write_file("/proc/self/uid_map", map))
+    return "cannot map our uid in the user namespace";
+  snprintf(map, sizeof map, "0 %u 1", (unsigned)gid);
+  if (!write_file("/proc/self/gid_map", map))
+    return "cannot map our gid in the user namespace";
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    return "cannot make the mounts private";
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr = {0};
+  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+  bool ok = s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
+  ifr.ifr_flags |= IFF_UP;
+  ok = ok && ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+  if (s >= 0)
+    close(s);
+  return ok ? NULL : "cannot bring lo up in the network namespace";
+}
+
+/* Runs FN in a child in namespaces of its own; its failed checks fail the
+ * test here.  The child ends with _exit: resolver workers it leaves stuck
+ * in getaddrinfo go with it. */
+static void in_netns(const char *name, void (*fn)(void)) {
+  fflush(stdout);
+  fflush(stderr);
+  int before = test_failures_;
+  pid_t pid = fork();
+  if (pid == 0) {
+    const char *why = netns_enter();
+    if (why) {
+      fprintf(stderr, "  # skip %s: %s\n", name, why);
+      _exit(77);
+    }
+    fn();
+    fflush(stderr);
+    _exit(test_failures_ > before ? 1 : 0);
+  }
+  int st = 0;
+  CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+    return;
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  if (!WIFEXITED(st))
+    fprintf(stderr, "  %s: the child ended by signal %d\n", name, WTERMSIG(st));
+}
+
+/* Binds FILE's text over TARGET in this mount namespace. */
+static bool bind_text(const char *file, const char *text, const char *target) {
+  if (!write_file(file, text) || mount(file, target, NULL, MS_BIND, NULL) < 0) {
+    fprintf(stderr, "  cannot put %s over %s: %s\n", file, target, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+/* Gives lo the address IP/32 too: an address of "the host" that is not
+ * loopback. */
+static bool lo_alias(const char *ip) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr = {0};
+  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo:1");
+  struct sockaddr_in *in = (struct sockaddr_in *)&ifr.ifr_addr;
+  in->sin_family = AF_INET;
+  inet_pton(AF_INET, ip, &in->sin_addr);
+  bool ok = s >= 0 && ioctl(s, SIOCSIFADDR, &ifr) == 0;
+  /* /32: on lo a prefix would make every address in it local. */
+  inet_pton(AF_INET, "255.255.255.255", &in->sin_addr);
+  ok = ok && ioctl(s, SIOCSIFNETMASK, &ifr) == 0;
+  if (!ok)
+    fprintf(stderr, "  cannot give lo the address %s: %s\n", ip, strerror(errno));
+  if (s >= 0)
+    close(s);
+  return ok;
+}
+
+/* ---- the resolver under a flood ------------------------------------------ */
+
+/* Session A asks for names whose DNS server never answers (a resolv.conf
+ * naming a UDP socket that reads nothing), as fast as it may; session B's
+ * name pinned by the hosts file, and a name the host's /etc/hosts knows
+ * (which goes through the pool), still resolve and connect at once.  A has
+ * at most EGRESS_RESOLVE_JOBS_MAX resolutions out: the rest are REFUSED
+ * "resolver busy"; a timed-out name is not asked again for a while; jobs A
+ * gave up on before a worker took them leave the queue (A may ask again). */
+static void flood_child(void) {
+  char path[192], etc_hosts[192];
+  snprintf(path, sizeof path, "%s/resolv.conf", tmp);
+  snprintf(etc_hosts, sizeof etc_hosts, "%s/etc_hosts", tmp);
+  int dns_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(53),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (dns_fd < 0 || bind(dns_fd, (struct sockaddr *)&in, sizeof in) < 0) {
+    CHECK(!"cannot bind the silent DNS server to 127.0.0.1:53");
+    return;
+  }
+  if (!bind_text(path, "nameserver 127.0.0.1\noptions timeout:30 attempts:1\n", "/etc/resolv.conf") ||
+      !bind_text(etc_hosts, "127.0.0.1 localhost\n127.0.0.1 fast.test\n", "/etc/hosts")) {
+    CHECK(!"cannot set up the resolver");
+    return;
+  }
+  init_broker(PRIV_HOST, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\", \"fast.test:%u\"]", srv.port, srv.port);
+  struct agent a, b;
+  struct egress *ea = session("allow", "[\"*.slow.test\"]", "floodA", &a);
+  struct egress *eb = session("allow", allow, "floodB", &b);
+  enum { N = EGRESS_RESOLVE_JOBS_MAX + 4 };
+  uint32_t ids[N];
+  char name[64];
+  for (unsigned i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "n%u.slow.test", i);
+    ids[i] = ag_lookup(&a, name, strlen(name), 1);
+  }
+  for (unsigned i = EGRESS_RESOLVE_JOBS_MAX; i < N; i++)
+    CHECK_EQ_INT(lookup_rcode(&a, ids[i], NULL, NULL), RCODE_REFUSED);
+  /* B, meanwhile: the pinned name, then one the pool resolves. */
+  static const char *names[] = {"good.test", "fast.test"};
+  for (size_t k = 0; k < ARRAY_SIZE(names); k++) {
+    uint64_t t0 = mono_ms();
+    uint8_t addr[4];
+    if (!resolve(&b, names[k], addr))
+      continue;
+    uint32_t sid = ag_open(&b, addr, srv.port);
+    struct frame *f = agent_expect(&b, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    ag_simple(&b, PROTO_STREAM_DATA, sid, "ping", 4);
+    f = agent_expect(&b, sid, PROTO_STREAM_DATA, 5000);
+    CHECK(f && f->h.len == 4 && memcmp(f->p, "ping", 4) == 0);
+    free(f);
+    uint64_t took = mono_ms() - t0;
+    CHECK(took < 2000);
+    if (took >= 2000)
+      fprintf(stderr, "  %s took %llu ms to resolve and connect\n", names[k],
+              (unsigned long long)took);
+    ag_simple(&b, PROTO_STREAM_RESET, sid, NULL, 0);
+  }
+  /* A's first ones wait (nothing answered them yet), then time out. */
+  struct frame *early = agent_wait(&a, ids[0], 0);
+  CHECK(early == NULL);
+  free(early);
+  for (unsigned i = 0; i < EGRESS_RESOLVE_JOBS_MAX; i++) /* EGRESS_RESOLVE_MS, and slack */
+    CHECK_EQ_INT(lookup_rcode_within(&a, ids[i], NULL, NULL, 10000), RCODE_SERVFAIL);
+  json_t *rep = egress_report(ea, false);
+  json_t *dns = json_object_get(rep, "dns_queries");
+  unsigned busy = 0, timed_out = 0;
+  for (size_t i = 0; i < json_array_size(dns); i++) {
+    const char *why = str_of(json_array_get(dns, i), "reason");
+    busy += why && strcmp(why, "resolver busy") == 0;
+    timed_out += why && strcmp(why, "resolve timed out") == 0;
+  }
+  CHECK_EQ_INT(busy, N - EGRESS_RESOLVE_JOBS_MAX);
+  CHECK_EQ_INT(timed_out, EGRESS_RESOLVE_JOBS_MAX);
+  json_decref(rep);
+  /* n0 held a worker all that time: asked again, it fails at once. */
+  uint64_t t0 = mono_ms();
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "n0.slow.test", 12, 1), NULL, NULL), RCODE_SERVFAIL);
+  CHECK(mono_ms() - t0 < 1000);
+  /* The jobs no worker had started left with their lookups: A has only
+   * the ones still stuck in a worker out, and may ask that many fewer. */
+  for (unsigned i = 0; i < EGRESS_RESOLVE_JOBS_MAX; i++) {
+    snprintf(name, sizeof name, "m%u.slow.test", i);
+    ids[i] = ag_lookup(&a, name, strlen(name), 1);
+  }
+  usleep(500 * 1000); /* the refusals come at once, the others not for seconds */
+  unsigned refused = 0;
+  for (unsigned i = 0; i < EGRESS_RESOLVE_JOBS_MAX; i++) {
+    struct frame *f = agent_wait(&a, ids[i], 0);
+    refused += f != NULL;
+    free(f);
+  }
+  /* n0 and n1 hold the two general workers A may have: 2 out. */
+  CHECK_EQ_INT(refused, 2);
+  if (refused != 2)
+    fprintf(stderr, "  %u of A's new lookups were refused at once\n", refused);
+  session_end(ea, &a);
+  session_end(eb, &b);
+  server_stop();
+  egress_shutdown();
+}
+
+static void resolver_flood_spares_other_sessions(void) {
+  in_netns("resolver_flood_spares_other_sessions", flood_child);
+}
+
+/* ---- the host's own addresses -------------------------------------------- */
+
+/* lo gets 10.9.8.7 too, and a server listens on every address: that is the
+ * host itself, not a private network, whatever IGN_MCP_NET_PRIVATE=1 lets
+ * through; =host lets it through. */
+static void own_address_child(void) {
+  /* This child's own hosts file (the parent's stays as it is). */
+  snprintf(hosts_path, sizeof hosts_path, "%s/hosts_own", tmp);
+  if (!lo_alias("10.9.8.7") ||
+      !write_file(hosts_path, "127.0.0.1 good.test\n10.9.8.7 own.test\n10.1.2.3 ten.test\n")) {
+    CHECK(!"cannot set up the network");
+    return;
+  }
+  server_start_on(INADDR_ANY);
+  char allow[128];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\", \"own.test:%u\", \"ten.test:%u\"]", srv.port,
+           srv.port, srv.port);
+  init_broker(PRIV_ONE, 64);
+  struct agent a;
+  struct egress *e = session("allow", allow, "own1", &a);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "own.test", 8, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "good.test", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
+  uint8_t addr[4];
+  resolve(&a, "ten.test", addr); /* private, not the host's: allowed */
+  json_t *rep = egress_report(e, false);
+  json_t *dns = json_object_get(rep, "dns_queries");
+  CHECK_STREQ(str_of(json_array_get(dns, 0), "reason"), "the host's own address");
+  CHECK_STREQ(str_of(json_array_get(dns, 1), "reason"), "loopback address");
+  CHECK(json_is_true(json_object_get(json_array_get(dns, 2), "allowed")));
+  json_decref(rep);
+  session_end(e, &a);
+  /* Open mode: the raw address is refused before anything is connected. */
+  e = session("open", NULL, "own2", &a);
+  check_reset(&a, (uint8_t[4]){10, 9, 8, 7}, srv.port, "the host's own address");
+  check_reset(&a, (uint8_t[4]){127, 0, 0, 1}, srv.port, "loopback address");
+  session_end(e, &a);
+  egress_shutdown();
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  /* IGN_MCP_NET_PRIVATE=host: the same name reaches the server. */
+  init_broker(PRIV_HOST, 64);
+  e = session("allow", allow, "own3", &a);
+  if (resolve(&a, "own.test", addr)) {
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, "hi", 2);
+    f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000);
+    CHECK(f && f->h.len == 2);
+    free(f);
+  }
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  session_end(e, &a);
+  egress_shutdown();
+  server_stop();
+}
+
+static void host_own_address_refused(void) {
+  in_netns("host_own_address_refused", own_address_child);
+}
+
+/* ---- the peek on ports a rule names ---------------------------------------- */
+
+/* "good.test:*" names 443 and 80 too: they are web ports still, and a
+ * program that sends nothing is not connected after 500 ms; its
+ * ClientHello or request then names the host or is refused. */
+static void web_ports_always_peeked(void) {
+  init_broker(PRIV_HOST, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test:*\"]", "webport1", &a);
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t s443 = ag_open(&a, addr, 443), s80 = ag_open(&a, addr, 80);
+    for (int i = 0; i < 2; i++) {
+      struct frame *f = agent_expect(&a, i ? s80 : s443, PROTO_STREAM_ACCEPT, 5000);
+      CHECK(f != NULL);
+      free(f);
+    }
+    usleep(1200 * 1000); /* over EGRESS_FIRST_BYTE_MS */
+    for (int i = 0; i < 2; i++) {
+      struct frame *f = agent_wait(&a, i ? s80 : s443, 0);
+      CHECK(f == NULL); /* no connect was tried: nothing came */
+      if (f)
+        fprintf(stderr, "  port %d: %s came\n", i ? 80 : 443, proto_type_name(f->h.type));
+      free(f);
+    }
+    uint8_t hello[128];
+    size_t n = client_hello("evil.com", hello);
+    ag_simple(&a, PROTO_STREAM_DATA, s443, hello, n);
+    static const char req[] = "GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+    ag_simple(&a, PROTO_STREAM_DATA, s80, req, sizeof req - 1);
+    char msg[128];
+    CHECK_EQ_INT(reset_of(&a, s443, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "SNI mismatch");
+    CHECK_EQ_INT(reset_of(&a, s80, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "Host mismatch");
+  }
+  session_end(e, &a);
+  egress_shutdown();
+}
+
+/* Another port a rule names: after 500 ms of silence the broker connects
+ * (the server may speak first), but the program's first bytes are still
+ * looked at before they go up. */
+static void server_first_port_still_checks_the_first_bytes(void) {
+  init_broker(PRIV_HOST, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "sfirst1", &a);
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    CHECK(server_accepted(1, 3000)); /* connected without a byte */
+    static const char req[] = "GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+    ag_simple(&a, PROTO_STREAM_DATA, sid, req, sizeof req - 1);
+    char msg[128];
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "Host mismatch");
+    /* The same with a ClientHello naming another host. */
+    sid = ag_open(&a, addr, srv.port);
+    f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    free(f);
+    CHECK(server_accepted(2, 3000));
+    uint8_t hello[128];
+    size_t n = client_hello("evil.com", hello);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, hello, n);
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "SNI mismatch");
+    usleep(100000);
+    CHECK_EQ_INT(atomic_load(&srv.bytes), 0); /* none of it reached the server */
+    json_t *rep = egress_report(e, false);
+    json_t *ev = last_of(rep, "denied");
+    CHECK_STREQ(str_of(ev, "reason"), "SNI mismatch");
+    CHECK_STREQ(str_of(ev, "sni"), "evil.com");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "bytes_up")), 0);
+    json_decref(rep);
+    /* Bytes that are neither TLS nor HTTP go up. */
+    sid = ag_open(&a, addr, srv.port);
+    f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    free(f);
+    CHECK(server_accepted(3, 3000));
+    static const char ssh[] = "SSH-2.0-test\r\n";
+    ag_simple(&a, PROTO_STREAM_DATA, sid, ssh, sizeof ssh - 1);
+    f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000);
+    CHECK(f && f->h.len == sizeof ssh - 1 && memcmp(f->p, ssh, sizeof ssh - 1) == 0);
+    free(f);
+  }
+  session_end(e, &a);
+  server_stop();
+  egress_shutdown();
+}
+
+/* ---- forks ----------------------------------------------------------------- */
+
+/* A fork's programs keep the addresses the source's DNS gave them: in the
+ * clone they stand for the same names, and new names get new numbers. */
+static void clone_keeps_synthetic_addresses(void) {
+  init_broker(PRIV_HOST, 64);
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\", \"ten.test:%u\"]", srv.port, srv.port);
+  struct agent a, b;
+  struct egress *e = session("allow", allow, "src1", &a);
+  uint8_t ten[4] = {0}, good[4] = {0};
+  resolve(&a, "ten.test", ten);
+  resolve(&a, "good.test", good);
+  struct egress *c = NULL;
+  CHECK_EQ_INT(egress_clone(e, &c), 0);
+  if (c) {
+    egress_set_session(c, "fork1");
+    agent_start(&b);
+    egress_attach(c, b.c);
+    uint32_t sid = ag_open(&b, good, srv.port);
+    struct frame *f = agent_expect(&b, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    ag_simple(&b, PROTO_STREAM_DATA, sid, "fork", 4);
+    f = agent_expect(&b, sid, PROTO_STREAM_DATA, 5000);
+    CHECK(f && f->h.len == 4 && memcmp(f->p, "fork", 4) == 0);
+    free(f);
+    uint8_t again[4] = {0};
+    resolve(&b, "good.test", again);
+    CHECK(memcmp(again, good, 4) == 0);
+    json_t *rep = egress_report(c, false);
+    CHECK_STREQ(str_of(last_of(rep, "allowed"), "host"), "good.test");
+    json_decref(rep);
+    session_end(c, &b);
+  }
+  session_end(e, &a);
+  server_stop();
+  egress_shutdown();
+}
+
+/* ---- the hosts file ---------------------------------------------------------- */
+
+/* A line longer than fgets' buffer once had its tail read as a line of its
+ * own (here: a comment whose tail pins tail.test); a line over the cap is
+ * dropped whole. */
+static void hosts_file_long_lines(void) {
+  static char text[8192];
+  size_t n = 0;
+  n += (size_t)snprintf(text + n, sizeof text - n, "127.0.0.1 good.test\n# ");
+  memset(text + n, 'x', 1021);
+  n += 1021;
+  n += (size_t)snprintf(text + n, sizeof text - n, " 10.0.0.6 tail.test\n10.0.0.7 long.test");
+  memset(text + n, ' ', 5000);
+  n += 5000;
+  snprintf(text + n, sizeof text - n, "\n10.0.0.5 ten.test\n");
+  write_hosts(text);
+  init_broker(PRIV_HOST, 64);
+  char *line = egress_policy_line();
+  CHECK(strstr(line, "(2 names)"));
+  if (!strstr(line, "(2 names)"))
+    fprintf(stderr, "  %s\n", line);
+  free(line);
+  egress_shutdown();
+  write_hosts("# test names\n127.0.0.1 good.test\n10.0.0.5 ten.test\n");
+}
+
 static void setup(void) {
   snprintf(tmp, sizeof tmp, "/tmp/test_broker.XXXXXX");
   if (!mkdtemp(tmp))
@@ -919,6 +1385,9 @@ int main(void) {
       TEST(private_refused_without_allow_private), TEST(too_many_connections),
       TEST(mode_none_refuses_everything), TEST(dns_rate_limited),
       TEST(report_since_last_and_log),
+      TEST(resolver_flood_spares_other_sessions), TEST(host_own_address_refused),
+      TEST(web_ports_always_peeked), TEST(server_first_port_still_checks_the_first_bytes),
+      TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
   };
   int r = test_run_all(cases, ARRAY_SIZE(cases));
   teardown();
