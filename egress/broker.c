@@ -12,6 +12,9 @@
  * connection.
  *
  * Locks, in the order they may be taken:
+ *   egress.stats_lock (egress_report's reading of the refusal counters,
+ *                      held across the agent's answer, bounded by
+ *                      EGRESS_STATS_MS; only egress_report takes it)
  *   egress.att_lock   (egress_attach/detach/free, held across
  *                      agent_conn_set_streams and the broker request; never
  *                      taken by a callback or by the broker thread)
@@ -506,8 +509,17 @@ static void detach_link(struct link *lk) {
 /* e->att_lock is held across the whole of an attach or a detach, so two
  * session threads cannot interleave them; the broker thread and the
  * callbacks never take it. */
+/* The counters' readings on the attached connection are over (it may go
+ * once it is detached); under att_lock. */
+static void stats_wait_locked(struct egress *e) {
+  while (e->stats_calls)
+    pthread_cond_wait(&e->stats_done, &e->att_lock);
+}
+
 void egress_attach(struct egress *e, struct agent_conn *c) {
   pthread_mutex_lock(&e->att_lock);
+  stats_wait_locked(e);
+  e->att_gen++;
   if (e->link) {
     detach_link(e->link);
     e->link = NULL;
@@ -540,6 +552,7 @@ void egress_attach(struct egress *e, struct agent_conn *c) {
 
 void egress_detach(struct egress *e) {
   pthread_mutex_lock(&e->att_lock);
+  stats_wait_locked(e);
   if (e->link)
     detach_link(e->link);
   e->link = NULL;

@@ -134,6 +134,8 @@ static struct egress *egress_alloc(enum egress_mode mode) {
     return NULL;
   e->mode = mode;
   pthread_mutex_init(&e->att_lock, NULL);
+  pthread_mutex_init(&e->stats_lock, NULL);
+  pthread_cond_init(&e->stats_done, NULL);
   pthread_mutex_init(&e->synth_lock, NULL);
   e->rec = record_new();
   e->quota = resolve_quota_new();
@@ -207,6 +209,8 @@ void egress_free(struct egress *e) {
   names_free(e);
   pthread_mutex_destroy(&e->synth_lock);
   pthread_mutex_destroy(&e->att_lock);
+  pthread_mutex_destroy(&e->stats_lock);
+  pthread_cond_destroy(&e->stats_done);
   free(e->session_id);
   free(e);
 }
@@ -236,7 +240,34 @@ json_t *egress_summary(const struct egress *e, const char *capture_error) {
   return o;
 }
 
+/* The capture's refusal counters, from the attached connection's agent when
+ * it answers within EGRESS_STATS_MS (a failure leaves the record as it
+ * is): no broker lock is held while it is asked. */
+static void read_refused_packets(struct egress *e) {
+  pthread_mutex_lock(&e->stats_lock);
+  pthread_mutex_lock(&e->att_lock);
+  struct agent_conn *c = e->link ? e->link->c : NULL;
+  uint64_t gen = e->att_gen;
+  if (c)
+    e->stats_calls++;
+  pthread_mutex_unlock(&e->att_lock);
+  if (c) {
+    uint64_t counts[3];
+    char *err = NULL;
+    int r = agent_egress_stats(c, EGRESS_STATS_MS, counts, &err);
+    free(err);
+    pthread_mutex_lock(&e->att_lock);
+    if (--e->stats_calls == 0)
+      pthread_cond_broadcast(&e->stats_done);
+    pthread_mutex_unlock(&e->att_lock);
+    if (r == 0)
+      record_refused_packets(e->rec, gen, counts);
+  }
+  pthread_mutex_unlock(&e->stats_lock);
+}
+
 json_t *egress_report(struct egress *e, bool since_last) {
+  read_refused_packets(e);
   json_t *o = json_object();
   json_object_set_new(o, "mode", json_string(egress_mode_name(e->mode)));
   json_object_set_new(o, "allowed_rules", rules_json(e));

@@ -88,6 +88,10 @@ json_t *egress_summary(const struct egress *e, const char *capture_error);
  * only the events since the previous egress_report(e, true) (run,
  * sandbox_run); else every event of the session (network_log).  Each list
  * holds at most EGRESS_REPORT_MAX entries (the latest); truncated says one
- * was cut.  A connection still open shows its bytes so far. */
+ * was cut.  A connection still open shows its bytes so far.  It first asks
+ * the attached connection's agent for the capture's refusal counters
+ * (EGRESS_STATS, waiting up to a second; a failure is ignored): what grew
+ * since the previous reading becomes a refused_packets event, in denied[]
+ * and the log. */
 #define EGRESS_REPORT_MAX 64u
 json_t *egress_report(struct egress *e, bool since_last);

@@ -33,6 +33,7 @@
 #define EGRESS_DNS_TTL 60u            /* of a synthetic answer: it never changes in a session */
 #define EGRESS_ADDRS_MAX 16u          /* addresses of one name kept from a resolution */
 #define EGRESS_REASON_MAX 96u
+#define EGRESS_STATS_MS 1000u         /* the agent's answer to EGRESS_STATS */
 
 /* The settings in force (egress_init's copy; defaults before it). */
 extern struct egress_settings egress_cfg;
@@ -135,6 +136,12 @@ void record_connect_update(struct record *r, const struct rec_conn *c);
 void record_connect_end(struct record *r, struct rec_conn *c);
 void record_dns(struct record *r, const char *name, uint16_t qtype, bool allowed,
                 const char *reason);
+/* A reading of the capture's refusal counters (UDP, ICMP, other) from the
+ * agent of attachment GEN: what grew since the previous reading of the
+ * same attachment (from 0 for a new one) becomes a refused_packets event.
+ * A count lower than before (a vm's root flushed the rules) is a new
+ * baseline, not a negative increase. */
+void record_refused_packets(struct record *r, uint64_t gen, const uint64_t counts[3]);
 /* A query refused by the rate limit: counted; the first of each second is
  * recorded as an event too (a flood does not push everything else out). */
 void record_dns_rate(struct record *r, const char *name, uint16_t qtype);
@@ -157,6 +164,16 @@ struct egress {
   struct resolve_quota *quota;
   pthread_mutex_t att_lock;    /* egress_attach/detach/free */
   struct link *link;           /* under att_lock */
+  /* The refusal counters (egress_report asks the attached connection):
+   * stats_lock keeps the readings in order (held across the agent's
+   * answer: no other lock is); under att_lock, the calls on the link's
+   * connection in flight, which attach and detach wait out (stats_done)
+   * before the connection may go, and the attachment's number (a new
+   * agent's counters start from 0). */
+  pthread_mutex_t stats_lock;
+  pthread_cond_t stats_done;
+  unsigned stats_calls;
+  uint64_t att_gen;
   /* The broker thread's; it changes them under synth_lock, which
    * egress_clone takes to copy them from another thread. */
   pthread_mutex_t synth_lock;

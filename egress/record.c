@@ -33,12 +33,14 @@
 #define QUEUE_MAX (4u << 20)       /* bytes of lines queued for every log together */
 #define FLUSH_WAIT_MS 2000u
 
-enum ev_type { REC_CONNECT, REC_DNS };
+enum ev_type { REC_CONNECT, REC_DNS, REC_PACKETS };
 
 struct rec_ev {
   enum ev_type type;
-  struct rec_conn c;           /* CONNECT; DNS uses ts_ms, host (the name), allowed, reason */
+  struct rec_conn c;           /* CONNECT; DNS uses ts_ms, host (the name), allowed, reason;
+                                * PACKETS ts_ms */
   uint16_t qtype;
+  uint64_t packets[3];         /* PACKETS: the increases of UDP, ICMP, other */
 };
 
 /* A session's log file, shared by its record and the lines queued for it. */
@@ -66,6 +68,8 @@ struct record {
   uint64_t mark;               /* the last event of the previous since_last report */
   uint64_t rate_refused;       /* lookups refused by the rate limit */
   uint64_t rate_second;        /* the second of the last one recorded as an event */
+  /* The last reading of the refusal counters, and of which attachment. */
+  uint64_t pk_last[3], pk_gen;
   struct jlog *log;
 };
 
@@ -316,6 +320,16 @@ const char *record_qtype_name(uint16_t qtype, char buf[16]) {
 static json_t *event_json(const struct rec_ev *e, uint64_t now_ms) {
   const struct rec_conn *c = &e->c;
   json_t *o = json_object();
+  if (e->type == REC_PACKETS) {
+    json_object_set_new(o, "kind", json_string("refused_packets"));
+    json_object_set_new(o, "ts_ms", json_integer((json_int_t)c->ts_ms));
+    static const char *const keys[3] = {"udp", "icmp", "other"};
+    for (int i = 0; i < 3; i++)
+      json_object_set_new(o, keys[i], json_integer((json_int_t)(e->packets[i] > INT64_MAX
+                                                                    ? INT64_MAX
+                                                                    : e->packets[i])));
+    return o;
+  }
   if (e->type == REC_DNS) {
     char b[16];
     json_object_set_new(o, "kind", json_string("dns"));
@@ -437,6 +451,34 @@ void record_dns_rate(struct record *r, const char *name, uint16_t qtype) {
   }
 }
 
+void record_refused_packets(struct record *r, uint64_t gen, const uint64_t counts[3]) {
+  struct rec_ev ev = {.type = REC_PACKETS};
+  bool grew = false;
+  pthread_mutex_lock(&r->lock);
+  if (r->pk_gen != gen) {
+    memset(r->pk_last, 0, sizeof r->pk_last);
+    r->pk_gen = gen;
+  }
+  for (int i = 0; i < 3; i++) {
+    ev.packets[i] = counts[i] >= r->pk_last[i] ? counts[i] - r->pk_last[i] : 0;
+    grew |= ev.packets[i] > 0;
+    r->pk_last[i] = counts[i];
+  }
+  struct jlog *l = r->log;
+  if (grew) {
+    ev.c.ts_ms = now_ns(CLOCK_REALTIME) / 1000000u;
+    struct rec_ev *slot = ring_next_locked(r);
+    if (slot)
+      *slot = ev;
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (grew) {
+    json_t *o = event_json(&ev, 0);
+    log_event(l, o);
+    json_decref(o);
+  }
+}
+
 void record_report(struct record *r, bool since_last, json_t *out) {
   json_t *lists[3] = {json_array(), json_array(), json_array()}; /* allowed, denied, dns */
   size_t counts[3] = {0, 0, 0};
@@ -449,7 +491,8 @@ void record_report(struct record *r, bool since_last, json_t *out) {
     truncated = true; /* some fell out of the ring */
   for (uint64_t k = r->seq; k > from && k > oldest_kept; k--) {
     const struct rec_ev *e = &r->ring[(k - 1) % RING_MAX];
-    int which = e->type == REC_DNS ? 2 : e->c.allowed ? 0 : 1;
+    /* Refused packets go with the refused connections. */
+    int which = e->type == REC_DNS ? 2 : e->type == REC_CONNECT && e->c.allowed ? 0 : 1;
     if (counts[which] >= EGRESS_REPORT_MAX) {
       truncated = true;
       continue;

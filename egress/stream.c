@@ -620,6 +620,10 @@ void stream_open(struct link *lk, uint32_t sid, const struct agent_stream_open *
   lk->streams = s;
   const char *why = stage1(e, s, o);
   if (why) {
+    /* Refused before any resolution: the record names the address the
+     * program asked for, whatever refused it (a stand-in address too). */
+    if (!*s->rec.ip)
+      inet_ntop(o->family, o->addr, s->rec.ip, sizeof s->rec.ip);
     refuse(s, why);
     return;
   }

@@ -56,7 +56,15 @@ struct agent {
   bool eof;
   uint32_t next_id;
   struct agent_conn *c;
+  /* EGRESS_STATS: answered OK{stats} (ERROR when stats_error, not at all
+   * when stats_silent), under lock; how many came. */
+  uint64_t stats[3];
+  bool stats_error, stats_silent;
+  unsigned stats_asked;
 };
+
+static void agent_send(struct agent *a, struct proto_buf *b);
+static void stats_answer(struct agent *a, uint32_t id);
 
 static void *agent_main(void *arg) {
   struct agent *a = arg;
@@ -74,6 +82,10 @@ static void *agent_main(void *arg) {
         pthread_mutex_unlock(&a->wlock);
       }
       proto_buf_free(&b);
+      continue;
+    }
+    if (h.type == PROTO_EGRESS_STATS) {
+      stats_answer(a, h.id);
       continue;
     }
     struct frame *f = malloc(sizeof *f + h.len);
@@ -169,6 +181,29 @@ static void agent_send(struct agent *a, struct proto_buf *b) {
     pthread_mutex_unlock(&a->wlock);
   }
   proto_buf_free(b);
+}
+
+/* EGRESS_STATS as the fake agent answers it: OK with a->stats, ERROR when
+ * a->stats_error, nothing when a->stats_silent; every request counted. */
+static void stats_answer(struct agent *a, uint32_t id) {
+  pthread_mutex_lock(&a->lock);
+  a->stats_asked++;
+  bool silent = a->stats_silent, error = a->stats_error;
+  uint64_t v[3] = {a->stats[0], a->stats[1], a->stats[2]};
+  pthread_mutex_unlock(&a->lock);
+  if (silent)
+    return;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, error ? PROTO_ERROR : PROTO_OK, id);
+  if (error) {
+    proto_put_u32(&b, TAG_ERRNO, ENOENT);
+    proto_put_str(&b, TAG_MESSAGE, "the sandbox has no capture of its traffic");
+  } else {
+    proto_put_u64(&b, TAG_UDP, v[0]);
+    proto_put_u64(&b, TAG_ICMP, v[1]);
+    proto_put_u64(&b, TAG_OTHER, v[2]);
+  }
+  agent_send(a, &b);
 }
 
 static uint32_t ag_lookup(struct agent *a, const void *name, size_t len, uint16_t qtype) {
@@ -1361,6 +1396,172 @@ static void hosts_file_long_lines(void) {
   write_hosts("# test names\n127.0.0.1 good.test\n10.0.0.5 ten.test\n");
 }
 
+static void set_stats(struct agent *a, uint64_t udp, uint64_t icmp, uint64_t other) {
+  pthread_mutex_lock(&a->lock);
+  a->stats[0] = udp, a->stats[1] = icmp, a->stats[2] = other;
+  pthread_mutex_unlock(&a->lock);
+}
+
+/* The refused_packets events of report list denied[] (the latest in *LAST). */
+static size_t packet_events(json_t *rep, json_t **last) {
+  json_t *denied = json_object_get(rep, "denied");
+  size_t n = 0;
+  *last = NULL;
+  for (size_t i = 0; i < json_array_size(denied); i++) {
+    json_t *ev = json_array_get(denied, i);
+    if (str_of(ev, "kind") && strcmp(str_of(ev, "kind"), "refused_packets") == 0) {
+      n++;
+      *last = ev;
+    }
+  }
+  return n;
+}
+
+static bool packets_are(json_t *ev, json_int_t udp, json_int_t icmp, json_int_t other) {
+  bool ok = ev && json_integer_value(json_object_get(ev, "udp")) == udp &&
+            json_integer_value(json_object_get(ev, "icmp")) == icmp &&
+            json_integer_value(json_object_get(ev, "other")) == other &&
+            json_integer_value(json_object_get(ev, "ts_ms")) > 1700000000000;
+  if (!ok) {
+    char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+    fprintf(stderr, "  expected udp %lld icmp %lld other %lld, got %s\n", (long long)udp,
+            (long long)icmp, (long long)other, text ? text : "no event");
+    free(text);
+  }
+  return ok;
+}
+
+static void refused_packets_recorded(void) {
+  init_broker(PRIV_HOST, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\"]", "pk1", &a);
+  json_t *ev;
+  /* Nothing refused yet: no event. */
+  json_t *rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 0);
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), 0);
+  json_decref(rep);
+  CHECK_EQ_INT(a.stats_asked, 1);
+  /* Counts grew: one event with what grew, in denied[] and the log. */
+  set_stats(&a, 3, 1, 0);
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 1);
+  CHECK(packets_are(ev, 3, 1, 0));
+  CHECK_EQ_INT(json_integer_value(json_object_get(rep, "total_events")), 1);
+  json_decref(rep);
+  /* The same counts: nothing new. */
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 0);
+  json_decref(rep);
+  /* UDP lower (the rules were flushed and made again): a new baseline, not
+   * a negative increase; OTHER grew. */
+  set_stats(&a, 1, 1, 2);
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 1);
+  CHECK(packets_are(ev, 0, 0, 2));
+  json_decref(rep);
+  set_stats(&a, 4, 1, 2);
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 1);
+  CHECK(packets_are(ev, 3, 0, 0));
+  json_decref(rep);
+  /* An agent that refuses, or does not answer: no event, the report comes
+   * all the same (within about a second). */
+  pthread_mutex_lock(&a.lock);
+  a.stats_error = true;
+  a.stats[0] = 100;
+  pthread_mutex_unlock(&a.lock);
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 0);
+  json_decref(rep);
+  pthread_mutex_lock(&a.lock);
+  a.stats_error = false;
+  a.stats_silent = true;
+  pthread_mutex_unlock(&a.lock);
+  uint64_t t0 = mono_ms();
+  rep = egress_report(e, false);
+  uint64_t took = mono_ms() - t0;
+  CHECK(took >= 900 && took < 3000);
+  /* The whole session: the three events so far. */
+  CHECK_EQ_INT(packet_events(rep, &ev), 3);
+  json_decref(rep);
+  /* A new connection (a reset): its agent's counts start from 0. */
+  struct agent b;
+  agent_start(&b);
+  set_stats(&b, 2, 0, 0);
+  egress_attach(e, b.c);
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 1);
+  CHECK(packets_are(ev, 2, 0, 0));
+  json_decref(rep);
+  CHECK_EQ_INT(b.stats_asked, 1);
+  session_end(e, &a); /* flushes the log */
+  agent_stop(&b);
+  /* The log has the four events, as the lists showed them. */
+  char path[192];
+  snprintf(path, sizeof path, "%s/pk1.egress.jsonl", tmp);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char line[1024];
+  unsigned n = 0;
+  json_int_t udp = 0, other = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    json_t *o = json_loads(line, 0, NULL);
+    if (o && str_of(o, "kind") && strcmp(str_of(o, "kind"), "refused_packets") == 0) {
+      n++;
+      udp += json_integer_value(json_object_get(o, "udp"));
+      other += json_integer_value(json_object_get(o, "other"));
+    }
+    json_decref(o);
+  }
+  if (f)
+    fclose(f);
+  CHECK_EQ_INT(n, 4);
+  CHECK_EQ_INT(udp, 3 + 3 + 2);
+  CHECK_EQ_INT(other, 2);
+  egress_shutdown();
+}
+
+/* Refused before any resolution, for any reason: ip is the address the
+ * program asked for. */
+static void early_refusals_name_the_address(void) {
+  init_broker(PRIV_HOST, 64);
+  struct agent a;
+  struct egress *e = session("allow", "[\"good.test\"]", "ip1", &a);
+  check_reset(&a, (uint8_t[4]){198, 19, 255, 254}, 443, "unknown address");
+  json_t *rep = egress_report(e, true);
+  json_t *ev = last_of(rep, "denied");
+  CHECK_STREQ(str_of(ev, "ip"), "198.19.255.254");
+  CHECK(json_is_null(json_object_get(ev, "host")));
+  json_decref(rep);
+  session_end(e, &a);
+  e = session("none", NULL, "ip2", &a);
+  check_reset(&a, (uint8_t[4]){93, 184, 216, 34}, 443, "network is none");
+  check_reset(&a, (uint8_t[4]){198, 18, 0, 1}, 80, "network is none");
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(json_array_size(json_object_get(rep, "denied")), 2);
+  CHECK_STREQ(str_of(json_array_get(json_object_get(rep, "denied"), 0), "ip"), "93.184.216.34");
+  CHECK_STREQ(str_of(json_array_get(json_object_get(rep, "denied"), 1), "ip"), "198.18.0.1");
+  json_decref(rep);
+  session_end(e, &a);
+  egress_shutdown();
+  /* IGN_MCP_NET=off */
+  struct egress_settings s = {.max_mode = EGRESS_MODE_NONE, .off = true, .hosts_file = hosts_path,
+                              .log_dir = tmp, .log_cap = 1u << 20, .max_streams = 64,
+                              .max_bytes = 1ull << 30};
+  char *err = NULL;
+  CHECK_EQ_INT(egress_init(&s, &err), 0);
+  free(err);
+  e = session("none", NULL, "ip3", &a);
+  check_reset(&a, (uint8_t[4]){10, 1, 2, 3}, 22, "egress is off");
+  rep = egress_report(e, true);
+  CHECK_STREQ(str_of(last_of(rep, "denied"), "ip"), "10.1.2.3");
+  CHECK_STREQ(str_of(last_of(rep, "denied"), "reason"), "egress is off");
+  json_decref(rep);
+  session_end(e, &a);
+  egress_shutdown();
+}
+
 static void setup(void) {
   snprintf(tmp, sizeof tmp, "/tmp/test_broker.XXXXXX");
   if (!mkdtemp(tmp))
@@ -1388,6 +1589,7 @@ int main(void) {
       TEST(resolver_flood_spares_other_sessions), TEST(host_own_address_refused),
       TEST(web_ports_always_peeked), TEST(server_first_port_still_checks_the_first_bytes),
       TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
+      TEST(refused_packets_recorded), TEST(early_refusals_name_the_address),
   };
   int r = test_run_all(cases, ARRAY_SIZE(cases));
   teardown();
