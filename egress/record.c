@@ -323,6 +323,8 @@ static json_t *event_json(const struct rec_ev *e, uint64_t now_ms) {
   if (e->type == REC_PACKETS) {
     json_object_set_new(o, "kind", json_string("refused_packets"));
     json_object_set_new(o, "ts_ms", json_integer((json_int_t)c->ts_ms));
+    /* In denied[], where every entry says allowed: false. */
+    json_object_set_new(o, "allowed", json_false());
     static const char *const keys[3] = {"udp", "icmp", "other"};
     for (int i = 0; i < 3; i++)
       json_object_set_new(o, keys[i], json_integer((json_int_t)(e->packets[i] > INT64_MAX

@@ -1421,6 +1421,7 @@ static bool packets_are(json_t *ev, json_int_t udp, json_int_t icmp, json_int_t 
   bool ok = ev && json_integer_value(json_object_get(ev, "udp")) == udp &&
             json_integer_value(json_object_get(ev, "icmp")) == icmp &&
             json_integer_value(json_object_get(ev, "other")) == other &&
+            json_is_false(json_object_get(ev, "allowed")) &&
             json_integer_value(json_object_get(ev, "ts_ms")) > 1700000000000;
   if (!ok) {
     char *text = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
