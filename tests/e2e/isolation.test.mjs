@@ -223,11 +223,15 @@ describe('host is invisible', () => {
     assert.equal(conns, 1);
     conns = 0;
     assert.notEqual((await run(c, sid, 'command -v nc')).stdout.trim(), '', 'nc missing in the rootfs');
-    // The connect itself completes with the sandbox's own agent (which takes
-    // every TCP connection for the egress broker); the session's network is
-    // "none", so each attempt is reset and recorded, and the host's
-    // listener never sees one.
-    for (const a of addrs) {
+    // 127.0.0.1 is the sandbox's own loopback: nothing listens there. To
+    // any other address the connect itself completes with the sandbox's own
+    // agent (which takes every TCP connection for the egress broker); the
+    // session's network is "none", so each attempt is reset and recorded,
+    // and the host's listener never sees one.
+    const local = await run(c, sid, `echo hi | nc -w 2 127.0.0.1 ${port}; echo rc=$?`, { timeout_s: 10 });
+    assert.match(local.stderr, /Connection refused/, JSON.stringify(local));
+    assert.equal(local.egress.total_events, 0, JSON.stringify(local.egress));
+    for (const a of addrs.filter((x) => x !== '127.0.0.1')) {
       const r = await run(c, sid, `echo hi | nc -w 2 ${a} ${port}; echo rc=$?`, { timeout_s: 10 });
       const refused = (r.egress?.denied ?? []).filter((e) => e.kind === 'connect' && e.port === port && e.ip === a);
       assert.equal(refused.length, 1, `nc to ${a}:${port} not refused in the record: ${JSON.stringify(r)}`);
