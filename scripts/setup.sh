@@ -45,6 +45,8 @@ packages=(
 	ripgrep socat
 	# the multi-host test: servers behind a front proxy routing on Mcp-Param-Session-Id
 	haproxy
+	# the egress test's HTTPS server makes its certificate with it
+	openssl
 )
 
 start=$(date +%s)
