@@ -400,7 +400,7 @@ static struct egress *session(const char *mode, const char *allow, const char *s
     return NULL;
   egress_set_session(e, sid);
   agent_start(a);
-  egress_attach(e, a->c);
+  egress_attach(e, a->c, NULL, NULL);
   return e;
 }
 
@@ -1348,7 +1348,7 @@ static void clone_keeps_synthetic_addresses(void) {
   if (c) {
     egress_set_session(c, "fork1");
     agent_start(&b);
-    egress_attach(c, b.c);
+    egress_attach(c, b.c, NULL, NULL);
     uint32_t sid = ag_open(&b, good, srv.port);
     struct frame *f = agent_expect(&b, sid, PROTO_STREAM_ACCEPT, 5000);
     CHECK(f != NULL);
@@ -1490,7 +1490,7 @@ static void refused_packets_recorded(void) {
   struct agent b;
   agent_start(&b);
   set_stats(&b, 2, 0, 0);
-  egress_attach(e, b.c);
+  egress_attach(e, b.c, NULL, NULL);
   rep = egress_report(e, true);
   CHECK_EQ_INT(packet_events(rep, &ev), 1);
   CHECK(packets_are(ev, 2, 0, 0));
