@@ -10,7 +10,8 @@ CFLAGS   += -std=gnu17 $(WARN) -D_GNU_SOURCE -DIGN_VERSION='"$(VERSION)"' -I.
 SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c sandbox/vm/*.c common/*.c egress/*.c) proto/proto.c $(wildcard proto/client*.c)
-AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c common/tarstream.c common/tarstream_unpack.c
+AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c common/tarstream.c common/tarstream_unpack.c \
+               common/nft_counters.c
 HEADERS     := $(wildcard */*.h */*/*.h)
 SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive -lmicrohttpd -lnettle
 # The agent is static: libarchive with every library it can pull in.

@@ -516,7 +516,8 @@ static void stats_wait_locked(struct egress *e) {
     pthread_cond_wait(&e->stats_done, &e->att_lock);
 }
 
-void egress_attach(struct egress *e, struct agent_conn *c) {
+void egress_attach(struct egress *e, struct agent_conn *c, egress_counters_fn counters,
+                   void *counters_ctx) {
   pthread_mutex_lock(&e->att_lock);
   stats_wait_locked(e);
   e->att_gen++;
@@ -533,6 +534,8 @@ void egress_attach(struct egress *e, struct agent_conn *c) {
   }
   lk->e = e;
   lk->c = c;
+  lk->counters = counters;
+  lk->counters_ctx = counters_ctx;
   lk->handler = (struct agent_stream_handler){
       .open = cb_open, .data = cb_data, .credit = cb_credit, .shut = cb_shut,
       .reset = cb_reset, .lookup = cb_lookup, .writable = cb_writable, .closed = cb_closed,

@@ -240,13 +240,17 @@ json_t *egress_summary(const struct egress *e, const char *capture_error) {
   return o;
 }
 
-/* The capture's refusal counters, from the attached connection's agent when
- * it answers within EGRESS_STATS_MS (a failure leaves the record as it
- * is): no broker lock is held while it is asked. */
+/* The capture's refusal counters of the attached sandbox, read by its
+ * backend (ns) or asked of its agent, when they come within
+ * EGRESS_STATS_MS (a failure leaves the record as it is): no broker lock
+ * is held meanwhile.  The attachment is not detached (and its sandbox not
+ * destroyed) until the reading is over (stats_calls). */
 static void read_refused_packets(struct egress *e) {
   pthread_mutex_lock(&e->stats_lock);
   pthread_mutex_lock(&e->att_lock);
   struct agent_conn *c = e->link ? e->link->c : NULL;
+  egress_counters_fn counters = e->link ? e->link->counters : NULL;
+  void *ctx = e->link ? e->link->counters_ctx : NULL;
   uint64_t gen = e->att_gen;
   if (c)
     e->stats_calls++;
@@ -254,7 +258,8 @@ static void read_refused_packets(struct egress *e) {
   if (c) {
     uint64_t counts[3];
     char *err = NULL;
-    int r = agent_egress_stats(c, EGRESS_STATS_MS, counts, &err);
+    int r = counters ? counters(ctx, counts, &err)
+                     : agent_egress_stats(c, EGRESS_STATS_MS, counts, &err);
     free(err);
     pthread_mutex_lock(&e->att_lock);
     if (--e->stats_calls == 0)

@@ -69,10 +69,18 @@ int egress_new(const char *tool, const json_t *network, const json_t *allow_host
 int egress_clone(const struct egress *e, struct egress **ret);
 /* The session id: names the log file.  Once, before egress_attach. */
 void egress_set_session(struct egress *e, const char *session_id);
+/* Reads the capture's refusal counters of an attached sandbox (UDP, ICMP,
+ * other) for a backend that reads them itself (sandbox_ops.egress_counters:
+ * ns); 0, or a negative errno with *ret_err. */
+typedef int (*egress_counters_fn)(void *ctx, uint64_t ret[3], char **ret_err);
 /* The connection to E's sandbox (once it answered HELLO): its streams come
  * to the broker.  A reset detaches the old connection and attaches the new
- * one; the policy and the record go on.  Not with a broker lock held. */
-void egress_attach(struct egress *e, struct agent_conn *c);
+ * one; the policy and the record go on.  COUNTERS(COUNTERS_CTX) reads the
+ * refusal counters for egress_report, until the connection is detached;
+ * NULL: egress_report asks the agent on C (EGRESS_STATS).  Not with a
+ * broker lock held. */
+void egress_attach(struct egress *e, struct agent_conn *c, egress_counters_fn counters,
+                   void *counters_ctx);
 /* Ends the streams of the attached connection (each recorded) and takes the
  * handler away; a no-op when none is attached. */
 void egress_detach(struct egress *e);
@@ -88,9 +96,10 @@ json_t *egress_summary(const struct egress *e, const char *capture_error);
  * only the events since the previous egress_report(e, true) (run,
  * sandbox_run); else every event of the session (network_log).  Each list
  * holds at most EGRESS_REPORT_MAX entries (the latest); truncated says one
- * was cut.  A connection still open shows its bytes so far.  It first asks
- * the attached connection's agent for the capture's refusal counters
- * (EGRESS_STATS, waiting up to a second; a failure is ignored): what grew
+ * was cut.  A connection still open shows its bytes so far.  It first reads
+ * the attached sandbox's capture's refusal counters (the attachment's
+ * counters callback, or the agent by EGRESS_STATS; waiting up to a second,
+ * a failure is ignored): what grew
  * since the previous reading becomes a refused_packets event, in denied[]
  * and the log. */
 #define EGRESS_REPORT_MAX 64u

@@ -190,6 +190,8 @@ struct egress {
 struct link {
   struct egress *e;
   struct agent_conn *c;
+  egress_counters_fn counters; /* NULL: ask the agent on c */
+  void *counters_ctx;
   struct agent_stream_handler handler; /* ctx: this link */
   struct link *next;           /* the broker's list */
   /* Under the inbox lock (broker.c): what the callbacks handed over. */

@@ -239,28 +239,23 @@ static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, s
   agent_send(a);
 }
 
-/* EGRESS_STATS: the capture's refusal counters, from the reader (ns) or
- * read here (a vm's agent and --serve-fd keep their capabilities). */
+/* EGRESS_STATS: the capture's refusal counters, read here (a vm's agent
+ * and --serve-fd keep their capabilities).  An ns agent has none left: the
+ * server reads them itself on AGENT_NS_COUNTERS_FD and never asks. */
 static void agent_handle_egress_stats(struct agent *a, uint32_t id) {
   if (a->egress_error[0]) {
     agent_send_error(a, id, ENOENT, "the sandbox has no capture of its traffic: %s",
                      a->egress_error);
     return;
   }
+  if (a->mode == AGENT_MODE_NS) {
+    agent_send_error(a, id, EPERM, "an ns sandbox's agent cannot read the refusal counters "
+                                   "(it has no capabilities): the server reads them itself");
+    return;
+  }
   uint64_t v[EGRESS_REFUSED_N];
   char err[200];
-  int r;
-  if (a->refused_fd > 0) {
-    r = egress_refused_reader_ask(a->refused_fd, v, err, sizeof err);
-    if (r == -ETIMEDOUT || r == -EPIPE) {
-      /* Not again: a stopped reader would stall the agent each time. */
-      agent_log("egress: %s; refused packets are not counted any more", err);
-      close(a->refused_fd);
-      a->refused_fd = 0;
-    }
-  } else {
-    r = egress_refused_read(v, err, sizeof err);
-  }
+  int r = egress_refused_read(v, err, sizeof err);
   if (r < 0) {
     agent_send_error(a, id, -r, "%s", err);
     return;
@@ -570,13 +565,11 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, struct 
   machine_name_files();
   agent_capture_egress(a);
   if (!a->egress_error[0]) {
-    /* Before the drop: it keeps the one capability the counters need. */
+    /* Before the drop: the socket the server reads the counters on (see
+     * AGENT_NS_COUNTERS_FD); the agent itself never uses it. */
     char err[160];
-    int fd = egress_refused_reader_start(err, sizeof err);
-    if (fd < 0)
+    if (egress_counters_keep_socket(err, sizeof err) < 0)
       agent_log("egress: %s; refused packets will not be counted", err);
-    else
-      a->refused_fd = fd;
   }
   r = confine_drop_privileges();
   if (r < 0)

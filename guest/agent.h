@@ -27,6 +27,7 @@
 
 #include <sys/socket.h>
 
+#include "common/nft_counters.h"
 #include "guest/dns.h"
 #include "proto/proto.h"
 
@@ -219,9 +220,6 @@ struct agent {
    * failed: it then has no route out at all), "" when it is; HELLO_OK
    * carries it as TAG_EGRESS_ERROR. */
   char egress_error[256];
-  /* ns: the socket of the counters' reader (egress_refused_reader_start);
-   * 0 when there is none (fd 0 is always something else). */
-  int refused_fd;
 };
 
 /* agent.c */
@@ -366,24 +364,29 @@ __attribute__((noreturn)) void vm_fatal(void);
 #define EGRESS_DNS_PORT 15353
 int egress_capture_setup(char *err, size_t err_size);
 /* The packets the capture's refusal rules counted since it was set up
- * (EGRESS_STATS): UDP other than DNS, ICMP and ICMPv6, the rest. */
-enum egress_refused_kind { EGRESS_REFUSED_UDP, EGRESS_REFUSED_ICMP, EGRESS_REFUSED_OTHER,
-                           EGRESS_REFUSED_N };
-/* Reads them by a dump of table inet ign_egress (NFT_MSG_GETRULE), which
- * needs CAP_NET_ADMIN over the network namespace.  0, or a negative errno
- * with ERR saying what failed (-ENOENT: the rules are gone). */
+ * (EGRESS_STATS), by enum egress_refused_kind (common/nft_counters.h): UDP
+ * other than DNS, ICMP and ICMPv6, the rest.  Reads them by a dump of table
+ * inet ign_egress (NFT_MSG_GETRULE) on a socket of its own, which needs
+ * CAP_NET_ADMIN over the network namespace: a vm's agent and --serve-fd.
+ * 0, or a negative errno with ERR saying what failed (-ENOENT: the rules
+ * are gone). */
 int egress_refused_read(uint64_t ret[EGRESS_REFUSED_N], char *err, size_t err_size);
 /* An ns sandbox's agent gives up every capability (confine.c), and the
- * kernel answers nf_tables requests, dumps too, only to CAP_NET_ADMIN.  So
- * before the drop it forks a reader that keeps that one capability and
- * nothing else, reads no input but a one-byte request, and answers with
- * the counts.  Returns the agent's end of its socket (>= 3), or a negative
- * errno with ERR saying what failed. */
-int egress_refused_reader_start(char *err, size_t err_size);
-/* Ask the reader on FD.  0, or a negative errno with ERR: -ETIMEDOUT or
- * -EPIPE mean the reader is gone (or stopped: a sandbox's process may
- * signal it): close FD, do not ask again. */
-int egress_refused_reader_ask(int fd, uint64_t ret[EGRESS_REFUSED_N], char *err, size_t err_size);
+ * kernel answers nf_tables requests, dumps too, only when both the socket's
+ * opener and its sender hold CAP_NET_ADMIN over the network namespace
+ * (netlink_net_capable).  So before the drop the agent opens a
+ * NETLINK_NETFILTER socket (close-on-exec) and keeps it on this fd without
+ * ever using it; the server takes a copy with pidfd_getfd once the sandbox
+ * is ready and dumps the counters on it itself (sandbox/ns.c): it opened
+ * as the capable agent, and the server sends as root, or as the user who
+ * owns the sandbox's user namespace.  Left open in the agent it is
+ * harmless: after the drop the agent lacks the capability, so the kernel
+ * refuses what it would send; no command inherits it, and the agent is not
+ * dumpable, so no process of the sandbox can take it. */
+#define AGENT_NS_COUNTERS_FD 7
+/* Opens that socket on AGENT_NS_COUNTERS_FD (which must be free).  0, or a
+ * negative errno with ERR saying what failed. */
+int egress_counters_keep_socket(char *err, size_t err_size);
 
 /* confine.c */
 /* Drop every capability for good, set no_new_privs, install the seccomp

@@ -38,16 +38,17 @@
  * route at all, only lo, and nothing of its traffic leaves (fail closed).
  *
  * The comments (NFTA_RULE_USERDATA, in nft's own format, so `nft list`
- * shows them) name the refusal rules whose counters egress_refused_read()
- * sums for the host (EGRESS_STATS): a dump finds them by comment, not by
- * position, so rules a vm's root adds in between change nothing.
+ * shows them) name the refusal rules whose counters a dump sums for the
+ * host (common/nft_counters.c: egress_refused_read() here for EGRESS_STATS,
+ * the server itself for an ns sandbox): a dump finds them by comment, not
+ * by position, so rules a vm's root adds in between change nothing.
  *
  * The expressions are those `nft --debug=netlink` shows for the ruleset
  * above: "127.0.0.0/8" is a one-byte compare of the address's first byte,
  * and "meta l4proto { tcp, udp }" is two rules, so no set is needed.  Every
  * nf_tables integer attribute is big-endian; NFT_REG_1 is the one register. */
-#include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdalign.h>
@@ -55,14 +56,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
-
-#include <linux/capability.h>
-#include <linux/securebits.h>
 
 #include <linux/netfilter.h>
 #include <linux/netfilter/nf_nat.h>
@@ -71,15 +67,14 @@
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 
+#include "common/nft_counters.h"
 #include "common/util.h"
 #include "guest/agent.h"
 
-#define EGRESS_TABLE "ign_egress"
+#define EGRESS_TABLE NFT_EGRESS_TABLE
 #define EGRESS_NL_BUF 8192u      /* the batch is ~3.4 KB */
 #define EGRESS_NL_MAX_MSGS 20u   /* messages per send: 17 in the batch */
-#define EGRESS_NL_DUMP_BUF 32768u /* one recv of a dump: the kernel fills <= 32 KiB */
-#define EGRESS_NL_MAX_DUMP_MSGS 4096u /* rules a dump may list before we give up */
-#define EGRESS_NL_TIMEOUT_S 5    /* for an ack: the kernel answers at once */
+#define EGRESS_NL_TIMEOUT_S 5    /* for an ack or a dump: the kernel answers at once */
 
 /* ---- messages --------------------------------------------------------- */
 
@@ -304,23 +299,6 @@ static const struct egress_rule {
      1 + EGRESS_REFUSED_OTHER},
 };
 
-/* The comment of a refusal rule of KIND, as nft stores one: a udata TLV
- * {u8 type NFTNL_UDATA_RULE_COMMENT (0), u8 length, the string and its
- * NUL}.  Its size, or 0 for an unknown kind. */
-#define REFUSED_UDATA_MAX 16u
-static size_t refused_udata(int kind, uint8_t out[REFUSED_UDATA_MAX]) {
-  static const char *const names[EGRESS_REFUSED_N] = {
-      [EGRESS_REFUSED_UDP] = "ign:udp", [EGRESS_REFUSED_ICMP] = "ign:icmp",
-      [EGRESS_REFUSED_OTHER] = "ign:other"};
-  if (kind < 0 || kind >= EGRESS_REFUSED_N)
-    return 0;
-  size_t n = strlen(names[kind]) + 1;
-  out[0] = 0;
-  out[1] = (uint8_t)n;
-  memcpy(out + 2, names[kind], n);
-  return 2 + n;
-}
-
 static void add_rule(struct nl_msgs *m, const struct egress_rule *r) {
   size_t msg = nft_msg(m, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, r->text);
   attr_str(m, NFTA_RULE_TABLE, EGRESS_TABLE);
@@ -362,8 +340,8 @@ static void add_rule(struct nl_msgs *m, const struct egress_rule *r) {
   }
   nest_end(m, exprs);
   if (r->refused) {
-    uint8_t ud[REFUSED_UDATA_MAX];
-    attr(m, NFTA_RULE_USERDATA, ud, refused_udata(r->refused - 1, ud));
+    uint8_t ud[NFT_REFUSED_UDATA_MAX];
+    attr(m, NFTA_RULE_USERDATA, ud, nft_refused_udata(r->refused - 1, ud));
   }
   nl_end(m, msg);
 }
@@ -534,268 +512,36 @@ int egress_capture_setup(char *err, size_t err_size) {
 
 /* ---- the refusal counters ----------------------------------------------- */
 
-/* The next attribute of [*P, *P + *LEFT), or NULL at the end or at one that
- * runs past it (the kernel's own data, but checked all the same). */
-static const struct nlattr *nla_next(const uint8_t **p, size_t *left) {
-  if (*left < NLA_HDRLEN)
-    return NULL;
-  const struct nlattr *a = (const struct nlattr *)*p;
-  if (a->nla_len < NLA_HDRLEN || a->nla_len > *left)
-    return NULL;
-  size_t step = (size_t)NLA_ALIGN(a->nla_len);
-  if (step > *left)
-    step = *left;
-  *p += step;
-  *left -= step;
-  return a;
-}
-
-#define NLA_BODY(a) ((const uint8_t *)(a) + NLA_HDRLEN)
-#define NLA_BODY_LEN(a) ((size_t)(a)->nla_len - NLA_HDRLEN)
-#define NLA_TYPE(a) ((a)->nla_type & NLA_TYPE_MASK)
-
-static bool nla_is_str(const struct nlattr *a, const char *s) {
-  size_t n = strlen(s) + 1;
-  return NLA_BODY_LEN(a) == n && memcmp(NLA_BODY(a), s, n) == 0;
-}
-
-/* The packet count of the first counter in NFTA_RULE_EXPRESSIONS EXPRS;
- * false when it has none. */
-static bool rule_counter(const struct nlattr *exprs, uint64_t *ret) {
-  const uint8_t *p = NLA_BODY(exprs);
-  size_t left = NLA_BODY_LEN(exprs);
-  for (const struct nlattr *elem; (elem = nla_next(&p, &left));) {
-    if (NLA_TYPE(elem) != NFTA_LIST_ELEM)
-      continue;
-    const uint8_t *q = NLA_BODY(elem);
-    size_t qleft = NLA_BODY_LEN(elem);
-    bool counter = false;
-    const struct nlattr *data = NULL;
-    for (const struct nlattr *a; (a = nla_next(&q, &qleft));) {
-      if (NLA_TYPE(a) == NFTA_EXPR_NAME)
-        counter = nla_is_str(a, "counter");
-      else if (NLA_TYPE(a) == NFTA_EXPR_DATA)
-        data = a;
-    }
-    if (!counter || !data)
-      continue;
-    const uint8_t *d = NLA_BODY(data);
-    size_t dleft = NLA_BODY_LEN(data);
-    for (const struct nlattr *a; (a = nla_next(&d, &dleft));) {
-      if (NLA_TYPE(a) == NFTA_COUNTER_PACKETS && NLA_BODY_LEN(a) == 8) {
-        uint64_t be;
-        memcpy(&be, NLA_BODY(a), 8);
-        *ret = be64toh(be);
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
-/* One rule of the dump: when it is a refusal rule of ours (table, chain and
- * comment), its count is added to RET and its kind marked in *FOUND. */
-static void refused_rule(const struct nlmsghdr *h, uint64_t ret[EGRESS_REFUSED_N],
-                         unsigned *found) {
-  if (h->nlmsg_len < NLMSG_LENGTH(sizeof(struct nfgenmsg)))
-    return;
-  const uint8_t *p = (const uint8_t *)NLMSG_DATA(h) + NLMSG_ALIGN(sizeof(struct nfgenmsg));
-  size_t left = h->nlmsg_len - NLMSG_LENGTH(NLMSG_ALIGN(sizeof(struct nfgenmsg)));
-  bool table = false, chain = false;
-  int kind = -1;
-  const struct nlattr *exprs = NULL;
-  for (const struct nlattr *a; (a = nla_next(&p, &left));) {
-    switch (NLA_TYPE(a)) {
-    case NFTA_RULE_TABLE:
-      table = nla_is_str(a, EGRESS_TABLE);
-      break;
-    case NFTA_RULE_CHAIN:
-      chain = nla_is_str(a, "filter_out");
-      break;
-    case NFTA_RULE_EXPRESSIONS:
-      exprs = a;
-      break;
-    case NFTA_RULE_USERDATA:
-      for (int k = 0; k < EGRESS_REFUSED_N; k++) {
-        uint8_t ud[REFUSED_UDATA_MAX];
-        size_t n = refused_udata(k, ud);
-        if (NLA_BODY_LEN(a) == n && memcmp(NLA_BODY(a), ud, n) == 0)
-          kind = k;
-      }
-      break;
-    }
-  }
-  uint64_t packets;
-  if (table && chain && kind >= 0 && exprs && rule_counter(exprs, &packets)) {
-    ret[kind] += packets;
-    *found |= 1u << kind;
-  }
-}
-
 int egress_refused_read(uint64_t ret[EGRESS_REFUSED_N], char *err, size_t err_size) {
-  struct nl_msgs m = {0};
-  size_t msg = nft_msg(&m, NFT_MSG_GETRULE, NLM_F_DUMP, NULL);
-  /* The kernel lists only this table's and chain's rules. */
-  attr_str(&m, NFTA_RULE_TABLE, EGRESS_TABLE);
-  attr_str(&m, NFTA_RULE_CHAIN, "filter_out");
-  nl_end(&m, msg);
-  int r = 0;
   _cleanup_close_ int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER);
-  struct timeval tv = {.tv_sec = EGRESS_NL_TIMEOUT_S};
-  struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-  if (m.full)
-    r = -E2BIG;
-  else if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
-           sendto(fd, m.buf, m.len, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0)
-    r = -errno;
-  uint64_t sum[EGRESS_REFUSED_N] = {0};
-  unsigned found = 0, msgs = 0;
-  bool done = false;
-  static alignas(struct nlmsghdr) uint8_t buf[EGRESS_NL_DUMP_BUF];
-  while (r == 0 && !done) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n < 0) {
-      r = errno == EAGAIN ? -ETIMEDOUT : -errno;
-      break;
-    }
-    if (n == 0) {
-      r = -EPROTO;
-      break;
-    }
-    for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, (size_t)n) && !done && !r;
-         h = NLMSG_NEXT(h, n)) {
-      if (h->nlmsg_type == NLMSG_DONE) {
-        done = true;
-      } else if (h->nlmsg_type == NLMSG_ERROR) {
-        const struct nlmsgerr *e = NLMSG_DATA(h);
-        r = h->nlmsg_len < NLMSG_LENGTH(sizeof *e) ? -EPROTO : e->error < 0 ? e->error : -EPROTO;
-      } else if (++msgs > EGRESS_NL_MAX_DUMP_MSGS) {
-        r = -E2BIG;
-      } else if (h->nlmsg_type == (NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWRULE)) {
-        refused_rule(h, sum, &found);
-      }
-    }
-  }
-  if (r == 0 && found != (1u << EGRESS_REFUSED_N) - 1)
-    r = -ENOENT;
-  if (r < 0) {
+  if (fd < 0) {
+    int e = errno;
     snprintf(err, err_size, "cannot read the counters of table inet " EGRESS_TABLE ": %s",
-             r == -ENOENT ? "its refusal rules are gone (or there is no capture)"
-             : r == -EPERM ? "not permitted (no CAP_NET_ADMIN)"
-                          : strerror(-r));
-    return r;
-  }
-  memcpy(ret, sum, sizeof sum);
-  return 0;
-}
-
-/* ---- the counters' reader (ns) ------------------------------------------ */
-
-#define REFUSED_READER_TIMEOUT_MS 300 /* the kernel answers a dump at once */
-
-/* The answer on the reader's socket. */
-struct refused_answer {
-  int32_t err; /* 0 or a negative errno */
-  uint64_t counts[EGRESS_REFUSED_N];
-};
-
-/* In the reader: every capability but CAP_NET_ADMIN gone for good, as
- * confine.c drops them all (execve would grant none: NOROOT locked, the
- * bounding set empty; the reader never calls it anyway), not dumpable (no
- * process of the sandbox can ptrace it or open its /proc files), and
- * no_new_privs. */
-static int reader_confine(void) {
-  if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED |
-                                   SECBIT_NO_CAP_AMBIENT_RAISE |
-                                   SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED) < 0)
-    return -errno;
-  for (unsigned long cap = 0; cap < 64; cap++)
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
-      return -errno;
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
-    return -errno;
-  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {0};
-  data[CAP_TO_INDEX(CAP_NET_ADMIN)].effective = CAP_TO_MASK(CAP_NET_ADMIN);
-  data[CAP_TO_INDEX(CAP_NET_ADMIN)].permitted = CAP_TO_MASK(CAP_NET_ADMIN);
-  if (syscall(SYS_capset, &hdr, data) < 0)
-    return -errno;
-  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-    return -errno;
-  return 0;
-}
-
-/* The reader's loop on FD: a byte in, an answer out, until EOF. */
-__attribute__((noreturn)) static void reader_main(int fd) {
-  prctl(PR_SET_NAME, "ign-counters", 0, 0, 0);
-  /* Nothing of the agent's: its channel, listeners and pipes. */
-  if (fd != 3 && (dup2(fd, 3) < 0))
-    _exit(1);
-  close_range(4, ~0u, 0);
-  int r = reader_confine();
-  for (;;) {
-    char c;
-    ssize_t n = recv(3, &c, 1, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      _exit(0);
-    struct refused_answer ans = {.err = r};
-    char err[160];
-    if (r == 0)
-      ans.err = egress_refused_read(ans.counts, err, sizeof err);
-    if (send(3, &ans, sizeof ans, MSG_NOSIGNAL) < 0)
-      _exit(0);
-  }
-}
-
-int egress_refused_reader_start(char *err, size_t err_size) {
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
-    int e = errno;
-    snprintf(err, err_size, "cannot make the counters' reader's socket: %s", strerror(e));
+             strerror(e));
     return -e;
   }
-  pid_t pid = fork();
-  if (pid < 0) {
-    int e = errno;
-    close(sv[0]);
-    close(sv[1]);
-    snprintf(err, err_size, "cannot start the counters' reader: %s", strerror(e));
-    return -e;
-  }
-  if (pid == 0) {
-    close(sv[0]);
-    reader_main(sv[1]);
-  }
-  close(sv[1]);
-  struct timeval tv = {.tv_usec = REFUSED_READER_TIMEOUT_MS * 1000};
-  setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(sv[0], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  return sv[0];
+  return nft_refused_dump(fd, EGRESS_NL_TIMEOUT_S * 1000u, ret, err, err_size);
 }
 
-int egress_refused_reader_ask(int fd, uint64_t ret[EGRESS_REFUSED_N], char *err,
-                              size_t err_size) {
-  struct refused_answer ans;
-  ssize_t n = send(fd, "?", 1, MSG_NOSIGNAL);
-  if (n == 1)
-    n = recv(fd, &ans, sizeof ans, 0);
-  if (n != sizeof ans) {
-    int e = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? ETIMEDOUT
-            : n < 0 ? errno : EPIPE;
-    snprintf(err, err_size, "the counters' reader %s",
-             e == ETIMEDOUT ? "did not answer (stopped?)" : "is gone");
-    return -(e == ETIMEDOUT ? ETIMEDOUT : EPIPE);
+int egress_counters_keep_socket(char *err, size_t err_size) {
+  /* Where it goes must be free: dup3 would close what is there. */
+  if (fcntl(AGENT_NS_COUNTERS_FD, F_GETFD) >= 0 || errno != EBADF) {
+    snprintf(err, err_size, "cannot keep the counters' socket on fd %d: it is in use",
+             AGENT_NS_COUNTERS_FD);
+    return -EBUSY;
   }
-  if (ans.err < 0) {
-    if (ans.err == -ENOENT)
-      snprintf(err, err_size, "cannot read the counters of table inet " EGRESS_TABLE
-                              ": its refusal rules are gone (or there is no capture)");
-    else
-      snprintf(err, err_size, "the counters' reader cannot read them: %s", strerror(-ans.err));
-    return ans.err == -ETIMEDOUT || ans.err == -EPIPE ? -EIO : ans.err;
+  int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER);
+  int e = errno;
+  if (fd >= 0 && fd != AGENT_NS_COUNTERS_FD) {
+    int r = dup3(fd, AGENT_NS_COUNTERS_FD, O_CLOEXEC);
+    e = errno;
+    close(fd);
+    fd = r;
   }
-  memcpy(ret, ans.counts, sizeof ans.counts);
+  if (fd < 0) {
+    snprintf(err, err_size, "cannot keep a netfilter netlink socket on fd %d: %s",
+             AGENT_NS_COUNTERS_FD, strerror(e));
+    return -e;
+  }
   return 0;
 }

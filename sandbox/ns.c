@@ -91,6 +91,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <linux/netlink.h>
+
+#include "common/nft_counters.h"
 #include "common/util.h"
 #include "mcp/config.h"
 #include "mcp/log.h"
@@ -106,6 +109,11 @@
 /* The agent's setup tmpfs (upper/, scratch/), open for its whole life:
  * AGENT_NS_STATE_FD of guest/agent.h. */
 #define NS_STATE_FD 6
+/* The agent's netfilter netlink socket, opened before it dropped its
+ * capabilities, on which the server reads the refusal counters:
+ * AGENT_NS_COUNTERS_FD of guest/agent.h. */
+#define NS_COUNTERS_FD 7
+#define NS_COUNTERS_TIMEOUT_MS 1000u /* the kernel answers a dump at once */
 /* How long a commit waits for the sandbox's processes to stop. */
 #define NS_FREEZE_TIMEOUT_MS 2000u
 
@@ -126,6 +134,13 @@ struct ns_sandbox {
   const struct stage *stage; /* the stage it started from (held by the session), or NULL */
   int stage_layer_fd;       /* its layer/ (O_PATH), whatever is moved or renamed since, or -1 */
   char session_id[80];      /* for messages */
+  /* The server's copy of the agent's counters socket (ns_ready), or -1 and
+   * why not (a negative errno, a message); counters_lock keeps one dump at
+   * a time on it. */
+  pthread_mutex_t counters_lock;
+  int counters_fd;
+  int counters_errno;
+  char counters_why[160];
 };
 
 struct clone_args_ns {
@@ -500,8 +515,11 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   sb->base.isolation = "namespace";
   sb->err_fd = -1;
   sb->stage_layer_fd = -1;
+  sb->counters_fd = -1;
+  sb->counters_errno = -ENOENT;
   sandbox_proc_init(&sb->proc);
   pthread_mutex_init(&sb->err_lock, NULL);
+  pthread_mutex_init(&sb->counters_lock, NULL);
   sb->uid_lock_fds[0] = sb->uid_lock_fds[1] = -1;
 
   bool root = ns_as_root();
@@ -663,6 +681,7 @@ fail_child:
 fail:
   sandbox_proc_fini(&sb->proc);
   pthread_mutex_destroy(&sb->err_lock);
+  pthread_mutex_destroy(&sb->counters_lock);
   ns_close_pair(sv);
   ns_close_pair(errp);
   ns_close_pair(syncp);
@@ -673,8 +692,73 @@ fail:
   return r;
 }
 
+/* ---- the refusal counters ----
+ *
+ * The agent drops every capability before any program runs, and the kernel
+ * answers nf_tables requests only when the socket's opener and its sender
+ * both hold CAP_NET_ADMIN over the socket's network namespace
+ * (netlink_net_capable).  So the agent opens a NETLINK_NETFILTER socket
+ * before its drop and keeps it on NS_COUNTERS_FD, and once it answered
+ * HELLO the server takes a copy with pidfd_getfd and sends the dumps
+ * itself: the opener was the capable agent, and the sender is root, or the
+ * user who owns the sandbox's user namespace and so holds every capability
+ * in it.  pidfd_getfd needs ptrace access to the agent, as the commits'
+ * /proc/<pid>/fd/6 does (see "stages" below).  No process of ours inside
+ * the sandbox keeps a capability for it. */
+
+/* Takes the copy.  0, or a negative errno with sb->counters_why. */
+static int ns_take_counters_fd(struct ns_sandbox *sb, struct agent_conn *conn) {
+  const char *no_capture = agent_conn_egress_error(conn);
+  if (no_capture) {
+    snprintf(sb->counters_why, sizeof sb->counters_why,
+             "the sandbox has no capture of its traffic: %s", no_capture);
+    return -ENOENT;
+  }
+  pthread_mutex_lock(&sb->proc.lock);
+  int pidfd = sb->proc.reaped ? -1 : sb->proc.pidfd;
+  int fd = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, NS_COUNTERS_FD, 0);
+  /* No pidfd: the agent is gone, or pidfd_open failed (before Linux 5.3). */
+  int e = pidfd >= 0 ? errno : sb->proc.reaped ? ESRCH : ENOSYS;
+  pthread_mutex_unlock(&sb->proc.lock);
+  if (fd < 0) {
+    snprintf(sb->counters_why, sizeof sb->counters_why,
+             "cannot take the agent's netfilter socket (fd %d) with pidfd_getfd: %s%s",
+             NS_COUNTERS_FD, strerror(e),
+             e == EPERM ? " (the server needs ptrace access to its sandboxes' agents)" : "");
+    return -e;
+  }
+  /* What the agent left there must be what it says: a netfilter netlink
+   * socket, not anything a sandbox could have put in its place. */
+  int domain = 0, protocol = -1;
+  socklen_t len = sizeof domain;
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 || domain != AF_NETLINK ||
+      (len = sizeof protocol, getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len)) < 0 ||
+      protocol != NETLINK_NETFILTER) {
+    close(fd);
+    snprintf(sb->counters_why, sizeof sb->counters_why,
+             "the agent's fd %d is not a netfilter netlink socket", NS_COUNTERS_FD);
+    return -EPROTO;
+  }
+  sb->counters_fd = fd; /* close-on-exec: pidfd_getfd sets it */
+  return 0;
+}
+
+static int ns_egress_counters(struct sandbox *base, uint64_t ret[3], char **ret_err) {
+  struct ns_sandbox *sb = (struct ns_sandbox *)base;
+  pthread_mutex_lock(&sb->counters_lock);
+  int r = sb->counters_errno;
+  char err[200];
+  if (sb->counters_fd >= 0)
+    r = nft_refused_dump(sb->counters_fd, NS_COUNTERS_TIMEOUT_MS, ret, err, sizeof err);
+  else
+    snprintf(err, sizeof err, "%s", sb->counters_why);
+  pthread_mutex_unlock(&sb->counters_lock);
+  if (r < 0)
+    *ret_err = xasprintf("session %s: %s", sb->session_id, err);
+  return r;
+}
+
 static int ns_ready(struct sandbox *base, struct agent_conn *conn, char **ret_err) {
-  (void)conn;
   (void)ret_err;
   struct ns_sandbox *sb = (struct ns_sandbox *)base;
   /* The agent's stderr matters only while it starts up. */
@@ -684,6 +768,14 @@ static int ns_ready(struct sandbox *base, struct agent_conn *conn, char **ret_er
     sb->err_fd = -1;
   }
   pthread_mutex_unlock(&sb->err_lock);
+  /* Without the counters the sandbox works as well: its record has no
+   * refused_packets events, and the log says why. */
+  pthread_mutex_lock(&sb->counters_lock);
+  sb->counters_errno = ns_take_counters_fd(sb, conn);
+  if (sb->counters_errno < 0 && sb->counters_errno != -ENOENT)
+    log_warn("session %s: refused packets will not be counted: %s", sb->session_id,
+             sb->counters_why);
+  pthread_mutex_unlock(&sb->counters_lock);
   return 0;
 }
 
@@ -700,6 +792,9 @@ static void ns_destroy(struct sandbox *base) {
   pthread_mutex_destroy(&sb->err_lock);
   if (sb->stage_layer_fd >= 0)
     close(sb->stage_layer_fd);
+  if (sb->counters_fd >= 0)
+    close(sb->counters_fd);
+  pthread_mutex_destroy(&sb->counters_lock);
   /* Reaped: nothing runs under the uid block any more. */
   ns_close_pair(sb->uid_lock_fds);
   json_decref(sb->base.info);
@@ -1032,4 +1127,5 @@ const struct sandbox_ops sandbox_ns_ops = {
     .death_reason = ns_death_reason,
     .inputs_id = ns_inputs_id,
     .snapshot = ns_snapshot,
+    .egress_counters = ns_egress_counters,
 };

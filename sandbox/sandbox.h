@@ -78,6 +78,14 @@ struct sandbox_ops {
    * by the caller). */
   int (*snapshot)(struct sandbox *sb, const char *dir, struct sandbox_snapshot *ret,
                   char **ret_err);
+  /* Optional: the capture's refusal counters (UDP, ICMP, other; enum
+   * egress_refused_kind of common/nft_counters.h) read by the backend
+   * itself, for a sandbox whose agent cannot (ns: it has no capabilities;
+   * the server dumps them on the netfilter socket the agent opened before
+   * its drop, guest/agent.h AGENT_NS_COUNTERS_FD).  NULL (vm): the broker
+   * asks the agent (agent_egress_stats).  Any thread, between ready and
+   * destroy; waits a second at most.  0, or a negative errno with *ret_err. */
+  int (*egress_counters)(struct sandbox *sb, uint64_t ret[3], char **ret_err);
 };
 
 /* The fields common to all backends; a backend embeds this first. */

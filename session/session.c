@@ -121,6 +121,14 @@ static void handle_free(struct handle *h) {
   free(h);
 }
 
+/* egress_counters_fn for a backend that reads the refusal counters
+ * itself: the egress attachment ends (handle_retire, or the next attach)
+ * before the handle and so the sandbox are freed. */
+static int sandbox_egress_counters(void *ctx, uint64_t ret[3], char **ret_err) {
+  struct sandbox *sb = ctx;
+  return sb->ops->egress_counters(sb, ret, ret_err);
+}
+
 /* Stops a handle's sandbox now; calls waiting on it fail with -EPIPE.  Its
  * open connections out are ended (and recorded) first. */
 static void handle_retire(struct handle *h, const char *why) {
@@ -314,7 +322,8 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
     h->stage = stage;
   }
   if (egress) {
-    egress_attach(egress, conn);
+    bool own = sb->ops->egress_counters != NULL;
+    egress_attach(egress, conn, own ? sandbox_egress_counters : NULL, own ? sb : NULL);
     h->egress = egress;
   }
   *ret = h;

@@ -447,9 +447,8 @@ describe('kernel resources shared with the host (ns)', () => {
     // Every process the session may have does the same and keeps them open.
     const before = hostFiles();
     const k = uniqueSleepSecs();
-    // The agent, its counters' reader (ns), this shell and its sleep take
-    // four of the session's pids.
-    const holders = PIDS - 4;
+    // The agent, this shell and its sleep take three of the session's pids.
+    const holders = PIDS - 3;
     const many = await run(s.client, sid, `n=0; while [ $n -lt ${holders} ]; do (${fill}; exec sleep ${k}) 2>/dev/null & n=$((n+1)); done; sleep 3; echo started`, { timeout_s: 60 });
     assert.equal(many.stdout, 'started\n', JSON.stringify(many).slice(0, 400));
     const during = hostFiles();

@@ -29,6 +29,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/nft_counters.h"
+#include "guest/agent.h"
 #include "guest/confine.h"
 #include "tests/unit/agent_client.h"
 #include "tests/unit/test.h"
@@ -153,31 +155,73 @@ static void test_ns_sees_only_the_rootfs(void) {
 }
 
 /* Live processes in the sandbox, counted by the shell alone (no forks while
- * counting), until there are N (a string literal).  Processes just killed
- * may take a moment to die and be reaped, hence the retries. */
-#define COUNT_PROCS(n)                                                           \
+ * counting): the agent and that shell when nothing else runs.  Processes
+ * just killed may take a moment to die and be reaped, hence the retries. */
+#define COUNT_PROCS                                                              \
   "for i in 1 2 3 4 5 6 7 8 9 10; do n=0;"                                       \
   " for p in /proc/[0-9]*; do read -r st <$p/stat 2>/dev/null || continue;"      \
   " case \"$st\" in *') Z '*) ;; *) n=$((n+1)) ;; esac; done;"                   \
-  " [ $n = " n " ] && break; sleep 0.1; done; echo $n"
+  " [ $n = 2 ] && break; sleep 0.1; done; echo $n"
 
 static void test_ns_own_processes(void) {
   START(s);
-  /* The agent is PID 1; its counters' reader (egress_refused_reader_start),
-   * the shell and its children are all there is. */
-  expect_sh(&s, COUNT_PROCS("3"), "3\n");
-  expect_sh(&s, "cat /proc/2/comm", "ign-counters\n");
+  /* The agent is PID 1; the shell and its children are all there is. */
+  expect_sh(&s, COUNT_PROCS, "2\n");
   expect_sh(&s, "tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f2", "--ns\n");
   /* ... without the host's paths. */
   expect_sh(&s, "tr '\\0' ' ' </proc/1/cmdline | grep -q rootfs || echo hidden", "hidden\n");
   /* Not dumpable: the channel and the agent's memory are out of reach. */
   expect_sh(&s, "echo x 2>/dev/null >/proc/1/fd/3 || echo denied", "denied\n");
   expect_sh(&s, "cat /proc/1/environ >/dev/null 2>&1 || echo denied", "denied\n");
-  /* kill -9 -1 kills every process but PID 1 (the reader too: refused
-   * packets are then no longer counted, and EGRESS_STATS says so). */
+  /* kill -9 -1 kills every process but PID 1. */
   expect_sh(&s, "sleep 100 & sleep 100 & kill -9 -1; echo survived", "survived\n");
   CHECK(ac_ping_ok(s.fd, 2));
-  expect_sh(&s, COUNT_PROCS("2"), "2\n");
+  expect_sh(&s, COUNT_PROCS, "2\n");
+  STOP(s);
+}
+
+/* The refusal counters (sandbox/ns.c): the agent keeps the netfilter
+ * socket it opened before its drop on AGENT_NS_COUNTERS_FD, out of the
+ * sandbox's reach, and the host dumps the counters on a copy of it taken
+ * with pidfd_getfd; the agent itself cannot read them (EGRESS_STATS says
+ * so), and no process of ours besides it runs in the sandbox. */
+static void test_ns_counters_are_read_from_outside(void) {
+  START(s);
+  /* Once it answers, as the server waits for HELLO. */
+  CHECK(ac_ping_ok(s.fd, 1));
+  int pidfd = (int)syscall(SYS_pidfd_open, s.pid, 0);
+  CHECK(pidfd >= 0);
+  int fd = (int)syscall(SYS_pidfd_getfd, pidfd, AGENT_NS_COUNTERS_FD, 0);
+  if (fd < 0)
+    fprintf(stderr, "  pidfd_getfd: %s\n", strerror(errno));
+  CHECK(fd >= 0);
+  uint64_t c[EGRESS_REFUSED_N] = {9, 9, 9};
+  char err[256] = "";
+  int r = nft_refused_dump(fd, 1000, c, err, sizeof err);
+  if (r < 0)
+    fprintf(stderr, "  nft_refused_dump: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 0);
+  expect_sh(&s, "tftp -g -r x -l /tmp/x 8.8.8.8 69 2>/dev/null; echo sent", "sent\n");
+  CHECK_EQ_INT(nft_refused_dump(fd, 1000, c, err, sizeof err), 0);
+  CHECK(c[EGRESS_REFUSED_UDP] >= 1);
+  CHECK_EQ_INT(c[EGRESS_REFUSED_ICMP], 0);
+  /* Nothing in the sandbox reaches it, and no command inherited it. */
+  expect_sh(&s, "ls -l /proc/1/fd/ 2>&1 | grep -c socket; ls /proc/self/fd | tr '\\n' ' '",
+            "0\n0 1 2 3 ");
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_EGRESS_STATS, 4);
+  CHECK_EQ_INT(ac_send(s.fd, &b), 0);
+  struct ac_result res = {0};
+  CHECK_EQ_INT(ac_collect(s.fd, 4, &res), 0);
+  CHECK_EQ_INT(res.terminal, PROTO_ERROR);
+  CHECK_EQ_INT(res.error, EPERM);
+  CHECK(strstr(res.message, "the server reads them itself") != NULL);
+  ac_result_free(&res);
+  if (fd >= 0)
+    close(fd);
+  if (pidfd >= 0)
+    close(pidfd);
   STOP(s);
 }
 
@@ -621,6 +665,7 @@ int main(void) {
       TEST(test_ns_hello),
       TEST(test_ns_sees_only_the_rootfs),
       TEST(test_ns_own_processes),
+      TEST(test_ns_counters_are_read_from_outside),
       TEST(test_ns_no_privileges),
       TEST(test_ns_network_is_loopback_only),
       TEST(test_ns_dev),

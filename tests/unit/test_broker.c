@@ -400,7 +400,7 @@ static struct egress *session(const char *mode, const char *allow, const char *s
     return NULL;
   egress_set_session(e, sid);
   agent_start(a);
-  egress_attach(e, a->c);
+  egress_attach(e, a->c, NULL, NULL);
   return e;
 }
 
@@ -1348,7 +1348,7 @@ static void clone_keeps_synthetic_addresses(void) {
   if (c) {
     egress_set_session(c, "fork1");
     agent_start(&b);
-    egress_attach(c, b.c);
+    egress_attach(c, b.c, NULL, NULL);
     uint32_t sid = ag_open(&b, good, srv.port);
     struct frame *f = agent_expect(&b, sid, PROTO_STREAM_ACCEPT, 5000);
     CHECK(f != NULL);
@@ -1490,7 +1490,7 @@ static void refused_packets_recorded(void) {
   struct agent b;
   agent_start(&b);
   set_stats(&b, 2, 0, 0);
-  egress_attach(e, b.c);
+  egress_attach(e, b.c, NULL, NULL);
   rep = egress_report(e, true);
   CHECK_EQ_INT(packet_events(rep, &ev), 1);
   CHECK(packets_are(ev, 2, 0, 0));
@@ -1520,6 +1520,52 @@ static void refused_packets_recorded(void) {
   CHECK_EQ_INT(n, 4);
   CHECK_EQ_INT(udp, 3 + 3 + 2);
   CHECK_EQ_INT(other, 2);
+  egress_shutdown();
+}
+
+/* A backend that reads the counters itself (ns): what its callback says,
+ * the agent never asked; a failure leaves the record as it is. */
+struct backend_counters {
+  uint64_t counts[3];
+  int r;
+  unsigned calls;
+};
+
+static int backend_counters(void *ctx, uint64_t ret[3], char **ret_err) {
+  struct backend_counters *b = ctx;
+  b->calls++;
+  if (b->r < 0) {
+    *ret_err = strdup("no counters here");
+    return b->r;
+  }
+  memcpy(ret, b->counts, sizeof b->counts);
+  return 0;
+}
+
+static void backend_counters_instead_of_the_agent(void) {
+  init_broker(PRIV_HOST, 64);
+  struct agent a;
+  struct egress *e = session("none", NULL, "pk2", &a);
+  struct backend_counters b = {.counts = {5, 0, 1}};
+  egress_attach(e, a.c, backend_counters, &b);
+  set_stats(&a, 100, 100, 100); /* never read */
+  json_t *ev, *rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 1);
+  CHECK(packets_are(ev, 5, 0, 1));
+  json_decref(rep);
+  b.r = -EPERM;
+  b.counts[0] = 9;
+  rep = egress_report(e, true);
+  CHECK_EQ_INT(packet_events(rep, &ev), 0);
+  json_decref(rep);
+  CHECK_EQ_INT(b.calls, 2);
+  /* Detached: the callback is not called again. */
+  egress_detach(e);
+  rep = egress_report(e, true);
+  json_decref(rep);
+  CHECK_EQ_INT(b.calls, 2);
+  CHECK_EQ_INT(a.stats_asked, 0);
+  session_end(e, &a);
   egress_shutdown();
 }
 
@@ -1590,7 +1636,8 @@ int main(void) {
       TEST(resolver_flood_spares_other_sessions), TEST(host_own_address_refused),
       TEST(web_ports_always_peeked), TEST(server_first_port_still_checks_the_first_bytes),
       TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
-      TEST(refused_packets_recorded), TEST(early_refusals_name_the_address),
+      TEST(refused_packets_recorded), TEST(backend_counters_instead_of_the_agent),
+      TEST(early_refusals_name_the_address),
   };
   int r = test_run_all(cases, ARRAY_SIZE(cases));
   teardown();

@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -506,69 +507,123 @@ static void refused_packets_are_counted(void) {
   in_netns(counters_body);
 }
 
-/* The pid of our only child, from /proc (CONFIG_PROC_CHILDREN); 0: none. */
-static pid_t only_child(void) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
-  FILE *f = fopen(path, "re");
-  int pid = 0;
-  if (f && fscanf(f, "%d", &pid) != 1)
-    pid = 0;
-  if (f)
-    fclose(f);
-  return pid;
+/* ---- the counters read from outside (ns) ------------------------------------ */
+
+/* One byte each way on FD; false at EOF or on an error. */
+static bool put_byte(int fd, char c) { return write(fd, &c, 1) == 1; }
+static bool get_byte(int fd, char want) {
+  char c;
+  return read(fd, &c, 1) == 1 && c == want;
 }
 
-static void reader_body(void) {
+#define OTHER_OPENER_FD (AGENT_NS_COUNTERS_FD + 1)
+
+/* The ns agent's part, in its own user and network namespaces: the capture
+ * and the counters' socket, then no capability (as confine.c leaves it);
+ * its own dump on the socket is refused.  A second socket opened after the
+ * drop stands for one a process without the capability opened.  Then it
+ * sends one refused UDP packet when told ('u') and waits for EOF. */
+static void agent_side(int to_host, int from_host, uid_t host_euid) {
+  if (enter_netns() < 0)
+    _exit(101);
   setup_capture();
   char err[256] = "";
-  int fd = egress_refused_reader_start(err, sizeof err);
-  CHECK(fd >= 3);
-  pid_t reader = only_child();
-  CHECK(reader > 0);
-  /* The agent after confine: no capability; its own read is refused. */
+  close(AGENT_NS_COUNTERS_FD);
+  int r = egress_counters_keep_socket(err, sizeof err);
+  if (r < 0)
+    fprintf(stderr, "  egress_counters_keep_socket: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+  CHECK(fcntl(AGENT_NS_COUNTERS_FD, F_GETFD) == FD_CLOEXEC);
   struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
   struct __user_cap_data_struct d[2] = {0};
   CHECK(syscall(SYS_capset, &h, d) == 0);
+  /* Not dumpable, as the agent is.  The kernel then asks for ptrace
+   * capability over the user namespace the process was exec'd in: the
+   * sandbox's for the agent, but ours here (we only forked), where a user
+   * has none; so only as root. */
+  if (host_euid == 0)
+    CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
   uint64_t c[EGRESS_REFUSED_N];
-  CHECK_EQ_INT(egress_refused_read(c, err, sizeof err), -EPERM);
-  CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "8.8.8.8", 123, "x", 1), EPERM);
-  CHECK_EQ_INT(egress_refused_reader_ask(fd, c, err, sizeof err), 0);
-  CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 1);
-  CHECK_EQ_INT(c[EGRESS_REFUSED_ICMP], 0);
-  /* The reader holds CAP_NET_ADMIN and nothing else, none to give. */
-  char path[64], line[128];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)reader);
-  FILE *f = fopen(path, "re");
-  CHECK(f != NULL);
-  int seen = 0;
-  while (f && fgets(line, sizeof line, f)) {
-    if (!strncmp(line, "CapEff:", 7) || !strncmp(line, "CapPrm:", 7)) {
-      CHECK(strstr(line, "0000000000001000\n") != NULL);
-      seen++;
-    } else if (!strncmp(line, "CapBnd:", 7) || !strncmp(line, "CapInh:", 7) ||
-               !strncmp(line, "CapAmb:", 7)) {
-      CHECK(strstr(line, "0000000000000000\n") != NULL);
-      seen++;
-    }
+  CHECK_EQ_INT(nft_refused_dump(AGENT_NS_COUNTERS_FD, 1000, c, err, sizeof err), -EPERM);
+  CHECK(strstr(err, "not permitted") != NULL);
+  int other = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER);
+  CHECK(other >= 0 && dup3(other, OTHER_OPENER_FD, O_CLOEXEC) == OTHER_OPENER_FD);
+  put_byte(to_host, 'r');
+  if (get_byte(from_host, 'u')) {
+    CHECK_EQ_INT(send_one(SOCK_DGRAM, 0, "8.8.8.8", 123, "x", 1), EPERM);
+    put_byte(to_host, 's');
   }
-  if (f)
-    fclose(f);
-  CHECK_EQ_INT(seen, 5);
-  /* A stopped reader (any process of the sandbox may signal it): a timeout,
-   * not a stall; a killed one: gone. */
-  CHECK(kill(reader, SIGSTOP) == 0);
-  CHECK_EQ_INT(egress_refused_reader_ask(fd, c, err, sizeof err), -ETIMEDOUT);
-  CHECK(strstr(err, "did not answer") != NULL);
-  CHECK(kill(reader, SIGKILL) == 0);
-  CHECK(waitpid(reader, NULL, 0) == reader);
-  CHECK_EQ_INT(egress_refused_reader_ask(fd, c, err, sizeof err), -EPIPE);
-  CHECK(strstr(err, "gone") != NULL);
-  close(fd);
+  char x;
+  while (read(from_host, &x, 1) > 0)
+    ;
 }
 
-static void a_reader_counts_for_an_agent_without_capabilities(void) {
-  in_netns(reader_body);
+static void dump_ok(int fd, uint64_t c[EGRESS_REFUSED_N]) {
+  char err[256] = "";
+  int r = nft_refused_dump(fd, 1000, c, err, sizeof err);
+  if (r < 0)
+    fprintf(stderr, "  nft_refused_dump: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+}
+
+/* The server's part (sandbox/ns.c), from outside the namespaces: a copy of
+ * the agent's socket by pidfd_getfd, on which the dump is answered
+ * (opened capable, sent by root or by the namespace's owner); on the
+ * socket opened without the capability it is refused. */
+static void the_host_reads_the_counters_on_the_agents_socket(void) {
+  if (skip_reason)
+    return;
+  int up[2], down[2];
+  CHECK(pipe2(up, O_CLOEXEC) == 0 && pipe2(down, O_CLOEXEC) == 0);
+  uid_t host_euid = geteuid();
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    test_failures_ = 0;
+    close(up[0]);
+    close(down[1]);
+    agent_side(up[1], down[0], host_euid);
+    fflush(NULL);
+    _exit(test_failures_ > 100 ? 100 : test_failures_);
+  }
+  close(up[1]);
+  close(down[0]);
+  CHECK(pid > 0);
+  if (pid > 0 && get_byte(up[0], 'r')) {
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    CHECK(pidfd >= 0);
+    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, AGENT_NS_COUNTERS_FD, 0);
+    if (fd < 0)
+      fprintf(stderr, "  pidfd_getfd: %s\n", strerror(errno));
+    CHECK(fd >= 0);
+    CHECK(fd < 0 || fcntl(fd, F_GETFD) == FD_CLOEXEC);
+    uint64_t c[EGRESS_REFUSED_N] = {9, 9, 9};
+    dump_ok(fd, c);
+    CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 0);
+    CHECK(put_byte(down[1], 'u') && get_byte(up[0], 's'));
+    dump_ok(fd, c);
+    CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 1);
+    CHECK_EQ_INT(c[EGRESS_REFUSED_ICMP], 0);
+    CHECK_EQ_INT(c[EGRESS_REFUSED_OTHER], 0);
+    /* Again on the same socket: the answers are told apart by sequence. */
+    dump_ok(fd, c);
+    CHECK_EQ_INT(c[EGRESS_REFUSED_UDP], 1);
+    /* Sent without an address, the opener's capability counts too. */
+    int other = (int)syscall(SYS_pidfd_getfd, pidfd, OTHER_OPENER_FD, 0);
+    CHECK(other >= 0);
+    char err[256] = "";
+    CHECK_EQ_INT(nft_refused_dump(other, 1000, c, err, sizeof err), -EPERM);
+    close(other);
+    close(fd);
+    close(pidfd);
+  }
+  close(down[1]);
+  close(up[0]);
+  int status;
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+    test_failures_ += WEXITSTATUS(status);
 }
 
 /* Whether user namespaces can be made here at all. */
@@ -593,7 +648,7 @@ int main(void) {
       TEST(a_second_setup_fails_and_keeps_the_first),
       TEST(a_failed_route_undoes_the_rest),
       TEST(refused_packets_are_counted),
-      TEST(a_reader_counts_for_an_agent_without_capabilities),
+      TEST(the_host_reads_the_counters_on_the_agents_socket),
   };
   skip_reason = check_userns();
   if (skip_reason) {
