@@ -65,7 +65,9 @@ void machine_name_files(void) {
    * programs need one named; the rootfs trees have none.  A tree's own file
    * is kept (glibc asks 127.0.0.1 when there is none, so a dangling link
    * does no harm either), and a tree without /etc (a test's busybox) is
-   * left as it is. */
+   * left as it is.  An ns sandbox of a server run as a user cannot create
+   * files in the rootfs's /etc (its owner is not mapped there): it has none,
+   * and resolvers ask 127.0.0.1 all the same. */
   static const char resolv[] = "nameserver 127.0.0.1\n";
   static const char hosts[] = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
   struct stat st;
