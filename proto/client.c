@@ -1136,23 +1136,31 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
   return 0;
 }
 
-int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
-  struct pending p = {0};
-  if (client_register_pending(c, &p, PROTO_PING) < 0)
-    return client_dead_error(c, ret_err);
+/* A request of one empty frame of TYPE and its answer into *P, waited for
+ * up to TIMEOUT_MS.  Returns with c->lock held, for client_finish_call. */
+static int empty_request(struct agent_conn *c, uint8_t type, uint32_t timeout_ms,
+                         struct pending *p) {
   struct proto_buf b = {0};
-  proto_frame_begin(&b, PROTO_PING, p.id);
+  proto_frame_begin(&b, type, p->id);
   int r = client_enqueue(c, &b, true, NULL, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
   pthread_mutex_lock(&c->lock);
   if (r == 0)
-    r = wait_pending(c, &p, NULL, timeout_ms);
-  if (r < 0 && sent && !p.done) {
+    r = wait_pending(c, p, NULL, timeout_ms);
+  if (r < 0 && sent && !p->done) {
     pthread_mutex_unlock(&c->lock);
-    client_abandon_request(c, p.id, false, 0, false);
+    client_abandon_request(c, p->id, false, 0, false);
     pthread_mutex_lock(&c->lock);
   }
+  return r;
+}
+
+int agent_ping(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
+  struct pending p = {0};
+  if (client_register_pending(c, &p, PROTO_PING) < 0)
+    return client_dead_error(c, ret_err);
+  int r = empty_request(c, PROTO_PING, timeout_ms, &p);
   return client_finish_call(c, &p, r, ret_err);
 }
 
@@ -1161,19 +1169,7 @@ int agent_egress_stats(struct agent_conn *c, uint32_t timeout_ms, uint64_t ret[3
   struct pending p = {0};
   if (client_register_pending(c, &p, PROTO_EGRESS_STATS) < 0)
     return client_dead_error(c, ret_err);
-  struct proto_buf b = {0};
-  proto_frame_begin(&b, PROTO_EGRESS_STATS, p.id);
-  int r = client_enqueue(c, &b, true, NULL, 0, NULL);
-  proto_buf_free(&b);
-  bool sent = r == 0;
-  pthread_mutex_lock(&c->lock);
-  if (r == 0)
-    r = wait_pending(c, &p, NULL, timeout_ms);
-  if (r < 0 && sent && !p.done) {
-    pthread_mutex_unlock(&c->lock);
-    client_abandon_request(c, p.id, false, 0, false);
-    pthread_mutex_lock(&c->lock);
-  }
+  int r = empty_request(c, PROTO_EGRESS_STATS, timeout_ms, &p);
   uint64_t stats[3];
   memcpy(stats, p.stats, sizeof stats);
   r = client_finish_call(c, &p, r, ret_err);
