@@ -611,8 +611,9 @@ const ROWS = [
       await withServer({ IGN_MCP_EGRESS_LOG_CAP: 4096 }, async (c) => {
         const o = await call(c, 'open_session', {});
         const file = o.egress.egress_log_path;
-        // Refused lookups (network none), each a line of the log.
-        await run(c, o.session_id, 'for i in $(seq 1 100); do nslookup host$i.example >/dev/null 2>&1; done', { timeout_s: 120 });
+        // Refused lookups (network none), each a line of the log (a line is
+        // about 100 bytes: 60 lookups are well over the 4096 bytes).
+        await run(c, o.session_id, 'for i in $(seq 1 60); do nslookup host$i.example >/dev/null 2>&1; done', { timeout_s: 120 });
         const done = await waitUntil(() => fs.existsSync(file) && /"kind":"truncated"/.test(fs.readFileSync(file, 'utf8')), { timeoutMs: 10_000 });
         assert.ok(done, `${file} has no truncated line`);
         const text = fs.readFileSync(file, 'utf8');
