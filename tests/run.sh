@@ -33,8 +33,10 @@
 # only those, e.g. tests/run.sh e2e-vm tests/e2e/vm.test.mjs; a file named
 # runs in the user passes too, listed in tests/root-passes-only.txt or not.
 #
-# Each suite's own output is shown as it runs. The counts of all suites are
-# added up and the very last line is "N passed, N failed, N skipped". Exits
+# Each suite's own output is shown as it runs. At the end come the time of
+# each pass and the ten slowest e2e files (with the pass they ran in); the
+# counts of all suites are added up and the very last line is
+# "N passed, N failed, N skipped". Exits
 # non-zero when anything failed or a suite could not run.
 #
 # Environment: BUILD (default build); IGN_TEST_NODE (the node to run tests
@@ -102,6 +104,16 @@ trap 'exit 143' TERM
 
 total_pass=0 total_fail=0 total_skip=0
 summary=()
+pass_times=()
+
+# timed LABEL COMMAND...: runs COMMAND and notes how long it took under LABEL
+# for the table of pass times at the end.
+timed() {
+	local label=$1 t0=$SECONDS
+	shift
+	"$@"
+	pass_times+=("$(printf '%-14s %6d s' "$label" $((SECONDS - t0)))")
+}
 
 # add SUITE PASS FAIL SKIP
 add() {
@@ -326,6 +338,7 @@ run_e2e() {
 		"${runner[@]}" "$node" --test --test-concurrency=1 --test-timeout="${IGN_TEST_TIMEOUT_MS:-600000}" \
 		--test-reporter=spec --test-reporter-destination=stdout \
 		--test-reporter=tap --test-reporter-destination="$tap" \
+		--test-reporter=./tests/file-times.mjs --test-reporter-destination="$tap.times" \
 		"${files[@]}" &
 	group=$!
 	e2e_group=$group
@@ -343,6 +356,7 @@ run_e2e() {
 	if [[ -n $store && -z ${IGN_TEST_VM_STORE:-} ]]; then
 		rm -rf "$store"
 	fi
+	[[ ! -f $tap.times ]] || sed "s|\$| ($row)|" "$tap.times" >>"$logdir/file-times"
 	local note="$secs s"
 	((root_only_n == 0)) || note+="; $root_only_n files in the root passes only"
 	add_tap "$row" "$tap" "$rc" "$note" "$list_bad" "$root_only_n"
@@ -530,36 +544,46 @@ run_valgrind() {
 
 case $what in
 unit)
-	run_unit
-	run_fuzz_replay
+	timed unit run_unit
+	timed fuzz-replay run_fuzz_replay
 	;;
 e2e)
-	run_e2e ns
-	run_e2e vm
+	timed e2e-ns run_e2e ns
+	timed e2e-vm run_e2e vm
 	;;
-e2e-ns) run_e2e ns ;;
-e2e-vm) run_e2e vm ;;
+e2e-ns) timed e2e-ns run_e2e ns ;;
+e2e-vm) timed e2e-vm run_e2e vm ;;
 e2e-user)
-	run_e2e ns e2e-ns-user user
-	run_e2e vm e2e-vm-user user
+	timed e2e-ns-user run_e2e ns e2e-ns-user user
+	timed e2e-vm-user run_e2e vm e2e-vm-user user
 	;;
-e2e-ns-user) run_e2e ns e2e-ns-user user ;;
-e2e-vm-user) run_e2e vm e2e-vm-user user ;;
-conformance) run_conformance ;;
-valgrind) run_valgrind ;;
-clients) run_clients ;;
+e2e-ns-user) timed e2e-ns-user run_e2e ns e2e-ns-user user ;;
+e2e-vm-user) timed e2e-vm-user run_e2e vm e2e-vm-user user ;;
+conformance) timed conformance run_conformance ;;
+valgrind) timed valgrind run_valgrind ;;
+clients) timed clients run_clients ;;
 all)
-	run_unit
-	run_fuzz_replay
-	run_e2e ns
-	run_e2e vm
-	run_e2e ns e2e-ns-user user
-	run_e2e vm e2e-vm-user user
-	run_valgrind
-	run_conformance
-	run_clients
+	timed unit run_unit
+	timed fuzz-replay run_fuzz_replay
+	timed e2e-ns run_e2e ns
+	timed e2e-vm run_e2e vm
+	timed e2e-ns-user run_e2e ns e2e-ns-user user
+	timed e2e-vm-user run_e2e vm e2e-vm-user user
+	timed valgrind run_valgrind
+	timed conformance run_conformance
+	timed clients run_clients
 	;;
 esac
+
+# Where the time went: each pass, then the ten slowest test files of all
+# the e2e passes (a file's time: its top-level tests, tests/file-times.mjs).
+banner "time"
+printf '%s\n' "${pass_times[@]}"
+printf '%-14s %6d s\n' total "$SECONDS"
+if [[ -s $logdir/file-times ]]; then
+	printf '\nthe ten slowest test files:\n'
+	sort -rn "$logdir/file-times" | head -n 10 | awk '{ printf "%8.1f s  %s %s\n", $1, $2, $3 }'
+fi
 
 banner summary
 printf '%s\n' "${summary[@]}"
