@@ -66,8 +66,9 @@ struct egress;
 int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
                struct egress **ret, char **ret_err);
 /* A copy of E's policy and of its synthetic addresses (a vm fork keeps the
- * answers its programs cached: in the fork they stand for the same names),
- * with an empty record of its own.  Take it once the source sandbox is
+ * answers its programs cached: in the fork they stand for the same names)
+ * and of the names it counted under its wildcard rules, with an empty
+ * record of its own.  Take it once the source sandbox is
  * paused: a name E's sandbox is given after the copy is not in it. */
 int egress_clone(const struct egress *e, struct egress **ret);
 /* The session id (names the log file) and its owner (call_ctx.owner: the

@@ -186,9 +186,9 @@ struct egress {
   uint32_t *synth_slot;        /* hash of names: index+1, 0 empty */
   double dns_tokens;
   uint64_t dns_refill_ms;
-  /* The broker thread's (names.c): the names looked up under the
-   * wildcard rules, as salted hashes (an open-addressing set, 0 empty),
-   * and how many each rule of pol has. */
+  /* The broker thread's (names.c; changed under synth_lock, as synth):
+   * the names looked up under the wildcard rules, as salted hashes (an
+   * open-addressing set, 0 empty), and how many each rule of pol has. */
   uint64_t *wild_set;
   uint32_t wild_slots, wild_n;
   uint32_t *wild_count;

@@ -350,14 +350,19 @@ static bool wild_admit(struct egress *e, const char *name, char why[EGRESS_REASO
   long rule = e->mode == EGRESS_MODE_ALLOW ? wild_rule(e, name) : -1;
   if (rule < 0)
     return true;
+  /* Changes under synth_lock: egress_clone copies the set. */
   if (!e->wild_count) {
     uint32_t *count = calloc(e->pol.n, sizeof *count);
-    if (!count || getrandom(e->wild_salt, sizeof e->wild_salt, 0) != sizeof e->wild_salt) {
+    uint8_t salt[sizeof e->wild_salt];
+    if (!count || getrandom(salt, sizeof salt, 0) != sizeof salt) {
       free(count);
       snprintf(why, EGRESS_REASON_MAX, "cannot count the names under a wildcard rule");
       return false;
     }
+    pthread_mutex_lock(&e->synth_lock);
+    memcpy(e->wild_salt, salt, sizeof salt);
     e->wild_count = count;
+    pthread_mutex_unlock(&e->synth_lock);
   }
   uint64_t h = wild_hash(e, name);
   if (e->wild_slots && e->wild_set[wild_slot(e, h)])
@@ -368,14 +373,17 @@ static bool wild_admit(struct egress *e, const char *name, char why[EGRESS_REASO
              egress_cfg.wildcard_names);
     return false;
   }
-  if ((e->wild_n + 1) * 2 > e->wild_slots && wild_grow(e) < 0) {
-    snprintf(why, EGRESS_REASON_MAX, "out of memory");
-    return false;
+  pthread_mutex_lock(&e->synth_lock);
+  bool room = (e->wild_n + 1) * 2 <= e->wild_slots || wild_grow(e) == 0;
+  if (room) {
+    e->wild_set[wild_slot(e, h)] = h;
+    e->wild_n++;
+    e->wild_count[rule]++;
   }
-  e->wild_set[wild_slot(e, h)] = h;
-  e->wild_n++;
-  e->wild_count[rule]++;
-  return true;
+  pthread_mutex_unlock(&e->synth_lock);
+  if (!room)
+    snprintf(why, EGRESS_REASON_MAX, "out of memory");
+  return room;
 }
 
 /* Not with the broker touching E: egress_free, after the detach. */
@@ -406,6 +414,22 @@ int names_copy(struct egress *dst, struct egress *src) {
     for (uint32_t i = 0; !r && i < src->n_synth; i++, dst->n_synth++)
       if (!(dst->synth[i] = strdup(src->synth[i])))
         r = -ENOMEM;
+  }
+  /* The names counted under the wildcard rules: a fork does not start
+   * its count again. */
+  if (!r && src->wild_count) {
+    dst->wild_count = malloc(src->pol.n * sizeof *dst->wild_count);
+    dst->wild_set = src->wild_slots ? malloc(src->wild_slots * sizeof *dst->wild_set) : NULL;
+    if (!dst->wild_count || (src->wild_slots && !dst->wild_set)) {
+      r = -ENOMEM;
+    } else {
+      memcpy(dst->wild_count, src->wild_count, src->pol.n * sizeof *dst->wild_count);
+      if (src->wild_slots)
+        memcpy(dst->wild_set, src->wild_set, src->wild_slots * sizeof *dst->wild_set);
+      memcpy(dst->wild_salt, src->wild_salt, sizeof dst->wild_salt);
+      dst->wild_slots = src->wild_slots;
+      dst->wild_n = src->wild_n;
+    }
   }
   pthread_mutex_unlock(&src->synth_lock);
   if (r < 0)

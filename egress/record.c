@@ -18,7 +18,8 @@
  * not hide the ones before it: the record keeps the first FIRST_DENIED
  * refusals of the session (and of the events since the last since_last
  * report) apart from the ring, and counts every refused connect and lookup
- * by destination and reason (COUNTS_MAX of them, then one "other" count).
+ * by destination and reason (COUNTS_MAX of each kind, then one "other"
+ * count).
  * A log that was cut (or lost lines) ends, when the session ends, with one
  * {"kind":"summary"} line carrying those counts; its truncated line
  * carries them as they were then. */
@@ -42,7 +43,7 @@
 #define QUEUE_MAX (4u << 20)       /* bytes of lines queued for every log together */
 #define FLUSH_WAIT_MS 2000u
 #define FIRST_DENIED 16u           /* the first refusals kept whatever comes after */
-#define COUNTS_MAX 64u             /* destinations and reasons counted one by one */
+#define COUNTS_MAX 64u             /* destinations and reasons of each kind counted one by one */
 
 enum ev_type { REC_CONNECT, REC_DNS, REC_PACKETS };
 
@@ -100,9 +101,11 @@ struct record {
   /* The last reading of the refusal counters, and of which attachment. */
   uint64_t pk_last[3], pk_gen;
   struct firsts first_all, first_run;
-  struct denied_count *counts; /* up to COUNTS_MAX, allocated at the first */
-  size_t n_counts;
-  uint64_t counts_other;       /* refusals past COUNTS_MAX destinations */
+  /* Up to COUNTS_MAX connects' and as many lookups' (a flood of made-up
+   * names does not take the connects' room), allocated at the first. */
+  struct denied_count *counts;
+  size_t n_counts, n_kind[2];  /* in all; connects', lookups' */
+  uint64_t counts_other;       /* refusals past COUNTS_MAX destinations of their kind */
   struct jlog *log;
 };
 
@@ -473,11 +476,12 @@ static void count_locked(struct record *r, const struct rec_ev *ev) {
     }
   }
   if (!r->counts)
-    r->counts = calloc(COUNTS_MAX, sizeof *r->counts);
-  if (!r->counts || r->n_counts >= COUNTS_MAX) {
+    r->counts = calloc(2 * COUNTS_MAX, sizeof *r->counts);
+  if (!r->counts || r->n_kind[dns] >= COUNTS_MAX) {
     r->counts_other++;
     return;
   }
+  r->n_kind[dns]++;
   struct denied_count *d = &r->counts[r->n_counts++];
   d->dns = dns;
   snprintf(d->dest, sizeof d->dest, "%s", dest);

@@ -1002,7 +1002,8 @@ static void check_last_dns(struct egress *e, const char *name, const char *reaso
  * each *.suffix rule (each would reach that domain's servers); then
  * NXDOMAIN, recorded with a reason naming the setting.  A name asked again
  * (any type) costs nothing; a name listed exactly is never counted; each
- * rule has its own count, each session too. */
+ * rule has its own count, each session too; a fork goes on with its
+ * source's. */
 static void wildcard_names_capped(void) {
   write_hosts("127.0.0.1 good.test a.w.test b.w.test c.w.test d.w.test x.w.test a.v.test\n");
   wildcard_names = 3;
@@ -1024,6 +1025,18 @@ static void wildcard_names_capped(void) {
   resolve(&a, "b.w.test", addr); /* still answered */
   resolve(&a, "x.w.test", addr); /* listed exactly */
   resolve(&a, "a.v.test", addr); /* another rule */
+  /* A fork goes on with its source's count. */
+  struct egress *c = NULL;
+  CHECK_EQ_INT(egress_clone(e, &c), 0);
+  if (c) {
+    egress_set_session(c, "wildfork", "");
+    agent_start(&b);
+    egress_attach(c, b.c, NULL, NULL);
+    resolve(&b, "b.w.test", addr);
+    CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "d.w.test", 8, 1), NULL, NULL), RCODE_NXDOMAIN);
+    check_last_dns(c, "d.w.test", "IGN_MCP_EGRESS_WILDCARD_NAMES");
+    session_end(c, &b);
+  }
   /* Another session counts its own. */
   struct egress *f = session("allow", allow, "wild2", &b);
   resolve(&b, "d.w.test", addr);
@@ -1094,14 +1107,22 @@ static void refusals_survive_a_flood(void) {
   CHECK_EQ_INT(int_of(rep, "denied_omitted"), FLOOD - EGRESS_REPORT_MAX);
   CHECK(json_object_get(rep, "denied_counts") == NULL); /* network_log's */
   json_decref(rep);
-  /* Past 64 destinations, the rest is one count. */
+  /* Past 64 destinations of a kind, the rest is one count; made-up names
+   * do not take the connects' room. */
+  for (unsigned i = 0; i < 70; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "f%u.example", i);
+    CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, name, strlen(name), 1), NULL, NULL), RCODE_NXDOMAIN);
+  }
   for (unsigned i = 0; i < 70; i++)
     check_reset(&a, (uint8_t[4]){10, 1, 3, (uint8_t)i}, 443, "network is none");
   rep = egress_report(e, false);
   counts = json_object_get(rep, "denied_counts");
-  CHECK_EQ_INT(json_array_size(counts), 65);
-  CHECK_EQ_INT(count_of(counts, "other", NULL, NULL), 70 + 3 - 64);
+  CHECK_EQ_INT(json_array_size(counts), 64 + 64 + 1);
+  CHECK_EQ_INT(count_of(counts, "other", NULL, NULL), (72 - 64) + (71 - 64));
   CHECK_EQ_INT(count_of(counts, "connect", "10.1.2.3:1", "network is none"), 1);
+  CHECK_EQ_INT(count_of(counts, "connect", "10.1.3.0:443", "network is none"), 1);
+  CHECK_EQ_INT(count_of(counts, "dns", "f0.example", "network is none"), 1);
   json_decref(rep);
   char path[192];
   snprintf(path, sizeof path, "%s/flood1.egress.jsonl", tmp);
@@ -1128,7 +1149,7 @@ static void refusals_survive_a_flood(void) {
   CHECK_STREQ(str_of(sum, "kind"), "summary");
   counts = json_object_get(sum, "denied_counts");
   CHECK_EQ_INT(count_of(counts, "connect", "10.1.2.3:2", "network is none"), FLOOD);
-  CHECK_EQ_INT(count_of(counts, "other", NULL, NULL), 70 + 3 - 64);
+  CHECK_EQ_INT(count_of(counts, "other", NULL, NULL), (72 - 64) + (71 - 64));
   CHECK_EQ_INT(int_of(sum, "denied_total"), FLOOD + 1 + 70);
   if (!sum || strcmp(str_of(sum, "kind") ? str_of(sum, "kind") : "", "summary") != 0)
     fprintf(stderr, "  the log's last line: %s", last ? last : "(none)\n");
@@ -1377,7 +1398,8 @@ static void *dnsd_main(void *arg) {
 /* The host's answers are cached per owner: a sandbox of "bob" asking for a
  * name a sandbox of "alice" just looked up makes the host ask its DNS
  * server again (no quick answer tells bob what alice asked), while
- * another session of alice's is answered from her cache. */
+ * another session of alice's is answered from her cache.  And a name past
+ * the wildcard cap is never asked of the DNS server. */
 static void cache_child(void) {
   char path[192], etc_hosts[192];
   snprintf(path, sizeof path, "%s/resolv.conf.cache", tmp);
@@ -1396,6 +1418,7 @@ static void cache_child(void) {
   }
   atomic_store(&dnsd.stop, false);
   pthread_create(&dnsd.thread, NULL, dnsd_main, NULL);
+  wildcard_names = 2; /* this child's */
   init_broker(PRIV_HOST, 64);
   struct agent a1, a2, b;
   const char *allow = "[\"*.cache.test\"]";
@@ -1414,6 +1437,15 @@ static void cache_child(void) {
   asked = atomic_load(&dnsd.queries);
   CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "x.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
   CHECK_EQ_INT(atomic_load(&dnsd.queries), asked); /* bob's cache now */
+  /* Past IGN_MCP_EGRESS_WILDCARD_NAMES (2 here), a name under the
+   * wildcard never reaches the DNS server. */
+  asked = atomic_load(&dnsd.queries);
+  CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "y.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK(atomic_load(&dnsd.queries) > asked);
+  asked = atomic_load(&dnsd.queries);
+  CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "z.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(atomic_load(&dnsd.queries), asked);
+  check_last_dns(eb, "z.cache.test", "over 2 names under one wildcard rule");
   session_end(ea1, &a1);
   session_end(ea2, &a2);
   session_end(eb, &b);
