@@ -52,7 +52,7 @@ static const char session_id_schema[] =
     "and the latest that denied does not list.\"},"                                            \
     "\"denied_counts\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},\"description\":"   \
     "\"network_log: refused connects and lookups counted by destination and reason "           \
-    "({kind, destination, reason, count}; past 64 of them one {kind: other, count}).\"},"      \
+    "({kind, destination, reason, count}; past 64 of a kind one {kind: other, count}).\"},"    \
     "\"dns_queries\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},"                    \
     "\"total_events\":{\"type\":\"integer\"},\"truncated\":{\"type\":\"boolean\"},"            \
     "\"egress_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"                 \
