@@ -266,10 +266,10 @@ static void log_event(struct record *r, struct jlog *l, json_t *o) {
   pthread_mutex_lock(&w.lock);
   if (l->truncated) {
   } else if (l->accepted + len > egress_cfg.log_cap) {
-    if (!mark) { /* no room for the counts: the marker alone */
-      mark_len = (size_t)snprintf(small, sizeof small, "{\"kind\":\"truncated\",\"ts_ms\":%" PRIu64 "}\n",
+    if (!mark) /* no room for the counts: the marker alone */
+      mark_len = (size_t)snprintf(small, sizeof small,
+                                  "{\"kind\":\"truncated\",\"ts_ms\":%" PRIu64 "}\n",
                                   now_ns(CLOCK_REALTIME) / 1000000u);
-    }
     queue_line_locked(l, mark ? mark : small, mark_len, true);
     l->truncated = l->lost = true;
   } else if (w.queued + len > QUEUE_MAX) {
