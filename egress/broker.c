@@ -42,7 +42,7 @@
 
 struct egress_settings egress_cfg = {
     .max_mode = EGRESS_MODE_ALLOW, .log_cap = 8u << 20, .max_streams = 64,
-    .max_bytes = 1ull << 30};
+    .max_bytes = 1ull << 30, .wildcard_names = EGRESS_WILDCARD_NAMES};
 
 enum req_kind { REQ_ATTACH, REQ_DETACH };
 struct req {
@@ -99,6 +99,7 @@ int broker_resolve(struct egress *e, const char *name, void *owner, bool for_str
   if (!j)
     return -ENOMEM;
   snprintf(j->name, sizeof j->name, "%s", name);
+  memcpy(j->owner_key, e->owner_key, EGRESS_OWNER_KEY);
   j->owner = owner;
   j->for_stream = for_stream;
   j->deadline_ms = mono_ms() + EGRESS_RESOLVE_MS;
@@ -413,6 +414,8 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
     egress_cfg.max_mode = EGRESS_MODE_NONE;
   if (egress_cfg.allow_host)
     egress_cfg.allow_private = true; /* "host" is "1" and more */
+  if (!egress_cfg.wildcard_names)
+    egress_cfg.wildcard_names = EGRESS_WILDCARD_NAMES;
   names_cache_clear();
   int r = record_init();
   if (r < 0) {

@@ -137,6 +137,7 @@ static struct egress *egress_alloc(enum egress_mode mode) {
   pthread_mutex_init(&e->stats_lock, NULL);
   pthread_cond_init(&e->stats_done, NULL);
   pthread_mutex_init(&e->synth_lock, NULL);
+  names_owner_key("", e->owner_key); /* stdio's, until egress_set_session */
   e->rec = record_new();
   e->quota = resolve_quota_new();
   if (!e->rec || !e->quota) {
@@ -186,13 +187,15 @@ int egress_clone(const struct egress *src, struct egress **ret) {
     memcpy(e->pol.rules, src->pol.rules, src->pol.n * sizeof *e->pol.rules);
     e->pol.n = src->pol.n;
   }
+  memcpy(e->owner_key, src->owner_key, EGRESS_OWNER_KEY);
   *ret = e;
   return 0;
 }
 
-void egress_set_session(struct egress *e, const char *session_id) {
+void egress_set_session(struct egress *e, const char *session_id, const char *owner) {
   if (e->session_id)
     return;
+  names_owner_key(owner ? owner : "", e->owner_key);
   e->session_id = strdup(session_id ? session_id : "");
   record_set_log(e->rec, session_id);
 }

@@ -42,6 +42,9 @@ struct egress_settings {
   size_t log_cap;            /* IGN_MCP_EGRESS_LOG_CAP: bytes per session's log */
   unsigned max_streams;      /* IGN_MCP_EGRESS_STREAMS: connections open at once per session */
   uint64_t max_bytes;        /* IGN_MCP_EGRESS_MAX_MB: bytes each way per session */
+  /* IGN_MCP_EGRESS_WILDCARD_NAMES: distinct names a session may look up
+   * under each *.suffix rule of its allow_hosts (0: the default). */
+  unsigned wildcard_names;
 };
 
 /* Starts the broker thread and the resolver pool, reads the hosts file.  0,
@@ -63,12 +66,15 @@ struct egress;
 int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
                struct egress **ret, char **ret_err);
 /* A copy of E's policy and of its synthetic addresses (a vm fork keeps the
- * answers its programs cached: in the fork they stand for the same names),
- * with an empty record of its own.  Take it once the source sandbox is
+ * answers its programs cached: in the fork they stand for the same names)
+ * and of the names it counted under its wildcard rules, with an empty
+ * record of its own.  Take it once the source sandbox is
  * paused: a name E's sandbox is given after the copy is not in it. */
 int egress_clone(const struct egress *e, struct egress **ret);
-/* The session id: names the log file.  Once, before egress_attach. */
-void egress_set_session(struct egress *e, const char *session_id);
+/* The session id (names the log file) and its owner (call_ctx.owner: the
+ * HTTP token's name, "" on stdio; the host's DNS answers are kept per
+ * owner).  Once, before egress_attach. */
+void egress_set_session(struct egress *e, const char *session_id, const char *owner);
 /* Reads the capture's refusal counters of an attached sandbox (UDP, ICMP,
  * other) for a backend that reads them itself (sandbox_ops.egress_counters:
  * ns); 0, or a negative errno with *ret_err. */

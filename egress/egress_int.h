@@ -34,6 +34,8 @@
 #define EGRESS_ADDRS_MAX 16u          /* addresses of one name kept from a resolution */
 #define EGRESS_REASON_MAX 96u
 #define EGRESS_STATS_MS 1000u         /* the agent's answer to EGRESS_STATS */
+#define EGRESS_WILDCARD_NAMES 256u    /* IGN_MCP_EGRESS_WILDCARD_NAMES's default */
+#define EGRESS_OWNER_KEY 32u          /* an owner's key: the SHA-256 of its name */
 
 /* The settings in force (egress_init's copy; defaults before it). */
 extern struct egress_settings egress_cfg;
@@ -63,6 +65,7 @@ struct resolve_job {
   int family[EGRESS_ADDRS_MAX];
   uint8_t addr[EGRESS_ADDRS_MAX][16];
   bool from_hosts;             /* the hosts file answered */
+  uint8_t owner_key[EGRESS_OWNER_KEY]; /* whose answer it is (the DNS cache's key) */
   /* The broker thread's: what waits for the answer (NULL: nothing any
    * more, free it when it comes back), and until when. */
   void *owner;
@@ -160,6 +163,7 @@ struct egress {
   enum egress_mode mode;
   struct egress_policy pol;
   char *session_id;
+  uint8_t owner_key[EGRESS_OWNER_KEY]; /* the session's owner (egress_set_session) */
   struct record *rec;
   struct resolve_quota *quota;
   pthread_mutex_t att_lock;    /* egress_attach/detach/free */
@@ -182,6 +186,13 @@ struct egress {
   uint32_t *synth_slot;        /* hash of names: index+1, 0 empty */
   double dns_tokens;
   uint64_t dns_refill_ms;
+  /* The broker thread's (names.c; changed under synth_lock, as synth):
+   * the names looked up under the wildcard rules, as salted hashes (an
+   * open-addressing set, 0 empty), and how many each rule of pol has. */
+  uint64_t *wild_set;
+  uint32_t wild_slots, wild_n;
+  uint32_t *wild_count;
+  uint8_t wild_salt[16];
   unsigned open_streams, connecting;
   uint64_t bytes_up, bytes_down;
 };
@@ -254,8 +265,8 @@ void link_writable(struct link *lk);
 void lookup_start(struct link *lk, uint32_t lid, const uint8_t *name, size_t len, uint16_t qtype);
 void lookup_resolved(struct lookup *q, struct resolve_job *j);
 /* The host's answer of a DNS job J (its lookup may be gone) into the
- * cache: an address or no such name for 30 s, another failure for
- * EGRESS_RESOLVE_FAIL_MS. */
+ * cache of J's owner: an address or no such name for 30 s, another failure
+ * for EGRESS_RESOLVE_FAIL_MS. */
 void names_cache_job(const struct resolve_job *j);
 /* Answers SERVFAIL to lookups waiting too long; the next deadline or 0. */
 uint64_t lookup_timers(struct link *lk, uint64_t now);
@@ -268,6 +279,8 @@ void names_free(struct egress *e);
 /* DST gets SRC's synthetic addresses (DST has none yet).  0 or -ENOMEM. */
 int names_copy(struct egress *dst, struct egress *src);
 void names_cache_clear(void);
+/* OWNER's key for the DNS cache into KEY. */
+void names_owner_key(const char *owner, uint8_t key[EGRESS_OWNER_KEY]);
 /* ADDR is one the sandbox may be sent to: its class, and the reason when
  * refused ("" when allowed): a class the operator does not allow, or an
  * address of the host itself ("the host's own address", but with

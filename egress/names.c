@@ -8,6 +8,14 @@
  * connect time the synthetic address maps back to the name, which the
  * broker resolves again itself: what the sandbox saw is never connected to.
  *
+ * The host's answers are cached for a while, per owner (the HTTP token, or
+ * stdio): a fast answer must not tell one owner's sandbox which names
+ * another owner's sandboxes looked up.  Under a wildcard rule (*.suffix)
+ * the sandbox makes up the names, and each one the host resolves reaches
+ * that domain's servers with what its labels carry: a session may look up
+ * at most IGN_MCP_EGRESS_WILDCARD_NAMES distinct names under each such
+ * rule, then NXDOMAIN (recorded, naming the setting).
+ *
  * Everything here runs on the broker thread. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <nettle/sha2.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,8 +48,9 @@ struct lookup {
   struct resolve_job *job;
 };
 
-/* The host's answers for DNS, shared by every session of the server. */
+/* The host's answers for DNS, shared by the sessions of one owner. */
 struct cache_ent {
+  uint8_t owner_key[EGRESS_OWNER_KEY];
   char name[EGRESS_NAME_BUF];
   uint64_t expires_ms;         /* 0: empty */
   int gai_err;
@@ -51,9 +62,20 @@ static struct cache_ent cache[CACHE_MAX];
 
 void names_cache_clear(void) { memset(cache, 0, sizeof cache); }
 
-static struct cache_ent *cache_find(const char *name, uint64_t now) {
+void names_owner_key(const char *owner, uint8_t key[EGRESS_OWNER_KEY]) {
+  struct sha256_ctx c;
+  sha256_init(&c);
+  sha256_update(&c, strlen(owner), (const uint8_t *)owner);
+  sha256_digest(&c, EGRESS_OWNER_KEY, key);
+}
+
+static bool cache_is(const struct cache_ent *c, const uint8_t *owner_key, const char *name) {
+  return memcmp(c->owner_key, owner_key, EGRESS_OWNER_KEY) == 0 && strcmp(c->name, name) == 0;
+}
+
+static struct cache_ent *cache_find(const uint8_t *owner_key, const char *name, uint64_t now) {
   for (size_t i = 0; i < CACHE_MAX; i++)
-    if (cache[i].expires_ms > now && strcmp(cache[i].name, name) == 0)
+    if (cache[i].expires_ms > now && cache_is(&cache[i], owner_key, name))
       return &cache[i];
   return NULL;
 }
@@ -61,13 +83,14 @@ static struct cache_ent *cache_find(const char *name, uint64_t now) {
 static void cache_put(const struct resolve_job *j, uint64_t now, uint64_t ms) {
   struct cache_ent *slot = &cache[0];
   for (size_t i = 0; i < CACHE_MAX; i++) {
-    if (cache[i].expires_ms <= now || strcmp(cache[i].name, j->name) == 0) {
+    if (cache[i].expires_ms <= now || cache_is(&cache[i], j->owner_key, j->name)) {
       slot = &cache[i];
       break;
     }
     if (cache[i].expires_ms < slot->expires_ms)
       slot = &cache[i]; /* the oldest goes when the cache is full */
   }
+  memcpy(slot->owner_key, j->owner_key, EGRESS_OWNER_KEY);
   snprintf(slot->name, sizeof slot->name, "%s", j->name);
   slot->expires_ms = now + ms;
   slot->gai_err = j->gai_err;
@@ -81,9 +104,10 @@ void names_cache_job(const struct resolve_job *j) {
   cache_put(j, mono_ms(), settled ? CACHE_MS : EGRESS_RESOLVE_FAIL_MS);
 }
 
-/* NAME did not resolve in time: not asked again for a while. */
-static void cache_timeout(const char *name) {
+/* NAME did not resolve in time for OWNER_KEY: not asked again for a while. */
+static void cache_timeout(const uint8_t *owner_key, const char *name) {
   struct resolve_job j = {.gai_err = EAI_AGAIN};
+  memcpy(j.owner_key, owner_key, EGRESS_OWNER_KEY);
   snprintf(j.name, sizeof j.name, "%s", name);
   cache_put(&j, mono_ms(), EGRESS_RESOLVE_FAIL_MS);
 }
@@ -261,8 +285,114 @@ out:
   return k;
 }
 
+/* ---- names under wildcard rules ---- */
+
+/* The rule NAME counts under: the first wildcard rule of E's policy that
+ * admits it, when no rule names it exactly (an exact name is the
+ * operator's choice, not the sandbox's); -1 otherwise. */
+static long wild_rule(const struct egress *e, const char *name) {
+  size_t len = strlen(name);
+  long first = -1;
+  for (size_t i = 0; i < e->pol.n; i++) {
+    const struct egress_rule *r = &e->pol.rules[i];
+    size_t sl = strlen(r->name);
+    if (!r->wildcard && strcmp(r->name, name) == 0)
+      return -1;
+    if (r->wildcard && first < 0 && len > sl + 1 && name[len - sl - 1] == '.' &&
+        memcmp(name + len - sl, r->name, sl) == 0)
+      first = (long)i;
+  }
+  return first;
+}
+
+/* NAME's place in the set: a hash salted per session, so no name can be
+ * made up to pass for one looked up before.  Never 0 (an empty slot). */
+static uint64_t wild_hash(const struct egress *e, const char *name) {
+  struct sha256_ctx c;
+  uint8_t d[SHA256_DIGEST_SIZE];
+  sha256_init(&c);
+  sha256_update(&c, sizeof e->wild_salt, e->wild_salt);
+  sha256_update(&c, strlen(name), (const uint8_t *)name);
+  sha256_digest(&c, sizeof d, d);
+  uint64_t h;
+  memcpy(&h, d, sizeof h);
+  return h ? h : 1;
+}
+
+/* The slot of H in E's set (wild_slots a power of two): where it is, or
+ * the empty one where it goes. */
+static uint32_t wild_slot(const struct egress *e, uint64_t h) {
+  uint32_t mask = e->wild_slots - 1, i = (uint32_t)h & mask;
+  while (e->wild_set[i] && e->wild_set[i] != h)
+    i = (i + 1) & mask;
+  return i;
+}
+
+static int wild_grow(struct egress *e) {
+  uint32_t old_slots = e->wild_slots, slots = old_slots ? old_slots * 2 : 64;
+  uint64_t *set = calloc(slots, sizeof *set), *old = e->wild_set;
+  if (!set)
+    return -ENOMEM;
+  e->wild_set = set;
+  e->wild_slots = slots;
+  for (uint32_t i = 0; i < old_slots; i++)
+    if (old[i])
+      e->wild_set[wild_slot(e, old[i])] = old[i];
+  free(old);
+  return 0;
+}
+
+/* Whether E may look NAME up as far as the wildcard rules go: a name under
+ * one is counted against IGN_MCP_EGRESS_WILDCARD_NAMES the first time (a
+ * name asked again, of any type, costs nothing).  False with the reason
+ * in WHY. */
+static bool wild_admit(struct egress *e, const char *name, char why[EGRESS_REASON_MAX]) {
+  long rule = e->mode == EGRESS_MODE_ALLOW ? wild_rule(e, name) : -1;
+  if (rule < 0)
+    return true;
+  /* Changes under synth_lock: egress_clone copies the set. */
+  if (!e->wild_count) {
+    uint32_t *count = calloc(e->pol.n, sizeof *count);
+    uint8_t salt[sizeof e->wild_salt];
+    if (!count || getrandom(salt, sizeof salt, 0) != sizeof salt) {
+      free(count);
+      snprintf(why, EGRESS_REASON_MAX, "cannot count the names under a wildcard rule");
+      return false;
+    }
+    pthread_mutex_lock(&e->synth_lock);
+    memcpy(e->wild_salt, salt, sizeof salt);
+    e->wild_count = count;
+    pthread_mutex_unlock(&e->synth_lock);
+  }
+  uint64_t h = wild_hash(e, name);
+  if (e->wild_slots && e->wild_set[wild_slot(e, h)])
+    return true;
+  if (e->wild_count[rule] >= egress_cfg.wildcard_names) {
+    snprintf(why, EGRESS_REASON_MAX,
+             "over %u names under one wildcard rule (IGN_MCP_EGRESS_WILDCARD_NAMES)",
+             egress_cfg.wildcard_names);
+    return false;
+  }
+  pthread_mutex_lock(&e->synth_lock);
+  bool room = (e->wild_n + 1) * 2 <= e->wild_slots || wild_grow(e) == 0;
+  if (room) {
+    e->wild_set[wild_slot(e, h)] = h;
+    e->wild_n++;
+    e->wild_count[rule]++;
+  }
+  pthread_mutex_unlock(&e->synth_lock);
+  if (!room)
+    snprintf(why, EGRESS_REASON_MAX, "out of memory");
+  return room;
+}
+
 /* Not with the broker touching E: egress_free, after the detach. */
 void names_free(struct egress *e) {
+  free(e->wild_set);
+  free(e->wild_count);
+  e->wild_set = NULL;
+  e->wild_count = NULL;
+  e->wild_slots = e->wild_n = 0;
   for (uint32_t i = 0; e->synth && i < e->n_synth; i++)
     free(e->synth[i]);
   free(e->synth);
@@ -284,6 +414,22 @@ int names_copy(struct egress *dst, struct egress *src) {
     for (uint32_t i = 0; !r && i < src->n_synth; i++, dst->n_synth++)
       if (!(dst->synth[i] = strdup(src->synth[i])))
         r = -ENOMEM;
+  }
+  /* The names counted under the wildcard rules: a fork does not start
+   * its count again. */
+  if (!r && src->wild_count) {
+    dst->wild_count = malloc(src->pol.n * sizeof *dst->wild_count);
+    dst->wild_set = src->wild_slots ? malloc(src->wild_slots * sizeof *dst->wild_set) : NULL;
+    if (!dst->wild_count || (src->wild_slots && !dst->wild_set)) {
+      r = -ENOMEM;
+    } else {
+      memcpy(dst->wild_count, src->wild_count, src->pol.n * sizeof *dst->wild_count);
+      if (src->wild_slots)
+        memcpy(dst->wild_set, src->wild_set, src->wild_slots * sizeof *dst->wild_set);
+      memcpy(dst->wild_salt, src->wild_salt, sizeof dst->wild_salt);
+      dst->wild_slots = src->wild_slots;
+      dst->wild_n = src->wild_n;
+    }
   }
   pthread_mutex_unlock(&src->synth_lock);
   if (r < 0)
@@ -372,6 +518,11 @@ void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len,
            e->mode == EGRESS_MODE_ALLOW ? "not in allow_hosts" : "invalid name");
     return;
   }
+  char why[EGRESS_REASON_MAX];
+  if (!wild_admit(e, name, why)) {
+    refuse(lk, lid, name, qtype, RCODE_NXDOMAIN, why);
+    return;
+  }
   if (qtype != 1) { /* AAAA, HTTPS, SVCB, TXT...: NOERROR, no answer */
     record_dns(e->rec, name, qtype, true, NULL);
     answer(lk, lid, RCODE_NOERROR, 0);
@@ -384,7 +535,7 @@ void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len,
     decide(lk, lid, name, qtype, 0, pinned.n, pinned.family, pinned.addr);
     return;
   }
-  const struct cache_ent *c = cache_find(name, mono_ms());
+  const struct cache_ent *c = cache_find(e->owner_key, name, mono_ms());
   if (c) {
     decide(lk, lid, name, qtype, c->gai_err, c->n, c->family, c->addr);
     return;
@@ -432,7 +583,7 @@ uint64_t lookup_timers(struct link *lk, uint64_t now) {
        * soon would only hold another worker.  One still queued says
        * nothing about the name. */
       if (broker_abandon(q->job) >= EGRESS_RESOLVE_MS / 2)
-        cache_timeout(q->name);
+        cache_timeout(lk->e->owner_key, q->name);
       lookup_unlink(q);
       refuse(lk, q->lid, q->name, q->qtype, RCODE_SERVFAIL, "resolve timed out");
       free(q);

@@ -12,7 +12,17 @@
  * never waits for a disk.  A full queue drops lines and the next line that
  * fits says how many ({"kind":"dropped"}); a log over the cap gets one
  * {"kind":"truncated"} line and nothing more.  (runlog.c's writer is made
- * for the stdout/stderr pairs of runs; this one is a few lines.) */
+ * for the stdout/stderr pairs of runs; this one is a few lines.)
+ *
+ * A sandbox chooses how many events it causes, so a flood of refusals must
+ * not hide the ones before it: the record keeps the first FIRST_DENIED
+ * refusals of the session (and of the events since the last since_last
+ * report) apart from the ring, and counts every refused connect and lookup
+ * by destination and reason (COUNTS_MAX of each kind, then one "other"
+ * count).
+ * A log that was cut (or lost lines) ends, when the session ends, with one
+ * {"kind":"summary"} line carrying those counts; its truncated line
+ * carries them as they were then. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,6 +42,8 @@
 #define RING_MAX 512u              /* events kept in memory per session */
 #define QUEUE_MAX (4u << 20)       /* bytes of lines queued for every log together */
 #define FLUSH_WAIT_MS 2000u
+#define FIRST_DENIED 16u           /* the first refusals kept whatever comes after */
+#define COUNTS_MAX 64u             /* destinations and reasons of each kind counted one by one */
 
 enum ev_type { REC_CONNECT, REC_DNS, REC_PACKETS };
 
@@ -51,6 +63,7 @@ struct jlog {
   uint64_t accepted;           /* bytes queued so far (the cap counts these) */
   uint64_t dropped;            /* lines the queue had no room for, not yet said */
   bool truncated, failed;
+  bool lost;                   /* lines were dropped or cut: a summary at the end */
 };
 
 struct line {
@@ -58,6 +71,23 @@ struct line {
   struct jlog *log;
   size_t len;
   char data[];
+};
+
+/* The first refusals of a span (the session, or since the last since_last
+ * report), and how many it has had. */
+struct firsts {
+  struct rec_ev ev[FIRST_DENIED];
+  uint64_t seq[FIRST_DENIED];  /* each one's place in the ring */
+  size_t n;
+  uint64_t total;
+};
+
+/* Refusals of one destination for one reason. */
+struct denied_count {
+  bool dns;                    /* a lookup (the name), else a connect (host or ip, :port) */
+  char dest[EGRESS_NAME_BUF + INET6_ADDRSTRLEN + 8];
+  char reason[EGRESS_REASON_MAX];
+  uint64_t n;
 };
 
 struct record {
@@ -70,6 +100,12 @@ struct record {
   uint64_t rate_second;        /* the second of the last one recorded as an event */
   /* The last reading of the refusal counters, and of which attachment. */
   uint64_t pk_last[3], pk_gen;
+  struct firsts first_all, first_run;
+  /* Up to COUNTS_MAX connects' and as many lookups' (a flood of made-up
+   * names does not take the connects' room), allocated at the first. */
+  struct denied_count *counts;
+  size_t n_counts, n_kind[2];  /* in all; connects', lookups' */
+  uint64_t counts_other;       /* refusals past COUNTS_MAX destinations of their kind */
   struct jlog *log;
 };
 
@@ -194,36 +230,61 @@ static bool queue_line_locked(struct jlog *l, const char *text, size_t len, bool
   return true;
 }
 
-/* One event's line for L: never waits. */
-static void log_event(struct jlog *l, json_t *o) {
-  if (!l)
-    return;
+/* O as one line of the log (malloc'd, with its newline; *RET_LEN its
+ * length), or NULL. */
+static char *line_of(json_t *o, size_t *ret_len) {
   char *text = json_dumps(o, JSON_COMPACT);
   if (!text)
-    return;
+    return NULL;
   size_t len = strlen(text);
   text[len++] = '\n'; /* json_dumps's NUL becomes the newline */
-  char mark[160];
+  *ret_len = len;
+  return text;
+}
+
+static json_t *summary_json(struct record *r, const char *kind);
+
+/* One event's line for R's log L: never waits.  The line that would pass
+ * the cap is replaced by the truncated line (with R's counts). */
+static void log_event(struct record *r, struct jlog *l, json_t *o) {
+  if (!l)
+    return;
+  size_t len, mark_len = 0;
+  _cleanup_free_ char *text = line_of(o, &len);
+  _cleanup_free_ char *mark = NULL;
+  if (!text)
+    return;
+  pthread_mutex_lock(&w.lock);
+  bool cut = !l->truncated && l->accepted + len > egress_cfg.log_cap;
+  pthread_mutex_unlock(&w.lock);
+  if (cut) {
+    json_t *m = summary_json(r, "truncated");
+    mark = line_of(m, &mark_len);
+    json_decref(m);
+  }
+  char small[160];
   pthread_mutex_lock(&w.lock);
   if (l->truncated) {
   } else if (l->accepted + len > egress_cfg.log_cap) {
-    int n = snprintf(mark, sizeof mark, "{\"kind\":\"truncated\",\"ts_ms\":%" PRIu64 "}\n",
-                     now_ns(CLOCK_REALTIME) / 1000000u);
-    queue_line_locked(l, mark, (size_t)n, true);
-    l->truncated = true;
+    if (!mark) /* no room for the counts: the marker alone */
+      mark_len = (size_t)snprintf(small, sizeof small,
+                                  "{\"kind\":\"truncated\",\"ts_ms\":%" PRIu64 "}\n",
+                                  now_ns(CLOCK_REALTIME) / 1000000u);
+    queue_line_locked(l, mark ? mark : small, mark_len, true);
+    l->truncated = l->lost = true;
   } else if (w.queued + len > QUEUE_MAX) {
     l->dropped++;
+    l->lost = true;
   } else {
     if (l->dropped) {
-      int n = snprintf(mark, sizeof mark, "{\"kind\":\"dropped\",\"lines\":%" PRIu64 "}\n",
+      int n = snprintf(small, sizeof small, "{\"kind\":\"dropped\",\"lines\":%" PRIu64 "}\n",
                        l->dropped);
-      queue_line_locked(l, mark, (size_t)n, true);
+      queue_line_locked(l, small, (size_t)n, true);
       l->dropped = 0;
     }
     queue_line_locked(l, text, len, false);
   }
   pthread_mutex_unlock(&w.lock);
-  free(text);
 }
 
 /* ---- the record ---- */
@@ -265,7 +326,20 @@ void record_free(struct record *r) {
   if (!r)
     return;
   if (r->log) {
+    /* A log that lost lines ends with what the record counted. */
     pthread_mutex_lock(&w.lock);
+    bool lost = r->log->lost;
+    pthread_mutex_unlock(&w.lock);
+    size_t len = 0;
+    _cleanup_free_ char *sum = NULL;
+    if (lost) {
+      json_t *o = summary_json(r, "summary");
+      sum = line_of(o, &len);
+      json_decref(o);
+    }
+    pthread_mutex_lock(&w.lock);
+    if (sum)
+      queue_line_locked(r->log, sum, len, true);
     struct timespec until = timespec_in(CLOCK_REALTIME, FLUSH_WAIT_MS);
     while (r->log->refs > 1 && w.started)
       if (pthread_cond_timedwait(&w.done, &w.lock, &until) == ETIMEDOUT)
@@ -274,6 +348,7 @@ void record_free(struct record *r) {
     pthread_mutex_unlock(&w.lock);
   }
   free(r->ring);
+  free(r->counts);
   pthread_mutex_destroy(&r->lock);
   free(r);
 }
@@ -364,6 +439,101 @@ static json_t *event_json(const struct rec_ev *e, uint64_t now_ms) {
   return o;
 }
 
+/* ---- what no flood evicts ---- */
+
+static void firsts_note(struct firsts *f, const struct rec_ev *ev, uint64_t seq) {
+  if (f->n < FIRST_DENIED) {
+    f->ev[f->n] = *ev;
+    f->seq[f->n++] = seq;
+  }
+  f->total++;
+}
+
+static bool firsts_has(const struct firsts *f, uint64_t seq) {
+  for (size_t i = 0; i < f->n; i++)
+    if (f->seq[i] == seq)
+      return true;
+  return false;
+}
+
+/* A refused connect or lookup EV counted by destination and reason; under
+ * r->lock. */
+static void count_locked(struct record *r, const struct rec_ev *ev) {
+  const struct rec_conn *c = &ev->c;
+  bool dns = ev->type == REC_DNS;
+  char dest[sizeof r->counts->dest];
+  if (dns)
+    snprintf(dest, sizeof dest, "%s", c->host);
+  else if (*c->host || !strchr(c->ip, ':'))
+    snprintf(dest, sizeof dest, "%s:%u", *c->host ? c->host : c->ip, c->port);
+  else
+    snprintf(dest, sizeof dest, "[%s]:%u", c->ip, c->port);
+  for (size_t i = 0; i < r->n_counts; i++) {
+    struct denied_count *d = &r->counts[i];
+    if (d->dns == dns && strcmp(d->dest, dest) == 0 && strcmp(d->reason, c->reason) == 0) {
+      d->n++;
+      return;
+    }
+  }
+  if (!r->counts)
+    r->counts = calloc(2 * COUNTS_MAX, sizeof *r->counts);
+  if (!r->counts || r->n_kind[dns] >= COUNTS_MAX) {
+    r->counts_other++;
+    return;
+  }
+  r->n_kind[dns]++;
+  struct denied_count *d = &r->counts[r->n_counts++];
+  d->dns = dns;
+  snprintf(d->dest, sizeof d->dest, "%s", dest);
+  snprintf(d->reason, sizeof d->reason, "%s", c->reason);
+  d->n = 1;
+}
+
+/* EV, event SEQ of the ring, went to denied[]; under r->lock. */
+static void denied_locked(struct record *r, const struct rec_ev *ev, uint64_t seq) {
+  firsts_note(&r->first_all, ev, seq);
+  firsts_note(&r->first_run, ev, seq);
+  if (ev->type == REC_CONNECT)
+    count_locked(r, ev);
+}
+
+/* [{kind, destination, reason, count}..., {kind: "other", count}]; under
+ * r->lock. */
+static json_t *counts_json_locked(const struct record *r) {
+  json_t *a = json_array();
+  for (size_t i = 0; i < r->n_counts; i++) {
+    const struct denied_count *d = &r->counts[i];
+    json_t *o = json_object();
+    json_object_set_new(o, "kind", json_string(d->dns ? "dns" : "connect"));
+    json_object_set_new(o, "destination", json_string(d->dest));
+    json_object_set_new(o, "reason", json_string(d->reason));
+    json_object_set_new(o, "count", json_integer((json_int_t)d->n));
+    json_array_append_new(a, o);
+  }
+  if (r->counts_other) {
+    json_t *o = json_object();
+    json_object_set_new(o, "kind", json_string("other"));
+    json_object_set_new(o, "count", json_integer((json_int_t)r->counts_other));
+    json_array_append_new(a, o);
+  }
+  return a;
+}
+
+/* The log's truncated or summary line: the session's counts so far. */
+static json_t *summary_json(struct record *r, const char *kind) {
+  json_t *o = json_object();
+  json_object_set_new(o, "kind", json_string(kind));
+  json_object_set_new(o, "ts_ms", json_integer((json_int_t)(now_ns(CLOCK_REALTIME) / 1000000u)));
+  pthread_mutex_lock(&r->lock);
+  json_object_set_new(o, "total_events", json_integer((json_int_t)r->seq));
+  json_object_set_new(o, "denied_total", json_integer((json_int_t)r->first_all.total));
+  json_object_set_new(o, "denied_counts", counts_json_locked(r));
+  if (r->rate_refused)
+    json_object_set_new(o, "dns_refused_by_rate", json_integer((json_int_t)r->rate_refused));
+  pthread_mutex_unlock(&r->lock);
+  return o;
+}
+
 void record_connect(struct record *r, struct rec_conn *c) {
   pthread_mutex_lock(&r->lock);
   struct rec_ev *slot = ring_next_locked(r);
@@ -374,12 +544,14 @@ void record_connect(struct record *r, struct rec_conn *c) {
   }
   if (slot)
     *slot = (struct rec_ev){.type = REC_CONNECT, .c = *c};
+  if (!c->allowed)
+    denied_locked(r, &(struct rec_ev){.type = REC_CONNECT, .c = *c}, c->seq);
   struct jlog *l = r->log;
   pthread_mutex_unlock(&r->lock);
   if (!c->allowed) {
     struct rec_ev ev = {.type = REC_CONNECT, .c = *c};
     json_t *o = event_json(&ev, 0);
-    log_event(l, o);
+    log_event(r, l, o);
     json_decref(o);
   }
 }
@@ -402,11 +574,13 @@ void record_connect_end(struct record *r, struct rec_conn *c) {
   struct rec_ev *e = ring_find_locked(r, c->seq);
   if (e && e->type == REC_CONNECT)
     e->c = *c;
+  if (!c->allowed) /* refused once its first bytes came */
+    denied_locked(r, &(struct rec_ev){.type = REC_CONNECT, .c = *c}, c->seq);
   struct jlog *l = r->log;
   pthread_mutex_unlock(&r->lock);
   struct rec_ev ev = {.type = REC_CONNECT, .c = *c};
   json_t *o = event_json(&ev, 0);
-  log_event(l, o);
+  log_event(r, l, o);
   json_decref(o);
 }
 
@@ -420,6 +594,8 @@ static void dns_locked(struct record *r, const char *name, uint16_t qtype, bool 
   snprintf(ev.c.reason, sizeof ev.c.reason, "%s", reason ? reason : "");
   if (slot)
     *slot = ev;
+  if (!allowed)
+    count_locked(r, &ev);
   *out = ev;
 }
 
@@ -431,7 +607,7 @@ void record_dns(struct record *r, const char *name, uint16_t qtype, bool allowed
   struct jlog *l = r->log;
   pthread_mutex_unlock(&r->lock);
   json_t *o = event_json(&ev, 0);
-  log_event(l, o);
+  log_event(r, l, o);
   json_decref(o);
 }
 
@@ -442,13 +618,19 @@ void record_dns_rate(struct record *r, const char *name, uint16_t qtype) {
   r->rate_refused++;
   bool first = r->rate_second != second;
   r->rate_second = second;
-  if (first)
+  if (first) {
     dns_locked(r, name, qtype, false, "query rate", &ev);
+  } else { /* not an event, but counted */
+    ev = (struct rec_ev){.type = REC_DNS, .qtype = qtype};
+    snprintf(ev.c.host, sizeof ev.c.host, "%s", name);
+    snprintf(ev.c.reason, sizeof ev.c.reason, "query rate");
+    count_locked(r, &ev);
+  }
   struct jlog *l = r->log;
   pthread_mutex_unlock(&r->lock);
   if (first) {
     json_t *o = event_json(&ev, 0);
-    log_event(l, o);
+    log_event(r, l, o);
     json_decref(o);
   }
 }
@@ -472,11 +654,12 @@ void record_refused_packets(struct record *r, uint64_t gen, const uint64_t count
     struct rec_ev *slot = ring_next_locked(r);
     if (slot)
       *slot = ev;
+    denied_locked(r, &ev, slot ? r->seq : 0);
   }
   pthread_mutex_unlock(&r->lock);
   if (grew) {
     json_t *o = event_json(&ev, 0);
-    log_event(l, o);
+    log_event(r, l, o);
     json_decref(o);
   }
 }
@@ -491,27 +674,45 @@ void record_report(struct record *r, bool since_last, json_t *out) {
   uint64_t oldest_kept = r->seq > RING_MAX ? r->seq - RING_MAX : 0;
   if (from < oldest_kept)
     truncated = true; /* some fell out of the ring */
+  /* denied[]: the span's first refusals, then the latest of the others. */
+  struct firsts *f = since_last ? &r->first_run : &r->first_all;
+  size_t max[3] = {EGRESS_REPORT_MAX, EGRESS_REPORT_MAX - f->n, EGRESS_REPORT_MAX};
   for (uint64_t k = r->seq; k > from && k > oldest_kept; k--) {
     const struct rec_ev *e = &r->ring[(k - 1) % RING_MAX];
     /* Refused packets go with the refused connections. */
     int which = e->type == REC_DNS ? 2 : e->type == REC_CONNECT && e->c.allowed ? 0 : 1;
-    if (counts[which] >= EGRESS_REPORT_MAX) {
+    if (which == 1 && firsts_has(f, k))
+      continue;
+    if (counts[which] >= max[which]) {
       truncated = true;
       continue;
     }
     counts[which]++;
     json_array_insert_new(lists[which], 0, event_json(e, now)); /* oldest first */
   }
+  for (size_t i = f->n; i > 0; i--)
+    json_array_insert_new(lists[1], 0, event_json(&f->ev[i - 1], now));
+  uint64_t denied_total = f->total;
+  uint64_t omitted = denied_total > f->n + counts[1] ? denied_total - f->n - counts[1] : 0;
+  truncated |= omitted > 0;
+  json_t *by_dest = since_last ? NULL : counts_json_locked(r);
   uint64_t total = r->seq - from;
   uint64_t rate = r->rate_refused;
-  if (since_last)
+  if (since_last) {
     r->mark = r->seq;
+    r->first_run.n = 0;
+    r->first_run.total = 0;
+  }
   pthread_mutex_unlock(&r->lock);
   json_object_set_new(out, "allowed", lists[0]);
   json_object_set_new(out, "denied", lists[1]);
   json_object_set_new(out, "dns_queries", lists[2]);
   json_object_set_new(out, "total_events", json_integer((json_int_t)total));
   json_object_set_new(out, "truncated", json_boolean(truncated));
+  json_object_set_new(out, "denied_total", json_integer((json_int_t)denied_total));
+  json_object_set_new(out, "denied_omitted", json_integer((json_int_t)omitted));
+  if (by_dest)
+    json_object_set_new(out, "denied_counts", by_dest);
   if (rate)
     json_object_set_new(out, "dns_refused_by_rate", json_integer((json_int_t)rate));
 }

@@ -377,6 +377,9 @@ int config_load(void) {
    * carries (AGENT_MAX_STREAMS). */
   U("IGN_MCP_EGRESS_STREAMS", 64, 1, AGENT_MAX_STREAMS, egress_streams);
   U("IGN_MCP_EGRESS_MAX_MB", 1024, 1, 1u << 30, egress_max_mb);
+  /* Distinct names a session may look up under each *.suffix rule (each
+   * reaches that domain's servers): a package manager needs a few. */
+  U("IGN_MCP_EGRESS_WILDCARD_NAMES", 256, 1, 16384, egress_wildcard_names);
   /* Each connection is a thread of its own (mcp/http.c). */
   U("IGN_MCP_HTTP_MAX_CONNECTIONS", 64, 1, 1024, http_max_connections);
   U("IGN_MCP_HTTP_TIMEOUT_SECS", 30, 1, 3600, http_timeout_secs);

@@ -36,6 +36,7 @@ struct config {
   size_t egress_log_cap; /* IGN_MCP_EGRESS_LOG_CAP: bytes of each session's egress log */
   unsigned egress_streams; /* IGN_MCP_EGRESS_STREAMS: connections open at once per session */
   unsigned egress_max_mb;  /* IGN_MCP_EGRESS_MAX_MB: MiB each way per session */
+  unsigned egress_wildcard_names; /* IGN_MCP_EGRESS_WILDCARD_NAMES: names per *.suffix rule */
   unsigned ns_uid_base;  /* IGN_MCP_NS_UID_BASE: the ns sandboxes' uid blocks (root) */
   /* IGN_MCP_HOST_ID: the prefix of every session id this server mints
    * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;

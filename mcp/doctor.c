@@ -650,7 +650,7 @@ static void check_seccomp(struct report *r) {
 static void check_egress(struct report *r) {
   _cleanup_free_ char *policy = xasprintf(
       "IGN_MCP_NET=%s (%s), private networks %s%s%s, %u connections and %u MiB each way per "
-      "session",
+      "session, %u names under each wildcard rule",
       config_net_name(),
       cfg.net == NET_OFF   ? "sessions have no network"
       : cfg.net == NET_OPEN ? "sessions may ask none, allow or open"
@@ -659,7 +659,7 @@ static void check_egress(struct report *r) {
       : cfg.net_private ? "allowed (IGN_MCP_NET_PRIVATE=1), this host refused"
                         : "and this host refused",
       cfg.egress_hosts ? ", hosts file " : "", cfg.egress_hosts ? cfg.egress_hosts : "",
-      cfg.egress_streams, cfg.egress_max_mb);
+      cfg.egress_streams, cfg.egress_max_mb, cfg.egress_wildcard_names);
   if (cfg.net == NET_OFF) {
     add(r, FOR_VM | FOR_NS, "egress", ST_OK, xasprintf("%s; capture not checked", policy), NULL);
     return;

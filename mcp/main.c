@@ -66,6 +66,8 @@ static void usage(void) {
          "  IGN_MCP_EGRESS_LOG_CAP bytes of each session's egress log [8388608]\n"
          "  IGN_MCP_EGRESS_STREAMS connections a session may have open at once [64]\n"
          "  IGN_MCP_EGRESS_MAX_MB MiB a session may send, and receive, in all [1024]\n"
+         "  IGN_MCP_EGRESS_WILDCARD_NAMES distinct names a session may look up under\n"
+         "                        each *.suffix rule of allow_hosts [256]\n"
          "  IGN_MCP_STORE         where warm bases and stages live [/var/lib/ignition-mcp\n"
          "                        as root, else ~/.cache/ignition-mcp]\n"
          "  IGN_MCP_STAGES_MAX_MB space all stages may use in the store [10240]\n"
@@ -192,6 +194,7 @@ int main(int argc, char **argv) {
       .allow_host = cfg.net_host,
       .hosts_file = cfg.egress_hosts, .log_dir = cfg.log_dir, .log_cap = cfg.egress_log_cap,
       .max_streams = cfg.egress_streams, .max_bytes = (uint64_t)cfg.egress_max_mb << 20,
+      .wildcard_names = cfg.egress_wildcard_names,
   };
   _cleanup_free_ char *eg_err = NULL;
   if (egress_init(&es, &eg_err) < 0) {

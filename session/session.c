@@ -485,7 +485,7 @@ static int open_taking(const char *owner, const char *stage_name, struct egress 
   s->ephemeral = lease != NULL;
   s->egress = steal_ptr(*egress);
   if (s->egress)
-    egress_set_session(s->egress, s->id);
+    egress_set_session(s->egress, s->id, s->owner);
 
   uint64_t ms;
   r = shutting_down ? -ESHUTDOWN
@@ -1016,7 +1016,7 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
     }
     s->egress = steal_ptr(clones[i]);
     if (s->egress)
-      egress_set_session(s->egress, s->id);
+      egress_set_session(s->egress, s->id, s->owner);
     jobs[i] = (struct fork_job){.s = s, .stage = st};
     if (pthread_create(&jobs[i].thread, NULL, fork_main, &jobs[i]) != 0) {
       session_free(s);

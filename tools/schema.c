@@ -44,10 +44,17 @@ static const char session_id_schema[] =
     "\"allowed\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},"                            \
     "\"description\":\"Connections made: host, ip, port, rule, bytes_up, bytes_down, "            \
     "duration_ms.\"},"                                                                            \
-    "\"denied\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},"                             \
-    "\"description\":\"Connections and lookups refused, each with its reason.\"},"                \
-    "\"dns_queries\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},"                       \
-    "\"total_events\":{\"type\":\"integer\"},\"truncated\":{\"type\":\"boolean\"},"               \
+    "\"denied\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},"                          \
+    "\"description\":\"Connections refused, each with its reason: the first 16, then the "     \
+    "latest.\"},"                                                                              \
+    "\"denied_total\":{\"type\":\"integer\",\"description\":\"Refusals in all.\"},"            \
+    "\"denied_omitted\":{\"type\":\"integer\",\"description\":\"Refusals between the first "   \
+    "and the latest that denied does not list.\"},"                                            \
+    "\"denied_counts\":{\"type\":\"array\",\"items\":{\"type\":\"object\"},\"description\":"   \
+    "\"network_log: refused connects and lookups counted by destination and reason "           \
+    "({kind, destination, reason, count}; past 64 of a kind one {kind: other, count}).\"},"    \
+    "\"dns_queries\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},"                    \
+    "\"total_events\":{\"type\":\"integer\"},\"truncated\":{\"type\":\"boolean\"},"            \
     "\"egress_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],"                 \
     "\"description\":\"Every event of the session as JSON Lines on the host.\"}},"                \
     "\"required\":[\"mode\",\"allowed\",\"denied\",\"dns_queries\"]}"

@@ -626,6 +626,28 @@ const ROWS = [
       });
     },
   },
+  {
+    row: 'names under a wildcard rule',
+    run: async (t) => {
+      const skip = captureSkip();
+      if (skip) return t.skip(skip);
+      const g = goodTest({ IGN_MCP_EGRESS_WILDCARD_NAMES: 2 });
+      fs.writeFileSync(g.env.IGN_MCP_EGRESS_HOSTS, '127.0.0.1 n1.wild.test n2.wild.test n3.wild.test\n');
+      try {
+        await withServer(g.env, async (c) => {
+          const o = await call(c, 'open_session', { network: 'allow', allow_hosts: ['*.wild.test'] });
+          // At the cap, answered (a stand-in address); past it, NXDOMAIN.
+          const r = await run(c, o.session_id, 'for n in n1 n2 n3 n1; do if nslookup $n.wild.test 2>&1 | grep -q "^Address.*198\\.1[89]\\."; then echo "$n yes"; else echo "$n no"; fi; done', { timeout_s: 60 });
+          assert.equal(r.stdout, 'n1 yes\nn2 yes\nn3 no\nn1 yes\n', r.stderr);
+          const log = await call(c, 'network_log', { session_id: o.session_id });
+          const why = 'over 2 names under one wildcard rule (IGN_MCP_EGRESS_WILDCARD_NAMES)';
+          assert.ok(log.dns_queries.some((q) => q.name === 'n3.wild.test' && q.reason === why), `no refusal recorded as "${why}": ${JSON.stringify(log.dns_queries)}`);
+        });
+      } finally {
+        g.remove();
+      }
+    },
+  },
 ];
 
 /* The rows of the README's "## Limits" table, by their first cell. */

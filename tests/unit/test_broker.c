@@ -370,11 +370,17 @@ static void write_hosts(const char *text) {
 /* IGN_MCP_NET_PRIVATE as the operator sets it. */
 enum private { PRIV_NONE, PRIV_ONE, PRIV_HOST };
 
+/* IGN_MCP_EGRESS_WILDCARD_NAMES and IGN_MCP_EGRESS_LOG_CAP for the next
+ * init_broker (0: the defaults here). */
+static unsigned wildcard_names;
+static size_t log_cap;
+
 static void init_broker(enum private priv, unsigned max_streams) {
   struct egress_settings s = {.max_mode = EGRESS_MODE_OPEN, .allow_private = priv == PRIV_ONE,
                               .allow_host = priv == PRIV_HOST, .hosts_file = hosts_path,
-                              .log_dir = tmp, .log_cap = 1u << 20,
-                              .max_streams = max_streams, .max_bytes = 1ull << 30};
+                              .log_dir = tmp, .log_cap = log_cap ? log_cap : 1u << 20,
+                              .max_streams = max_streams, .max_bytes = 1ull << 30,
+                              .wildcard_names = wildcard_names};
   char *err = NULL;
   int r = egress_init(&s, &err);
   CHECK_EQ_INT(r, 0);
@@ -383,9 +389,10 @@ static void init_broker(enum private priv, unsigned max_streams) {
   free(err);
 }
 
-/* A session with MODE and ALLOW (a JSON array text, or NULL), attached. */
-static struct egress *session(const char *mode, const char *allow, const char *sid,
-                              struct agent *a) {
+/* A session of OWNER with MODE and ALLOW (a JSON array text, or NULL),
+ * attached. */
+static struct egress *session_of(const char *owner, const char *mode, const char *allow,
+                                 const char *sid, struct agent *a) {
   json_t *net = json_string(mode), *hosts = allow ? json_loads(allow, 0, NULL) : NULL;
   struct egress *e = NULL;
   char *err = NULL;
@@ -398,10 +405,16 @@ static struct egress *session(const char *mode, const char *allow, const char *s
   json_decref(hosts);
   if (!e)
     return NULL;
-  egress_set_session(e, sid);
+  egress_set_session(e, sid, owner);
   agent_start(a);
   egress_attach(e, a->c, NULL, NULL);
   return e;
+}
+
+/* The same, for stdio's owner. */
+static struct egress *session(const char *mode, const char *allow, const char *sid,
+                              struct agent *a) {
+  return session_of("", mode, allow, sid, a);
 }
 
 static void session_end(struct egress *e, struct agent *a) {
@@ -968,6 +981,184 @@ static void report_since_last_and_log(void) {
   egress_shutdown();
 }
 
+
+/* ---- names under a wildcard rule ---------------------------------------- */
+
+/* The last dns_queries entry of E's whole record. */
+static void check_last_dns(struct egress *e, const char *name, const char *reason_has) {
+  json_t *rep = egress_report(e, false);
+  json_t *q = last_of(rep, "dns_queries");
+  CHECK_STREQ(str_of(q, "name"), name);
+  CHECK(json_is_false(json_object_get(q, "allowed")));
+  const char *why = str_of(q, "reason");
+  CHECK(why && strstr(why, reason_has));
+  if (!why || !strstr(why, reason_has))
+    fprintf(stderr, "  %s refused for \"%s\", expected \"%s\"\n", name, why ? why : "(none)",
+            reason_has);
+  json_decref(rep);
+}
+
+/* A session may look up IGN_MCP_EGRESS_WILDCARD_NAMES distinct names under
+ * each *.suffix rule (each would reach that domain's servers); then
+ * NXDOMAIN, recorded with a reason naming the setting.  A name asked again
+ * (any type) costs nothing; a name listed exactly is never counted; each
+ * rule has its own count, each session too; a fork goes on with its
+ * source's. */
+static void wildcard_names_capped(void) {
+  write_hosts("127.0.0.1 good.test a.w.test b.w.test c.w.test d.w.test x.w.test a.v.test\n");
+  wildcard_names = 3;
+  init_broker(PRIV_HOST, 64);
+  struct agent a, b;
+  const char *allow = "[\"*.w.test\", \"*.v.test\", \"x.w.test\"]";
+  struct egress *e = session("allow", allow, "wild1", &a);
+  uint8_t addr[4];
+  resolve(&a, "a.w.test", addr);
+  resolve(&a, "b.w.test", addr);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "c.w.test", 8, 28), NULL, NULL), RCODE_NOERROR);
+  resolve(&a, "A.w.test.", addr); /* the same name again */
+  resolve(&a, "c.w.test", addr);  /* asked before as AAAA */
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "d.w.test", 8, 1), NULL, NULL), RCODE_NXDOMAIN);
+  check_last_dns(e, "d.w.test", "over 3 names under one wildcard rule (IGN_MCP_EGRESS_WILDCARD_NAMES)");
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "e.w.test", 8, 28), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "q.e.w.test", 10, 1), NULL, NULL), RCODE_NXDOMAIN);
+  check_last_dns(e, "q.e.w.test", "IGN_MCP_EGRESS_WILDCARD_NAMES");
+  resolve(&a, "b.w.test", addr); /* still answered */
+  resolve(&a, "x.w.test", addr); /* listed exactly */
+  resolve(&a, "a.v.test", addr); /* another rule */
+  /* A fork goes on with its source's count. */
+  struct egress *c = NULL;
+  CHECK_EQ_INT(egress_clone(e, &c), 0);
+  if (c) {
+    egress_set_session(c, "wildfork", "");
+    agent_start(&b);
+    egress_attach(c, b.c, NULL, NULL);
+    resolve(&b, "b.w.test", addr);
+    CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "d.w.test", 8, 1), NULL, NULL), RCODE_NXDOMAIN);
+    check_last_dns(c, "d.w.test", "IGN_MCP_EGRESS_WILDCARD_NAMES");
+    session_end(c, &b);
+  }
+  /* Another session counts its own. */
+  struct egress *f = session("allow", allow, "wild2", &b);
+  resolve(&b, "d.w.test", addr);
+  session_end(f, &b);
+  session_end(e, &a);
+  egress_shutdown();
+  wildcard_names = 0;
+  write_hosts("# test names\n127.0.0.1 good.test\n10.0.0.5 ten.test\n");
+}
+
+/* ---- a flood of refusals ------------------------------------------------- */
+
+/* The value of KEY in O as an integer (-1 when absent). */
+static long long int_of(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* The count of DEST refused for REASON in COUNTS (denied_counts), -1 if absent. */
+static long long count_of(json_t *counts, const char *kind, const char *dest, const char *reason) {
+  for (size_t i = 0; i < json_array_size(counts); i++) {
+    json_t *c = json_array_get(counts, i);
+    const char *k = str_of(c, "kind"), *d = str_of(c, "destination"), *r = str_of(c, "reason");
+    if (k && strcmp(k, kind) == 0 && (!dest || (d && strcmp(d, dest) == 0)) &&
+        (!reason || (r && strcmp(r, reason) == 0)))
+      return int_of(c, "count");
+  }
+  return -1;
+}
+
+/* One refused connect to 10.1.2.3:1, then FLOOD to 10.1.2.3:2: network_log
+ * still lists the first (and the latest), says how many it left out, and
+ * counts each destination and reason whatever the flood; a run's report
+ * keeps its own first ones.  The log, cut at a small cap, carries the
+ * counts in its truncated line and ends with a summary of them. */
+static void refusals_survive_a_flood(void) {
+  enum { FLOOD = 120 };
+  log_cap = 4096;
+  init_broker(PRIV_HOST, 64);
+  struct agent a;
+  struct egress *e = session("none", NULL, "flood1", &a);
+  check_reset(&a, (uint8_t[4]){10, 1, 2, 3}, 1, "network is none");
+  json_t *rep = egress_report(e, true);
+  json_decref(rep);
+  for (unsigned i = 0; i < FLOOD; i++)
+    check_reset(&a, (uint8_t[4]){10, 1, 2, 3}, 2, "network is none");
+  CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, "x.example", 9, 1), NULL, NULL), RCODE_NXDOMAIN);
+  /* The whole session. */
+  rep = egress_report(e, false);
+  json_t *denied = json_object_get(rep, "denied");
+  CHECK_EQ_INT(json_array_size(denied), EGRESS_REPORT_MAX);
+  CHECK_EQ_INT(int_of(json_array_get(denied, 0), "port"), 1);
+  CHECK_EQ_INT(int_of(last_of(rep, "denied"), "port"), 2);
+  CHECK_EQ_INT(int_of(rep, "denied_total"), FLOOD + 1);
+  CHECK_EQ_INT(int_of(rep, "denied_omitted"), FLOOD + 1 - EGRESS_REPORT_MAX);
+  CHECK(json_is_true(json_object_get(rep, "truncated")));
+  json_t *counts = json_object_get(rep, "denied_counts");
+  CHECK_EQ_INT(count_of(counts, "connect", "10.1.2.3:1", "network is none"), 1);
+  CHECK_EQ_INT(count_of(counts, "connect", "10.1.2.3:2", "network is none"), FLOOD);
+  CHECK_EQ_INT(count_of(counts, "dns", "x.example", "network is none"), 1);
+  json_decref(rep);
+  /* Since the first report: the flood's own first one leads. */
+  rep = egress_report(e, true);
+  denied = json_object_get(rep, "denied");
+  CHECK_EQ_INT(json_array_size(denied), EGRESS_REPORT_MAX);
+  CHECK_EQ_INT(int_of(json_array_get(denied, 0), "port"), 2);
+  CHECK_EQ_INT(int_of(rep, "denied_total"), FLOOD);
+  CHECK_EQ_INT(int_of(rep, "denied_omitted"), FLOOD - EGRESS_REPORT_MAX);
+  CHECK(json_object_get(rep, "denied_counts") == NULL); /* network_log's */
+  json_decref(rep);
+  /* Past 64 destinations of a kind, the rest is one count; made-up names
+   * do not take the connects' room. */
+  for (unsigned i = 0; i < 70; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "f%u.example", i);
+    CHECK_EQ_INT(lookup_rcode(&a, ag_lookup(&a, name, strlen(name), 1), NULL, NULL), RCODE_NXDOMAIN);
+  }
+  for (unsigned i = 0; i < 70; i++)
+    check_reset(&a, (uint8_t[4]){10, 1, 3, (uint8_t)i}, 443, "network is none");
+  rep = egress_report(e, false);
+  counts = json_object_get(rep, "denied_counts");
+  CHECK_EQ_INT(json_array_size(counts), 64 + 64 + 1);
+  CHECK_EQ_INT(count_of(counts, "other", NULL, NULL), (72 - 64) + (71 - 64));
+  CHECK_EQ_INT(count_of(counts, "connect", "10.1.2.3:1", "network is none"), 1);
+  CHECK_EQ_INT(count_of(counts, "connect", "10.1.3.0:443", "network is none"), 1);
+  CHECK_EQ_INT(count_of(counts, "dns", "f0.example", "network is none"), 1);
+  json_decref(rep);
+  char path[192];
+  snprintf(path, sizeof path, "%s/flood1.egress.jsonl", tmp);
+  session_end(e, &a); /* flushes the log, and ends it */
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char *line = NULL, *last = NULL;
+  size_t cap = 0;
+  bool cut_counts = false;
+  while (f && getline(&line, &cap, f) > 0) {
+    free(last);
+    last = strdup(line);
+    json_t *o = json_loads(line, 0, NULL);
+    if (strcmp(str_of(o, "kind") ? str_of(o, "kind") : "", "truncated") == 0)
+      cut_counts = count_of(json_object_get(o, "denied_counts"), "connect", "10.1.2.3:1",
+                            "network is none") == 1;
+    json_decref(o);
+  }
+  if (f)
+    fclose(f);
+  free(line);
+  CHECK(cut_counts);
+  json_t *sum = last ? json_loads(last, 0, NULL) : NULL;
+  CHECK_STREQ(str_of(sum, "kind"), "summary");
+  counts = json_object_get(sum, "denied_counts");
+  CHECK_EQ_INT(count_of(counts, "connect", "10.1.2.3:2", "network is none"), FLOOD);
+  CHECK_EQ_INT(count_of(counts, "other", NULL, NULL), (72 - 64) + (71 - 64));
+  CHECK_EQ_INT(int_of(sum, "denied_total"), FLOOD + 1 + 70);
+  if (!sum || strcmp(str_of(sum, "kind") ? str_of(sum, "kind") : "", "summary") != 0)
+    fprintf(stderr, "  the log's last line: %s", last ? last : "(none)\n");
+  json_decref(sum);
+  free(last);
+  egress_shutdown();
+  log_cap = 0;
+}
+
 /* ---- in a network of its own -------------------------------------------- */
 
 static bool write_file(const char *path, const char *text) {
@@ -1172,6 +1363,100 @@ static void resolver_flood_spares_other_sessions(void) {
   in_netns("resolver_flood_spares_other_sessions", flood_child);
 }
 
+
+/* ---- the DNS cache, per owner -------------------------------------------- */
+
+/* A DNS server on 127.0.0.1:53 that answers every query NXDOMAIN and counts
+ * them. */
+static struct {
+  int fd;
+  atomic_int queries;
+  atomic_bool stop;
+  pthread_t thread;
+} dnsd;
+
+static void *dnsd_main(void *arg) {
+  (void)arg;
+  uint8_t buf[1500];
+  while (!atomic_load(&dnsd.stop)) {
+    struct pollfd p = {.fd = dnsd.fd, .events = POLLIN};
+    if (poll(&p, 1, 50) <= 0)
+      continue;
+    struct sockaddr_in from;
+    socklen_t fl = sizeof from;
+    ssize_t n = recvfrom(dnsd.fd, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+    if (n < 12)
+      continue;
+    atomic_fetch_add(&dnsd.queries, 1);
+    buf[2] |= 0x80;        /* a response */
+    buf[3] = 0x80 | 3;     /* recursion available, NXDOMAIN */
+    sendto(dnsd.fd, buf, (size_t)n, 0, (struct sockaddr *)&from, fl);
+  }
+  return NULL;
+}
+
+/* The host's answers are cached per owner: a sandbox of "bob" asking for a
+ * name a sandbox of "alice" just looked up makes the host ask its DNS
+ * server again (no quick answer tells bob what alice asked), while
+ * another session of alice's is answered from her cache.  And a name past
+ * the wildcard cap is never asked of the DNS server. */
+static void cache_child(void) {
+  char path[192], etc_hosts[192];
+  snprintf(path, sizeof path, "%s/resolv.conf.cache", tmp);
+  snprintf(etc_hosts, sizeof etc_hosts, "%s/etc_hosts.cache", tmp);
+  dnsd.fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(53),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (dnsd.fd < 0 || bind(dnsd.fd, (struct sockaddr *)&in, sizeof in) < 0) {
+    CHECK(!"cannot bind the DNS server to 127.0.0.1:53");
+    return;
+  }
+  if (!bind_text(path, "nameserver 127.0.0.1\noptions timeout:2 attempts:1\n", "/etc/resolv.conf") ||
+      !bind_text(etc_hosts, "127.0.0.1 localhost\n", "/etc/hosts")) {
+    CHECK(!"cannot set up the resolver");
+    return;
+  }
+  atomic_store(&dnsd.stop, false);
+  pthread_create(&dnsd.thread, NULL, dnsd_main, NULL);
+  wildcard_names = 2; /* this child's */
+  init_broker(PRIV_HOST, 64);
+  struct agent a1, a2, b;
+  const char *allow = "[\"*.cache.test\"]";
+  struct egress *ea1 = session_of("alice", "allow", allow, "cacheA1", &a1);
+  struct egress *ea2 = session_of("alice", "allow", allow, "cacheA2", &a2);
+  struct egress *eb = session_of("bob", "allow", allow, "cacheB", &b);
+  CHECK_EQ_INT(lookup_rcode(&a1, ag_lookup(&a1, "x.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  int asked = atomic_load(&dnsd.queries);
+  CHECK(asked > 0);
+  CHECK_EQ_INT(lookup_rcode(&a2, ag_lookup(&a2, "x.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(atomic_load(&dnsd.queries), asked); /* alice's cache */
+  CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "x.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK(atomic_load(&dnsd.queries) > asked); /* bob's own question */
+  if (atomic_load(&dnsd.queries) <= asked)
+    fprintf(stderr, "  bob's lookup was answered from alice's cache (%d queries)\n", asked);
+  asked = atomic_load(&dnsd.queries);
+  CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "x.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(atomic_load(&dnsd.queries), asked); /* bob's cache now */
+  /* Past IGN_MCP_EGRESS_WILDCARD_NAMES (2 here), a name under the
+   * wildcard never reaches the DNS server. */
+  asked = atomic_load(&dnsd.queries);
+  CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "y.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK(atomic_load(&dnsd.queries) > asked);
+  asked = atomic_load(&dnsd.queries);
+  CHECK_EQ_INT(lookup_rcode(&b, ag_lookup(&b, "z.cache.test", 12, 1), NULL, NULL), RCODE_NXDOMAIN);
+  CHECK_EQ_INT(atomic_load(&dnsd.queries), asked);
+  check_last_dns(eb, "z.cache.test", "over 2 names under one wildcard rule");
+  session_end(ea1, &a1);
+  session_end(ea2, &a2);
+  session_end(eb, &b);
+  egress_shutdown();
+  atomic_store(&dnsd.stop, true);
+  pthread_join(dnsd.thread, NULL);
+  close(dnsd.fd);
+}
+
+static void dns_cache_per_owner(void) { in_netns("dns_cache_per_owner", cache_child); }
+
 /* ---- the host's own addresses -------------------------------------------- */
 
 /* lo gets 10.9.8.7 too, and a server listens on every address: that is the
@@ -1346,7 +1631,7 @@ static void clone_keeps_synthetic_addresses(void) {
   struct egress *c = NULL;
   CHECK_EQ_INT(egress_clone(e, &c), 0);
   if (c) {
-    egress_set_session(c, "fork1");
+    egress_set_session(c, "fork1", "");
     agent_start(&b);
     egress_attach(c, b.c, NULL, NULL);
     uint32_t sid = ag_open(&b, good, srv.port);
@@ -1637,7 +1922,8 @@ int main(void) {
       TEST(web_ports_always_peeked), TEST(server_first_port_still_checks_the_first_bytes),
       TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
       TEST(refused_packets_recorded), TEST(backend_counters_instead_of_the_agent),
-      TEST(early_refusals_name_the_address),
+      TEST(early_refusals_name_the_address), TEST(wildcard_names_capped),
+      TEST(refusals_survive_a_flood),  TEST(dns_cache_per_owner),
   };
   int r = test_run_all(cases, ARRAY_SIZE(cases));
   teardown();
