@@ -71,6 +71,13 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
  * NAME is an existing directory).  NAME that is a symlink is refused with
  * -ELOOP; a failure of any kind leaves NAME as it was and no staging behind.
  * A stream with no entry is an error (-ENODATA); entries outside the first
- * entry's TOP are skipped and reported. */
+ * entry's TOP are skipped and reported.
+ *
+ * The stream is complete at IN_FD's EOF after the end marker, not at the
+ * marker: its sender may still fail (or a hostile one send an error after a
+ * whole stream).  Whoever runs the sender sets CANCELLED before it closes
+ * IN_FD when the sender failed; a cancel at any point, the wait for EOF
+ * included, is -ECANCELED, and CANCELLED is asked once more right before
+ * the rename. */
 int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *lim,
                const atomic_bool *cancelled, struct tar_report *rep, char **ret_err);

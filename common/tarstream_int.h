@@ -14,8 +14,8 @@
 #define TAR_BLOCK (64 * 1024)
 #define TAR_POLL_MS 200
 /* After the end marker, what the sender still writes (block padding) is
- * read and dropped, up to this much, so that it does not fail on a closed
- * pipe. */
+ * read and dropped until its EOF; a stream that goes on for more than this
+ * is refused. */
 #define TAR_DRAIN_MAX (1024 * 1024)
 /* Headers per entry the raw stream may carry besides file content: long
  * names and link targets in pax headers take a few KiB at most. */

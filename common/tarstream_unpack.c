@@ -144,7 +144,7 @@ struct unpack {
   uint64_t stream_bytes, stream_cap;
   uint64_t header_from; /* stream_bytes when the header being read began */
   bool in_header;       /* in archive_read_next_header */
-  bool draining;        /* after the end marker: stop when nothing comes */
+  bool draining;        /* after the end marker: until the sender's EOF */
   const atomic_bool *cancelled;
   struct tar_report *rep;
   uint64_t entries;
@@ -168,8 +168,6 @@ static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_b
     int r = tar_wait_fd(a, u->in_fd, POLLIN, u->cancelled, &u->io_errno);
     if (r < 0)
       return -1;
-    if (r == 0 && u->draining)
-      return 0;
     if (r == 0)
       continue;
     ssize_t n = read(u->in_fd, u->buf, TAR_BLOCK);
@@ -594,6 +592,10 @@ static int unpack_commit(struct unpack *u) {
     u->err = u->err ? u->err : msg;
     return r;
   }
+  /* Asked again at the last moment: a sender that failed while the tree
+   * was being closed up still keeps the destination as it was. */
+  if (tar_cancelled(u->cancelled))
+    return unpack_fail(u, -ECANCELED, "the copy was cancelled");
   if (!exists) {
     if (renameat2(u->dirfd, u->staging, u->dirfd, u->name, RENAME_NOREPLACE) == 0)
       return 0;
@@ -695,19 +697,34 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
                                 "or went away partway); nothing was changed");
   if (r == 0 && !u.top)
     r = unpack_fail(&u, -ENODATA, "the stream holds no entry that can be copied");
-  /* Block padding after the end marker: read, so the sender sees its
-   * stream taken whole, but not waited for past a poll interval (a sender
-   * that keeps the stream open must not hold a complete copy back). */
+  /* The end marker says the stream is whole, not that its sender
+   * succeeded: a sender fails after it too (its report, its close), or a
+   * hostile one sends a whole stream and then an error.  The sender's
+   * success is its EOF with no stop: whoever runs a sender sets CANCELLED
+   * before closing the stream when it failed.  So the rest (block padding)
+   * is read to EOF, and a cancel here is a failure like anywhere else. */
   if (r == 0) {
     u.draining = true;
     uint64_t drained = 0;
-    while (drained < TAR_DRAIN_MAX) {
+    for (;;) {
       const void *b;
       la_ssize_t n = unpack_read_cb(u.a, &u, &b);
-      if (n <= 0)
+      if (n < 0) {
+        r = unpack_archive_fail(&u, "after its end marker", NULL);
+        break;
+      }
+      if (n == 0)
         break;
       drained += (uint64_t)n;
+      if (drained > TAR_DRAIN_MAX) {
+        r = unpack_fail(&u, -EPROTO, "the stream goes on for more than %d KiB after its end "
+                        "marker; the sending side is not ours or is broken; nothing was changed",
+                        TAR_DRAIN_MAX / 1024);
+        break;
+      }
     }
+    if (r == 0 && tar_cancelled(cancelled))
+      r = unpack_fail(&u, -ECANCELED, "the copy was cancelled");
   }
   while (u.depth > 0)
     level_pop(&u);
