@@ -18,6 +18,7 @@
 
 #include "common/hostio.h"
 #include "common/tarstream.h"
+#include "common/tarstream_int.h"
 #include "common/util.h"
 #include "test.h"
 
@@ -598,6 +599,73 @@ static void symlink_then_write_through_is_refused(void) {
   teardown();
 }
 
+/* The symlink-inside check at its boundary: a link whose ".." reach
+ * exactly the top of the copied tree is kept, one more ".." is outside.
+ * Read straight, and at each depth of a hostile stream and of a packed
+ * host tree (the depth each side passes is what is checked here). */
+static void symlink_reaching_the_top_is_kept_one_above_is_not(void) {
+  CHECK(tar_symlink_inside(".", 0));
+  CHECK(!tar_symlink_inside("..", 0));
+  CHECK(!tar_symlink_inside("../x", 0));
+  CHECK(tar_symlink_inside("..", 1));
+  CHECK(tar_symlink_inside("../x", 1));
+  CHECK(!tar_symlink_inside("../..", 1));
+  CHECK(!tar_symlink_inside("../../x", 1));
+  CHECK(tar_symlink_inside("../../x", 2));
+  CHECK(!tar_symlink_inside("../../../x", 2));
+  CHECK(!tar_symlink_inside("a/../../x", 2)); /* ".." after a name: never */
+
+  setup();
+  const struct ent ents[] = {
+      {"T", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/f", AE_IFREG, 0644, "top", NULL, NULL, 0, false},
+      {"T/here", AE_IFLNK, 0, NULL, "f", NULL, 0, false},
+      {"T/up", AE_IFLNK, 0, NULL, "../f", NULL, 0, false},
+      {"T/d", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/d/top", AE_IFLNK, 0, NULL, "../f", NULL, 0, false},
+      {"T/d/up", AE_IFLNK, 0, NULL, "../../f", NULL, 0, false},
+      {"T/d/e", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/d/e/top", AE_IFLNK, 0, NULL, "../../f", NULL, 0, false},
+      {"T/d/e/up", AE_IFLNK, 0, NULL, "../../../f", NULL, 0, false},
+  };
+  int fd = build_stream(ents, ARRAY_SIZE(ents));
+  struct tar_report rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(unpack_into_root(fd, "dst", &big, &rep, &err), 0);
+  free(err);
+  close(fd);
+  CHECK(exists("dst/here") && exists("dst/d/top") && exists("dst/d/e/top"));
+  CHECK(!exists("dst/up") && !exists("dst/d/up") && !exists("dst/d/e/up"));
+  CHECK(skipped_with(&rep, "T/up", "outside"));
+  CHECK(skipped_with(&rep, "T/d/up", "outside"));
+  CHECK(skipped_with(&rep, "T/d/e/up", "outside"));
+  CHECK_EQ_INT(rep.symlinks, 3);
+  CHECK_EQ_INT(rep.skipped, 3);
+  tar_report_free(&rep);
+
+  /* The same tree on the host, packed: the same three are left out. */
+  CHECK_EQ_INT(sh("cd %s && mkdir -p src/d/e && echo top > src/f && ln -s f src/here && "
+                  "ln -s ../f src/up && ln -s ../f src/d/top && ln -s ../../f src/d/up && "
+                  "ln -s ../../f src/d/e/top && ln -s ../../../f src/d/e/up",
+                  root),
+               0);
+  char src[PATH_MAX * 2];
+  snprintf(src, sizeof src, "%s/src", root);
+  fd = mem_fd();
+  rep = (struct tar_report){0};
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &big, NULL, &rep, &err), 0);
+  free(err);
+  close(fd);
+  CHECK(skipped_with(&rep, "src/up", "outside"));
+  CHECK(skipped_with(&rep, "src/d/up", "outside"));
+  CHECK(skipped_with(&rep, "src/d/e/up", "outside"));
+  CHECK_EQ_INT(rep.symlinks, 3);
+  CHECK_EQ_INT(rep.skipped, 3);
+  tar_report_free(&rep);
+  CHECK(no_staging());
+  teardown();
+}
+
 static void hostile_sizes_hit_the_caps(void) {
   setup();
   sh("mkdir -p %s/dst && echo old > %s/dst/old && cp -a %s/dst %s/ref && mkdir %s/dst/sub && "
@@ -689,4 +757,5 @@ TEST_MAIN(TEST(stream_through_a_pipe), TEST(round_trip_keeps_tree_modes_and_inne
           TEST(device_nodes_are_skipped), TEST(destination_symlink_is_refused),
           TEST(copy_out_off_refuses_writes), TEST(failed_copy_leaves_destination_intact),
           TEST(hostile_names_are_skipped), TEST(symlink_then_write_through_is_refused),
+          TEST(symlink_reaching_the_top_is_kept_one_above_is_not),
           TEST(hostile_sizes_hit_the_caps))
