@@ -14,7 +14,10 @@
  * writable.  Owners are not copied (files belong to whoever extracts).
  * Everything else (device nodes, FIFOs, sockets, hard links, absolute or
  * escaping symlinks, names with "..", absolute names) is skipped and
- * reported, on the way in and on the way out.  Neither side ever follows a
+ * reported, on the way in and on the way out.  The receiver also skips and
+ * reports names below TOP, and symlink targets, with a control character
+ * (a byte below 0x20, or 0x7f: a newline, a terminal escape); a name that
+ * begins with '-' is an ordinary name and is copied.  Neither side ever follows a
  * symlink inside the tree.  A file with several names (st_nlink > 1) is
  * packed under each name it has in the tree, as a regular file: its other
  * names may be outside the tree, and what is read is what the user who

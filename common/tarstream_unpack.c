@@ -401,6 +401,17 @@ static int unpack_file(struct unpack *u, int fd, struct archive_entry *e, const 
 
 static bool errno_is_duplicate(int e) { return e == EEXIST; }
 
+#define CONTROL_REASON                                                                      \
+  "a name with a control character (a newline, an escape or another byte below 0x20, or " \
+  "0x7f)"
+
+static bool has_control_byte(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      return true;
+  return false;
+}
+
 /* One entry of the stream.  0 (done or skipped) or a negative errno. */
 static int unpack_entry(struct unpack *u, struct archive_entry *e) {
   if (++u->entries > u->max_files)
@@ -446,6 +457,15 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     tar_report_skip(u->rep, raw, "a name that appears twice in the stream");
     return 0;
   }
+  /* Below the top (whose name is the destination's): a newline, a
+   * terminal escape or any other control byte in a name is never written,
+   * so a listing or a script on the receiving side cannot be fooled by
+   * one. */
+  for (unsigned i = 1; i < n; i++)
+    if (has_control_byte(comps[i])) {
+      tar_report_skip(u->rep, raw, CONTROL_REASON);
+      return 0;
+    }
   if (archive_entry_hardlink(e)) {
     tar_report_skip(u->rep, raw, "a hard link");
     return 0;
@@ -462,6 +482,11 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     if (n < 2 || !target || strlen(target) >= PATH_MAX ||
         !tar_symlink_inside(target, n - 2)) {
       tar_report_skip(u->rep, raw, "a symlink that points outside the copied tree");
+      return 0;
+    }
+    if (has_control_byte(target)) {
+      tar_report_skip(u->rep, raw, "a symlink whose target has a control character (a byte "
+                                   "below 0x20, or 0x7f)");
       return 0;
     }
   }

@@ -666,6 +666,52 @@ static void symlink_reaching_the_top_is_kept_one_above_is_not(void) {
   teardown();
 }
 
+/* Names with a control byte (a newline, a terminal escape, DEL, a tab)
+ * below the top are left out and listed, with what is below them; so is a
+ * symlink whose target has one.  A name that begins with '-' is kept. */
+static void names_with_control_bytes_are_skipped(void) {
+  setup();
+  const struct ent ents[] = {
+      {"T", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/ok", AE_IFREG, 0644, "ok", NULL, NULL, 0, false},
+      {"T/-rf", AE_IFREG, 0644, "dash", NULL, NULL, 0, false},
+      {"T/new\nline", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/\x1b[31mred", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/del\x7f", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/tab\tname", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/d\r", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/d\r/inner", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/link", AE_IFLNK, 0, NULL, "ok\n", NULL, 0, false},
+      {"T/sub", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/sub/\x01", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/sub/fine~", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+  };
+  int fd = build_stream(ents, ARRAY_SIZE(ents));
+  struct tar_report rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(unpack_into_root(fd, "dst", &big, &rep, &err), 0);
+  free(err);
+  close(fd);
+  CHECK(exists("dst/ok") && exists("dst/-rf") && exists("dst/sub/fine~"));
+  /* Nothing with a control byte anywhere below ROOT. */
+  CHECK_EQ_INT(sh("test -z \"$(find %s -name '*[[:cntrl:]]*')\"", root), 0);
+  CHECK(!exists("dst/link"));
+  const char *why = "control character";
+  CHECK(skipped_with(&rep, "T/new\nline", why));
+  CHECK(skipped_with(&rep, "T/\x1b[31mred", why));
+  CHECK(skipped_with(&rep, "T/del\x7f", why));
+  CHECK(skipped_with(&rep, "T/tab\tname", why));
+  CHECK(skipped_with(&rep, "T/d\r", why));
+  CHECK(skipped_with(&rep, "T/d\r/inner", why));
+  CHECK(skipped_with(&rep, "T/link", "target has a control character"));
+  CHECK(skipped_with(&rep, "T/sub/\x01", why));
+  CHECK_EQ_INT(rep.skipped, 8);
+  CHECK_EQ_INT(rep.files, 3);
+  tar_report_free(&rep);
+  CHECK(no_staging());
+  teardown();
+}
+
 static void hostile_sizes_hit_the_caps(void) {
   setup();
   sh("mkdir -p %s/dst && echo old > %s/dst/old && cp -a %s/dst %s/ref && mkdir %s/dst/sub && "
@@ -758,4 +804,4 @@ TEST_MAIN(TEST(stream_through_a_pipe), TEST(round_trip_keeps_tree_modes_and_inne
           TEST(copy_out_off_refuses_writes), TEST(failed_copy_leaves_destination_intact),
           TEST(hostile_names_are_skipped), TEST(symlink_then_write_through_is_refused),
           TEST(symlink_reaching_the_top_is_kept_one_above_is_not),
-          TEST(hostile_sizes_hit_the_caps))
+          TEST(names_with_control_bytes_are_skipped), TEST(hostile_sizes_hit_the_caps))
