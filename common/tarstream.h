@@ -24,9 +24,15 @@
  * runs the copy can read anyway (the kernel's protected_hardlinks keeps
  * anyone else from planting a link to a file they cannot read).
  *
+ * A regular file with holes travels as a sparse entry (its data regions,
+ * found with SEEK_DATA/SEEK_HOLE, up to TAR_SPARSE_MAX of them) and is
+ * written back with its holes; the report's bytes count the data that
+ * travelled.
+ *
  * Both functions check LIM while they run (bytes of file content, entries)
  * and stop with -EFBIG (bytes) or -E2BIG (entries) and a message that names
- * the cap and its variable. */
+ * the cap and its variable.  A file's logical size counts against the byte
+ * cap, holes included, so what a copy allocates stays under it. */
 #pragma once
 
 #include <stdatomic.h>
@@ -48,7 +54,7 @@ struct tar_skip {
 
 struct tar_report {
   uint64_t files, dirs, symlinks; /* entries copied */
-  uint64_t bytes;                 /* file content copied */
+  uint64_t bytes;                 /* file content copied (holes not counted) */
   uint64_t skipped;               /* entries left out; the first TAR_SKIPPED_LISTED listed */
   struct tar_skip listed[TAR_SKIPPED_LISTED];
   size_t n_listed;

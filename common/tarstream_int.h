@@ -29,6 +29,14 @@
  * parts are moved up (fds stay bounded whatever the depth). */
 #define TAR_REMOVE_DEPTH 64
 
+/* Data regions of one file sent as a sparse entry; a file with more is
+ * sent whole.  Its map (two decimal numbers per region) stays far below
+ * TAR_HEADER_MAX. */
+#define TAR_SPARSE_MAX 4096
+struct tar_region {
+  int64_t off, len;
+};
+
 #define CAP_MSG_LEN 160
 #define CAP_BYTES_FMT                                                                  \
   "the copy is larger than its cap of %s (IGN_MCP_COPY_MAX_MB); raise the cap or copy " \

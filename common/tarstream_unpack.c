@@ -357,28 +357,37 @@ static int make_staging(struct unpack *u, bool dir, mode_t mode, int *ret_fd) {
   return -EEXIST;
 }
 
-/* Writes the current entry's content to FD, counting it against the cap. */
+/* Writes the current entry's content to FD: each block where the stream
+ * puts it, so the holes of a sparse entry stay holes (the file is then
+ * extended to its DECLARED size, which was counted against the cap, holes
+ * included, before any of it was read).  A block past DECLARED is refused. */
 static int unpack_data(struct unpack *u, int fd, const char *path, uint64_t declared) {
   uint64_t got = 0;
   for (;;) {
-    la_ssize_t n = archive_read_data(u->a, u->buf + TAR_BLOCK, TAR_BLOCK);
-    if (n == 0)
+    const void *b;
+    size_t n;
+    la_int64_t off;
+    int ar = archive_read_data_block(u->a, &b, &n, &off);
+    if (ar == ARCHIVE_EOF)
       break;
-    if (n < 0)
+    if (ar < ARCHIVE_WARN)
       return unpack_archive_fail(u, "in the content of ", path);
-    got += (uint64_t)n;
-    if (got > declared || u->seen_bytes - declared + got > u->max_bytes)
+    if (off < 0 || (uint64_t)off > declared || n > declared - (uint64_t)off)
       return unpack_fail(u, -EFBIG, CAP_BYTES_FMT, tar_cap_bytes_msg((char[CAP_MSG_LEN]){0}, u->max_bytes));
-    for (la_ssize_t off = 0; off < n;) {
-      ssize_t w = write(fd, u->buf + TAR_BLOCK + off, (size_t)(n - off));
+    got += n;
+    for (size_t done = 0; done < n;) {
+      ssize_t w = pwrite(fd, (const char *)b + done, n - done, (off_t)((uint64_t)off + done));
       if (w < 0) {
         if (errno == EINTR)
           continue;
         return unpack_fail(u, -errno, "cannot write %s: %s", path, strerror(errno));
       }
-      off += w;
+      done += (size_t)w;
     }
   }
+  struct stat st;
+  if (fstat(fd, &st) < 0 || ((uint64_t)st.st_size < declared && ftruncate(fd, (off_t)declared) < 0))
+    return unpack_fail(u, -errno, "cannot write %s: %s", path, strerror(errno));
   u->rep->bytes += got;
   return 0;
 }
@@ -677,7 +686,7 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
                          ? UINT64_MAX
                          : (u.max_files + 2) * TAR_HEADER_ALLOWANCE;
   u.stream_cap = u.stream_cap > UINT64_MAX - headers ? UINT64_MAX : u.stream_cap + headers;
-  u.buf = malloc(2 * TAR_BLOCK);
+  u.buf = malloc(TAR_BLOCK);
   u.a = archive_read_new();
   if (!u.buf || !u.a)
     abort();

@@ -712,6 +712,90 @@ static void names_with_control_bytes_are_skipped(void) {
   teardown();
 }
 
+/* Allocated bytes of ROOT/REL (st_blocks), or -1. */
+static long long allocated(const char *rel) {
+  char p[PATH_MAX * 2];
+  snprintf(p, sizeof p, "%s/%s", root, rel);
+  struct stat st;
+  return lstat(p, &st) < 0 ? -1 : (long long)st.st_blocks * 512;
+}
+
+/* A 60 MiB file with two small data regions and holes around them, and
+ * one that is all hole, keep their holes through a copy (pack and
+ * unpack): the stream is small, the copy allocates what the original
+ * does, its content is the same.  The cap counts the logical size, holes
+ * included, on both sides. */
+static void sparse_files_keep_their_holes(void) {
+  setup();
+  CHECK_EQ_INT(sh("cd %s && mkdir src && truncate -s 60M src/holes && "
+                  "printf head | dd of=src/holes bs=1 seek=1048576 conv=notrunc 2>/dev/null && "
+                  "printf tail | dd of=src/holes bs=1 seek=31457280 conv=notrunc 2>/dev/null && "
+                  "truncate -s 60M src/empty && echo dense > src/dense",
+                  root),
+               0);
+  if (allocated("src/holes") > 1024 * 1024) {
+    fprintf(stderr, "  skipped: %s keeps no holes\n", root);
+    teardown();
+    return;
+  }
+  char src[PATH_MAX * 2], dst[PATH_MAX * 2];
+  snprintf(src, sizeof src, "%s/src", root);
+  snprintf(dst, sizeof dst, "%s/dst", root);
+  int fd = mem_fd();
+  struct tar_report packed = {0}, rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &big, NULL, &packed, &err), 0);
+  struct stat st;
+  fstat(fd, &st);
+  fprintf(stderr, "  stream %lld bytes; %llu bytes of content packed\n", (long long)st.st_size,
+          (unsigned long long)packed.bytes);
+  CHECK(st.st_size < 1024 * 1024);
+  lseek(fd, 0, SEEK_SET);
+  CHECK_EQ_INT(hostio_copy_to(fd, dst, &big, NULL, &rep, &err), 0);
+  if (err)
+    fprintf(stderr, "  %s\n", err);
+  free(err);
+  err = NULL;
+  close(fd);
+  CHECK_EQ_INT(rep.files, 3);
+  CHECK_EQ_INT(rep.bytes, packed.bytes);
+  CHECK(rep.bytes < 1024 * 1024); /* the data regions, not the holes */
+  fprintf(stderr, "  allocated: holes %lld -> %lld, empty %lld -> %lld\n",
+          allocated("src/holes"), allocated("dst/holes"), allocated("src/empty"),
+          allocated("dst/empty"));
+  CHECK(allocated("dst/holes") <= allocated("src/holes") + 64 * 1024);
+  CHECK(allocated("dst/empty") <= 64 * 1024);
+  CHECK_EQ_INT(sh("cd %s && cmp src/holes dst/holes && cmp src/empty dst/empty && "
+                  "cmp src/dense dst/dense && test $(stat -c %%s dst/holes) = 62914560",
+                  root),
+               0);
+  tar_report_free(&packed);
+  tar_report_free(&rep);
+
+  /* The cap counts the holes: 60 MiB is over a 10 MiB cap, either side. */
+  const struct tar_limits small = {10 * 1024 * 1024, 100};
+  fd = mem_fd();
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &small, NULL, &packed, &err), -EFBIG);
+  CHECK(err && strstr(err, "IGN_MCP_COPY_MAX_MB"));
+  free(err);
+  err = NULL;
+  tar_report_free(&packed);
+  close(fd);
+  fd = mem_fd();
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &big, NULL, &packed, &err), 0);
+  tar_report_free(&packed);
+  lseek(fd, 0, SEEK_SET);
+  snprintf(dst, sizeof dst, "%s/capped", root);
+  CHECK_EQ_INT(hostio_copy_to(fd, dst, &small, NULL, &rep, &err), -EFBIG);
+  CHECK(err && strstr(err, "IGN_MCP_COPY_MAX_MB"));
+  free(err);
+  tar_report_free(&rep);
+  close(fd);
+  CHECK(!exists("capped"));
+  CHECK(no_staging());
+  teardown();
+}
+
 static void hostile_sizes_hit_the_caps(void) {
   setup();
   sh("mkdir -p %s/dst && echo old > %s/dst/old && cp -a %s/dst %s/ref && mkdir %s/dst/sub && "
@@ -804,4 +888,5 @@ TEST_MAIN(TEST(stream_through_a_pipe), TEST(round_trip_keeps_tree_modes_and_inne
           TEST(copy_out_off_refuses_writes), TEST(failed_copy_leaves_destination_intact),
           TEST(hostile_names_are_skipped), TEST(symlink_then_write_through_is_refused),
           TEST(symlink_reaching_the_top_is_kept_one_above_is_not),
-          TEST(names_with_control_bytes_are_skipped), TEST(hostile_sizes_hit_the_caps))
+          TEST(names_with_control_bytes_are_skipped), TEST(sparse_files_keep_their_holes),
+          TEST(hostile_sizes_hit_the_caps))
