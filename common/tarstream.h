@@ -17,8 +17,8 @@
  * reported, on the way in and on the way out.  The receiver also skips and
  * reports names below TOP, and symlink targets, with a control character
  * (a byte below 0x20, or 0x7f: a newline, a terminal escape); a name that
- * begins with '-' is an ordinary name and is copied.  Neither side ever follows a
- * symlink inside the tree.  A file with several names (st_nlink > 1) is
+ * begins with '-' is an ordinary name and is copied.  Neither side ever
+ * follows a symlink inside the tree.  A file with several names (st_nlink > 1) is
  * packed under each name it has in the tree, as a regular file: its other
  * names may be outside the tree, and what is read is what the user who
  * runs the copy can read anyway (the kernel's protected_hardlinks keeps

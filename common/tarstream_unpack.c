@@ -373,7 +373,9 @@ static int unpack_data(struct unpack *u, int fd, const char *path, uint64_t decl
     if (ar < ARCHIVE_WARN)
       return unpack_archive_fail(u, "in the content of ", path);
     if (off < 0 || (uint64_t)off > declared || n > declared - (uint64_t)off)
-      return unpack_fail(u, -EFBIG, CAP_BYTES_FMT, tar_cap_bytes_msg((char[CAP_MSG_LEN]){0}, u->max_bytes));
+      return unpack_fail(u, -EFBIG, "the stream is refused in the content of %s: a block of "
+                         "it lies past the size its header declares; the sending side is not "
+                         "ours or is broken", path);
     got += n;
     for (size_t done = 0; done < n;) {
       ssize_t w = pwrite(fd, (const char *)b + done, n - done, (off_t)((uint64_t)off + done));
