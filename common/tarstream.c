@@ -23,6 +23,12 @@
  * bytes that arrive are counted again, and the raw stream has a cap of its
  * own so that headers alone cannot go on forever.
  *
+ * Sparse files: the packer sends a file with holes as a sparse entry (its
+ * data regions from SEEK_DATA/SEEK_HOLE; libarchive writes the map and
+ * drops the zeros fed for the holes), and the unpacker writes each data
+ * block at its offset and extends the file to its size, so holes stay
+ * holes.  The caps count a file's logical size, holes included.
+ *
  * tarstream_unpack.c has the unpacking half and tree removal.
  *
  * Both files are linked into the static agent too: libarchive, libc and
@@ -153,6 +159,8 @@ struct pack {
   const atomic_bool *cancelled;
   struct tar_report *rep;
   uint64_t entries;
+  uint64_t counted; /* logical size of the files packed, holes included */
+  struct tar_region *regions; /* TAR_SPARSE_MAX: a file's data regions */
   int io_errno; /* set by the write callback */
   bool shut;    /* after a failure: nothing more is written */
   char *buf;
@@ -201,8 +209,11 @@ static int pack_archive_fail(struct pack *p, const char *what) {
   return pack_fail(p, -EIO, "%s %s: %s", what, p->path, archive_error_string(p->a));
 }
 
+/* The header of the entry at p->path.  A regular file with holes has
+ * N_REGIONS data regions in p->regions (sparse; 0 regions and SPARSE: all
+ * hole). */
 static int pack_header(struct pack *p, const struct stat *st, mode_t type, int64_t size,
-                       const char *link) {
+                       const char *link, bool sparse, size_t n_regions) {
   archive_entry_clear(p->e);
   archive_entry_copy_pathname(p->e, p->path);
   archive_entry_set_filetype(p->e, type);
@@ -211,38 +222,118 @@ static int pack_header(struct pack *p, const struct stat *st, mode_t type, int64
   archive_entry_set_size(p->e, size);
   if (link)
     archive_entry_copy_symlink(p->e, link);
+  for (size_t i = 0; sparse && i < n_regions; i++)
+    archive_entry_sparse_add_entry(p->e, p->regions[i].off, p->regions[i].len);
+  if (sparse && n_regions == 0)
+    archive_entry_sparse_add_entry(p->e, size, 0); /* all hole: the map says where it ends */
   int r = archive_write_header(p->a, p->e);
   if (r < ARCHIVE_WARN)
     return pack_archive_fail(p, "writing the header of");
   return 0;
 }
 
-static int pack_file(struct pack *p, int fd, const struct stat *st) {
-  uint64_t size = (uint64_t)st->st_size;
-  if (size > p->max_bytes - p->rep->bytes)
-    return pack_fail(p, -EFBIG, CAP_BYTES_FMT, tar_cap_bytes_msg((char[CAP_MSG_LEN]){0}, p->max_bytes));
-  int r = pack_header(p, st, AE_IFREG, (int64_t)size, NULL);
-  if (r < 0)
-    return r;
-  uint64_t left = size;
-  while (left > 0) {
+/* The data regions of FD (SIZE bytes) in p->regions, found with SEEK_DATA
+ * and SEEK_HOLE: true and their count in *RET_N when the file has holes;
+ * false when it is to be sent whole (no hole, more than TAR_SPARSE_MAX
+ * regions, or a file system that cannot tell). */
+static bool pack_regions(struct pack *p, int fd, int64_t size, size_t *ret_n) {
+  size_t n = 0;
+  int64_t data = 0;
+  off_t pos = 0;
+  while (pos < size) {
+    off_t d = lseek(fd, pos, SEEK_DATA);
+    if (d < 0 && errno == ENXIO)
+      break; /* a hole to the end */
+    if (d < 0)
+      return false;
+    if (d >= size)
+      break;
+    off_t h = lseek(fd, d, SEEK_HOLE);
+    if (h < 0 || h <= d || n == TAR_SPARSE_MAX)
+      return false;
+    if (h > size)
+      h = size;
+    p->regions[n++] = (struct tar_region){d, h - d};
+    data += h - d;
+    pos = h;
+  }
+  if (data >= size)
+    return false;
+  *ret_n = n;
+  return true;
+}
+
+/* LEN bytes of a hole: zeros, which libarchive drops for a sparse entry
+ * (it writes only what the map says is data). */
+static int pack_zeros(struct pack *p, int64_t len) {
+  static const char zeros[TAR_BLOCK];
+  while (len > 0) {
     if (tar_cancelled(p->cancelled))
       return pack_fail(p, -ECANCELED, "the copy was cancelled");
-    ssize_t n = read(fd, p->buf, left < TAR_BLOCK ? (size_t)left : TAR_BLOCK);
+    size_t k = len < TAR_BLOCK ? (size_t)len : TAR_BLOCK;
+    if (archive_write_data(p->a, zeros, k) < 0)
+      return pack_archive_fail(p, "writing");
+    len -= (int64_t)k;
+  }
+  return 0;
+}
+
+/* LEN bytes of FD from OFF into the entry.  A file that shrank while it is
+ * read is padded with zeros. */
+static int pack_range(struct pack *p, int fd, int64_t off, int64_t len) {
+  while (len > 0) {
+    if (tar_cancelled(p->cancelled))
+      return pack_fail(p, -ECANCELED, "the copy was cancelled");
+    ssize_t n = pread(fd, p->buf, len < TAR_BLOCK ? (size_t)len : TAR_BLOCK, off);
     if (n < 0) {
       if (errno == EINTR)
         continue;
       return pack_fail(p, -errno, "cannot read %s: %s", p->path, strerror(errno));
     }
     if (n == 0)
-      break; /* it shrank while read: libarchive pads the rest with zeros */
+      return pack_zeros(p, len);
     if (archive_write_data(p->a, p->buf, (size_t)n) < 0)
       return pack_archive_fail(p, "writing");
-    left -= (uint64_t)n;
+    off += n;
+    len -= n;
   }
+  return 0;
+}
+
+/* A regular file; one with holes as a sparse entry, holes kept.  Its
+ * logical size counts against the cap, holes included: what the receiver
+ * may allocate is bounded by the cap, however the file is laid out. */
+static int pack_file(struct pack *p, int fd, const struct stat *st) {
+  uint64_t size = (uint64_t)st->st_size;
+  if (size > p->max_bytes - p->counted)
+    return pack_fail(p, -EFBIG, CAP_BYTES_FMT, tar_cap_bytes_msg((char[CAP_MSG_LEN]){0}, p->max_bytes));
+  size_t n = 0;
+  bool sparse = size > 0 && pack_regions(p, fd, (int64_t)size, &n);
+  int r = pack_header(p, st, AE_IFREG, (int64_t)size, NULL, sparse, n);
+  if (r < 0)
+    return r;
+  uint64_t data = 0;
+  if (!sparse) {
+    r = pack_range(p, fd, 0, (int64_t)size);
+    data = size;
+  } else {
+    int64_t pos = 0;
+    for (size_t i = 0; r == 0 && i < n; i++) {
+      r = pack_zeros(p, p->regions[i].off - pos);
+      if (r == 0)
+        r = pack_range(p, fd, p->regions[i].off, p->regions[i].len);
+      pos = p->regions[i].off + p->regions[i].len;
+      data += (uint64_t)p->regions[i].len;
+    }
+    if (r == 0)
+      r = pack_zeros(p, (int64_t)size - pos);
+  }
+  if (r < 0)
+    return r;
   if (archive_write_finish_entry(p->a) < ARCHIVE_WARN)
     return pack_archive_fail(p, "writing");
-  p->rep->bytes += size;
+  p->counted += size;
+  p->rep->bytes += data;
   p->rep->files++;
   return 0;
 }
@@ -250,7 +341,7 @@ static int pack_file(struct pack *p, int fd, const struct stat *st) {
 static int pack_entry(struct pack *p, int dfd, const char *name, unsigned depth);
 
 static int pack_dir(struct pack *p, int fd, const struct stat *st, unsigned depth) {
-  int r = pack_header(p, st, AE_IFDIR, 0, NULL);
+  int r = pack_header(p, st, AE_IFDIR, 0, NULL, false, 0);
   if (r < 0) {
     close(fd);
     return r;
@@ -328,7 +419,7 @@ static int pack_entry(struct pack *p, int dfd, const char *name, unsigned depth)
       tar_report_skip(p->rep, p->path, "a symlink that points outside the copied tree");
       return 0;
     }
-    int r = pack_header(p, &st, AE_IFLNK, 0, target);
+    int r = pack_header(p, &st, AE_IFLNK, 0, target, false, 0);
     if (r < 0)
       return r;
     p->rep->symlinks++;
@@ -404,9 +495,10 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
       .rep = rep,
   };
   p.buf = malloc(TAR_BLOCK);
+  p.regions = malloc(TAR_SPARSE_MAX * sizeof *p.regions);
   p.a = archive_write_new();
   p.e = archive_entry_new();
-  if (!p.buf || !p.a || !p.e)
+  if (!p.buf || !p.regions || !p.a || !p.e)
     abort();
   size_t n = strlen(top);
   memcpy(p.path, top, n + 1);
@@ -433,6 +525,7 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
   }
   archive_write_free(p.a);
   archive_entry_free(p.e);
+  free(p.regions);
   free(p.buf);
   if (r < 0)
     *ret_err = p.err ? p.err : xasprintf("packing %s failed", top);

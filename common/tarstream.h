@@ -14,16 +14,25 @@
  * writable.  Owners are not copied (files belong to whoever extracts).
  * Everything else (device nodes, FIFOs, sockets, hard links, absolute or
  * escaping symlinks, names with "..", absolute names) is skipped and
- * reported, on the way in and on the way out.  Neither side ever follows a
- * symlink inside the tree.  A file with several names (st_nlink > 1) is
+ * reported, on the way in and on the way out.  The receiver also skips and
+ * reports names below TOP, and symlink targets, with a control character
+ * (a byte below 0x20, or 0x7f: a newline, a terminal escape); a name that
+ * begins with '-' is an ordinary name and is copied.  Neither side ever
+ * follows a symlink inside the tree.  A file with several names (st_nlink > 1) is
  * packed under each name it has in the tree, as a regular file: its other
  * names may be outside the tree, and what is read is what the user who
  * runs the copy can read anyway (the kernel's protected_hardlinks keeps
  * anyone else from planting a link to a file they cannot read).
  *
+ * A regular file with holes travels as a sparse entry (its data regions,
+ * found with SEEK_DATA/SEEK_HOLE, up to TAR_SPARSE_MAX of them) and is
+ * written back with its holes; the report's bytes count the data that
+ * travelled.
+ *
  * Both functions check LIM while they run (bytes of file content, entries)
  * and stop with -EFBIG (bytes) or -E2BIG (entries) and a message that names
- * the cap and its variable. */
+ * the cap and its variable.  A file's logical size counts against the byte
+ * cap, holes included, so what a copy allocates stays under it. */
 #pragma once
 
 #include <stdatomic.h>
@@ -45,7 +54,7 @@ struct tar_skip {
 
 struct tar_report {
   uint64_t files, dirs, symlinks; /* entries copied */
-  uint64_t bytes;                 /* file content copied */
+  uint64_t bytes;                 /* file content copied (holes not counted) */
   uint64_t skipped;               /* entries left out; the first TAR_SKIPPED_LISTED listed */
   struct tar_skip listed[TAR_SKIPPED_LISTED];
   size_t n_listed;
@@ -71,6 +80,13 @@ int tar_pack(int dirfd, const char *name, const char *top, int out_fd,
  * NAME is an existing directory).  NAME that is a symlink is refused with
  * -ELOOP; a failure of any kind leaves NAME as it was and no staging behind.
  * A stream with no entry is an error (-ENODATA); entries outside the first
- * entry's TOP are skipped and reported. */
+ * entry's TOP are skipped and reported.
+ *
+ * The stream is complete at IN_FD's EOF after the end marker, not at the
+ * marker: its sender may still fail (or a hostile one send an error after a
+ * whole stream).  Whoever runs the sender sets CANCELLED before it closes
+ * IN_FD when the sender failed; a cancel at any point, the wait for EOF
+ * included, is -ECANCELED, and CANCELLED is asked once more right before
+ * the rename. */
 int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *lim,
                const atomic_bool *cancelled, struct tar_report *rep, char **ret_err);

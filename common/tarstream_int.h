@@ -14,8 +14,8 @@
 #define TAR_BLOCK (64 * 1024)
 #define TAR_POLL_MS 200
 /* After the end marker, what the sender still writes (block padding) is
- * read and dropped, up to this much, so that it does not fail on a closed
- * pipe. */
+ * read and dropped until its EOF; a stream that goes on for more than this
+ * is refused. */
 #define TAR_DRAIN_MAX (1024 * 1024)
 /* Headers per entry the raw stream may carry besides file content: long
  * names and link targets in pax headers take a few KiB at most. */
@@ -28,6 +28,14 @@
 /* A directory tree being removed is walked this deep before its deeper
  * parts are moved up (fds stay bounded whatever the depth). */
 #define TAR_REMOVE_DEPTH 64
+
+/* Data regions of one file sent as a sparse entry; a file with more is
+ * sent whole.  Its map (two decimal numbers per region) stays far below
+ * TAR_HEADER_MAX. */
+#define TAR_SPARSE_MAX 4096
+struct tar_region {
+  int64_t off, len;
+};
 
 #define CAP_MSG_LEN 160
 #define CAP_BYTES_FMT                                                                  \

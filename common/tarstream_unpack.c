@@ -144,7 +144,7 @@ struct unpack {
   uint64_t stream_bytes, stream_cap;
   uint64_t header_from; /* stream_bytes when the header being read began */
   bool in_header;       /* in archive_read_next_header */
-  bool draining;        /* after the end marker: stop when nothing comes */
+  bool draining;        /* after the end marker: until the sender's EOF */
   const atomic_bool *cancelled;
   struct tar_report *rep;
   uint64_t entries;
@@ -168,8 +168,6 @@ static la_ssize_t unpack_read_cb(struct archive *a, void *ud, const void **ret_b
     int r = tar_wait_fd(a, u->in_fd, POLLIN, u->cancelled, &u->io_errno);
     if (r < 0)
       return -1;
-    if (r == 0 && u->draining)
-      return 0;
     if (r == 0)
       continue;
     ssize_t n = read(u->in_fd, u->buf, TAR_BLOCK);
@@ -359,28 +357,39 @@ static int make_staging(struct unpack *u, bool dir, mode_t mode, int *ret_fd) {
   return -EEXIST;
 }
 
-/* Writes the current entry's content to FD, counting it against the cap. */
+/* Writes the current entry's content to FD: each block where the stream
+ * puts it, so the holes of a sparse entry stay holes (the file is then
+ * extended to its DECLARED size, which was counted against the cap, holes
+ * included, before any of it was read).  A block past DECLARED is refused. */
 static int unpack_data(struct unpack *u, int fd, const char *path, uint64_t declared) {
   uint64_t got = 0;
   for (;;) {
-    la_ssize_t n = archive_read_data(u->a, u->buf + TAR_BLOCK, TAR_BLOCK);
-    if (n == 0)
+    const void *b;
+    size_t n;
+    la_int64_t off;
+    int ar = archive_read_data_block(u->a, &b, &n, &off);
+    if (ar == ARCHIVE_EOF)
       break;
-    if (n < 0)
+    if (ar < ARCHIVE_WARN)
       return unpack_archive_fail(u, "in the content of ", path);
-    got += (uint64_t)n;
-    if (got > declared || u->seen_bytes - declared + got > u->max_bytes)
-      return unpack_fail(u, -EFBIG, CAP_BYTES_FMT, tar_cap_bytes_msg((char[CAP_MSG_LEN]){0}, u->max_bytes));
-    for (la_ssize_t off = 0; off < n;) {
-      ssize_t w = write(fd, u->buf + TAR_BLOCK + off, (size_t)(n - off));
+    if (off < 0 || (uint64_t)off > declared || n > declared - (uint64_t)off)
+      return unpack_fail(u, -EFBIG, "the stream is refused in the content of %s: a block of "
+                         "it lies past the size its header declares; the sending side is not "
+                         "ours or is broken", path);
+    got += n;
+    for (size_t done = 0; done < n;) {
+      ssize_t w = pwrite(fd, (const char *)b + done, n - done, (off_t)((uint64_t)off + done));
       if (w < 0) {
         if (errno == EINTR)
           continue;
         return unpack_fail(u, -errno, "cannot write %s: %s", path, strerror(errno));
       }
-      off += w;
+      done += (size_t)w;
     }
   }
+  struct stat st;
+  if (fstat(fd, &st) < 0 || ((uint64_t)st.st_size < declared && ftruncate(fd, (off_t)declared) < 0))
+    return unpack_fail(u, -errno, "cannot write %s: %s", path, strerror(errno));
   u->rep->bytes += got;
   return 0;
 }
@@ -402,6 +411,17 @@ static int unpack_file(struct unpack *u, int fd, struct archive_entry *e, const 
 }
 
 static bool errno_is_duplicate(int e) { return e == EEXIST; }
+
+#define CONTROL_REASON                                                                      \
+  "a name with a control character (a newline, an escape or another byte below 0x20, or " \
+  "0x7f)"
+
+static bool has_control_byte(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      return true;
+  return false;
+}
 
 /* One entry of the stream.  0 (done or skipped) or a negative errno. */
 static int unpack_entry(struct unpack *u, struct archive_entry *e) {
@@ -448,6 +468,15 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     tar_report_skip(u->rep, raw, "a name that appears twice in the stream");
     return 0;
   }
+  /* Below the top (whose name is the destination's): a newline, a
+   * terminal escape or any other control byte in a name is never written,
+   * so a listing or a script on the receiving side cannot be fooled by
+   * one. */
+  for (unsigned i = 1; i < n; i++)
+    if (has_control_byte(comps[i])) {
+      tar_report_skip(u->rep, raw, CONTROL_REASON);
+      return 0;
+    }
   if (archive_entry_hardlink(e)) {
     tar_report_skip(u->rep, raw, "a hard link");
     return 0;
@@ -464,6 +493,11 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     if (n < 2 || !target || strlen(target) >= PATH_MAX ||
         !tar_symlink_inside(target, n - 2)) {
       tar_report_skip(u->rep, raw, "a symlink that points outside the copied tree");
+      return 0;
+    }
+    if (has_control_byte(target)) {
+      tar_report_skip(u->rep, raw, "a symlink whose target has a control character (a byte "
+                                   "below 0x20, or 0x7f)");
       return 0;
     }
   }
@@ -594,6 +628,10 @@ static int unpack_commit(struct unpack *u) {
     u->err = u->err ? u->err : msg;
     return r;
   }
+  /* Asked again at the last moment: a sender that failed while the tree
+   * was being closed up still keeps the destination as it was. */
+  if (tar_cancelled(u->cancelled))
+    return unpack_fail(u, -ECANCELED, "the copy was cancelled");
   if (!exists) {
     if (renameat2(u->dirfd, u->staging, u->dirfd, u->name, RENAME_NOREPLACE) == 0)
       return 0;
@@ -650,7 +688,7 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
                          ? UINT64_MAX
                          : (u.max_files + 2) * TAR_HEADER_ALLOWANCE;
   u.stream_cap = u.stream_cap > UINT64_MAX - headers ? UINT64_MAX : u.stream_cap + headers;
-  u.buf = malloc(2 * TAR_BLOCK);
+  u.buf = malloc(TAR_BLOCK);
   u.a = archive_read_new();
   if (!u.buf || !u.a)
     abort();
@@ -695,19 +733,34 @@ int tar_unpack(int in_fd, int dirfd, const char *name, const struct tar_limits *
                                 "or went away partway); nothing was changed");
   if (r == 0 && !u.top)
     r = unpack_fail(&u, -ENODATA, "the stream holds no entry that can be copied");
-  /* Block padding after the end marker: read, so the sender sees its
-   * stream taken whole, but not waited for past a poll interval (a sender
-   * that keeps the stream open must not hold a complete copy back). */
+  /* The end marker says the stream is whole, not that its sender
+   * succeeded: a sender fails after it too (its report, its close), or a
+   * hostile one sends a whole stream and then an error.  The sender's
+   * success is its EOF with no stop: whoever runs a sender sets CANCELLED
+   * before closing the stream when it failed.  So the rest (block padding)
+   * is read to EOF, and a cancel here is a failure like anywhere else. */
   if (r == 0) {
     u.draining = true;
     uint64_t drained = 0;
-    while (drained < TAR_DRAIN_MAX) {
+    for (;;) {
       const void *b;
       la_ssize_t n = unpack_read_cb(u.a, &u, &b);
-      if (n <= 0)
+      if (n < 0) {
+        r = unpack_archive_fail(&u, "after its end marker", NULL);
+        break;
+      }
+      if (n == 0)
         break;
       drained += (uint64_t)n;
+      if (drained > TAR_DRAIN_MAX) {
+        r = unpack_fail(&u, -EPROTO, "the stream goes on for more than %d KiB after its end "
+                        "marker; the sending side is not ours or is broken; nothing was changed",
+                        TAR_DRAIN_MAX / 1024);
+        break;
+      }
     }
+    if (r == 0 && tar_cancelled(cancelled))
+      r = unpack_fail(&u, -ECANCELED, "the copy was cancelled");
   }
   while (u.depth > 0)
     level_pop(&u);

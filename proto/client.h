@@ -113,13 +113,18 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
  *
  * agent_unpack: reads a tar stream (as tar_pack() writes it) from IN_FD until
  * EOF and sends it to the agent, which makes the tree at GUEST_PATH (absolute)
- * as tar_unpack() does, within LIM.  *ret_rep gets the agent's report.
+ * as tar_unpack() does, within LIM.  *ret_rep gets the agent's report.  The
+ * stream's producer says it failed by stopping the call (CTL's cancelled)
+ * before it closes IN_FD: EOF then is a cancel, the agent is stopped and
+ * keeps GUEST_PATH as it was, instead of being told the stream is whole.
  *
  * agent_pack: the agent packs GUEST_PATH (absolute) as tar_pack() does, naming
  * the top entry after GUEST_PATH's last component, and the stream is written
  * to OUT_FD (the host checks LIM on what it receives as well: the agent is
  * not trusted to).  A write to OUT_FD that fails (EPIPE: the reader gave up)
- * ends the call with that error and stops the agent.
+ * ends the call with that error and stops the agent.  It returns 0 only
+ * after the agent's PACK_END: a caller that feeds OUT_FD to tar_unpack
+ * closes it only then, or stops that unpack first when this failed.
  *
  * Both return 0 or a negative errno with *ret_err, as the calls above;
  * -EREMOTEIO carries the agent's refusal (e.g. "/x: no such file or

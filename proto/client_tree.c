@@ -328,6 +328,13 @@ int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
       continue;
     }
     if (n == 0) {
+      /* EOF is the end of a stream whose producer succeeded only if it
+       * did not stop the call first (it sets the stop before it closes):
+       * DATA_END would have the agent commit what a failed sender wrote. */
+      if (client_cancelled(ctl)) {
+        r = -ECANCELED;
+        break;
+      }
       r = client_enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, 0);
       end_queued = r == 0;
       break;

@@ -8,8 +8,11 @@
  * side failing stops the other: a side that fails sets the call's stop flag
  * before it closes its end of the pipe, so the receiver ends with an error
  * instead of taking a cut stream for a whole one, and the destination keeps
- * what it held (both unpackers stage and rename).  The error names the side
- * that failed first and says what to do.
+ * what it held (both unpackers stage and rename).  A whole stream is not a
+ * sender's success either: the receiver commits only at the pipe's EOF with
+ * no stop (tar_unpack), agent_pack returns 0 only after the agent's
+ * PACK_END, and agent_unpack sends DATA_END only for an EOF with no stop.
+ * The error names the side that failed first and says what to do.
  *
  * sandbox_run is a whole ephemeral session per call: open (a pool clone when
  * there is one), copy_in, run (with the complete logs), copy_out, commit_as,

@@ -503,7 +503,7 @@ const FAKE_AGENT = `#!${process.execPath}
 'use strict';
 const fs = require('fs');
 const FD = 3;
-const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, WRITE: 20, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30 };
+const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, WRITE: 20, DATA: 21, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30, PACK: 41, PACK_END: 42 };
 /* proto/proto.h PROTO_VERSION: the version the fake agent says it speaks. */
 const PROTO_VERSION = 2;
 const tlv = (tag, v) => { const h = Buffer.alloc(6); h.writeUInt16LE(tag, 0); h.writeUInt32LE(v.length, 2); return Buffer.concat([h, v]); };
@@ -531,6 +531,36 @@ function answer(type, id, p) {
   }
   if (type === T.READ) return send(T.READ_END, id, u64(22, 2n ** 64n - 1n), u32(25, 1), u64(26, 0n));
   if (type === T.WRITE) return send(T.ERROR, id, u32(3, 32 /* EPIPE */), str(4, 'cannot write: Broken pipe (from the guest)'));
+  if (type === T.PACK) return pack(id, field(p, 20).toString());
+}
+/* PACK of /whole-then-error-MS: a whole tar stream (one file "T", end
+ * marker and all), then after MS ms an ERROR, as a guest's root can send;
+ * of /whole-then-end: the same stream, then PACK_END. */
+function tarFile(content) {
+  const h = Buffer.alloc(512);
+  h.write('T', 0);
+  h.write('0000644\\0', 100); h.write('0000000\\0', 108); h.write('0000000\\0', 116);
+  h.write(content.length.toString(8).padStart(11, '0') + '\\0', 124);
+  h.write('15000000000\\0', 136);
+  h.write('0', 156);
+  h.write('ustar\\0', 257); h.write('00', 263);
+  h.fill(' ', 148, 156);
+  let sum = 0;
+  for (const b of h) sum += b;
+  h.write(sum.toString(8).padStart(6, '0') + '\\0 ', 148);
+  const data = Buffer.alloc(512);
+  Buffer.from(content).copy(data);
+  return Buffer.concat([h, data, Buffer.alloc(1024)]);
+}
+function pack(id, path) {
+  const tar = tarFile('from the guest\\n');
+  send(T.DATA, id, tar);
+  const m = /^\\/whole-then-error-(\\d+)$/.exec(path);
+  if (m) {
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(m[1]));
+    return send(T.ERROR, id, u32(3, 5 /* EIO */), str(4, 'the guest failed after the stream'));
+  }
+  send(T.PACK_END, id, u64(43, 1n), u64(44, 0n), u64(45, 0n), u64(46, 15n), u64(47, 0n), u64(26, BigInt(tar.length)));
 }
 let buf = Buffer.alloc(0);
 const chunk = Buffer.alloc(1 << 16);
@@ -551,10 +581,12 @@ describe('a hostile agent (a fake one in the agent\'s place, ns backend)', { ski
   let hraw;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-fake-agent-'));
   const agent = path.join(dir, 'fake-agent');
+  const root = path.join(dir, 'root');
   before(async () => {
     fs.writeFileSync(agent, FAKE_AGENT, { mode: 0o755 });
+    fs.mkdirSync(root);
     fs.chmodSync(dir, 0o755);
-    hraw = startRaw({ env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: agent, ASAN_OPTIONS: ASAN } });
+    hraw = startRaw({ env: { IGN_MCP_BACKEND: 'ns', IGN_MCP_AGENT: agent, ASAN_OPTIONS: ASAN, IGN_MCP_HOST_IO_ROOT: root } });
     await hraw.initialize();
   });
   after(async () => {
@@ -592,6 +624,38 @@ describe('a hostile agent (a fake one in the agent\'s place, ns backend)', { ski
       assertNoSanitizerReport(hraw.stderrText(), 'server');
     });
   }
+
+  /* A whole stream, end marker and all, then an ERROR: the host destination
+   * is replaced only after the guest's PACK_END. The error comes soon
+   * after the stream (while the host still drains the stream's end) or
+   * well after it (past a poll interval of that drain). */
+  for (const ms of [50, 600]) {
+    test(`copy_out: a whole stream, then an ERROR ${ms} ms later: the host destination is left as it was`, T, async () => {
+      const sid = await open();
+      const dst = path.join(root, `dst-${ms}`);
+      fs.writeFileSync(dst, 'old\n');
+      const ino = fs.statSync(dst).ino;
+      const e = await toolErr('copy_out', { session_id: sid, guest_path: `/whole-then-error-${ms}`, host_path: dst });
+      assert.equal(e, `copy_out failed in the sandbox, reading '/whole-then-error-${ms}': the guest failed after the stream; the host destination was left as it was`);
+      assert.equal(fs.readFileSync(dst, 'utf8'), 'old\n');
+      assert.equal(fs.statSync(dst).ino, ino);
+      assert.deepEqual(fs.readdirSync(root).filter((n) => n.includes(`dst-${ms}`)), [`dst-${ms}`], 'a staging name was left behind');
+      const l = (await hraw.tool('list_sessions', {})).sessions.find((x) => x.session_id === sid);
+      assert.equal(l.alive, true);
+      await hraw.tool('close', { session_id: sid });
+      assertNoSanitizerReport(hraw.stderrText(), 'server');
+    });
+  }
+
+  test('copy_out: the same stream followed by PACK_END replaces the host destination', T, async () => {
+    const sid = await open();
+    const dst = path.join(root, 'dst-ok');
+    fs.writeFileSync(dst, 'old\n');
+    const r = await hraw.tool('copy_out', { session_id: sid, guest_path: '/whole-then-end', host_path: dst });
+    assert.equal(r.copied.files, 1, JSON.stringify(r));
+    assert.equal(fs.readFileSync(dst, 'utf8'), 'from the guest\n');
+    await hraw.tool('close', { session_id: sid });
+  });
 
   test('a guest ERROR with errno EPIPE is the guest\'s: the call fails with its message, the session lives', T, async () => {
     const sid = await open();

@@ -240,6 +240,13 @@ describe('nothing outlives sandbox_run', () => {
   });
 });
 
+/* A tree whose copy_out takes seconds in little of the sandbox's memory
+ * (its /root is a tmpfs; a VM has 256 MiB): a file of 100 MiB written
+ * (not sparse: holes travel as holes, in no time) under ten names, hard
+ * links, which a copy sends as ten files, 1000 MiB. */
+const MAKE_BIG = 'mkdir /root/big && dd if=/dev/zero of=/root/big/0 bs=1M count=100 2>/dev/null && ' +
+  'for i in 1 2 3 4 5 6 7 8 9; do ln /root/big/0 /root/big/$i; done';
+
 /* The staging entries a copy to the host leaves in DIR while it runs. */
 const staging = (dir) => fs.readdirSync(dir).filter((n) => /\.ign-\d+-\d+$/.test(n));
 
@@ -260,7 +267,7 @@ describe('sandbox_run cancelled, out of time, or losing its sandbox', () => {
     const name = `e2e/cancel-commit-${process.pid}`;
     const ac = new AbortController();
     const p = c.callTool({ name: 'sandbox_run', arguments: {
-      command: 'dd if=/dev/zero of=/root/big bs=1M count=0 seek=1000 2>/dev/null', commit_as: name,
+      command: MAKE_BIG, commit_as: name,
       copy_out: [{ guest: '/root/big', host: 'big' }], timeout_s: 300,
     } }, undefined, { signal: ac.signal, timeout: 300_000 });
     const seen = await waitUntil(() => staging(d.root).length > 0, { timeoutMs: 120_000, intervalMs: 20 });
@@ -278,18 +285,19 @@ describe('sandbox_run cancelled, out of time, or losing its sandbox', () => {
 
   test('a call out of time during its copy_out commits nothing and returns within timeout_s', T, async () => {
     const name = `e2e/late-commit-${process.pid}`;
-    // The command leaves about a second of the budget to copy 1000 MB out.
+    // The command (making the tree, then sleeping until WAIT seconds from
+    // its start) leaves about a second of the budget to copy 1000 MiB out.
     const [wait, budget] = IS_VM ? [12, 15] : [3, 4];
     const t0 = Date.now();
     const r = await c.callTool({ name: 'sandbox_run', arguments: {
-      command: `dd if=/dev/zero of=/root/big bs=1M count=0 seek=1000 2>/dev/null; sleep ${wait}`, commit_as: name,
+      command: `t0=$(date +%s); ${MAKE_BIG}; left=$((${wait} - ($(date +%s) - t0))); if [ $left -gt 0 ]; then sleep $left; fi`, commit_as: name,
       copy_out: [{ guest: '/root/big', host: 'late' }], timeout_s: budget,
     } }, undefined, { timeout: 300_000 });
     const took = Date.now() - t0;
     const o = r.structuredContent;
     assert.equal(r.isError ?? false, false, textOf(r));
     assert.equal(o.timed_out, false, 'the command itself ran out of time: nothing tested');
-    assert.equal(o.copied[0].ok, false, 'the copy_out fitted in the budget: nothing tested');
+    assert.equal(o.copied[0].ok, false, `the copy_out fitted in the budget: nothing tested (${JSON.stringify({ ...o.copied[0], skipped_entries: undefined })}, total_ms ${o.total_ms}, duration_ms ${o.duration_ms})`);
     assert.equal(o.stage_name, undefined, `a call out of time committed: ${textOf(r).slice(0, 400)}`);
     assert.match(o.commit_skipped, /timeout_s/);
     const st = await c.callTool({ name: 'stage_info', arguments: { name } });

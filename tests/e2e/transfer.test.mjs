@@ -145,6 +145,70 @@ describe('copy_in and copy_out', () => {
     assert.equal(await sh(c, sid, 'ls -A /work/escapes'), 'ok\n');
   });
 
+  test('names with control characters are left out and listed, both ways; a leading "-" is kept', T, async () => {
+    // In the sandbox: a newline, a terminal escape, DEL, a tab, and a
+    // directory with a carriage return (with a file below it).
+    await sh(c, sid, [
+      'mkdir -p /work/ctl && cd /work/ctl',
+      'echo ok > ok && echo dash > ./-rf',
+      "printf x > \"$(printf 'new\\nline')\"",
+      "printf x > \"$(printf '\\033[31mred')\"",
+      "printf x > \"$(printf 'del\\177')\"",
+      "printf x > \"$(printf 'tab\\tname')\"",
+      "mkdir \"$(printf 'd\\r')\" && printf x > \"$(printf 'd\\r')/inner\"",
+    ].join(' && '));
+    // What is below a directory left out is listed too.
+    const want = ['ctl/new\nline', 'ctl/\x1b[31mred', 'ctl/del\x7f', 'ctl/tab\tname', 'ctl/d\r/', 'ctl/d\r/inner'].sort();
+    const o = await call(c, 'copy_out', { session_id: sid, guest_path: '/work/ctl', host_path: 'ctl' });
+    assert.deepEqual(o.copied.skipped_entries.map((e) => e.path).sort(), want, JSON.stringify(o.copied));
+    for (const e of o.copied.skipped_entries) assert.match(e.reason, /control character/);
+    assert.deepEqual(fs.readdirSync(path.join(d.root, 'ctl')).sort(), ['-rf', 'ok']);
+    assert.equal(fs.readFileSync(path.join(d.root, 'ctl/-rf'), 'utf8'), 'dash\n');
+    // On the host: the same names, copied in.
+    const h = path.join(d.root, 'ctl-host');
+    fs.mkdirSync(h);
+    fs.writeFileSync(path.join(h, 'ok'), 'ok\n');
+    fs.writeFileSync(path.join(h, '-rf'), 'dash\n');
+    for (const n of ['new\nline', '\x1b[31mred', 'del\x7f', 'tab\tname']) fs.writeFileSync(path.join(h, n), 'x');
+    fs.mkdirSync(path.join(h, 'd\r'));
+    fs.writeFileSync(path.join(h, 'd\r', 'inner'), 'x');
+    const i = await call(c, 'copy_in', { session_id: sid, host_path: 'ctl-host', guest_path: '/work/ctl-in' });
+    assert.deepEqual(i.copied.skipped_entries.map((e) => e.path).sort(), want.map((n) => n.replace(/^ctl\//, 'ctl-host/')).sort(), JSON.stringify(i.copied));
+    for (const e of i.copied.skipped_entries) assert.match(e.reason, /control character/);
+    assert.equal(await sh(c, sid, 'ls -A /work/ctl-in'), '-rf\nok\n');
+  });
+
+  test('a 60 MiB file with holes keeps them both ways: the copies allocate what its data takes', T, async () => {
+    // On the host: data at 1 MiB and at 30 MiB, holes everywhere else.
+    const h = path.join(d.root, 'holes');
+    const fd = fs.openSync(h, 'w');
+    fs.ftruncateSync(fd, 60 * 1024 * 1024);
+    fs.writeSync(fd, 'head', 1024 * 1024);
+    fs.writeSync(fd, 'tail', 30 * 1024 * 1024);
+    fs.closeSync(fd);
+    const hostBlocks = fs.statSync(h).blocks * 512;
+    assert.ok(hostBlocks < 1024 * 1024, `the host file system keeps no holes here (${hostBlocks} bytes)`);
+    const i = await call(c, 'copy_in', { session_id: sid, host_path: 'holes', guest_path: '/work/holes' });
+    assert.equal(i.copied.files, 1);
+    assert.ok(i.copied.bytes < 1024 * 1024, `copy_in counted ${i.copied.bytes} bytes of content`);
+    const [size, blocks, unit, sum] = (await sh(c, sid, "stat -c '%s %b %B' /work/holes | tr '\\n' ' '; sha256sum < /work/holes | cut -d' ' -f1")).trim().split(/\s+/);
+    assert.equal(Number(size), 60 * 1024 * 1024);
+    assert.ok(Number(blocks) * Number(unit) < 1024 * 1024, `the guest copy allocates ${Number(blocks) * Number(unit)} bytes`);
+    assert.equal(sum, sha256(fs.readFileSync(h)));
+    // In the sandbox: one made there, all hole but its last bytes.
+    await sh(c, sid, 'truncate -s 60M /work/guest-holes && printf end >> /work/guest-holes');
+    for (const [g, back] of [['/work/holes', 'holes-back'], ['/work/guest-holes', 'guest-holes']]) {
+      const o = await call(c, 'copy_out', { session_id: sid, guest_path: g, host_path: back });
+      assert.ok(o.copied.bytes < 1024 * 1024, `copy_out of ${g} counted ${o.copied.bytes} bytes of content`);
+      const st = fs.statSync(path.join(d.root, back));
+      assert.ok(st.blocks * 512 < 1024 * 1024, `the host copy of ${g} allocates ${st.blocks * 512} bytes`);
+    }
+    assert.equal(sha256(fs.readFileSync(path.join(d.root, 'holes-back'))), sha256(fs.readFileSync(h)));
+    const gh = fs.readFileSync(path.join(d.root, 'guest-holes'));
+    assert.equal(gh.length, 60 * 1024 * 1024 + 3);
+    assert.equal(gh.subarray(-3).toString(), 'end');
+  });
+
   describe('host paths are confined to IGN_MCP_HOST_IO_ROOT', () => {
     const refused = (msg) => {
       assert.match(msg, /IGN_MCP_HOST_IO_ROOT/, msg);

@@ -890,6 +890,77 @@ static void pack_window_is_what_was_sent(void) {
   peer_stop(&pe, c);
 }
 
+/* UNPACK answered as an agent does: the whole window granted, and a KILL
+ * answered with ECANCELED (DATA_END gets no answer: a commit is not what
+ * the test waits for). */
+static void answer_unpack(struct peer *pe, const struct proto_header *h,
+                          const uint8_t *payload) {
+  (void)payload;
+  struct proto_buf b = {0};
+  if (h->type == PROTO_UNPACK) {
+    proto_frame_begin(&b, PROTO_CREDIT, h->id);
+    proto_put_u32(&b, TAG_WINDOW, TREE_WINDOW);
+    send_frame(pe->fd, &b);
+  } else if (h->type == PROTO_KILL) {
+    proto_frame_begin(&b, PROTO_ERROR, h->id);
+    proto_put_u32(&b, TAG_ERRNO, ECANCELED);
+    proto_put_str(&b, TAG_MESSAGE, "copying '/x' was cancelled");
+    send_frame(pe->fd, &b);
+  }
+}
+
+struct unpack_call {
+  struct agent_conn *c;
+  int fd;
+  atomic_bool stop;
+  int r;
+  char *err;
+};
+
+static void *unpack_main(void *arg) {
+  struct unpack_call *u = arg;
+  const struct tar_limits lim = {.max_bytes = 1ull << 30, .max_files = 1000};
+  const struct agent_ctl ctl = {.cancelled = &u->stop};
+  struct tar_report rep = {0};
+  u->r = agent_unpack(u->c, "/x", u->fd, &lim, &ctl, &rep, &u->err);
+  if (u->r == 0)
+    tar_report_free(&rep);
+  return NULL;
+}
+
+/* The stream's producer failed: it stops the call, then closes its end.
+ * The EOF that follows is not the end of a whole stream: the agent gets a
+ * KILL (it keeps the destination as it was), never DATA_END first (it
+ * would commit what came, which may be a whole stream, end marker and
+ * all). */
+static void unpack_eof_after_a_stop_is_no_end(void) {
+  struct peer pe = {0};
+  struct agent_conn *c = peer_start(&pe, answer_unpack, 0);
+  int p[2];
+  CHECK_EQ_INT(pipe2(p, O_CLOEXEC), 0);
+  static uint8_t stream[4096];
+  CHECK_EQ_INT(write(p[1], stream, sizeof stream), (ssize_t)sizeof stream);
+  struct unpack_call u = {.c = c, .fd = p[0]};
+  pthread_t t;
+  pthread_create(&t, NULL, unpack_main, &u);
+  for (int i = 0; i < 500 && pe.data_bytes < sizeof stream; i++)
+    usleep(10000);
+  CHECK_EQ_INT(pe.data_bytes, sizeof stream);
+  usleep(30000); /* the call waits on the pipe again */
+  atomic_store(&u.stop, true);
+  close(p[1]);
+  pthread_join(t, NULL);
+  close(p[0]);
+  CHECK_EQ_INT(u.r, -ECANCELED);
+  int first = -1;
+  for (size_t i = 0; i < pe.n_seen && first < 0; i++)
+    if (pe.seen[i] == PROTO_KILL || pe.seen[i] == PROTO_DATA_END)
+      first = pe.seen[i];
+  CHECK_EQ_INT(first, PROTO_KILL);
+  free(u.err);
+  peer_stop(&pe, c);
+}
+
 /* ---- streams -------------------------------------------------------------- */
 
 #define SID(n) (PROTO_AGENT_ID | (n))
@@ -1493,7 +1564,7 @@ TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_ch
           TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data),
-          TEST(pack_window_is_what_was_sent), TEST(stream_flows_both_ways),
+          TEST(pack_window_is_what_was_sent), TEST(unpack_eof_after_a_stop_is_no_end), TEST(stream_flows_both_ways),
           TEST(stream_frames_are_checked), TEST(stream_reset_drops_late_frames),
           TEST(no_handler_refuses), TEST(lookup_is_answered),
           TEST(set_streams_stops_the_old_handler), TEST(stalled_stream_beside_a_ping),

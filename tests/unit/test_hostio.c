@@ -18,6 +18,7 @@
 
 #include "common/hostio.h"
 #include "common/tarstream.h"
+#include "common/tarstream_int.h"
 #include "common/util.h"
 #include "test.h"
 
@@ -598,6 +599,203 @@ static void symlink_then_write_through_is_refused(void) {
   teardown();
 }
 
+/* The symlink-inside check at its boundary: a link whose ".." reach
+ * exactly the top of the copied tree is kept, one more ".." is outside.
+ * Read straight, and at each depth of a hostile stream and of a packed
+ * host tree (the depth each side passes is what is checked here). */
+static void symlink_reaching_the_top_is_kept_one_above_is_not(void) {
+  CHECK(tar_symlink_inside(".", 0));
+  CHECK(!tar_symlink_inside("..", 0));
+  CHECK(!tar_symlink_inside("../x", 0));
+  CHECK(tar_symlink_inside("..", 1));
+  CHECK(tar_symlink_inside("../x", 1));
+  CHECK(!tar_symlink_inside("../..", 1));
+  CHECK(!tar_symlink_inside("../../x", 1));
+  CHECK(tar_symlink_inside("../../x", 2));
+  CHECK(!tar_symlink_inside("../../../x", 2));
+  CHECK(!tar_symlink_inside("a/../../x", 2)); /* ".." after a name: never */
+
+  setup();
+  const struct ent ents[] = {
+      {"T", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/f", AE_IFREG, 0644, "top", NULL, NULL, 0, false},
+      {"T/here", AE_IFLNK, 0, NULL, "f", NULL, 0, false},
+      {"T/up", AE_IFLNK, 0, NULL, "../f", NULL, 0, false},
+      {"T/d", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/d/top", AE_IFLNK, 0, NULL, "../f", NULL, 0, false},
+      {"T/d/up", AE_IFLNK, 0, NULL, "../../f", NULL, 0, false},
+      {"T/d/e", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/d/e/top", AE_IFLNK, 0, NULL, "../../f", NULL, 0, false},
+      {"T/d/e/up", AE_IFLNK, 0, NULL, "../../../f", NULL, 0, false},
+  };
+  int fd = build_stream(ents, ARRAY_SIZE(ents));
+  struct tar_report rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(unpack_into_root(fd, "dst", &big, &rep, &err), 0);
+  free(err);
+  close(fd);
+  CHECK(exists("dst/here") && exists("dst/d/top") && exists("dst/d/e/top"));
+  CHECK(!exists("dst/up") && !exists("dst/d/up") && !exists("dst/d/e/up"));
+  CHECK(skipped_with(&rep, "T/up", "outside"));
+  CHECK(skipped_with(&rep, "T/d/up", "outside"));
+  CHECK(skipped_with(&rep, "T/d/e/up", "outside"));
+  CHECK_EQ_INT(rep.symlinks, 3);
+  CHECK_EQ_INT(rep.skipped, 3);
+  tar_report_free(&rep);
+
+  /* The same tree on the host, packed: the same three are left out. */
+  CHECK_EQ_INT(sh("cd %s && mkdir -p src/d/e && echo top > src/f && ln -s f src/here && "
+                  "ln -s ../f src/up && ln -s ../f src/d/top && ln -s ../../f src/d/up && "
+                  "ln -s ../../f src/d/e/top && ln -s ../../../f src/d/e/up",
+                  root),
+               0);
+  char src[PATH_MAX * 2];
+  snprintf(src, sizeof src, "%s/src", root);
+  fd = mem_fd();
+  rep = (struct tar_report){0};
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &big, NULL, &rep, &err), 0);
+  free(err);
+  close(fd);
+  CHECK(skipped_with(&rep, "src/up", "outside"));
+  CHECK(skipped_with(&rep, "src/d/up", "outside"));
+  CHECK(skipped_with(&rep, "src/d/e/up", "outside"));
+  CHECK_EQ_INT(rep.symlinks, 3);
+  CHECK_EQ_INT(rep.skipped, 3);
+  tar_report_free(&rep);
+  CHECK(no_staging());
+  teardown();
+}
+
+/* Names with a control byte (a newline, a terminal escape, DEL, a tab)
+ * below the top are left out and listed, with what is below them; so is a
+ * symlink whose target has one.  A name that begins with '-' is kept. */
+static void names_with_control_bytes_are_skipped(void) {
+  setup();
+  const struct ent ents[] = {
+      {"T", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/ok", AE_IFREG, 0644, "ok", NULL, NULL, 0, false},
+      {"T/-rf", AE_IFREG, 0644, "dash", NULL, NULL, 0, false},
+      {"T/new\nline", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/\x1b[31mred", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/del\x7f", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/tab\tname", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/d\r", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/d\r/inner", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/link", AE_IFLNK, 0, NULL, "ok\n", NULL, 0, false},
+      {"T/sub", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
+      {"T/sub/\x01", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/sub/fine~", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+  };
+  int fd = build_stream(ents, ARRAY_SIZE(ents));
+  struct tar_report rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(unpack_into_root(fd, "dst", &big, &rep, &err), 0);
+  free(err);
+  close(fd);
+  CHECK(exists("dst/ok") && exists("dst/-rf") && exists("dst/sub/fine~"));
+  /* Nothing with a control byte anywhere below ROOT. */
+  CHECK_EQ_INT(sh("test -z \"$(find %s -name '*[[:cntrl:]]*')\"", root), 0);
+  CHECK(!exists("dst/link"));
+  const char *why = "control character";
+  CHECK(skipped_with(&rep, "T/new\nline", why));
+  CHECK(skipped_with(&rep, "T/\x1b[31mred", why));
+  CHECK(skipped_with(&rep, "T/del\x7f", why));
+  CHECK(skipped_with(&rep, "T/tab\tname", why));
+  CHECK(skipped_with(&rep, "T/d\r", why));
+  CHECK(skipped_with(&rep, "T/d\r/inner", why));
+  CHECK(skipped_with(&rep, "T/link", "target has a control character"));
+  CHECK(skipped_with(&rep, "T/sub/\x01", why));
+  CHECK_EQ_INT(rep.skipped, 8);
+  CHECK_EQ_INT(rep.files, 3);
+  tar_report_free(&rep);
+  CHECK(no_staging());
+  teardown();
+}
+
+/* Allocated bytes of ROOT/REL (st_blocks), or -1. */
+static long long allocated(const char *rel) {
+  char p[PATH_MAX * 2];
+  snprintf(p, sizeof p, "%s/%s", root, rel);
+  struct stat st;
+  return lstat(p, &st) < 0 ? -1 : (long long)st.st_blocks * 512;
+}
+
+/* A 60 MiB file with two small data regions and holes around them, and
+ * one that is all hole, keep their holes through a copy (pack and
+ * unpack): the stream is small, the copy allocates what the original
+ * does, its content is the same.  The cap counts the logical size, holes
+ * included, on both sides. */
+static void sparse_files_keep_their_holes(void) {
+  setup();
+  CHECK_EQ_INT(sh("cd %s && mkdir src && truncate -s 60M src/holes && "
+                  "printf head | dd of=src/holes bs=1 seek=1048576 conv=notrunc 2>/dev/null && "
+                  "printf tail | dd of=src/holes bs=1 seek=31457280 conv=notrunc 2>/dev/null && "
+                  "truncate -s 60M src/empty && echo dense > src/dense",
+                  root),
+               0);
+  if (allocated("src/holes") > 1024 * 1024) {
+    fprintf(stderr, "  skipped: %s keeps no holes\n", root);
+    teardown();
+    return;
+  }
+  char src[PATH_MAX * 2], dst[PATH_MAX * 2];
+  snprintf(src, sizeof src, "%s/src", root);
+  snprintf(dst, sizeof dst, "%s/dst", root);
+  int fd = mem_fd();
+  struct tar_report packed = {0}, rep = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &big, NULL, &packed, &err), 0);
+  struct stat st;
+  fstat(fd, &st);
+  fprintf(stderr, "  stream %lld bytes; %llu bytes of content packed\n", (long long)st.st_size,
+          (unsigned long long)packed.bytes);
+  CHECK(st.st_size < 1024 * 1024);
+  lseek(fd, 0, SEEK_SET);
+  CHECK_EQ_INT(hostio_copy_to(fd, dst, &big, NULL, &rep, &err), 0);
+  if (err)
+    fprintf(stderr, "  %s\n", err);
+  free(err);
+  err = NULL;
+  close(fd);
+  CHECK_EQ_INT(rep.files, 3);
+  CHECK_EQ_INT(rep.bytes, packed.bytes);
+  CHECK(rep.bytes < 1024 * 1024); /* the data regions, not the holes */
+  fprintf(stderr, "  allocated: holes %lld -> %lld, empty %lld -> %lld\n",
+          allocated("src/holes"), allocated("dst/holes"), allocated("src/empty"),
+          allocated("dst/empty"));
+  CHECK(allocated("dst/holes") <= allocated("src/holes") + 64 * 1024);
+  CHECK(allocated("dst/empty") <= 64 * 1024);
+  CHECK_EQ_INT(sh("cd %s && cmp src/holes dst/holes && cmp src/empty dst/empty && "
+                  "cmp src/dense dst/dense && test $(stat -c %%s dst/holes) = 62914560",
+                  root),
+               0);
+  tar_report_free(&packed);
+  tar_report_free(&rep);
+
+  /* The cap counts the holes: 60 MiB is over a 10 MiB cap, either side. */
+  const struct tar_limits small = {10 * 1024 * 1024, 100};
+  fd = mem_fd();
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &small, NULL, &packed, &err), -EFBIG);
+  CHECK(err && strstr(err, "IGN_MCP_COPY_MAX_MB"));
+  free(err);
+  err = NULL;
+  tar_report_free(&packed);
+  close(fd);
+  fd = mem_fd();
+  CHECK_EQ_INT(hostio_copy_from(src, fd, &big, NULL, &packed, &err), 0);
+  tar_report_free(&packed);
+  lseek(fd, 0, SEEK_SET);
+  snprintf(dst, sizeof dst, "%s/capped", root);
+  CHECK_EQ_INT(hostio_copy_to(fd, dst, &small, NULL, &rep, &err), -EFBIG);
+  CHECK(err && strstr(err, "IGN_MCP_COPY_MAX_MB"));
+  free(err);
+  tar_report_free(&rep);
+  close(fd);
+  CHECK(!exists("capped"));
+  CHECK(no_staging());
+  teardown();
+}
+
 static void hostile_sizes_hit_the_caps(void) {
   setup();
   sh("mkdir -p %s/dst && echo old > %s/dst/old && cp -a %s/dst %s/ref && mkdir %s/dst/sub && "
@@ -689,4 +887,6 @@ TEST_MAIN(TEST(stream_through_a_pipe), TEST(round_trip_keeps_tree_modes_and_inne
           TEST(device_nodes_are_skipped), TEST(destination_symlink_is_refused),
           TEST(copy_out_off_refuses_writes), TEST(failed_copy_leaves_destination_intact),
           TEST(hostile_names_are_skipped), TEST(symlink_then_write_through_is_refused),
+          TEST(symlink_reaching_the_top_is_kept_one_above_is_not),
+          TEST(names_with_control_bytes_are_skipped), TEST(sparse_files_keep_their_holes),
           TEST(hostile_sizes_hit_the_caps))

@@ -1,12 +1,15 @@
 /* test_tarstream_hostile.c: tar_unpack fed streams a hostile sender writes
  * by hand, byte for byte (what libarchive's writer would never make): a
  * sparse map as big as the stream, a damaged header, a sender that keeps
- * the stream open after its end, directories without permissions.  Each
+ * the stream open after its end or fails there, directories without
+ * permissions.  Each
  * test works in a fresh directory under /tmp. */
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/capability.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/mman.h>
@@ -208,50 +211,105 @@ static void damaged_header_is_a_broken_stream(void) {
   teardown();
 }
 
-/* A sender that sends a whole stream, end marker included, and then keeps
- * its end open: the copy is complete and must not wait for it. */
-static void sender_that_keeps_the_stream_open_does_not_hold_the_copy(void) {
+/* ---- the sender's end: after the end marker ---------------------------- */
+
+struct drain_run {
+  int fd;
+  atomic_bool cancelled;
+  int r;
+  char *err;
+  pthread_t thread;
+};
+
+static void *drain_main(void *arg) {
+  struct drain_run *d = arg;
+  int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  d->r = tar_unpack(d->fd, dfd, "dst", &big, &d->cancelled, NULL, &d->err);
+  close(dfd);
+  return NULL;
+}
+
+static void sleep_ms(unsigned ms) {
+  nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
+}
+
+/* A whole stream (end marker included) is in the pipe; the sender then
+ * waits WAIT_MS with its end open, and either fails (CANCEL: the stop is
+ * set, as a failed sender's runner does, then the stream is closed) or
+ * closes it as a sender that succeeded.  The destination "dst" held "old";
+ * it is replaced only in the second case, and only after the close. */
+static void drain_row(unsigned wait_ms, bool cancel) {
   setup();
-  int fd = mem_fd();
-  header(fd, "T/", '5', 0, 0755, false);
-  header(fd, "T/f", '0', 2, 0644, false);
-  put(fd, "hi", 2);
-  pad(fd);
-  end_marker(fd);
+  char path[PATH_MAX + 8];
+  snprintf(path, sizeof path, "%s/dst", dir);
+  int old = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  put(old, "old\n", 4);
+  close(old);
+  struct stat before;
+  CHECK_EQ_INT(stat(path, &before), 0);
+
   int p[2];
   CHECK_EQ_INT(pipe2(p, O_CLOEXEC), 0);
+  int fd = mem_fd();
+  header(fd, "T", '0', 4, 0644, false);
+  put(fd, "new\n", 4);
+  pad(fd);
+  end_marker(fd);
   char buf[4096];
   lseek(fd, 0, SEEK_SET);
   for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;)
     put(p[1], buf, (size_t)k);
   close(fd);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(p[1]);
-    char *err = NULL;
-    int r = unpack_in_dir(p[0], "dst", &big, NULL, &err);
-    if (r < 0)
-      fprintf(stderr, "  %s\n", err);
-    _exit(r == 0 ? 0 : 1);
-  }
-  close(p[0]);
-  int status = -1;
-  for (int i = 0; i < 100; i++) {
-    if (waitpid(pid, &status, WNOHANG) == pid)
-      break;
-    nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
-  }
-  if (status == -1) {
-    fprintf(stderr, "  tar_unpack still waits 10 s after a complete stream\n");
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    CHECK(false);
-  } else {
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+
+  struct drain_run d = {.fd = p[0]};
+  uint64_t t0 = mono_ms();
+  pthread_create(&d.thread, NULL, drain_main, &d);
+  sleep_ms(wait_ms);
+  if (cancel)
+    atomic_store(&d.cancelled, true);
   close(p[1]);
+  pthread_join(d.thread, NULL);
+  uint64_t took = mono_ms() - t0;
+  close(p[0]);
+
+  char got[16] = {0};
+  int rfd = open(path, O_RDONLY | O_CLOEXEC);
+  CHECK(rfd >= 0 && read(rfd, got, sizeof got - 1) > 0);
+  if (rfd >= 0)
+    close(rfd);
+  struct stat after;
+  CHECK_EQ_INT(stat(path, &after), 0);
+  fprintf(stderr, "  wait %u ms, %s: tar_unpack %d after %llu ms (%s), dst \"%.3s\"\n", wait_ms,
+          cancel ? "stop" : "close", d.r, (unsigned long long)took, d.err ? d.err : "-", got);
+  if (cancel) {
+    CHECK_EQ_INT(d.r, -ECANCELED);
+    CHECK(d.err && strstr(d.err, "cancelled"));
+    CHECK_STREQ(got, "old\n");
+    CHECK_EQ_INT(after.st_ino, before.st_ino);
+  } else {
+    CHECK_EQ_INT(d.r, 0);
+    CHECK_STREQ(got, "new\n");
+    CHECK(took >= wait_ms);
+  }
+  free(d.err);
+  /* Nothing else: no staging left behind. */
+  char cmd[PATH_MAX + 64];
+  snprintf(cmd, sizeof cmd, "test \"$(ls -A %s)\" = dst", dir);
+  CHECK_EQ_INT(system(cmd), 0);
   teardown();
 }
+
+/* A cancel that lands while the rest of a whole stream is drained is a
+ * failed copy: soon after the end marker (before a poll interval ran out)
+ * and long after it. */
+static void cancel_in_the_drain_keeps_the_destination(void) {
+  drain_row(50, true);
+  drain_row(600, true);
+}
+
+/* A sender that keeps its end open after the end marker holds the commit
+ * until it closes (its success is its EOF), then the copy is done. */
+static void commit_waits_for_the_senders_end(void) { drain_row(600, false); }
 
 /* Root in the test bypasses permissions: the child drops the capabilities
  * that do (it then sees a directory as its owner does), as the server,
@@ -308,5 +366,6 @@ static void unreadable_directory_leaves_nothing_behind(void) {
 }
 
 TEST_MAIN(TEST(sparse_map_is_not_held_in_memory), TEST(damaged_header_is_a_broken_stream),
-          TEST(sender_that_keeps_the_stream_open_does_not_hold_the_copy),
+          TEST(cancel_in_the_drain_keeps_the_destination),
+          TEST(commit_waits_for_the_senders_end),
           TEST(unreadable_directory_leaves_nothing_behind))
