@@ -146,12 +146,22 @@ enum egress_peek {
  * because the name itself is not a host name. */
 enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF]);
 
-/* An HTTP/1.x request's Host header (and, for a request in absolute form or
- * CONNECT, the authority of its target, which must name the same host) from
- * the first LEN bytes of a stream.  OUT as above; *RET_PORT the port it
- * names, 0 when none.  More than one Host, a header folded over lines, a
- * bare CR or LF, a NUL or a head longer than EGRESS_PEEK_MAX is MALFORMED.
- * A Host that is an IP literal is FOUND with OUT the literal (v6 without its
- * brackets): the broker compares it with the address it connects to. */
+/* An HTTP/1.x request's Host header (and, for a request in absolute form of
+ * any scheme or CONNECT, the authority of its target, which must name the
+ * same host and port) from the first LEN bytes of a stream.  OUT as above;
+ * *RET_PORT the port Host or the target names, 0 when none.
+ *
+ * Fail closed: empty lines (CR, LF) before the request line are skipped as
+ * servers skip them; any token followed by SP starts a request line, which
+ * must be "method SP target SP HTTP/1.0|1 CRLF" with a target "/...", "*",
+ * "scheme://authority..." (or CONNECT's authority), else MALFORMED (HTTP/0.9
+ * "GET /", h2c's "PRI *", a tab for SP, a cut line).  The one exception is
+ * SSH's identification ("SSH-2.0-x comments CRLF"): OTHER.  Bytes that do
+ * not start with a token and SP (TLS, binary protocols, "PING\r\n") are
+ * OTHER; a token not yet followed by anything is MORE.  More than one Host,
+ * a header folded over lines, a bare CR or LF, a NUL or a head longer than
+ * EGRESS_PEEK_MAX is MALFORMED.  A Host that is an IP literal is FOUND with
+ * OUT the literal (v6 without its brackets): the broker compares it with the
+ * address it connects to. */
 enum egress_peek egress_http_host(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF],
                                   uint16_t *ret_port);

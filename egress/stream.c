@@ -57,6 +57,7 @@ struct stream {
   bool peek_pending;           /* connecting or connected, the first bytes not checked yet */
   uint64_t peek_deadline;      /* peek_pending: the first byte came, a decision is due */
   const char *peek_more;       /* the refusal if the peek never completes */
+  bool server_first;           /* peek_pending: the upstream sent bytes before the program */
   struct rec_conn rec;
   /* agent -> upstream */
   uint8_t *up;
@@ -292,12 +293,22 @@ static enum verdict peek_verdict(struct stream *s, const char **ret_why) {
   case EGRESS_PEEK_OTHER:
     break;
   }
+  /* The upstream spoke before the program's first byte: a server-first
+   * protocol (SMTP, FTP, IMAP), never an HTTP server, which only answers.
+   * Its commands may look like a request line ("EHLO x"). */
+  if (s->server_first)
+    return V_PASS;
   uint16_t port = 0;
   switch (egress_http_host(b, len, out, &port)) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "Host mismatch";
-    return peek_name_ok(s, out) ? V_PASS : V_REFUSE;
+    if (!peek_name_ok(s, out))
+      return V_REFUSE;
+    /* A port named (Host: name:port, or the target's) is the port
+     * connected to: a front end may route by it.  No port is any port. */
+    *ret_why = "Host port mismatch";
+    return port && port != s->rec.port ? V_REFUSE : V_PASS;
   case EGRESS_PEEK_ABSENT:
     return V_PASS;
   case EGRESS_PEEK_MALFORMED:
@@ -491,6 +502,8 @@ static bool pump_down(struct stream *s) {
     s->last_ms = mono_ms();
     if (!n)
       s->up_eof = true;
+    else if (s->peek_pending && !s->up_len)
+      s->server_first = true;
     s->down_len = (size_t)n;
     if (!send_down(s))
       return false;
