@@ -17,7 +17,10 @@
  * EGRESS_FIRST_BYTE_MS without a byte the broker connects, but still holds
  * the program's first bytes until they pass the same check (peek_pending):
  * a ClientHello or an HTTP request naming another host is reset as it is
- * on a web port; bytes that are neither go up.
+ * on a web port (and what could start a request but does not parse, see
+ * egress_http_host); bytes that are neither go up.  Once the upstream spoke
+ * before the program's first byte (an SMTP greeting) the program's bytes
+ * are not read as HTTP: an HTTP server only answers.
  *
  * Flow control: the agent may send what it was granted (first
  * EGRESS_PEEK_MAX, enough for the peek; once connected up to STREAM_WINDOW
