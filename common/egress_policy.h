@@ -135,7 +135,8 @@ bool egress_addr_class_private(enum egress_addr_class c);
 enum egress_peek {
   EGRESS_PEEK_FOUND,     /* a well-formed name: in OUT, lowercased */
   EGRESS_PEEK_MORE,      /* not decided yet: wait for more bytes (up to EGRESS_PEEK_MAX) */
-  EGRESS_PEEK_ABSENT,    /* the protocol, but it names no host (ClientHello without SNI) */
+  EGRESS_PEEK_ABSENT,    /* the protocol, but it names no host (ClientHello without SNI,
+                          * HTTP request without Host or absolute target) */
   EGRESS_PEEK_OTHER,     /* not this protocol */
   EGRESS_PEEK_MALFORMED, /* this protocol, broken: OUT may hold "<invalid:N>" for a bad name */
 };
@@ -162,6 +163,8 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
  * a header folded over lines, a bare CR or LF, a NUL or a head longer than
  * EGRESS_PEEK_MAX is MALFORMED.  A Host that is an IP literal is FOUND with
  * OUT the literal (v6 without its brackets): the broker compares it with the
- * address it connects to. */
+ * address it connects to.  A complete request with neither Host nor an
+ * authority in its target is ABSENT: the broker refuses it on a connection
+ * to a name (a front end serves it from its default site). */
 enum egress_peek egress_http_host(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF],
                                   uint16_t *ret_port);

@@ -17,8 +17,9 @@
  * EGRESS_FIRST_BYTE_MS without a byte the broker connects, but still holds
  * the program's first bytes until they pass the same check (peek_pending):
  * a ClientHello or an HTTP request naming another host is reset as it is
- * on a web port (and what could start a request but does not parse, see
- * egress_http_host); bytes that are neither go up.  Once the upstream spoke
+ * on a web port (and an HTTP request naming none, which a front end serves
+ * from its default site, and what could start a request but does not
+ * parse, see egress_http_host); bytes that are neither go up.  Once the upstream spoke
  * before the program's first byte (an SMTP greeting) the program's bytes
  * are not read as HTTP: an HTTP server only answers.
  *
@@ -313,7 +314,11 @@ static enum verdict peek_verdict(struct stream *s, const char **ret_why) {
     *ret_why = "Host port mismatch";
     return port && port != s->rec.port ? V_REFUSE : V_PASS;
   case EGRESS_PEEK_ABSENT:
-    return V_PASS;
+    /* A request naming no host is served from a front end's default
+     * site, which may be one the policy does not allow.  A raw connect
+     * (open mode) allows the address, whatever it serves. */
+    *ret_why = "HTTP request without Host";
+    return s->raw ? V_PASS : V_REFUSE;
   case EGRESS_PEEK_MALFORMED:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "malformed HTTP request";

@@ -768,6 +768,10 @@ static void peek_mismatch_reaches_nothing(void) {
   static const char lower[] = "get / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
   static const char long_method[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
   static const char http09[] = "GET /\r\n";
+  /* No host at all: a front end serves its default site. */
+  static const char no_host10[] = "GET / HTTP/1.0\r\n\r\n";
+  static const char no_host11[] = "\r\nGET / HTTP/1.1\r\nAccept: */*\r\n\r\n";
+  static const char no_host_star[] = "OPTIONS * HTTP/1.1\r\n\r\n";
   char port_host[128];
   int port_host_len = snprintf(port_host, sizeof port_host,
                                "GET / HTTP/1.1\r\nHost: good.test:%u\r\n\r\n", srv.port + 1u);
@@ -786,6 +790,9 @@ static void peek_mismatch_reaches_nothing(void) {
               {lower, sizeof lower - 1, "Host mismatch"},
               {long_method, sizeof long_method - 1, "Host mismatch"},
               {http09, sizeof http09 - 1, "malformed HTTP request"},
+              {no_host10, sizeof no_host10 - 1, "HTTP request without Host"},
+              {no_host11, sizeof no_host11 - 1, "HTTP request without Host"},
+              {no_host_star, sizeof no_host_star - 1, "HTTP request without Host"},
               {port_host, (size_t)port_host_len, "Host port mismatch"},
               {port_target, (size_t)port_target_len, "Host port mismatch"}};
   if (resolve(&a, "good.test", addr))
@@ -1292,8 +1299,64 @@ static void web_ports_always_peeked(void) {
     CHECK_STREQ(msg, "SNI mismatch");
     CHECK_EQ_INT(reset_of(&a, s80, msg, sizeof msg), ECONNREFUSED);
     CHECK_STREQ(msg, "Host mismatch");
+    /* A request naming no host, on 80 and in plain text on 443. */
+    static const char no_host[] = "GET / HTTP/1.0\r\n\r\n";
+    for (int i = 0; i < 2; i++) {
+      uint32_t sid = ag_open(&a, addr, i ? 80 : 443);
+      struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+      CHECK(f != NULL);
+      free(f);
+      ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+      CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+      CHECK_STREQ(msg, "HTTP request without Host");
+    }
+    json_t *rep = egress_report(e, false);
+    json_t *ev = last_of(rep, "denied");
+    CHECK_STREQ(str_of(ev, "reason"), "HTTP request without Host");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "port")), 80);
+    json_decref(rep);
   }
   session_end(e, &a);
+  egress_shutdown();
+}
+
+/* A request naming no host: refused on a connection to a name, in open
+ * mode too (the front end behind the name chooses the site); a raw address
+ * open mode allows is the address, whatever it serves. */
+static void host_less_request_only_on_raw_addresses(void) {
+  init_broker(PRIV_HOST, 64);
+  server_start();
+  struct agent a;
+  struct egress *e = session("open", NULL, "nohost1", &a);
+  static const char no_host[] = "GET / HTTP/1.0\r\n\r\n";
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+    char msg[128];
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "HTTP request without Host");
+    json_t *rep = egress_report(e, false);
+    json_t *ev = last_of(rep, "denied");
+    CHECK_STREQ(str_of(ev, "reason"), "HTTP request without Host");
+    CHECK_STREQ(str_of(ev, "host"), "good.test");
+    json_decref(rep);
+  }
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  uint32_t sid = ag_open(&a, (uint8_t[4]){127, 0, 0, 1}, srv.port);
+  struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+  CHECK(f != NULL);
+  free(f);
+  ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+  f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000); /* echoed */
+  CHECK(f && f->h.len == sizeof no_host - 1 && memcmp(f->p, no_host, f->h.len) == 0);
+  free(f);
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  session_end(e, &a);
+  server_stop();
   egress_shutdown();
 }
 
@@ -1716,7 +1779,8 @@ int main(void) {
       TEST(mode_none_refuses_everything), TEST(dns_rate_limited),
       TEST(report_since_last_and_log),
       TEST(resolver_flood_spares_other_sessions), TEST(host_own_address_refused),
-      TEST(web_ports_always_peeked), TEST(server_first_port_still_checks_the_first_bytes),
+      TEST(web_ports_always_peeked), TEST(host_less_request_only_on_raw_addresses),
+      TEST(server_first_port_still_checks_the_first_bytes),
       TEST(server_first_greeting_lets_commands_pass),
       TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
       TEST(refused_packets_recorded), TEST(backend_counters_instead_of_the_agent),

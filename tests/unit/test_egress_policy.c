@@ -675,8 +675,16 @@ static void test_http(void) {
   CHECK_EQ_INT(port, 443);
   CHECK_EQ_INT(host_of("CONNECT evil.com:443 HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
                EGRESS_PEEK_MALFORMED);
-  /* HTTP/1.0 without Host. */
+  /* No Host and no authority in the target: ABSENT, whatever else the head
+   * holds (the broker refuses it on a connection to a name). */
   CHECK_EQ_INT(host_of("GET / HTTP/1.0\r\n\r\n", out, &port), EGRESS_PEEK_ABSENT);
+  CHECK_STREQ(out, "");
+  CHECK_EQ_INT(port, 0);
+  CHECK_EQ_INT(host_of("\r\nGET / HTTP/1.1\r\nAccept: */*\r\nX-Host: evil.com\r\n\r\n", out,
+                       &port),
+               EGRESS_PEEK_ABSENT);
+  CHECK_EQ_INT(host_of("OPTIONS * HTTP/1.1\r\n\r\n", out, &port), EGRESS_PEEK_ABSENT);
+  CHECK_EQ_INT(host_of("GET / HTTP/1.1\r\nHost:\r\n\r\n", out, &port), EGRESS_PEEK_MALFORMED);
   /* Not HTTP/1. */
   CHECK_EQ_INT(host_of("\x16\x03\x01", out, &port), EGRESS_PEEK_OTHER);
   CHECK_EQ_INT(host_of("SSH-2.0-OpenSSH\r\n", out, &port), EGRESS_PEEK_OTHER);
