@@ -13,10 +13,11 @@
 // resolve where the rows need them.  Three servers: P with
 // IGN_MCP_NET_PRIVATE=host (good.test reaches the local servers), Q without it
 // (loopback and private names refused, the rebinding row), O with
-// IGN_MCP_NET=off.  The peek rows (30-35) also talk to a front end: Debian's
+// IGN_MCP_NET=off.  The peek rows (30-36) also talk to a front end: Debian's
 // nginx on 127.0.0.1 serving two sites on one port, good.test (allowed, its
 // default) and evil.test (never allowed), each with its own access log, and
-// to a server that speaks first (an SMTP-like greeting).
+// a second one whose default is evil.test (row 36), and to a server that
+// speaks first (an SMTP-like greeting).
 
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -49,6 +50,7 @@ const R = {
   host: 'Host mismatch',
   hostPort: 'Host port mismatch',
   malformedHttp: 'malformed HTTP request',
+  noHost: 'HTTP request without Host',
   loopback: 'loopback address',
   private: 'private address',
   metadata: 'metadata address',
@@ -183,10 +185,11 @@ async function freePort() {
 }
 
 /* A front end as the issue found it: nginx on one loopback port serving two
- * sites by name, good.test (the default) and evil.test; what each site
- * served is a line in its own access log. */
-async function frontEnd(dir) {
-  const root = path.join(dir, 'nginx');
+ * sites by name, good.test and evil.test, DEFAULT the one that serves a
+ * request naming neither; what each site served is a line in its own
+ * access log. */
+async function frontEnd(dir, dflt = 'good.test') {
+  const root = path.join(dir, `nginx-${dflt}`);
   fs.mkdirSync(root, { recursive: true });
   const port = await freePort();
   const log = (n) => path.join(root, `${n}.log`);
@@ -197,7 +200,7 @@ async function frontEnd(dir) {
   fs.writeFileSync(path.join(root, 'nginx.conf'), `daemon off; worker_processes 1; pid ${path.join(root, 'nginx.pid')};
 error_log ${log('error')};
 events { worker_connections 64; }
-http { ${temps} ${site('good.test', ' default_server')} ${site('evil.test', '')} }
+http { ${temps} ${['good.test', 'evil.test'].map((n) => site(n, n === dflt ? ' default_server' : '')).join(' ')} }
 `);
   const child = spawn(NGINX, ['-p', root, '-c', path.join(root, 'nginx.conf'), '-e', log('error')], { stdio: 'ignore' });
   let exited = false;
@@ -384,7 +387,7 @@ function assertReset(o, what) {
 }
 
 describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
-  let dir, host, front, greet, P, Q, A, B, N, C, D;
+  let dir, host, front, frontEvil, greet, P, Q, A, B, N, C, D;
   let hostsP, hostsQ;
   const rulesA = [];
 
@@ -392,7 +395,10 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-egress-'));
     fs.chmodSync(dir, 0o755);
     host = await hostSide(dir);
-    if (NGINX) front = await frontEnd(dir);
+    if (NGINX) {
+      front = await frontEnd(dir);
+      frontEvil = await frontEnd(dir, 'evil.test');
+    }
     greet = await greeter();
     const { http: H, https: S } = host.ports;
     hostsP = path.join(dir, 'hosts-p');
@@ -404,7 +410,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     // good.test itself: ports 80 and 443, where nothing listens on the
     // host (the peek rows on port 80 are refused before any connect).
     rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, 'meta.test', 'zero.test', 'pypi.org');
-    if (front) rulesA.push(`good.test:${front.port}`);
+    if (front) rulesA.push(`good.test:${front.port}`, `good.test:${frontEvil.port}`);
     A = await openEgress(P.client, { network: 'allow', allow_hosts: rulesA }, 'session A');
     await writeFile(P.client, A.sid, '/root/ca.pem', host.cert);
     C = await openEgress(Q.client, { network: 'allow', allow_hosts: ['loop.test', 'ten.test', `rebind.test:${H}`, 'registry.npmjs.org'] }, 'session C');
@@ -416,6 +422,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     await Q?.close();
     await host?.close();
     await front?.close();
+    await frontEvil?.close();
     await greet?.close();
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
@@ -653,12 +660,12 @@ out(r=[tcp("good.test", ${H}, q) for q in reqs])`;
   // checked, or refused (docs/egress-design.md (c)).  Each row is tried on
   // the front end's port (a port a rule names, like 8080) and on port 80.
 
-  /* A refusal row against the front end: neither of its sites nor any of
+  /* A refusal row against the front ends: none of their sites nor any of
    * the host's servers saw anything. */
   async function frontRefused(what, body) {
-    const before = front.seen();
+    const before = [front.seen(), frontEvil.seen()];
     const res = await refused(what, body);
-    assert.deepEqual(front.seen(), before, `${what}: the front end served something (before, after)`);
+    assert.deepEqual([front.seen(), frontEvil.seen()], before, `${what}: a front end served something (before, after)`);
     return res;
   }
 
@@ -757,6 +764,26 @@ out(smtp=talk(False), ssh=talk(True))`;
     assert.equal(out.ssh, '220 good.test ESMTP\r\nSSH-2.0-OpenSSH_9.6p1 Debian-3ubuntu13.5\r\n', JSON.stringify(out));
     assert.equal(greet.cnt.conns >= 2, true);
     await recorded(A, eg, [{ kind: 'connect', host: 'good.test', port: G, allowed: true }], 'row 35');
+  });
+
+  test('row 36: an HTTP request naming no host (no Host, no absolute target), to front ends whose default site is good.test, and evil.test', { ...T, skip: NGINX_SKIP }, async () => {
+    // What the row keeps from the sandbox: from the host, the front end
+    // whose default is evil.test serves it such a request.
+    const before = frontEvil.seen();
+    const direct = await new Promise((resolve, reject) => {
+      let got = '';
+      const c = net.connect(frontEvil.port, '127.0.0.1', () => c.write('GET / HTTP/1.0\r\n\r\n'));
+      c.on('data', (d) => { got += d.toString('latin1'); });
+      c.on('end', () => resolve(got));
+      c.on('error', reject);
+    });
+    assert.match(direct, /evil site/, `row 36: the evil.test front end, asked from the host: ${direct}`);
+    assert.deepEqual(frontEvil.seen(), { good: before.good, evil: before.evil + 1 });
+    await peekRow('row 36', [front.port, frontEvil.port, 80, 443], [
+      'GET / HTTP/1.0\\r\\n\\r\\n',
+      '\\r\\nGET / HTTP/1.1\\r\\nAccept: */*\\r\\n\\r\\n',
+      'OPTIONS * HTTP/1.1\\r\\n\\r\\n',
+    ], [R.noHost, R.noHost, R.noHost]);
   });
 
   test('row 18: programs that ignore or unset the proxy variables (curl)', T, async () => {
@@ -1030,7 +1057,7 @@ out(body=body, sha=h.hexdigest())`;
     assert.equal(r.stdout, 'hello from the host\n', r.stderr);
     assert.equal(host.seen().http, before.http + 1);
     await recorded(B, r.egress, [{ kind: 'connect', host: 'good.test', port: H, allowed: true, ip: '127.0.0.1' }], 'open mode');
-    const { out, eg } = await refused('open: metadata', () => py(B, 'out(d=dns("meta.test", server="127.0.0.1"), t=tcp("169.254.169.254", 80, b"GET / HTTP/1.0\\r\\n\\r\\n"))'));
+    const { out, eg } = await refused('open: metadata', () => py(B, 'out(d=dns("meta.test", server="127.0.0.1"), t=tcp("169.254.169.254", 80, b"GET / HTTP/1.0\\r\\nHost: 169.254.169.254\\r\\n\\r\\n"))'));
     assert.equal(out.d.rcode, 3);
     assertReset(out.t, 'open: metadata');
     await recorded(B, eg, [
