@@ -408,7 +408,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     P = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_NET_PRIVATE: 'host', IGN_MCP_EGRESS_HOSTS: hostsP } });
     Q = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_EGRESS_HOSTS: hostsQ } });
     // good.test itself: ports 80 and 443, where nothing listens on the
-    // host (the peek rows on port 80 are refused before any connect).
+    // host (the peek rows on ports 80 and 443 are refused before any connect).
     rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, 'meta.test', 'zero.test', 'pypi.org');
     if (front) rulesA.push(`good.test:${front.port}`, `good.test:${frontEvil.port}`);
     A = await openEgress(P.client, { network: 'allow', allow_hosts: rulesA }, 'session A');
