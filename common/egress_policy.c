@@ -723,77 +723,111 @@ static size_t head_end(const uint8_t *b, size_t n) {
   return 0;
 }
 
+/* Whether a request line's target starts with "scheme://" (RFC 3986: a
+ * letter, then letters, digits, '+', '-' or '.'); *RET_SKIP the length of
+ * that prefix. */
+static bool target_scheme(const uint8_t *t, size_t n, size_t *ret_skip) {
+  if (n == 0 || !((t[0] >= 'a' && t[0] <= 'z') || (t[0] >= 'A' && t[0] <= 'Z')))
+    return false;
+  size_t i = 1;
+  while (i < n && ((t[i] >= 'a' && t[i] <= 'z') || (t[i] >= 'A' && t[i] <= 'Z') ||
+                   is_digit(t[i]) || t[i] == '+' || t[i] == '-' || t[i] == '.'))
+    i++;
+  if (n - i < 3 || memcmp(t + i, "://", 3) != 0)
+    return false;
+  *ret_skip = i + 3;
+  return true;
+}
+
 enum egress_peek egress_http_host(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF],
                                   uint16_t *ret_port) {
   out[0] = '\0';
   *ret_port = 0;
-  /* The method: a token of capitals (every method in use is), then SP. */
-  size_t m = 0;
-  while (m < len && m <= 16 && buf[m] >= 'A' && buf[m] <= 'Z')
-    m++;
-  if (m == len)
-    return m <= 16 ? EGRESS_PEEK_MORE : EGRESS_PEEK_OTHER;
-  if (m == 0 || m > 16 || buf[m] != ' ')
-    return EGRESS_PEEK_OTHER;
   if (len > EGRESS_PEEK_MAX)
     len = EGRESS_PEEK_MAX;
-  /* The request line decides whether this is HTTP/1 at all. */
+  bool full = len >= EGRESS_PEEK_MAX; /* no more bytes will be looked at */
+  /* Empty lines before the request line: servers skip them (RFC 9112
+   * section 2.2; nginx and Node skip any CR and LF), so the peek does. */
+  size_t skip = 0;
+  while (skip < len && (buf[skip] == '\r' || buf[skip] == '\n'))
+    skip++;
+  buf += skip;
+  len -= skip;
+  /* The method: any token (servers differ in the methods they take), then
+   * SP.  A token followed by other whitespace is a request line to a server
+   * that splits on whitespace (RFC 9112 section 3): refused. */
+  size_t m = 0;
+  while (m < len && is_tchar(buf[m]))
+    m++;
+  if (m == len)
+    return full ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
+  if (m == 0)
+    return EGRESS_PEEK_OTHER;
+  if (buf[m] == '\t' || buf[m] == '\v' || buf[m] == '\f')
+    return EGRESS_PEEK_MALFORMED;
+  if (buf[m] != ' ')
+    return EGRESS_PEEK_OTHER;
+  /* From here on this may be a request: it parses completely as
+   * "method SP target SP HTTP/1.x CRLF" and is checked, or it is refused
+   * (an HTTP/0.9 "GET /" is served from a server's default site).  The one
+   * line of this shape that is not HTTP is SSH's identification
+   * ("SSH-2.0-software SP comments CRLF", RFC 4253 section 4.2). */
+  bool ssh = m > 4 && memcmp(buf, "SSH-", 4) == 0;
+  enum egress_peek cut = ssh ? EGRESS_PEEK_OTHER : EGRESS_PEEK_MALFORMED;
   const uint8_t *eol = memchr(buf, '\n', len);
   if (!eol) {
     /* No LF yet: a CR may only be the last byte (its LF still to come). */
     if (memchr(buf, '\0', len) || memchr(buf, '\r', len - 1))
-      return EGRESS_PEEK_MALFORMED;
-    return len >= EGRESS_PEEK_MAX ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
+      return cut;
+    return full ? cut : EGRESS_PEEK_MORE;
   }
   size_t line_len = (size_t)(eol - buf);
-  if (line_len < 1 || buf[line_len - 1] != '\r')
-    return EGRESS_PEEK_MALFORMED;
+  if (buf[line_len - 1] != '\r')
+    return cut;
   line_len--;
   const uint8_t *target = buf + m + 1;
   const uint8_t *sp = memchr(target, ' ', line_len - m - 1);
   if (!sp)
-    return EGRESS_PEEK_OTHER;
+    return cut;
   size_t target_len = (size_t)(sp - target);
   const uint8_t *version = sp + 1;
   size_t version_len = line_len - (size_t)(version - buf);
   if (version_len != 8 || memcmp(version, "HTTP/1.", 7) != 0 ||
       (version[7] != '0' && version[7] != '1'))
-    return EGRESS_PEEK_OTHER;
+    return cut;
   if (target_len == 0)
-    return EGRESS_PEEK_MALFORMED;
+    return cut;
   for (size_t i = 0; i < target_len; i++)
     if (target[i] <= 0x20 || target[i] >= 0x7f)
-      return EGRESS_PEEK_MALFORMED;
+      return cut;
   size_t end = head_end(buf, len);
   if (!end) {
     if (memchr(buf, '\0', len))
       return EGRESS_PEEK_MALFORMED;
-    return len >= EGRESS_PEEK_MAX ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
+    return full ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
   }
 
-  /* The target's authority, in absolute form or CONNECT's authority form. */
+  /* The target's authority: CONNECT's authority form, or the absolute form
+   * of any scheme (servers take the host from it whatever the scheme, RFC
+   * 9112 section 3.2.2).  Else the origin form ("/...") or "*"; anything
+   * else is a target a server may read a host from some other way. */
   const uint8_t *auth = NULL;
-  size_t auth_len = 0;
+  size_t auth_len = 0, scheme_len = 0;
   if (m == 7 && memcmp(buf, "CONNECT", 7) == 0) {
     auth = target;
     auth_len = target_len;
-  } else {
-    size_t skip = 0;
-    if (target_len > 7 && ieq(target, 7, "http://"))
-      skip = 7;
-    else if (target_len > 8 && ieq(target, 8, "https://"))
-      skip = 8;
-    if (skip) {
-      auth = target + skip;
-      auth_len = target_len - skip;
-      for (size_t i = 0; i < auth_len; i++)
-        if (auth[i] == '/' || auth[i] == '?' || auth[i] == '#') {
-          auth_len = i;
-          break;
-        }
-      if (memchr(auth, '@', auth_len))
-        return EGRESS_PEEK_MALFORMED; /* userinfo: a classic way to hide the host */
-    }
+  } else if (target_scheme(target, target_len, &scheme_len)) {
+    auth = target + scheme_len;
+    auth_len = target_len - scheme_len;
+    for (size_t i = 0; i < auth_len; i++)
+      if (auth[i] == '/' || auth[i] == '?' || auth[i] == '#') {
+        auth_len = i;
+        break;
+      }
+    if (memchr(auth, '@', auth_len))
+      return EGRESS_PEEK_MALFORMED; /* userinfo: a classic way to hide the host */
+  } else if (target[0] != '/' && !(target_len == 1 && target[0] == '*')) {
+    return EGRESS_PEEK_MALFORMED;
   }
 
   /* The header lines: CRLF only, no folding, one Host. */
@@ -847,11 +881,14 @@ enum egress_peek egress_http_host(const uint8_t *buf, size_t len, char out[EGRES
     *ret_port = target_port;
     return EGRESS_PEEK_FOUND;
   }
-  enum egress_peek r = parse_authority(host, host_len, out, ret_port);
+  uint16_t host_port = 0;
+  enum egress_peek r = parse_authority(host, host_len, out, &host_port);
   if (r != EGRESS_PEEK_FOUND)
     return r;
-  /* Two names in one request: a server may take either. */
-  if (auth && strcmp(out, from_target) != 0)
+  /* Two names (or two ports) in one request: a server may take either. */
+  if (auth && (strcmp(out, from_target) != 0 ||
+               (host_port && target_port && host_port != target_port)))
     return EGRESS_PEEK_MALFORMED;
+  *ret_port = host_port ? host_port : target_port;
   return EGRESS_PEEK_FOUND;
 }

@@ -135,7 +135,8 @@ bool egress_addr_class_private(enum egress_addr_class c);
 enum egress_peek {
   EGRESS_PEEK_FOUND,     /* a well-formed name: in OUT, lowercased */
   EGRESS_PEEK_MORE,      /* not decided yet: wait for more bytes (up to EGRESS_PEEK_MAX) */
-  EGRESS_PEEK_ABSENT,    /* the protocol, but it names no host (ClientHello without SNI) */
+  EGRESS_PEEK_ABSENT,    /* the protocol, but it names no host (ClientHello without SNI,
+                          * HTTP request without Host or absolute target) */
   EGRESS_PEEK_OTHER,     /* not this protocol */
   EGRESS_PEEK_MALFORMED, /* this protocol, broken: OUT may hold "<invalid:N>" for a bad name */
 };
@@ -146,12 +147,24 @@ enum egress_peek {
  * because the name itself is not a host name. */
 enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF]);
 
-/* An HTTP/1.x request's Host header (and, for a request in absolute form or
- * CONNECT, the authority of its target, which must name the same host) from
- * the first LEN bytes of a stream.  OUT as above; *RET_PORT the port it
- * names, 0 when none.  More than one Host, a header folded over lines, a
- * bare CR or LF, a NUL or a head longer than EGRESS_PEEK_MAX is MALFORMED.
- * A Host that is an IP literal is FOUND with OUT the literal (v6 without its
- * brackets): the broker compares it with the address it connects to. */
+/* An HTTP/1.x request's Host header (and, for a request in absolute form of
+ * any scheme or CONNECT, the authority of its target, which must name the
+ * same host and port) from the first LEN bytes of a stream.  OUT as above;
+ * *RET_PORT the port Host or the target names, 0 when none.
+ *
+ * Fail closed: empty lines (CR, LF) before the request line are skipped as
+ * servers skip them; any token followed by SP starts a request line, which
+ * must be "method SP target SP HTTP/1.0|1 CRLF" with a target "/...", "*",
+ * "scheme://authority..." (or CONNECT's authority), else MALFORMED (HTTP/0.9
+ * "GET /", h2c's "PRI *", a tab for SP, a cut line).  The one exception is
+ * SSH's identification ("SSH-2.0-x comments CRLF"): OTHER.  Bytes that do
+ * not start with a token and SP (TLS, binary protocols, "PING\r\n") are
+ * OTHER; a token not yet followed by anything is MORE.  More than one Host,
+ * a header folded over lines, a bare CR or LF, a NUL or a head longer than
+ * EGRESS_PEEK_MAX is MALFORMED.  A Host that is an IP literal is FOUND with
+ * OUT the literal (v6 without its brackets): the broker compares it with the
+ * address it connects to.  A complete request with neither Host nor an
+ * authority in its target is ABSENT: the broker refuses it on a connection
+ * to a name (a front end serves it from its default site). */
 enum egress_peek egress_http_host(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF],
                                   uint16_t *ret_port);

@@ -17,7 +17,11 @@
  * EGRESS_FIRST_BYTE_MS without a byte the broker connects, but still holds
  * the program's first bytes until they pass the same check (peek_pending):
  * a ClientHello or an HTTP request naming another host is reset as it is
- * on a web port; bytes that are neither go up.
+ * on a web port (and an HTTP request naming none, which a front end serves
+ * from its default site, and what could start a request but does not
+ * parse, see egress_http_host); bytes that are neither go up.  Once the upstream spoke
+ * before the program's first byte (an SMTP greeting) the program's bytes
+ * are not read as HTTP: an HTTP server only answers.
  *
  * Flow control: the agent may send what it was granted (first
  * EGRESS_PEEK_MAX, enough for the peek; once connected up to STREAM_WINDOW
@@ -57,6 +61,7 @@ struct stream {
   bool peek_pending;           /* connecting or connected, the first bytes not checked yet */
   uint64_t peek_deadline;      /* peek_pending: the first byte came, a decision is due */
   const char *peek_more;       /* the refusal if the peek never completes */
+  bool server_first;           /* peek_pending: the upstream sent bytes before the program */
   struct rec_conn rec;
   /* agent -> upstream */
   uint8_t *up;
@@ -292,14 +297,28 @@ static enum verdict peek_verdict(struct stream *s, const char **ret_why) {
   case EGRESS_PEEK_OTHER:
     break;
   }
+  /* The upstream spoke before the program's first byte: a server-first
+   * protocol (SMTP, FTP, IMAP), never an HTTP server, which only answers.
+   * Its commands may look like a request line ("EHLO x"). */
+  if (s->server_first)
+    return V_PASS;
   uint16_t port = 0;
   switch (egress_http_host(b, len, out, &port)) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "Host mismatch";
-    return peek_name_ok(s, out) ? V_PASS : V_REFUSE;
+    if (!peek_name_ok(s, out))
+      return V_REFUSE;
+    /* A port named (Host: name:port, or the target's) is the port
+     * connected to: a front end may route by it.  No port is any port. */
+    *ret_why = "Host port mismatch";
+    return port && port != s->rec.port ? V_REFUSE : V_PASS;
   case EGRESS_PEEK_ABSENT:
-    return V_PASS;
+    /* A request naming no host is served from a front end's default
+     * site, which may be one the policy does not allow.  A raw connect
+     * (open mode) allows the address, whatever it serves. */
+    *ret_why = "HTTP request without Host";
+    return s->raw ? V_PASS : V_REFUSE;
   case EGRESS_PEEK_MALFORMED:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "malformed HTTP request";
@@ -491,6 +510,8 @@ static bool pump_down(struct stream *s) {
     s->last_ms = mono_ms();
     if (!n)
       s->up_eof = true;
+    else if (s->peek_pending && !s->up_len)
+      s->server_first = true;
     s->down_len = (size_t)n;
     if (!send_down(s))
       return false;

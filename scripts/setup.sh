@@ -47,6 +47,9 @@ packages=(
 	haproxy
 	# the egress test's HTTPS server makes its certificate with it
 	openssl
+	# the egress test's front end: two sites behind one address (started by the
+	# test on a loopback port with its own config; the package's service is not used)
+	nginx
 )
 
 start=$(date +%s)
@@ -85,6 +88,12 @@ else
 	apt-get update -q || die "apt-get update failed: is the Debian mirror in /etc/apt/sources.list(.d) reachable?"
 	apt-get install -y -q --no-install-recommends "${missing[@]}" ||
 		die "apt-get install failed for: ${missing[*]}"
+	# nginx's package starts its default site on port 80; the tests run
+	# their own nginx, so the service this script just installed is stopped.
+	if [[ " ${missing[*]} " == *" nginx "* && -d /run/systemd/system ]]; then
+		systemctl disable --now nginx >/dev/null 2>&1 ||
+			say "warning: could not stop nginx's service: run systemctl disable --now nginx"
+	fi
 fi
 
 step="checking Node.js"

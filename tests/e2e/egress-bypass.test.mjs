@@ -13,7 +13,11 @@
 // resolve where the rows need them.  Three servers: P with
 // IGN_MCP_NET_PRIVATE=host (good.test reaches the local servers), Q without it
 // (loopback and private names refused, the rebinding row), O with
-// IGN_MCP_NET=off.
+// IGN_MCP_NET=off.  The peek rows (30-36) also talk to a front end: Debian's
+// nginx on 127.0.0.1 serving two sites on one port, good.test (allowed, its
+// default) and evil.test (never allowed), each with its own access log, and
+// a second one whose default is evil.test (row 36), and to a server that
+// speaks first (an SMTP-like greeting).
 
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -27,6 +31,7 @@ import https from 'node:https';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { spawn } from 'node:child_process';
 import {
   REPO, startServer, call, callErr, sleep, waitUntil, writeFile, IS_VM, IS_NS, TOOLS_SKIP, VM_ONLY,
 } from './lib.mjs';
@@ -43,7 +48,9 @@ const R = {
   port: 'port not in allow_hosts',
   sni: 'SNI mismatch',
   host: 'Host mismatch',
+  hostPort: 'Host port mismatch',
   malformedHttp: 'malformed HTTP request',
+  noHost: 'HTTP request without Host',
   loopback: 'loopback address',
   private: 'private address',
   metadata: 'metadata address',
@@ -164,6 +171,71 @@ async function hostSide(dir) {
       canary.close(done);
     }),
   };
+}
+
+/* Debian's nginx (scripts/setup.sh installs it). */
+const NGINX = ['/usr/sbin/nginx', '/usr/bin/nginx'].find((p) => fs.existsSync(p));
+const NGINX_SKIP = NGINX ? false : 'nginx is not installed (scripts/setup.sh installs it)';
+
+async function freePort() {
+  const srv = net.createServer();
+  const port = await listen(srv);
+  await new Promise((resolve) => srv.close(resolve));
+  return port;
+}
+
+/* A front end as the issue found it: nginx on one loopback port serving two
+ * sites by name, good.test and evil.test, DEFAULT the one that serves a
+ * request naming neither; what each site served is a line in its own
+ * access log. */
+async function frontEnd(dir, dflt = 'good.test') {
+  const root = path.join(dir, `nginx-${dflt}`);
+  fs.mkdirSync(root, { recursive: true });
+  const port = await freePort();
+  const log = (n) => path.join(root, `${n}.log`);
+  const temps = ['client_body', 'proxy', 'fastcgi', 'uwsgi', 'scgi']
+    .map((t) => `${t}_temp_path ${path.join(root, t)};`).join(' ');
+  const site = (name, extra) => `server { listen 127.0.0.1:${port}${extra}; server_name ${name}; ` +
+    `access_log ${log(name)}; return 200 "${name.split('.')[0]} site\n"; }`;
+  fs.writeFileSync(path.join(root, 'nginx.conf'), `daemon off; worker_processes 1; pid ${path.join(root, 'nginx.pid')};
+error_log ${log('error')};
+events { worker_connections 64; }
+http { ${temps} ${['good.test', 'evil.test'].map((n) => site(n, n === dflt ? ' default_server' : '')).join(' ')} }
+`);
+  const child = spawn(NGINX, ['-p', root, '-c', path.join(root, 'nginx.conf'), '-e', log('error')], { stdio: 'ignore' });
+  let exited = false;
+  child.on('exit', () => { exited = true; });
+  const up = await waitUntil(() => new Promise((resolve) => {
+    const c = net.connect(port, '127.0.0.1', () => { c.destroy(); resolve(true); });
+    c.on('error', () => resolve(false));
+  }), { timeoutMs: 10_000 });
+  assert.ok(up && !exited, `nginx did not start on 127.0.0.1:${port}: ${fs.existsSync(log('error')) ? fs.readFileSync(log('error'), 'utf8') : 'no error log'}`);
+  const lines = (n) => (fs.existsSync(log(n)) ? fs.readFileSync(log(n), 'utf8').split('\n').filter(Boolean).length : 0);
+  return {
+    port,
+    seen: () => ({ good: lines('good.test'), evil: lines('evil.test') }),
+    close: () => new Promise((resolve) => {
+      if (exited) return resolve();
+      child.once('exit', resolve);
+      child.kill('SIGTERM');
+    }),
+  };
+}
+
+/* A server-first protocol: greets, then echoes what it gets. */
+async function greeter() {
+  const cnt = { conns: 0, got: '' };
+  const srv = net.createServer((c) => {
+    cnt.conns++;
+    c.write('220 good.test ESMTP\r\n');
+    c.on('data', (d) => {
+      cnt.got += d.toString('latin1');
+      c.write(d);
+    });
+    c.on('error', () => {});
+  });
+  const port = await listen(srv);
+  return { cnt, port, close: () => new Promise((resolve) => { srv.close(resolve); }) };
 }
 
 /* Is some address of NAME one the broker would connect to?  The broker
@@ -315,7 +387,7 @@ function assertReset(o, what) {
 }
 
 describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
-  let dir, host, P, Q, A, B, N, C, D;
+  let dir, host, front, frontEvil, greet, P, Q, A, B, N, C, D;
   let hostsP, hostsQ;
   const rulesA = [];
 
@@ -323,6 +395,11 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-egress-'));
     fs.chmodSync(dir, 0o755);
     host = await hostSide(dir);
+    if (NGINX) {
+      front = await frontEnd(dir);
+      frontEvil = await frontEnd(dir, 'evil.test');
+    }
+    greet = await greeter();
     const { http: H, https: S } = host.ports;
     hostsP = path.join(dir, 'hosts-p');
     fs.writeFileSync(hostsP, '127.0.0.1 good.test\n127.0.0.1 loop.test\n10.0.0.5 ten.test\n169.254.169.254 meta.test\n0.0.0.0 zero.test\n');
@@ -330,7 +407,10 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     fs.writeFileSync(hostsQ, `127.0.0.1 good.test loop.test\n10.0.0.5 ten.test\n169.254.169.254 meta.test\n${RAW4} rebind.test\n`);
     P = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_NET_PRIVATE: 'host', IGN_MCP_EGRESS_HOSTS: hostsP } });
     Q = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_EGRESS_HOSTS: hostsQ } });
-    rulesA.push(`good.test:${H}`, `good.test:${S}`, 'meta.test', 'zero.test', 'pypi.org');
+    // good.test itself: ports 80 and 443, where nothing listens on the
+    // host (the peek rows on ports 80 and 443 are refused before any connect).
+    rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, 'meta.test', 'zero.test', 'pypi.org');
+    if (front) rulesA.push(`good.test:${front.port}`, `good.test:${frontEvil.port}`);
     A = await openEgress(P.client, { network: 'allow', allow_hosts: rulesA }, 'session A');
     await writeFile(P.client, A.sid, '/root/ca.pem', host.cert);
     C = await openEgress(Q.client, { network: 'allow', allow_hosts: ['loop.test', 'ten.test', `rebind.test:${H}`, 'registry.npmjs.org'] }, 'session C');
@@ -341,6 +421,9 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     await P?.close();
     await Q?.close();
     await host?.close();
+    await front?.close();
+    await frontEvil?.close();
+    await greet?.close();
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
@@ -570,6 +653,137 @@ out(r=[tcp("good.test", ${H}, q) for q in reqs])`;
     assertReset(out, 'row 17');
     await recorded(A, eg, [{ kind: 'connect', host: 'good.test', port: K, allowed: false, reason: R.port }], 'row 17');
     noneAdmitted(eg, 'row 17');
+  });
+
+  // ------------------------------------------------------------ the peek fails closed
+  // Bytes that could start an HTTP request are parsed completely and
+  // checked, or refused (docs/egress-design.md (c)).  Each row is tried on
+  // the front end's port (a port a rule names, like 8080) and on port 80.
+
+  /* A refusal row against the front ends: none of their sites nor any of
+   * the host's servers saw anything. */
+  async function frontRefused(what, body) {
+    const before = [front.seen(), frontEvil.seen()];
+    const res = await refused(what, body);
+    assert.deepEqual([front.seen(), frontEvil.seen()], before, `${what}: a front end served something (before, after)`);
+    return res;
+  }
+
+  /* Sends each payload of REQS to good.test on each port of PORTS; every
+   * attempt is reset and recorded as denied with WHY[i]. */
+  async function peekRow(what, ports, reqs, why) {
+    const code = `
+reqs = [${reqs.map((q) => `b"${q}"`).join(', ')}]
+out(r=[[tcp("good.test", p, q) for q in reqs] for p in [${ports.join(', ')}]])`;
+    const { out, eg } = await frontRefused(what, () => py(A, code));
+    out.r.forEach((row, i) => row.forEach((o, j) => assertReset(o, `${what} [port ${ports[i]}, request ${j}]`)));
+    for (const p of ports) {
+      for (const w of new Set(why)) {
+        const n = why.filter((x) => x === w).length;
+        const got = eg.denied.filter((e) => matches(e, { kind: 'connect', host: 'good.test', port: p, reason: w }));
+        assert.equal(got.length, n, `${what}: ${n} "${w}" refusals expected on port ${p}: ${brief(eg)}`);
+      }
+      await recorded(A, eg, why.map((w) => ({ kind: 'connect', host: 'good.test', port: p, allowed: false, reason: w })), `${what} (port ${p})`);
+    }
+    noneAdmitted(eg, what);
+  }
+
+  test('positive: the front end serves good.test to the sandbox, by name and with Host naming the port connected to', { ...T, skip: NGINX_SKIP }, async () => {
+    const F = front.port;
+    const before = front.seen();
+    const r = await call(P.client, 'run', { session_id: A.sid, command: `curl -sS --max-time 20 http://good.test:${F}/` });
+    assert.equal(r.exit_code, 0, r.stderr);
+    assert.equal(r.stdout, 'good site\n');
+    const { out, eg } = await py(A, `out(**tcp("good.test", ${F}, b"GET / HTTP/1.1\\r\\nHost: good.test:${F}\\r\\nConnection: close\\r\\n\\r\\n"))`);
+    assert.equal(out.result, 'data', JSON.stringify(out));
+    assert.match(out.data, /good site/);
+    assert.deepEqual(front.seen(), { good: before.good + 2, evil: before.evil }, 'the front end: two requests for good.test, none for evil.test');
+    await recorded(A, eg, [{ kind: 'connect', host: 'good.test', port: F, allowed: true }], 'front end');
+  });
+
+  test('row 30: an absolute-form target of any scheme naming another host (GET xyz://evil.test/, Host: good.test)', { ...T, skip: NGINX_SKIP }, async () => {
+    const F = front.port;
+    await peekRow('row 30', [F, 80], [
+      `GET xyz://evil.test/ HTTP/1.1\\r\\nHost: good.test:${F}\\r\\n\\r\\n`,
+      'GET a+b-c.d://evil.test/ HTTP/1.1\\r\\nHost: good.test\\r\\n\\r\\n',
+    ], [R.malformedHttp, R.malformedHttp]);
+  });
+
+  test('row 31: empty lines before the request line (\\r\\nGET / ... Host: evil.test)', { ...T, skip: NGINX_SKIP }, async () => {
+    await peekRow('row 31', [front.port, 80], [
+      '\\r\\nGET / HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n',
+      '\\n\\r\\n\\r\\nGET / HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n',
+    ], [R.host, R.host]);
+  });
+
+  test('row 32: a lowercase method, and a method longer than 16 characters, with Host: evil.test', { ...T, skip: NGINX_SKIP }, async () => {
+    await peekRow('row 32', [front.port, 80], [
+      'get / HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n',
+      'ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n',
+    ], [R.host, R.host]);
+  });
+
+  test('row 33: a request line that is cut or unusual: HTTP/0.9 (GET /), a tab for the space, HTTP/1.2', { ...T, skip: NGINX_SKIP }, async () => {
+    await peekRow('row 33', [front.port, 80], [
+      'GET /\\r\\n',
+      'GET\\t/ HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n',
+      'GET / HTTP/1.2\\r\\nHost: evil.test\\r\\n\\r\\n',
+    ], [R.malformedHttp, R.malformedHttp, R.malformedHttp]);
+  });
+
+  test('row 34: a port in Host, or in the target, other than the port connected to', { ...T, skip: NGINX_SKIP }, async () => {
+    await peekRow('row 34', [front.port, 80], [
+      'GET / HTTP/1.1\\r\\nHost: good.test:8443\\r\\n\\r\\n',
+      'GET http://good.test:8443/ HTTP/1.1\\r\\n\\r\\n',
+    ], [R.hostPort, R.hostPort]);
+  });
+
+  test('row 35: a server that speaks first: its client\'s commands go up (SMTP EHLO, an SSH identification with comments)', T, async () => {
+    const G = greet.port;
+    const code = `
+def talk(first):
+    s = socket.create_connection(("good.test", ${G}), timeout=15)
+    try:
+        got = b""
+        if not first:
+            got = s.recv(100)
+        s.sendall(b"EHLO client.example\\r\\n" if not first else b"SSH-2.0-OpenSSH_9.6p1 Debian-3ubuntu13.5\\r\\n")
+        while got.count(b"\\r\\n") < 2:
+            d = s.recv(100)
+            if not d:
+                break
+            got += d
+        return got.decode("latin1")
+    except Exception as e:
+        return kind(e)
+    finally:
+        s.close()
+out(smtp=talk(False), ssh=talk(True))`;
+    const { out, eg } = await py(A, code);
+    assert.equal(out.smtp, '220 good.test ESMTP\r\nEHLO client.example\r\n', JSON.stringify(out));
+    assert.equal(out.ssh, '220 good.test ESMTP\r\nSSH-2.0-OpenSSH_9.6p1 Debian-3ubuntu13.5\r\n', JSON.stringify(out));
+    assert.equal(greet.cnt.conns >= 2, true);
+    await recorded(A, eg, [{ kind: 'connect', host: 'good.test', port: G, allowed: true }], 'row 35');
+  });
+
+  test('row 36: an HTTP request naming no host (no Host, no absolute target), to front ends whose default site is good.test, and evil.test', { ...T, skip: NGINX_SKIP }, async () => {
+    // What the row keeps from the sandbox: from the host, the front end
+    // whose default is evil.test serves it such a request.
+    const before = frontEvil.seen();
+    const direct = await new Promise((resolve, reject) => {
+      let got = '';
+      const c = net.connect(frontEvil.port, '127.0.0.1', () => c.write('GET / HTTP/1.0\r\n\r\n'));
+      c.on('data', (d) => { got += d.toString('latin1'); });
+      c.on('end', () => resolve(got));
+      c.on('error', reject);
+    });
+    assert.match(direct, /evil site/, `row 36: the evil.test front end, asked from the host: ${direct}`);
+    assert.deepEqual(frontEvil.seen(), { good: before.good, evil: before.evil + 1 });
+    await peekRow('row 36', [front.port, frontEvil.port, 80, 443], [
+      'GET / HTTP/1.0\\r\\n\\r\\n',
+      '\\r\\nGET / HTTP/1.1\\r\\nAccept: */*\\r\\n\\r\\n',
+      'OPTIONS * HTTP/1.1\\r\\n\\r\\n',
+    ], [R.noHost, R.noHost, R.noHost]);
   });
 
   test('row 18: programs that ignore or unset the proxy variables (curl)', T, async () => {
@@ -843,7 +1057,7 @@ out(body=body, sha=h.hexdigest())`;
     assert.equal(r.stdout, 'hello from the host\n', r.stderr);
     assert.equal(host.seen().http, before.http + 1);
     await recorded(B, r.egress, [{ kind: 'connect', host: 'good.test', port: H, allowed: true, ip: '127.0.0.1' }], 'open mode');
-    const { out, eg } = await refused('open: metadata', () => py(B, 'out(d=dns("meta.test", server="127.0.0.1"), t=tcp("169.254.169.254", 80, b"GET / HTTP/1.0\\r\\n\\r\\n"))'));
+    const { out, eg } = await refused('open: metadata', () => py(B, 'out(d=dns("meta.test", server="127.0.0.1"), t=tcp("169.254.169.254", 80, b"GET / HTTP/1.0\\r\\nHost: 169.254.169.254\\r\\n\\r\\n"))'));
     assert.equal(out.d.rcode, 3);
     assertReset(out.t, 'open: metadata');
     await recorded(B, eg, [

@@ -302,6 +302,7 @@ static struct {
   atomic_int accepts;
   atomic_long bytes;           /* what reached the server */
   atomic_bool stop;
+  const char *greeting;        /* sent first on each connection (a server-first protocol) */
   pthread_t thread;
 } srv;
 
@@ -316,6 +317,10 @@ static void *server_main(void *arg) {
     if (c < 0)
       continue;
     atomic_fetch_add(&srv.accepts, 1);
+    if (srv.greeting && write(c, srv.greeting, strlen(srv.greeting)) < 0) {
+      close(c);
+      continue;
+    }
     char buf[4096];
     for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;) {
       atomic_fetch_add(&srv.bytes, n);
@@ -770,13 +775,39 @@ static void peek_mismatch_reaches_nothing(void) {
   size_t hello_len = client_hello("evil.com", hello_evil);
   static const char host_evil[] = "GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
   static const char two_hosts[] = "GET / HTTP/1.1\r\nHost: good.test\r\nHost: evil.example\r\n\r\n";
+  /* Shapes a server takes as a request for evil.example. */
+  static const char any_scheme[] = "GET xyz://evil.example/ HTTP/1.1\r\nHost: good.test\r\n\r\n";
+  static const char lead_crlf[] = "\r\nGET / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+  static const char lower[] = "get / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+  static const char long_method[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+  static const char http09[] = "GET /\r\n";
+  /* No host at all: a front end serves its default site. */
+  static const char no_host10[] = "GET / HTTP/1.0\r\n\r\n";
+  static const char no_host11[] = "\r\nGET / HTTP/1.1\r\nAccept: */*\r\n\r\n";
+  static const char no_host_star[] = "OPTIONS * HTTP/1.1\r\n\r\n";
+  char port_host[128];
+  int port_host_len = snprintf(port_host, sizeof port_host,
+                               "GET / HTTP/1.1\r\nHost: good.test:%u\r\n\r\n", srv.port + 1u);
+  char port_target[128];
+  int port_target_len = snprintf(port_target, sizeof port_target,
+                                 "GET http://good.test:%u/ HTTP/1.1\r\n\r\n", srv.port + 1u);
   struct {
     const void *p;
     size_t n;
     const char *why;
   } rows[] = {{hello_evil, hello_len, "SNI mismatch"},
               {host_evil, sizeof host_evil - 1, "Host mismatch"},
-              {two_hosts, sizeof two_hosts - 1, "malformed HTTP request"}};
+              {two_hosts, sizeof two_hosts - 1, "malformed HTTP request"},
+              {any_scheme, sizeof any_scheme - 1, "malformed HTTP request"},
+              {lead_crlf, sizeof lead_crlf - 1, "Host mismatch"},
+              {lower, sizeof lower - 1, "Host mismatch"},
+              {long_method, sizeof long_method - 1, "Host mismatch"},
+              {http09, sizeof http09 - 1, "malformed HTTP request"},
+              {no_host10, sizeof no_host10 - 1, "HTTP request without Host"},
+              {no_host11, sizeof no_host11 - 1, "HTTP request without Host"},
+              {no_host_star, sizeof no_host_star - 1, "HTTP request without Host"},
+              {port_host, (size_t)port_host_len, "Host port mismatch"},
+              {port_target, (size_t)port_target_len, "Host port mismatch"}};
   if (resolve(&a, "good.test", addr))
     for (size_t i = 0; i < ARRAY_SIZE(rows); i++) {
       uint32_t sid = ag_open(&a, addr, srv.port);
@@ -1304,9 +1335,9 @@ static void flood_child(void) {
     struct frame *f = agent_expect(&b, sid, PROTO_STREAM_ACCEPT, 5000);
     CHECK(f != NULL);
     free(f);
-    ag_simple(&b, PROTO_STREAM_DATA, sid, "ping", 4);
+    ag_simple(&b, PROTO_STREAM_DATA, sid, "ping\n", 5); /* a bare word may start a request */
     f = agent_expect(&b, sid, PROTO_STREAM_DATA, 5000);
-    CHECK(f && f->h.len == 4 && memcmp(f->p, "ping", 4) == 0);
+    CHECK(f && f->h.len == 5 && memcmp(f->p, "ping\n", 5) == 0);
     free(f);
     uint64_t took = mono_ms() - t0;
     CHECK(took < 2000);
@@ -1503,9 +1534,9 @@ static void own_address_child(void) {
     struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
     CHECK(f != NULL);
     free(f);
-    ag_simple(&a, PROTO_STREAM_DATA, sid, "hi", 2);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, "hi\n", 3);
     f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000);
-    CHECK(f && f->h.len == 2);
+    CHECK(f && f->h.len == 3);
     free(f);
   }
   CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
@@ -1553,8 +1584,64 @@ static void web_ports_always_peeked(void) {
     CHECK_STREQ(msg, "SNI mismatch");
     CHECK_EQ_INT(reset_of(&a, s80, msg, sizeof msg), ECONNREFUSED);
     CHECK_STREQ(msg, "Host mismatch");
+    /* A request naming no host, on 80 and in plain text on 443. */
+    static const char no_host[] = "GET / HTTP/1.0\r\n\r\n";
+    for (int i = 0; i < 2; i++) {
+      uint32_t sid = ag_open(&a, addr, i ? 80 : 443);
+      struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+      CHECK(f != NULL);
+      free(f);
+      ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+      CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+      CHECK_STREQ(msg, "HTTP request without Host");
+    }
+    json_t *rep = egress_report(e, false);
+    json_t *ev = last_of(rep, "denied");
+    CHECK_STREQ(str_of(ev, "reason"), "HTTP request without Host");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "port")), 80);
+    json_decref(rep);
   }
   session_end(e, &a);
+  egress_shutdown();
+}
+
+/* A request naming no host: refused on a connection to a name, in open
+ * mode too (the front end behind the name chooses the site); a raw address
+ * open mode allows is the address, whatever it serves. */
+static void host_less_request_only_on_raw_addresses(void) {
+  init_broker(PRIV_HOST, 64);
+  server_start();
+  struct agent a;
+  struct egress *e = session("open", NULL, "nohost1", &a);
+  static const char no_host[] = "GET / HTTP/1.0\r\n\r\n";
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+    char msg[128];
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "HTTP request without Host");
+    json_t *rep = egress_report(e, false);
+    json_t *ev = last_of(rep, "denied");
+    CHECK_STREQ(str_of(ev, "reason"), "HTTP request without Host");
+    CHECK_STREQ(str_of(ev, "host"), "good.test");
+    json_decref(rep);
+  }
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  uint32_t sid = ag_open(&a, (uint8_t[4]){127, 0, 0, 1}, srv.port);
+  struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+  CHECK(f != NULL);
+  free(f);
+  ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+  f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000); /* echoed */
+  CHECK(f && f->h.len == sizeof no_host - 1 && memcmp(f->p, no_host, f->h.len) == 0);
+  free(f);
+  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  session_end(e, &a);
+  server_stop();
   egress_shutdown();
 }
 
@@ -1608,9 +1695,67 @@ static void server_first_port_still_checks_the_first_bytes(void) {
     f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000);
     CHECK(f && f->h.len == sizeof ssh - 1 && memcmp(f->p, ssh, sizeof ssh - 1) == 0);
     free(f);
+    ag_simple(&a, PROTO_STREAM_RESET, sid, NULL, 0); /* the server takes one at a time */
+    /* A request behind an empty line, and a command shaped like a request
+     * line to a server that did not speak first: refused, nothing up. */
+    static const char *const late[] = {"\r\nGET / HTTP/1.1\r\nHost: evil.example\r\n\r\n",
+                                       "EHLO x\r\n"};
+    static const char *const late_why[] = {"Host mismatch", "malformed HTTP request"};
+    long up = atomic_load(&srv.bytes);
+    for (int i = 0; i < 2; i++) {
+      sid = ag_open(&a, addr, srv.port);
+      f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+      free(f);
+      CHECK(server_accepted(4 + i, 3000));
+      ag_simple(&a, PROTO_STREAM_DATA, sid, late[i], strlen(late[i]));
+      CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+      CHECK_STREQ(msg, late_why[i]);
+    }
+    usleep(100000);
+    CHECK_EQ_INT(atomic_load(&srv.bytes), up);
   }
   session_end(e, &a);
   server_stop();
+  egress_shutdown();
+}
+
+/* A server that speaks first (SMTP's "220" greeting) is not an HTTP server,
+ * which only answers: the program's commands then go up, whatever their
+ * shape.  The same command sent before the greeting is refused. */
+static void server_first_greeting_lets_commands_pass(void) {
+  init_broker(PRIV_HOST, 64);
+  srv.greeting = "220 good.test ESMTP\r\n";
+  server_start();
+  char allow[96];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\"]", srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "sfirst2", &a);
+  uint8_t addr[4];
+  if (resolve(&a, "good.test", addr)) {
+    static const char ehlo[] = "EHLO client.example\r\n";
+    uint32_t sid = ag_open(&a, addr, srv.port);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    CHECK(f != NULL);
+    free(f);
+    f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000); /* the greeting, after 500 ms */
+    CHECK(f && f->h.len == strlen(srv.greeting) && memcmp(f->p, srv.greeting, f->h.len) == 0);
+    free(f);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, ehlo, sizeof ehlo - 1);
+    f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000);
+    CHECK(f && f->h.len == sizeof ehlo - 1 && memcmp(f->p, ehlo, sizeof ehlo - 1) == 0);
+    free(f);
+    /* The program that speaks first is looked at as on any port. */
+    sid = ag_open(&a, addr, srv.port);
+    f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+    free(f);
+    ag_simple(&a, PROTO_STREAM_DATA, sid, ehlo, sizeof ehlo - 1);
+    char msg[128];
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, "malformed HTTP request");
+  }
+  session_end(e, &a);
+  server_stop();
+  srv.greeting = NULL;
   egress_shutdown();
 }
 
@@ -1638,9 +1783,9 @@ static void clone_keeps_synthetic_addresses(void) {
     struct frame *f = agent_expect(&b, sid, PROTO_STREAM_ACCEPT, 5000);
     CHECK(f != NULL);
     free(f);
-    ag_simple(&b, PROTO_STREAM_DATA, sid, "fork", 4);
+    ag_simple(&b, PROTO_STREAM_DATA, sid, "fork\n", 5);
     f = agent_expect(&b, sid, PROTO_STREAM_DATA, 5000);
-    CHECK(f && f->h.len == 4 && memcmp(f->p, "fork", 4) == 0);
+    CHECK(f && f->h.len == 5 && memcmp(f->p, "fork\n", 5) == 0);
     free(f);
     uint8_t again[4] = {0};
     resolve(&b, "good.test", again);
@@ -1919,7 +2064,9 @@ int main(void) {
       TEST(mode_none_refuses_everything), TEST(dns_rate_limited),
       TEST(report_since_last_and_log),
       TEST(resolver_flood_spares_other_sessions), TEST(host_own_address_refused),
-      TEST(web_ports_always_peeked), TEST(server_first_port_still_checks_the_first_bytes),
+      TEST(web_ports_always_peeked), TEST(host_less_request_only_on_raw_addresses),
+      TEST(server_first_port_still_checks_the_first_bytes),
+      TEST(server_first_greeting_lets_commands_pass),
       TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
       TEST(refused_packets_recorded), TEST(backend_counters_instead_of_the_agent),
       TEST(early_refusals_name_the_address), TEST(wildcard_names_capped),

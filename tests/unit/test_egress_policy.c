@@ -675,15 +675,140 @@ static void test_http(void) {
   CHECK_EQ_INT(port, 443);
   CHECK_EQ_INT(host_of("CONNECT evil.com:443 HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
                EGRESS_PEEK_MALFORMED);
-  /* HTTP/1.0 without Host. */
+  /* No Host and no authority in the target: ABSENT, whatever else the head
+   * holds (the broker refuses it on a connection to a name). */
   CHECK_EQ_INT(host_of("GET / HTTP/1.0\r\n\r\n", out, &port), EGRESS_PEEK_ABSENT);
+  CHECK_STREQ(out, "");
+  CHECK_EQ_INT(port, 0);
+  CHECK_EQ_INT(host_of("\r\nGET / HTTP/1.1\r\nAccept: */*\r\nX-Host: evil.com\r\n\r\n", out,
+                       &port),
+               EGRESS_PEEK_ABSENT);
+  CHECK_EQ_INT(host_of("OPTIONS * HTTP/1.1\r\n\r\n", out, &port), EGRESS_PEEK_ABSENT);
+  CHECK_EQ_INT(host_of("GET / HTTP/1.1\r\nHost:\r\n\r\n", out, &port), EGRESS_PEEK_MALFORMED);
   /* Not HTTP/1. */
-  CHECK_EQ_INT(host_of("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", out, &port), EGRESS_PEEK_OTHER);
   CHECK_EQ_INT(host_of("\x16\x03\x01", out, &port), EGRESS_PEEK_OTHER);
   CHECK_EQ_INT(host_of("SSH-2.0-OpenSSH\r\n", out, &port), EGRESS_PEEK_OTHER);
-  CHECK_EQ_INT(host_of("get / HTTP/1.1\r\n", out, &port), EGRESS_PEEK_OTHER);
-  CHECK_EQ_INT(host_of("GET / HTTP/1.2\r\n", out, &port), EGRESS_PEEK_OTHER);
-  CHECK_EQ_INT(host_of("ABCDEFGHIJKLMNOPQ / HTTP/1.1\r\n", out, &port), EGRESS_PEEK_OTHER);
+  /* SSH's identification with comments has the shape of a request line. */
+  CHECK_EQ_INT(host_of("SSH-2.0-OpenSSH_9.6p1 Debian-3ubuntu13.5\r\n", out, &port),
+               EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(host_of("SSH-2.0-x / HTTP/1.1\r\nHost: evil.com\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND); /* unless it is a whole request line */
+  CHECK_STREQ(out, "evil.com");
+  CHECK_EQ_INT(host_of("*1\r\n$4\r\nPING\r\n", out, &port), EGRESS_PEEK_OTHER); /* RESP */
+  CHECK_EQ_INT(host_of("PING\r\n", out, &port), EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(host_of("{\"a\": 1}\n", out, &port), EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(host_of(" x", out, &port), EGRESS_PEEK_OTHER);
+}
+
+/* Bytes that may be the start of a request are parsed completely and
+ * checked, or refused: never passed as "not HTTP". */
+static void test_http_fail_closed(void) {
+  char out[EGRESS_NAME_BUF];
+  uint16_t port;
+  /* An absolute-form target of any scheme names the host, as http:// does. */
+  CHECK_EQ_INT(host_of("GET xyz://evil.com/ HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  CHECK_EQ_INT(host_of("GET a+b-c.d://Evil.com:81/x HTTP/1.1\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_STREQ(out, "evil.com");
+  CHECK_EQ_INT(port, 81);
+  CHECK_EQ_INT(host_of("GET ws://a.b/ HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(host_of("GET xyz://u@evil.com/ HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  /* A target that is neither "/...", "*" nor scheme://authority. */
+  CHECK_EQ_INT(host_of("GET xyz:evil.com/ HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  CHECK_EQ_INT(host_of("GET evil.com:80 HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  CHECK_EQ_INT(host_of("GET 1http://evil.com/ HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  CHECK_EQ_INT(host_of("OPTIONS * HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  /* Empty lines before the request line are skipped, as servers do. */
+  const char *lead = "\r\n\n\r\nGET / HTTP/1.1\r\nHost: evil.com\r\n\r\n";
+  CHECK_EQ_INT(host_of(lead, out, &port), EGRESS_PEEK_FOUND);
+  CHECK_STREQ(out, "evil.com");
+  for (size_t cut = 0; cut < strlen(lead); cut++)
+    if (egress_http_host((const uint8_t *)lead, cut, out, &port) != EGRESS_PEEK_MORE) {
+      fprintf(stderr, "  cut at %zu is not MORE\n", cut);
+      test_failures_++;
+      break;
+    }
+  /* Any token is a method: lowercase, long, unusual. */
+  CHECK_EQ_INT(host_of("get / HTTP/1.1\r\nHost: evil.com\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_STREQ(out, "evil.com");
+  CHECK_EQ_INT(host_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\r\nHost: evil.com\r\n\r\n", out,
+                       &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(host_of("M-SEARCH* / HTTP/1.1\r\nHost: evil.com\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(egress_http_host((const uint8_t *)"abcdefghijklmnopqrstuvwxyz", 26, out, &port),
+               EGRESS_PEEK_MORE);
+  /* A line that starts like a request and is cut or unusual is refused. */
+  static const char *const bad[] = {
+      "GET /\r\n",                             /* HTTP/0.9: a server's default site */
+      "GET /\r\nHost: a.b\r\n\r\n",
+      "get /a b HTTP/1.1\r\nHost: a.b\r\n\r\n", /* a SP in the target */
+      "GET / HTTP/1.2\r\nHost: a.b\r\n\r\n",
+      "GET / HTTP/2.0\r\nHost: a.b\r\n\r\n",
+      "GET / http/1.1\r\nHost: a.b\r\n\r\n",
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",     /* h2c: its authority is in a frame */
+      "GET / HTTP/1.1\nHost: a.b\r\n\r\n",      /* LF alone ends the line */
+      "GET\t/ HTTP/1.1\r\nHost: a.b\r\n\r\n",  /* whitespace for SP */
+      "GET\f/ HTTP/1.1\r\n",
+      "GET /\t HTTP/1.1\r\nHost: a.b\r\n\r\n",
+      "GET / HTTP/1.1 \r\nHost: a.b\r\n\r\n",
+      "EHLO x\r\n",
+      "GET /\r x HTTP/1.1\r\n",
+      "\r\nGET /\x7f HTTP/1.1\r\nHost: a.b\r\n\r\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    if (host_of(bad[i], out, &port) != EGRESS_PEEK_MALFORMED) {
+      fprintf(stderr, "  bad[%zu] is not MALFORMED\n", i);
+      test_failures_++;
+    }
+  const char nul[] = "GET /\0 HTTP/1.1\r\n";
+  CHECK_EQ_INT(egress_http_host((const uint8_t *)nul, sizeof nul - 1, out, &port),
+               EGRESS_PEEK_MALFORMED);
+  /* Cut at the peek cap: a token, a line, empty lines that never end. */
+  static uint8_t big[EGRESS_PEEK_MAX + 10];
+  memset(big, 'A', sizeof big);
+  CHECK_EQ_INT(egress_http_host(big, EGRESS_PEEK_MAX - 1, out, &port), EGRESS_PEEK_MORE);
+  CHECK_EQ_INT(egress_http_host(big, sizeof big, out, &port), EGRESS_PEEK_MALFORMED);
+  big[3] = ' ';
+  CHECK_EQ_INT(egress_http_host(big, EGRESS_PEEK_MAX - 1, out, &port), EGRESS_PEEK_MORE);
+  CHECK_EQ_INT(egress_http_host(big, sizeof big, out, &port), EGRESS_PEEK_MALFORMED);
+  memset(big, '\n', sizeof big);
+  CHECK_EQ_INT(egress_http_host(big, EGRESS_PEEK_MAX - 1, out, &port), EGRESS_PEEK_MORE);
+  CHECK_EQ_INT(egress_http_host(big, sizeof big, out, &port), EGRESS_PEEK_MALFORMED);
+}
+
+/* The port a request names (Host's, or the target's) is returned for the
+ * broker to compare with the port connected to; two that differ are two
+ * destinations. */
+static void test_http_ports(void) {
+  char out[EGRESS_NAME_BUF];
+  uint16_t port;
+  CHECK_EQ_INT(host_of("GET / HTTP/1.1\r\nHost: a.b:8443\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(port, 8443);
+  CHECK_EQ_INT(host_of("GET http://a.b:8443/ HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(port, 8443);
+  CHECK_EQ_INT(host_of("GET http://a.b/ HTTP/1.1\r\nHost: a.b:8443\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(port, 8443);
+  CHECK_EQ_INT(host_of("GET http://a.b:80/ HTTP/1.1\r\nHost: a.b:80\r\n\r\n", out, &port),
+               EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(port, 80);
+  CHECK_EQ_INT(host_of("GET http://a.b:80/ HTTP/1.1\r\nHost: a.b:8443\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  CHECK_EQ_INT(host_of("CONNECT a.b:443 HTTP/1.1\r\nHost: a.b:80\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
+  CHECK_EQ_INT(host_of("GET / HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port), EGRESS_PEEK_FOUND);
+  CHECK_EQ_INT(port, 0);
 }
 
 static void test_http_hostile(void) {
@@ -710,7 +835,8 @@ static void test_http_hostile(void) {
   CHECK_EQ_INT(host_of("GET / HTTP/1.1\r\nHost: EVIL_NAME.com\r\n\r\n", out, &port),
                EGRESS_PEEK_MALFORMED);
   CHECK_STREQ(out, "<invalid:13>");
-  CHECK_EQ_INT(host_of("GET /a b HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port), EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(host_of("GET /a b HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port),
+               EGRESS_PEEK_MALFORMED);
   CHECK_EQ_INT(host_of("GET  HTTP/1.1\r\nHost: a.b\r\n\r\n", out, &port), EGRESS_PEEK_MALFORMED);
   /* A NUL in the head. */
   const char nul[] = "GET / HTTP/1.1\r\nHost: a.b\0evil.com\r\n\r\n";
@@ -738,4 +864,4 @@ static void test_http_hostile(void) {
 TEST_MAIN(TEST(test_rule_forms), TEST(test_rule_refusals), TEST(test_policy_parse),
           TEST(test_match), TEST(test_sanitize), TEST(test_classify_v4), TEST(test_classify_v6),
           TEST(test_classify_private), TEST(test_sni), TEST(test_sni_hostile), TEST(test_http),
-          TEST(test_http_hostile))
+          TEST(test_http_hostile), TEST(test_http_fail_closed), TEST(test_http_ports))

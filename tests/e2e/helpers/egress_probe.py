@@ -38,10 +38,13 @@ def kind(e):
     return type(e).__name__
 
 
-def tcp(host, port, payload=b"GET / HTTP/1.0\r\n\r\n", fam=None, timeout=15):
-    """Connect, send PAYLOAD, read once."""
+def tcp(host, port, payload=None, fam=None, timeout=15):
+    """Connect, send PAYLOAD (by default a GET naming HOST), read once."""
     if fam is None:
         fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if payload is None:
+        name = "[" + host + "]" if ":" in host else host
+        payload = b"GET / HTTP/1.0\r\nHost: " + name.encode() + b"\r\n\r\n"
     s = socket.socket(fam, socket.SOCK_STREAM)
     s.settimeout(timeout)
     stage = "connect"
