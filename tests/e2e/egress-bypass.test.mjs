@@ -566,13 +566,18 @@ try:
 except socket.timeout:
     pass
 out(sent=sent, got=got, took_s=time.monotonic() - t0, rcodes=rc)`;
+    // The bound is taken on the host's clock, around the whole call: it is
+    // the broker's bucket that refills by it, and a loaded TCG guest's own
+    // clock can run behind it (464 answered in 1.11 s of guest time once).
+    const h0 = performance.now();
     const { out, eg } = await refused('row 7', () => py(A, code));
+    const hostS = (performance.now() - h0) / 1000;
     const refusedN = out.rcodes['5'] ?? 0;
     const answered = out.rcodes['0'] ?? 0;
     process.stdout.write(`# row 7: ${answered} answered, ${refusedN} REFUSED in ${out.took_s.toFixed(2)} s\n`);
     assert.equal(out.got, 1000, `row 7: queries went unanswered: ${JSON.stringify(out)}`);
     assert.ok(refusedN >= 1, `row 7: no query was REFUSED: ${JSON.stringify(out)}`);
-    assert.ok(answered <= 200 + 200 * out.took_s + 20, `row 7: ${answered} queries answered in ${out.took_s} s, over 200 a second: ${JSON.stringify(out)}`);
+    assert.ok(answered <= 200 + 200 * Math.max(out.took_s, hostS) + 20, `row 7: ${answered} queries answered in ${out.took_s} s (${hostS.toFixed(2)} s on the host), over 200 a second: ${JSON.stringify(out)}`);
     checkEgress(eg, 'row 7');
     assert.equal(eg.truncated, true, 'row 7: 1000 queries fit in the lists?');
     assert.ok(eg.total_events >= answered, `row 7: total_events ${eg.total_events} < the ${answered} queries answered`);
