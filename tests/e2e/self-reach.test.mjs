@@ -111,7 +111,8 @@ function fromHost(port, req) {
     sock.on('data', (d) => (got += d.toString('utf8')));
     sock.on('error', (e) => (clearTimeout(timer), reject(e)));
     sock.on('close', () => (clearTimeout(timer), resolve(got)));
-    sock.on('connect', () => sock.end(req));
+    /* No half-close: the server takes one as the client gone, and cancels. */
+    sock.on('connect', () => sock.write(req));
   });
 }
 
