@@ -3,7 +3,9 @@
  * speaks as the agent, frame by frame (HELLO answered, then LOOKUP,
  * STREAM_OPEN, STREAM_DATA, ...), a real TCP server on 127.0.0.1 that the
  * broker connects to (IGN_MCP_NET_PRIVATE=host and a hosts file mapping
- * good.test to 127.0.0.1), and the JSON Lines log on disk.
+ * good.test to 127.0.0.1; in a child process, since the broker never
+ * connects to a socket its own process listens on), and the JSON Lines log
+ * on disk.
  *
  * Some tests need a network of their own: they run in a child in new user,
  * network and mount namespaces (in_netns), where they give lo another
