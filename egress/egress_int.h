@@ -284,3 +284,6 @@ int egress_addr_local(int family, const uint8_t *addr);
  * process listens on (EGRESS_SELF_REASON, or why that cannot be told), or
  * NULL; whatever the policy and the operator's settings (self.c). */
 const char *egress_self_refusal(int family, const uint8_t *addr, uint16_t port);
+/* The same answer from a scan of the descriptors alone, without the
+ * kernel's socket table: what egress_self_refusal falls back to. */
+const char *egress_self_refusal_by_scan(int family, const uint8_t *addr, uint16_t port);
