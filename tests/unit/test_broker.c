@@ -1780,6 +1780,11 @@ static void self_refusal_covers_every_address(void) {
     close(lo6);
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* The check costs a connect little (a bench target of 1 ms a connect),
  * with the descriptors of a busy server open: elsewhere a routing
  * question, to the host the kernel's socket table and the inodes known. */
@@ -1794,19 +1799,24 @@ static void self_refusal_is_cheap(void) {
   }
   uint16_t p;
   int lfd = own_socket(AF_INET, NULL, false, true, &p);
-  enum { ROUNDS = 200 };
-  const uint8_t away4[4] = {93, 184, 216, 34}, home4[4] = {127, 0, 0, 1};
-  uint64_t t0 = now_ns(CLOCK_MONOTONIC);
-  for (int i = 0; i < ROUNDS; i++)
+  /* Medians: the machine may be busy with other work. */
+  enum { ROUNDS = 201 };
+  static const uint8_t away4[4] = {93, 184, 216, 34}, home4[4] = {127, 0, 0, 1};
+  static uint64_t away[ROUNDS], home[ROUNDS];
+  for (int i = 0; i < ROUNDS; i++) {
+    uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     CHECK(!egress_self_refusal(AF_INET, away4, 443));
-  uint64_t t1 = now_ns(CLOCK_MONOTONIC);
-  for (int i = 0; i < ROUNDS; i++)
+    uint64_t t1 = now_ns(CLOCK_MONOTONIC);
     CHECK(egress_self_refusal(AF_INET, home4, p) != NULL);
-  uint64_t t2 = now_ns(CLOCK_MONOTONIC);
-  uint64_t away = (t1 - t0) / 1000 / ROUNDS, home = (t2 - t1) / 1000 / ROUNDS;
-  fprintf(stderr, "  %d descriptors open: %llu us a check elsewhere, %llu us to the host\n",
-          n + 1, (unsigned long long)away, (unsigned long long)home);
-  CHECK(away < 1000 && home < 1000);
+    away[i] = (t1 - t0) / 1000;
+    home[i] = (now_ns(CLOCK_MONOTONIC) - t1) / 1000;
+  }
+  qsort(away, ROUNDS, sizeof away[0], cmp_u64);
+  qsort(home, ROUNDS, sizeof home[0], cmp_u64);
+  fprintf(stderr, "  %d descriptors open: a check takes %llu us elsewhere, %llu us to the host "
+          "(medians)\n", n + 1, (unsigned long long)away[ROUNDS / 2],
+          (unsigned long long)home[ROUNDS / 2]);
+  CHECK(away[ROUNDS / 2] < 1000 && home[ROUNDS / 2] < 1000);
   close(lfd);
   while (n--)
     close(fds[n]);
