@@ -8,10 +8,10 @@
  * listens on, whatever the session's policy and the operator's settings
  * say, and refuses it with a reason of its own.
  *
- * The listeners are found, not registered: every socket of the process in
- * the listening state (SO_ACCEPTCONN; its descriptors from /proc/self/fd)
- * with the address it is bound to (getsockname), so one that any part of
- * the server makes, at startup or later, counts.  A listener on a wildcard
+ * The listeners are found, not registered: every TCP socket listening in
+ * the server's network namespace that is one of the process's descriptors,
+ * so one that any part of the server makes, at startup or later, counts
+ * (its --http socket, and any other).  A listener on a wildcard
  * address (0.0.0.0, ::) takes its port on every address of the host:
  * loopback, the interfaces' addresses; one on :: takes the IPv4 ones too
  * unless it is IPV6_V6ONLY.  A destination given as ::ffff:a.b.c.d is
