@@ -3,7 +3,8 @@
  * callbacks, stream.c decides and relays a stream, names.c answers lookups
  * (the synthetic addresses, the DNS cache), resolve.c resolves names on the
  * host (the pool, the hosts file), record.c keeps the flight record, egress.c
- * makes a session's egress from a tool's arguments.
+ * makes a session's egress from a tool's arguments, self.c keeps the
+ * server's own listening sockets out of reach.
  *
  * Ownership: everything under "the broker thread's" below is touched only by
  * the broker thread (or by egress_shutdown after that thread ended), so it
@@ -286,3 +287,16 @@ void names_owner_key(const char *owner, uint8_t key[EGRESS_OWNER_KEY]);
  * address of the host itself ("the host's own address", but with
  * allow_host).  On the broker thread. */
 const char *egress_addr_refusal(int family, const uint8_t *addr);
+/* Whether ADDR (v4 as AF_INET) is an address of the host, routed locally:
+ * 1, 0, or -errno. */
+int egress_addr_local(int family, const uint8_t *addr);
+
+/* self.c */
+#define EGRESS_SELF_REASON "the server's own listening socket"
+/* The refusal of a connect to ADDR:PORT that would reach a socket this
+ * process listens on (EGRESS_SELF_REASON, or why that cannot be told), or
+ * NULL; whatever the policy and the operator's settings (self.c). */
+const char *egress_self_refusal(int family, const uint8_t *addr, uint16_t port);
+/* The same answer from a scan of the descriptors alone, without the
+ * kernel's socket table: what egress_self_refusal falls back to. */
+const char *egress_self_refusal_by_scan(int family, const uint8_t *addr, uint16_t port);

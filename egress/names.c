@@ -197,6 +197,11 @@ static int ifaddr_is_local(int family, const uint8_t *addr) {
   return r;
 }
 
+int egress_addr_local(int family, const uint8_t *addr) {
+  int local = route_is_local(family, addr);
+  return local < 0 ? ifaddr_is_local(family, addr) : local;
+}
+
 const char *egress_addr_refusal(int family, const uint8_t *addr) {
   enum egress_addr_class c = egress_addr_classify(family, addr);
   bool host = egress_cfg.allow_host;
@@ -213,9 +218,7 @@ const char *egress_addr_refusal(int family, const uint8_t *addr) {
     family = AF_INET; /* what the connect does with it */
     addr += 12;
   }
-  int local = route_is_local(family, addr);
-  if (local < 0)
-    local = ifaddr_is_local(family, addr);
+  int local = egress_addr_local(family, addr);
   if (local < 0)
     return "cannot tell whether the address is the host's own";
   return local ? "the host's own address" : "";

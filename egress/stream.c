@@ -390,6 +390,12 @@ static void connect_addr(struct stream *s, int family, const uint8_t *addr) {
     addr += 12;
   }
   inet_ntop(family, addr, s->rec.ip, sizeof s->rec.ip);
+  /* Whatever admitted it: never a socket of the server's own (self.c). */
+  const char *self = egress_self_refusal(family, addr, s->rec.port);
+  if (self) {
+    refuse(s, self);
+    return;
+  }
   struct sockaddr_storage ss = {0};
   socklen_t sl;
   if (family == AF_INET) {

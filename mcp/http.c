@@ -304,6 +304,14 @@ static bool early(struct MHD_Connection *c, const char *url, const char *method,
     *ret = http_reply_error(c, MHD_HTTP_BAD_REQUEST, NULL, RPC_INVALID_REQUEST, m);
     return true;
   }
+  if (http_host_missing(c, srv.loopback)) {
+    log_info("refused an HTTP request: it has no Host header");
+    *ret = http_reply_error(c, MHD_HTTP_BAD_REQUEST, NULL, RPC_INVALID_REQUEST,
+                            "the request has no Host header: a loopback server answers only "
+                            "requests that name it (Host: 127.0.0.1:PORT, localhost:PORT, "
+                            "[::1]:PORT or a name in IGN_MCP_HTTP_HOSTS)");
+    return true;
+  }
   const char *bad = http_origin_refusal(c, srv.loopback);
   if (bad) {
     log_info("refused an HTTP request: its %s header is not allowed", bad);

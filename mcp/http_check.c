@@ -273,6 +273,14 @@ static bool loopback_authority(const char *a, size_t n) {
          (h == 5 && strncmp(a, "[::1]", 5) == 0);
 }
 
+/* A loopback server serves only requests that name it (below).  One that
+ * names nothing did not come from a browser's page, but it may come from
+ * a sandbox whose egress reaches loopback: without Host, nothing says
+ * whom the request was meant for, so it is refused, not served. */
+bool http_host_missing(struct MHD_Connection *c, bool loopback) {
+  return loopback && !http_hdr(c, MHD_HTTP_HEADER_HOST);
+}
+
 /* DNS rebinding: a page in a browser may reach a loopback server under a
  * name of the attacker's; its requests then carry that name in Host and the
  * page's origin in Origin. */

@@ -49,6 +49,9 @@ char *http_modern_mismatch(struct MHD_Connection *c, const char *m, json_t *para
 /* "Host" or "Origin" when that header names someone else (DNS rebinding;
  * Host only when the server is bound to LOOPBACK), NULL when both are fine. */
 const char *http_origin_refusal(struct MHD_Connection *c, bool loopback);
+/* Whether a server bound to LOOPBACK must refuse the request for having no
+ * Host header at all (HTTP/1.0 may leave it out). */
+bool http_host_missing(struct MHD_Connection *c, bool loopback);
 /* Whether the media range list A names TYPE, or a wildcard covering it when
  * WILD. */
 bool http_accepts(const char *a, const char *type, bool wild);

@@ -8,8 +8,8 @@
 //    progress reaches the v2 client over SSE.
 //  - Byte by byte through node's http and net modules, for everything a
 //    client library would not send: every status code of the transport
-//    (202, 400 with -32020/-32022, 401, 403 Origin/Host, 404, 405, 406, 413,
-//    415), a closed connection cancelling its call, a slowloris connection,
+//    (202, 400 with -32020/-32022, 400 without Host, 401, 403 Origin/Host, 404,
+//    405, 406, 413, 415), a closed connection cancelling its call, a slowloris connection,
 //    the connection and call caps, tokens owning sessions, tokens never
 //    logged, and what the server refuses at startup.
 //
@@ -665,6 +665,39 @@ describe('raw HTTP: status codes, headers, tokens', () => {
       const r = await modern(srv, msg, { token: alice, headers: { Host: host } });
       assert.equal(r.status, 200, `Host ${host}: ${r.text}`);
     }
+  });
+
+  test('400 for a request without Host (HTTP/1.0 may leave it out: a sandbox reaching loopback would); with Host it is served', T, async () => {
+    const msg = modernMsg('tools/list');
+    const body = JSON.stringify(msg);
+    /* The bytes as given, over a connection of its own: the whole answer,
+     * once the server closed it. */
+    const raw = (version, host) => new Promise((resolve, reject) => {
+      const h = { ...modernHeaders(msg, alice), 'Content-Length': Buffer.byteLength(body), ...(host ? { Host: host } : {}) };
+      const head = `POST /mcp HTTP/${version}\r\n${Object.entries(h).map(([k, v]) => `${k}: ${v}\r\n`).join('')}\r\n`;
+      const sock = net.connect(srv.port, '127.0.0.1');
+      let got = '';
+      const timer = setTimeout(() => sock.destroy(new Error(`no whole answer in 30 s: ${got}`)), 30_000);
+      sock.on('data', (d) => (got += d.toString('utf8')));
+      sock.on('error', (e) => (clearTimeout(timer), reject(e)));
+      sock.on('close', () => (clearTimeout(timer), resolve(got)));
+      sock.on('connect', () => sock.write(head + body)); // no half-close: that cancels
+    });
+    const status = (t) => Number(t.match(/^HTTP\/1\.[01] (\d{3})/)?.[1]);
+    const none10 = await raw('1.0', null);
+    assert.equal(status(none10), 400, `HTTP/1.0 without Host: ${none10}`);
+    assert.match(none10, /no Host header/, 'the 400 does not say what was wrong');
+    assert.doesNotMatch(none10, /"tools"/, 'the request without Host was served');
+    const none11 = await raw('1.1', null);
+    assert.equal(status(none11), 400, `HTTP/1.1 without Host: ${none11}`);
+    assert.doesNotMatch(none11, /"tools"/);
+    for (const host of [`127.0.0.1:${srv.port}`, `localhost:${srv.port}`, HOST_OK]) {
+      const ok = await raw('1.0', host);
+      assert.equal(status(ok), 200, `HTTP/1.0 with Host ${host}: ${ok}`);
+      assert.match(ok, /"tools"/);
+    }
+    assert.equal((await raw('1.0', `evil.example:${srv.port}`)).match(/^HTTP\/1\.[01] (\d{3})/)?.[1], '403');
+    assert.match(srv.stderrText(), /refused an HTTP request: it has no Host header/);
   });
 
   test('legacy: initialize mints an id; without it 400, unknown 404, DELETE 204 then 404', T, async () => {

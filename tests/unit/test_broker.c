@@ -3,7 +3,9 @@
  * speaks as the agent, frame by frame (HELLO answered, then LOOKUP,
  * STREAM_OPEN, STREAM_DATA, ...), a real TCP server on 127.0.0.1 that the
  * broker connects to (IGN_MCP_NET_PRIVATE=host and a hosts file mapping
- * good.test to 127.0.0.1), and the JSON Lines log on disk.
+ * good.test to 127.0.0.1; in a child process, since the broker never
+ * connects to a socket its own process listens on), and the JSON Lines log
+ * on disk.
  *
  * Some tests need a network of their own: they run in a child in new user,
  * network and mount namespaces (in_netns), where they give lo another
@@ -14,6 +16,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <jansson.h>
 #include <poll.h>
 #include <pthread.h>
@@ -25,6 +28,7 @@
 #include <net/if.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -296,70 +300,88 @@ static int reset_of(struct agent *a, uint32_t id, char *msg, size_t size) {
 
 /* ---- the server the broker connects to ----------------------------------- */
 
-static struct {
-  int lfd;
-  uint16_t port;
+/* It runs in a child process: the broker refuses every socket its own
+ * process listens on (egress/self.c), and this test is that process.  Its
+ * counts are in memory shared with the child. */
+struct srv_shared {
   atomic_int accepts;
   atomic_long bytes;           /* what reached the server */
-  atomic_bool stop;
-  const char *greeting;        /* sent first on each connection (a server-first protocol) */
-  pthread_t thread;
+};
+static struct {
+  uint16_t port;
+  pid_t pid;
+  struct srv_shared *sh;
+  const char *greeting; /* sent first on each connection (a server-first protocol) */
 } srv;
+#define srv_accepts (srv.sh->accepts)
+#define srv_bytes (srv.sh->bytes)
 
-/* Echoes each connection until its EOF, one at a time. */
-static void *server_main(void *arg) {
-  (void)arg;
-  while (!atomic_load(&srv.stop)) {
-    struct pollfd p = {.fd = srv.lfd, .events = POLLIN};
-    if (poll(&p, 1, 50) <= 0)
-      continue;
-    int c = accept4(srv.lfd, NULL, NULL, SOCK_CLOEXEC);
+/* The child: echoes each connection on LFD until its EOF, one at a time,
+ * until killed.  Only async-signal-safe calls after the fork. */
+static _Noreturn void server_main(int lfd) {
+  for (;;) {
+    int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0)
       continue;
-    atomic_fetch_add(&srv.accepts, 1);
+    atomic_fetch_add(&srv_accepts, 1);
     if (srv.greeting && write(c, srv.greeting, strlen(srv.greeting)) < 0) {
       close(c);
       continue;
     }
     char buf[4096];
     for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;) {
-      atomic_fetch_add(&srv.bytes, n);
+      atomic_fetch_add(&srv_bytes, n);
       if (write(c, buf, (size_t)n) != n)
         break;
     }
     close(c);
   }
-  return NULL;
 }
 
 /* The echo server on ADDR (host order), a port of its own. */
 static void server_start_on(uint32_t addr) {
-  srv.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (!srv.sh) {
+    srv.sh = mmap(NULL, sizeof *srv.sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (srv.sh == MAP_FAILED)
+      abort();
+  }
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(addr)};
-  CHECK_EQ_INT(bind(srv.lfd, (struct sockaddr *)&in, sizeof in), 0);
-  CHECK_EQ_INT(listen(srv.lfd, 16), 0);
+  CHECK_EQ_INT(bind(lfd, (struct sockaddr *)&in, sizeof in), 0);
+  CHECK_EQ_INT(listen(lfd, 16), 0);
   socklen_t sl = sizeof in;
-  getsockname(srv.lfd, (struct sockaddr *)&in, &sl);
+  getsockname(lfd, (struct sockaddr *)&in, &sl);
   srv.port = ntohs(in.sin_port);
-  atomic_store(&srv.stop, false);
-  atomic_store(&srv.accepts, 0);
-  atomic_store(&srv.bytes, 0);
-  pthread_create(&srv.thread, NULL, server_main, NULL);
+  atomic_store(&srv_accepts, 0);
+  atomic_store(&srv_bytes, 0);
+  srv.pid = fork();
+  if (srv.pid == 0) {
+    /* Nothing of the parent's but the socket: a copy of a session's
+     * socketpair here would hide its end from the other side. */
+    if (lfd != 3 && dup2(lfd, 3) != 3)
+      _exit(1);
+    close_range(4, ~0u, 0);
+    server_main(3);
+  }
+  CHECK(srv.pid > 0);
+  close(lfd); /* the child's only: this process listens on nothing */
 }
 
 static void server_start(void) { server_start_on(INADDR_LOOPBACK); }
 
 /* Waits up to MS for the server to have accepted N connections. */
 static bool server_accepted(int n, unsigned ms) {
-  for (unsigned i = 0; i < ms / 10 && atomic_load(&srv.accepts) < n; i++)
+  for (unsigned i = 0; i < ms / 10 && atomic_load(&srv_accepts) < n; i++)
     usleep(10000);
-  return atomic_load(&srv.accepts) >= n;
+  return atomic_load(&srv_accepts) >= n;
 }
 
 static void server_stop(void) {
-  atomic_store(&srv.stop, true);
-  pthread_join(srv.thread, NULL);
-  close(srv.lfd);
+  if (srv.pid > 0) {
+    kill(srv.pid, SIGKILL);
+    waitpid(srv.pid, NULL, 0);
+  }
+  srv.pid = 0;
 }
 
 /* ---- fixtures ------------------------------------------------------------ */
@@ -624,7 +646,7 @@ static void relay_both_ways_and_count(void) {
     CHECK(!json_object_get(ev, "reason"));
     json_decref(rep);
   }
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 1);
   session_end(e, &a);
   server_stop();
   egress_shutdown();
@@ -737,7 +759,7 @@ static void refusals_at_open(void) {
   CHECK_STREQ(str_of(ev, "host"), "good.test");
   CHECK_EQ_INT(json_integer_value(json_object_get(ev, "port")), 8443);
   json_decref(rep);
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 0);
   session_end(e, &a);
   server_stop();
   egress_shutdown();
@@ -826,7 +848,7 @@ static void peek_mismatch_reaches_nothing(void) {
   ev = json_array_get(json_object_get(rep, "denied"), 1);
   CHECK_STREQ(str_of(ev, "sni"), "evil.example");
   json_decref(rep);
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 0); /* nothing reached the server */
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 0); /* nothing reached the server */
   session_end(e, &a);
   server_stop();
   egress_shutdown();
@@ -1525,7 +1547,7 @@ static void own_address_child(void) {
   check_reset(&a, (uint8_t[4]){127, 0, 0, 1}, srv.port, "loopback address");
   session_end(e, &a);
   egress_shutdown();
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 0);
   /* IGN_MCP_NET_PRIVATE=host: the same name reaches the server. */
   init_broker(PRIV_HOST, 64);
   e = session("allow", allow, "own3", &a);
@@ -1539,7 +1561,7 @@ static void own_address_child(void) {
     CHECK(f && f->h.len == 3);
     free(f);
   }
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 1);
   session_end(e, &a);
   egress_shutdown();
   server_stop();
@@ -1630,7 +1652,7 @@ static void host_less_request_only_on_raw_addresses(void) {
     CHECK_STREQ(str_of(ev, "host"), "good.test");
     json_decref(rep);
   }
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 0);
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 0);
   uint32_t sid = ag_open(&a, (uint8_t[4]){127, 0, 0, 1}, srv.port);
   struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
   CHECK(f != NULL);
@@ -1639,7 +1661,7 @@ static void host_less_request_only_on_raw_addresses(void) {
   f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000); /* echoed */
   CHECK(f && f->h.len == sizeof no_host - 1 && memcmp(f->p, no_host, f->h.len) == 0);
   free(f);
-  CHECK_EQ_INT(atomic_load(&srv.accepts), 1);
+  CHECK_EQ_INT(atomic_load(&srv_accepts), 1);
   session_end(e, &a);
   server_stop();
   egress_shutdown();
@@ -1678,7 +1700,7 @@ static void server_first_port_still_checks_the_first_bytes(void) {
     CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
     CHECK_STREQ(msg, "SNI mismatch");
     usleep(100000);
-    CHECK_EQ_INT(atomic_load(&srv.bytes), 0); /* none of it reached the server */
+    CHECK_EQ_INT(atomic_load(&srv_bytes), 0); /* none of it reached the server */
     json_t *rep = egress_report(e, false);
     json_t *ev = last_of(rep, "denied");
     CHECK_STREQ(str_of(ev, "reason"), "SNI mismatch");
@@ -1701,7 +1723,7 @@ static void server_first_port_still_checks_the_first_bytes(void) {
     static const char *const late[] = {"\r\nGET / HTTP/1.1\r\nHost: evil.example\r\n\r\n",
                                        "EHLO x\r\n"};
     static const char *const late_why[] = {"Host mismatch", "malformed HTTP request"};
-    long up = atomic_load(&srv.bytes);
+    long up = atomic_load(&srv_bytes);
     for (int i = 0; i < 2; i++) {
       sid = ag_open(&a, addr, srv.port);
       f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
@@ -1712,7 +1734,7 @@ static void server_first_port_still_checks_the_first_bytes(void) {
       CHECK_STREQ(msg, late_why[i]);
     }
     usleep(100000);
-    CHECK_EQ_INT(atomic_load(&srv.bytes), up);
+    CHECK_EQ_INT(atomic_load(&srv_bytes), up);
   }
   session_end(e, &a);
   server_stop();
@@ -2039,6 +2061,258 @@ static void early_refusals_name_the_address(void) {
   egress_shutdown();
 }
 
+/* ---- the server's own listening sockets ------------------------------------ */
+
+/* A TCP socket of this process bound to ADDR (FAMILY, host bytes; NULL: the
+ * wildcard) on port 0, listening when LISTENING; its port in *RET_PORT.
+ * -1 when the family cannot be had here. */
+static int own_socket(int family, const char *addr, bool v6only, bool listening,
+                      uint16_t *ret_port) {
+  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_storage ss = {0};
+  socklen_t sl;
+  if (family == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    in->sin_family = AF_INET;
+    if (addr)
+      inet_pton(AF_INET, addr, &in->sin_addr);
+    sl = sizeof *in;
+  } else {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    in6->sin6_family = AF_INET6;
+    if (addr)
+      inet_pton(AF_INET6, addr, &in6->sin6_addr);
+    int v = v6only;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v, sizeof v);
+    sl = sizeof *in6;
+  }
+  if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || (listening && listen(fd, 4) < 0) ||
+      getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+    close(fd);
+    return -1;
+  }
+  *ret_port = ntohs(family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+                                      : ((struct sockaddr_in6 *)&ss)->sin6_port);
+  return fd;
+}
+
+/* Whether a connect to ADDR (text):PORT is refused as the server's own;
+ * the kernel's socket table and the scan of the descriptors (the fallback)
+ * must agree. */
+static bool self_refused(const char *addr, uint16_t port) {
+  uint8_t a[16];
+  int family = strchr(addr, ':') ? AF_INET6 : AF_INET;
+  if (inet_pton(family, addr, a) != 1)
+    abort();
+  const char *why = egress_self_refusal(family, a, port);
+  const char *scan = egress_self_refusal_by_scan(family, a, port);
+  if (why && strcmp(why, EGRESS_SELF_REASON) != 0)
+    fprintf(stderr, "  %s:%u: %s\n", addr, port, why);
+  if (!why != !scan)
+    fprintf(stderr, "  %s:%u: the socket table says %s, the scan %s\n", addr, port,
+            why ? why : "reachable", scan ? scan : "reachable");
+  CHECK(!why == !scan);
+  return why && strcmp(why, EGRESS_SELF_REASON) == 0;
+}
+
+/* An address of this host other than loopback (text), or false. */
+static bool host_address(char *out, size_t size) {
+  struct ifaddrs *ifs;
+  if (getifaddrs(&ifs) < 0)
+    return false;
+  bool found = false;
+  for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+      continue;
+    const struct in_addr *in = &((const struct sockaddr_in *)i->ifa_addr)->sin_addr;
+    if ((ntohl(in->s_addr) >> 24) == 127)
+      continue;
+    found = inet_ntop(AF_INET, in, out, (socklen_t)size) != NULL;
+  }
+  freeifaddrs(ifs);
+  return found;
+}
+
+/* Which destinations reach a listener of this process: its own address and
+ * port; with a wildcard bind every address of the host on its port (the
+ * v6 one takes v4 too, unless IPV6_V6ONLY); v4-mapped and unspecified
+ * destinations as the kernel connects them; nothing once it is closed, a
+ * socket that only is bound, another port or an address not the host's. */
+static void self_refusal_covers_every_address(void) {
+  uint16_t p, w, q;
+  int lo = own_socket(AF_INET, "127.0.0.1", false, true, &p);
+  int wild = own_socket(AF_INET, NULL, false, true, &w);
+  int bound = own_socket(AF_INET, "127.0.0.1", false, false, &q);
+  CHECK(lo >= 0 && wild >= 0 && bound >= 0);
+  CHECK(self_refused("127.0.0.1", p));
+  CHECK(self_refused("::ffff:127.0.0.1", p));
+  CHECK(self_refused("0.0.0.0", p));
+  CHECK(!self_refused("127.0.0.2", p)); /* bound to 127.0.0.1 only */
+  CHECK(!self_refused("93.184.216.34", p));
+  CHECK(!self_refused("127.0.0.1", q)); /* bound, not listening */
+  CHECK(self_refused("127.0.0.1", w));
+  CHECK(self_refused("127.9.9.9", w));
+  CHECK(self_refused("0.0.0.0", w));
+  CHECK(self_refused("::ffff:127.0.0.1", w));
+  CHECK(!self_refused("::1", w)); /* a v4 listener */
+  CHECK(!self_refused("93.184.216.34", w));
+  char own[INET_ADDRSTRLEN];
+  if (host_address(own, sizeof own))
+    CHECK(self_refused(own, w));
+  else
+    fprintf(stderr, "  (no address but loopback here: the host's own address is not tried)\n");
+  close(lo);
+  CHECK(!self_refused("127.0.0.1", p)); /* closed: found afresh */
+  /* A new listener on the same port (a new socket): found at once. */
+  lo = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in again = {.sin_family = AF_INET, .sin_port = htons(p),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int one = 1;
+  setsockopt(lo, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(lo, (struct sockaddr *)&again, sizeof again) == 0 && listen(lo, 4) == 0)
+    CHECK(self_refused("127.0.0.1", p));
+  else
+    fprintf(stderr, "  (port %u could not be bound again: not tried)\n", p);
+  close(lo);
+  /* Another process's listener is not the server's. */
+  server_start();
+  CHECK(!self_refused("127.0.0.1", srv.port));
+  CHECK(!self_refused("127.0.0.1", srv.port)); /* known now */
+  server_stop();
+  close(wild);
+  CHECK(!self_refused("127.0.0.1", w));
+  close(bound);
+
+  uint16_t x, y, z;
+  int wild6 = own_socket(AF_INET6, NULL, false, true, &x);
+  int only6 = own_socket(AF_INET6, NULL, true, true, &y);
+  int lo6 = own_socket(AF_INET6, "::1", true, true, &z);
+  if (wild6 < 0 || only6 < 0 || lo6 < 0) {
+    fprintf(stderr, "  (no IPv6 loopback here: the v6 listeners are not tried)\n");
+  } else {
+    CHECK(self_refused("::1", x));
+    CHECK(self_refused("::", x));
+    CHECK(self_refused("127.0.0.1", x)); /* dual-stack: v4 too */
+    CHECK(self_refused("::ffff:127.0.0.1", x));
+    CHECK(!self_refused("2606:2800:220:1::1", x));
+    CHECK(self_refused("::1", y));
+    CHECK(!self_refused("127.0.0.1", y)); /* IPV6_V6ONLY */
+    CHECK(self_refused("::1", z));
+    CHECK(!self_refused("127.0.0.1", z));
+  }
+  if (wild6 >= 0)
+    close(wild6);
+  if (only6 >= 0)
+    close(only6);
+  if (lo6 >= 0)
+    close(lo6);
+}
+
+/* With the descriptors of a busy server open (sockets that do not listen,
+ * other files), the answers stay right, by the kernel's socket table and
+ * the inodes known: nothing elsewhere is the server's, its listener is.
+ * What the check costs a connect is measured in bench/ (section 11). */
+static void self_refusal_with_many_descriptors(void) {
+  int fds[256];
+  int n = 0;
+  for (; n < 256; n++) {
+    fds[n] = n % 2 ? open("/dev/null", O_RDONLY | O_CLOEXEC)
+                   : socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fds[n] < 0)
+      break;
+  }
+  uint16_t p;
+  int lfd = own_socket(AF_INET, NULL, false, true, &p);
+  static const uint8_t away4[4] = {93, 184, 216, 34}, home4[4] = {127, 0, 0, 1};
+  for (int i = 0; i < 16; i++) {
+    CHECK(!egress_self_refusal(AF_INET, away4, 443));
+    CHECK(egress_self_refusal(AF_INET, home4, p) != NULL);
+    CHECK(!egress_self_refusal(AF_INET, home4, (uint16_t)(p == 65535 ? 1 : p + 1)) ||
+          p == 65535);
+  }
+  close(lfd);
+  while (n--)
+    close(fds[n]);
+}
+
+/* A sandbox allowed good.test:P under IGN_MCP_NET_PRIVATE=host, with
+ * good.test at 127.0.0.1 and the server itself listening on 127.0.0.1:P,
+ * never reaches it: by name (a request naming good.test in its target or
+ * its Host, raw bytes, nothing), by raw address in open mode (a request
+ * without Host, which the peek passes on a raw address); each
+ * refusal recorded with its reason.  Another loopback server (the echo
+ * server, another process) stays reachable under the same policy. */
+static void own_listener_never_reached(void) {
+  init_broker(PRIV_HOST, 64);
+  server_start();
+  uint16_t p;
+  int lfd = own_socket(AF_INET, "127.0.0.1", false, true, &p);
+  CHECK(lfd >= 0);
+  char allow[128];
+  snprintf(allow, sizeof allow, "[\"good.test:%u\", \"good.test:%u\"]", p, srv.port);
+  struct agent a;
+  struct egress *e = session("allow", allow, "self1", &a);
+  uint8_t addr[4];
+  static const char no_host[] = "GET /mcp HTTP/1.0\r\n\r\n";
+  static const char with_host[] = "GET /mcp HTTP/1.0\r\nHost: good.test\r\n\r\n";
+  static const char in_target[] = "GET http://good.test/mcp HTTP/1.0\r\n\r\n";
+  char msg[128];
+  if (resolve(&a, "good.test", addr)) {
+    const char *payloads[] = {in_target, with_host, "\x01\x02raw"};
+    for (size_t i = 0; i < ARRAY_SIZE(payloads); i++) {
+      uint32_t sid = ag_open(&a, addr, p);
+      struct frame *f = agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000);
+      CHECK(f != NULL);
+      free(f);
+      ag_simple(&a, PROTO_STREAM_DATA, sid, payloads[i], strlen(payloads[i]));
+      CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+      CHECK_STREQ(msg, EGRESS_SELF_REASON);
+    }
+    /* Nothing sent: the broker connects after EGRESS_FIRST_BYTE_MS (a
+     * server-first protocol), or would. */
+    uint32_t sid = ag_open(&a, addr, p);
+    free(agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000));
+    CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+    CHECK_STREQ(msg, EGRESS_SELF_REASON);
+    /* The other loopback server, same name, same policy: reached. */
+    sid = ag_open(&a, addr, srv.port);
+    free(agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000));
+    ag_simple(&a, PROTO_STREAM_DATA, sid, with_host, sizeof with_host - 1);
+    struct frame *f = agent_expect(&a, sid, PROTO_STREAM_DATA, 5000);
+    CHECK(f && f->h.len > 0);
+    free(f);
+    CHECK(server_accepted(1, 5000));
+  }
+  json_t *rep = egress_report(e, true);
+  json_t *denied = json_object_get(rep, "denied");
+  CHECK_EQ_INT(json_array_size(denied), 4);
+  for (size_t i = 0; i < json_array_size(denied); i++) {
+    json_t *ev = json_array_get(denied, i);
+    CHECK_STREQ(str_of(ev, "reason"), EGRESS_SELF_REASON);
+    CHECK_STREQ(str_of(ev, "host"), "good.test");
+    CHECK_STREQ(str_of(ev, "ip"), "127.0.0.1");
+    CHECK_EQ_INT(json_integer_value(json_object_get(ev, "port")), p);
+  }
+  json_decref(rep);
+  session_end(e, &a);
+  /* Open mode, a raw address: the same. */
+  e = session("open", NULL, "self2", &a);
+  uint32_t sid = ag_open(&a, (uint8_t[4]){127, 0, 0, 1}, p);
+  free(agent_expect(&a, sid, PROTO_STREAM_ACCEPT, 5000));
+  ag_simple(&a, PROTO_STREAM_DATA, sid, no_host, sizeof no_host - 1);
+  CHECK_EQ_INT(reset_of(&a, sid, msg, sizeof msg), ECONNREFUSED);
+  CHECK_STREQ(msg, EGRESS_SELF_REASON);
+  session_end(e, &a);
+  egress_shutdown();
+  /* Nothing ever reached the listener. */
+  struct pollfd pf = {.fd = lfd, .events = POLLIN};
+  CHECK_EQ_INT(poll(&pf, 1, 0), 0);
+  close(lfd);
+  server_stop();
+}
+
 static void setup(void) {
   snprintf(tmp, sizeof tmp, "/tmp/test_broker.XXXXXX");
   if (!mkdtemp(tmp))
@@ -2070,7 +2344,9 @@ int main(void) {
       TEST(clone_keeps_synthetic_addresses), TEST(hosts_file_long_lines),
       TEST(refused_packets_recorded), TEST(backend_counters_instead_of_the_agent),
       TEST(early_refusals_name_the_address), TEST(wildcard_names_capped),
-      TEST(refusals_survive_a_flood),  TEST(dns_cache_per_owner),
+      TEST(refusals_survive_a_flood), TEST(dns_cache_per_owner),
+      TEST(self_refusal_covers_every_address), TEST(self_refusal_with_many_descriptors),
+      TEST(own_listener_never_reached),
   };
   int r = test_run_all(cases, ARRAY_SIZE(cases));
   teardown();
