@@ -466,6 +466,70 @@ static void quota_refused_with_the_way_out(void) {
   cfg.stages_max_mb = saved;
 }
 
+/* A stage of NAME whose "ram" is MIB MiB of written bytes: 0 and the
+ * stage, or stage_finish's error (*RET_ERR, to free). */
+static int make_mib(const char *name, unsigned mib, struct stage **ret, char **ret_err) {
+  char *dir = NULL;
+  int r = stage_begin(0, &dir, ret_err);
+  if (r < 0)
+    return r;
+  _cleanup_free_ char *p = xasprintf("%s/ram", dir);
+  int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  static char buf[1 << 20];
+  memset(buf, 'q', sizeof buf);
+  for (unsigned i = 0; i < mib && fd >= 0; i++)
+    CHECK(write(fd, buf, sizeof buf) == sizeof buf);
+  if (fd >= 0)
+    close(fd);
+  r = stage_finish(dir, name, false, &vm_new, ret, ret_err);
+  free(dir);
+  return r;
+}
+
+/* The quota counts what is used plus the new stage: two stages that each
+ * fit under the cap alone but not together, the second is refused, both
+ * when it is begun (its announced need) and when it is finished (its
+ * measured size); a small one that fits beside the first is taken. */
+static void quota_counts_used_plus_new(void) {
+  unsigned saved = cfg.stages_max_mb;
+  cfg.stages_max_mb = 3;
+  struct stage *first = NULL, *second = NULL, *small = NULL;
+  char *err = NULL, *dir = NULL;
+  CHECK_EQ_INT(make_mib("quota/first", 2, &first, &err), 0);
+  CHECK(first != NULL);
+  free(err);
+  err = NULL;
+  /* 2 MiB used, 2 MiB more announced: fits alone, not together. */
+  CHECK_EQ_INT(stage_begin(2 << 20, &dir, &err), -ENOSPC);
+  CHECK(dir == NULL && err && strstr(err, "this one may need 2 MiB") &&
+        strstr(err, "of the 3 MiB IGN_MCP_STAGES_MAX_MB"));
+  if (dir)
+    stage_abort(dir);
+  free(dir);
+  free(err);
+  err = NULL;
+  /* Announced as nothing, measured at finish. */
+  CHECK_EQ_INT(make_mib("quota/second", 2, &second, &err), -ENOSPC);
+  CHECK(second == NULL && err && strstr(err, "IGN_MCP_STAGES_MAX_MB") && strstr(err, "stage_rm"));
+  _cleanup_free_ char *second_dir = xasprintf("%s/stages/quota+second", store);
+  CHECK(!exists(second_dir));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(make_mib("quota/small", 0, &small, &err), 0);
+  free(err);
+  err = NULL;
+  if (second) { /* only when the cap let it through */
+    stage_unref(second);
+    stage_rm("quota/second", "", &err);
+  }
+  stage_unref(small);
+  stage_unref(first);
+  CHECK_EQ_INT(stage_rm("quota/small", "", &err), 0);
+  CHECK_EQ_INT(stage_rm("quota/first", "", &err), 0);
+  free(err);
+  cfg.stages_max_mb = saved;
+}
+
 static void flipped_byte_fails_first_open(void) {
   struct stage *s = make("flip", "0123456789", false, NULL, NULL);
   if (!s)
@@ -895,7 +959,7 @@ TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(make_open_list_info_rm),
           TEST(replace_only_when_asked), TEST(stages_belong_to_their_owner),
           TEST(stages_without_an_owner_are_the_empty_owners), TEST(anonymous_goes_with_last_ref),
-          TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
+          TEST(quota_refused_with_the_way_out), TEST(quota_counts_used_plus_new), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
           TEST(concurrent_opens_share_one_stage), TEST(hostile_tree_neither_followed_nor_hanging),
