@@ -369,22 +369,23 @@ int vm_warm_clone(int fd, uint32_t timeout_ms, char **ret_err) {
 
 /* The VM's log, opened to read as root.  Its state directory belongs to
  * QEMU's uid, which can replace qemu.log with a link to a file only root may
- * read, or with a FIFO: the log is opened relative to the directory without
- * following a link, and used only if it is a regular file with no other
- * name (a hard link to another file has two).  -1 otherwise. */
+ * read, with a hard link to one, or with a FIFO: the log is opened relative
+ * to the directory by fs_open_one_name (no link followed, a regular file
+ * with one name, QEMU's uid's), as the copy kept after the VM is
+ * (runlog_keep_serial).  -1 otherwise. */
 static int open_log(const struct vm *v) {
   if (!v->dir)
     return -1;
   _cleanup_close_ int dfd = open(v->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0)
     return -1;
-  int fd = openat(dfd, "qemu.log", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  struct stat st;
-  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
-    log_warn("%s/qemu.log is not the log QEMU was given (not a regular file with one name); "
-             "not reading it",
-             v->dir);
-    close(fd);
+  /* A QEMU of a user's server runs as the user: its log is the server's. */
+  uid_t owner = v->uid ? v->uid : geteuid();
+  int fd = -1;
+  _cleanup_free_ char *why = NULL;
+  int r = fs_open_one_name(dfd, "qemu.log", owner, &fd, &why);
+  if (r < 0 && r != -ENOENT) {
+    log_warn("%s/qemu.log is not the log QEMU was given (%s): not reading it", v->dir, why);
     return -1;
   }
   return fd;
