@@ -47,7 +47,13 @@ struct stage {
   char *inputs_id;          /* sandbox_ops.inputs_id when it was made */
   char *carries;            /* "memory", "files" */
   char *owner;              /* who committed it; "" for a stage that records none */
-  char *dir;                /* the directory with the backend's files */
+  char *dir;                /* the directory with the backend's files, by name (messages) */
+  /* That directory as checked when the stage was opened (or made): O_PATH.
+   * A backend opens the stage's files relative to it (stage_open_file), never
+   * by DIR: another server's commit(..., replace) or stage_rm may rename a
+   * different stage onto DIR at any time, and the files this one checked
+   * are then elsewhere (held until the last reference goes). */
+  int dir_fd;
   uint64_t bytes;           /* allocated on disk (blocks, not apparent sizes) */
   int64_t created;          /* Unix time, seconds */
   /* Private to stage.c. */
@@ -95,6 +101,12 @@ int stage_finish(const char *dir, const char *name, bool replace, const struct s
  * the first open by this server).  *ret is a new reference. */
 int stage_open(const char *name, const char *owner, const char *backend, const char *inputs_id,
                struct stage **ret, char **ret_err);
+/* Opens NAME (one component) of stage S relative to its checked directory
+ * (S->dir_fd), without following a link: FLAGS are openat's (O_NOFOLLOW and
+ * O_CLOEXEC are added).  0 and *ret_fd, or -errno with *ret_err naming the
+ * stage and the way out (stage_rm, commit again). */
+int stage_open_file(const struct stage *s, const char *name, int flags, int *ret_fd,
+                    char **ret_err);
 void stage_ref(struct stage *s);
 /* Drops a reference; the last one of a removed or anonymous stage deletes
  * its files (when no other server holds it). */
