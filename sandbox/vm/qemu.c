@@ -286,14 +286,20 @@ static int wait_incoming(struct vm *v, uint32_t timeout_ms, char **ret_err) {
 /* Loads a snapshot's state (BASE_DIR/state) into a clone waiting in
  * -incoming defer. */
 int vm_restore(struct vm *v, const char *base_dir, char **ret_err) {
-  uint64_t t0 = mono_us();
   _cleanup_free_ char *state = xasprintf("%s/state", base_dir);
-  _cleanup_close_ int fd = open(state, O_RDONLY | O_CLOEXEC);
+  int fd = open(state, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
+    int r = -errno;
     *ret_err = xasprintf("the snapshot's state file %s cannot be read: %s", state,
                          strerror(errno));
-    return -errno;
+    return r;
   }
+  return vm_restore_fd(v, fd, ret_err);
+}
+
+int vm_restore_fd(struct vm *v, int state_fd, char **ret_err) {
+  uint64_t t0 = mono_us();
+  _cleanup_close_ int fd = state_fd;
   int r = qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, ret_err);
   if (r < 0)
     return r;
