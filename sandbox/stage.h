@@ -12,7 +12,10 @@
  * temporary directory (stage_begin) and the directory is renamed into place
  * with its meta last (stage_finish); a temporary directory of a server that
  * died is removed by the next.  Its files' checksums are verified the first
- * time a server opens the stage.
+ * time a server opens the stage, through a descriptor of its directory that
+ * the stage keeps (dir_fd): backends open its files relative to that
+ * (stage_open_file), so a session gets the files that were checked, whatever
+ * another server renames onto the name since.
  *
  * Sharing: servers that use the same store share its stages.  Changes to
  * the names (finish, replace, rm) happen under an flock on stages/.lock; a
