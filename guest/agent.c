@@ -5,12 +5,14 @@
  *                  serve the protocol on fd N with no setup (tests, benchmarks);
  *                  --egress captures the traffic of the network namespace
  *                  we run in first (for tests that made one)
- *   --ns --rootfs DIR [--rootfs-fd N] [--stage DIR | --stage-fd N]
+ *   --ns --rootfs DIR [--rootfs-fd N] [--stage DIR --stage-inode D:I | --stage-fd N]
  *        --overlay-mb N --hostname H
  *                  PID 1 of a namespace sandbox the server has cloned (root
  *                  of its own user namespace): build the sandbox (ns_setup.c)
  *                  from the rootfs tree, or from the idmapped mount of it on
- *                  fd N, with a stage's layer over it when given, capture
+ *                  fd N, with a stage's layer over it when given (by
+ *                  name: it must be the directory D:I the server checked),
+ *                  capture
  *                  its traffic (egress_nl.c), drop privileges (confine.c),
  *                  serve on fd 3
  *   --probe-egress try the capture in a user and network namespace of our

@@ -64,7 +64,9 @@
  * setup tmpfs) onto its own stage's layer, into one tree; a session from a
  * stage gets that tree as a second lower layer above the rootfs
  * (lowerdir=/stage:/lower), idmapped like the rootfs as root, bound from
- * /oldroot as a user.  Processes are not carried: "files".
+ * /oldroot as a user; either way the layer of the directory checked when
+ * the stage was opened, never whatever has its name by then.  Processes
+ * are not carried: "files".
  *
  * Life and death: the agent's channel is one end of a socketpair whose other
  * end only the server holds, and the agent exits when it reads EOF; it also
@@ -73,10 +75,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -491,8 +493,15 @@ static int ns_open_layer(const struct stage *stage, int *ret_fd, char **ret_path
                          char **ret_err) {
   _cleanup_close_ int fd = -1;
   int r = stage_open_file(stage, "layer", O_PATH | O_DIRECTORY, &fd, ret_err);
+  if (r == -ELOOP || r == -ENOTDIR) {
+    free(*ret_err);
+    *ret_err = xasprintf("stage %s cannot be used: %s/layer is not a directory of its own (%s); "
+                         "remove the stage with stage_rm and commit it again",
+                         stage->name ? stage->name : stage->id, stage->dir, strerror(-r));
+    return -EBADMSG;
+  }
   if (r < 0)
-    return r == -ELOOP || r == -ENOTDIR ? -EBADMSG : r;
+    return r;
   char proc[64], path[PATH_MAX];
   snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
   ssize_t n = readlink(proc, path, sizeof path - 1);
@@ -608,7 +617,8 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   snprintf(stage_fd_arg, sizeof stage_fd_arg, "%d", NS_STAGE_FD);
   /* A stage's layer: as root an idmapped mount like the rootfs's (its
    * files belong to on-disk uids 0..65535, the sandbox's through the
-   * mapping); as a user its path, which the agent binds from /oldroot. */
+   * mapping); as a user its path now and its inode, which the agent binds
+   * from /oldroot and checks. */
   char *argv[16] = {"ign-agent", "--ns", "--rootfs", (char *)cfg->rootfs, "--overlay-mb",
                     overlay, "--hostname", (char *)session_id};
   size_t argc = 8;
