@@ -1,5 +1,6 @@
 /* fs.c: removing trees that someone else may have filled (QEMU's state
- * directories, a sandbox's files), and making directories. */
+ * directories, a sandbox's files), reading a file from such a directory,
+ * and making directories. */
 #include "common/fs.h"
 
 #include <dirent.h>
@@ -7,6 +8,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,3 +134,30 @@ int fs_mkdir_p(const char *path, mode_t parents_mode, mode_t mode) {
   return 0;
 }
 
+
+int fs_open_one_name(int dir_fd, const char *name, uid_t owner, int *ret_fd, char **ret_why) {
+  _cleanup_close_ int fd =
+      openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    int r = -errno;
+    *ret_why = r == -ELOOP ? xasprintf("it is a symbolic link") : xasprintf("%s", strerror(-r));
+    return r;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *ret_why = xasprintf("it is not a regular file");
+    return -EINVAL;
+  }
+  if (st.st_nlink != 1) {
+    *ret_why = xasprintf("it has %ju names, a hard link to a file elsewhere",
+                         (uintmax_t)st.st_nlink);
+    return -EMLINK;
+  }
+  if (st.st_uid != owner) {
+    *ret_why = xasprintf("it belongs to uid %u, not to uid %u", (unsigned)st.st_uid,
+                         (unsigned)owner);
+    return -EPERM;
+  }
+  *ret_fd = steal_fd(fd);
+  return 0;
+}

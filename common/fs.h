@@ -12,3 +12,11 @@ void fs_remove_tree(const char *dir);
 /* mkdir -p: the parents it makes with PARENTS_MODE, PATH itself with MODE.
  * 0 or -errno. */
 int fs_mkdir_p(const char *path, mode_t parents_mode, mode_t mode);
+/* Opens NAME in directory DIR_FD to read it where another uid may have put
+ * something in its place (a QEMU's state directory, which belongs to the
+ * QEMU's uid): without following a link, without blocking on a FIFO, and
+ * only a regular file with one name (a hard link to a file elsewhere has
+ * two) that belongs to OWNER.  *ret_fd (O_CLOEXEC), or -errno and *ret_why
+ * (malloc'd) saying what was found instead: -ELOOP a link, -EINVAL not a
+ * regular file, -EMLINK more names, -EPERM another owner. */
+int fs_open_one_name(int dir_fd, const char *name, uid_t owner, int *ret_fd, char **ret_why);

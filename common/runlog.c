@@ -678,28 +678,53 @@ void runlog_close_run(struct runlog *logs[2], const char *open_err, json_t *resu
     json_object_set_new(result, "log_error", json_string(msg));
 }
 
-char *runlog_keep_serial(const char *session_id, const char *src) {
-  if (!src)
-    return NULL;
-  /* The file is the QEMU's (its uid's, when the server is root): never
-   * follow a link there, never block on a FIFO, only a regular file. */
-  _cleanup_close_ int in = open(src, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+int runlog_keep_serial(const char *session_id, const char *src, char **ret_path,
+                       char **ret_err) {
+  const char *slash = src ? strrchr(src, '/') : NULL;
+  if (!slash || !slash[1])
+    return -ENOENT;
+  /* The file is in the QEMU's state directory, which the server handed to
+   * the QEMU's uid (spawn.c) and only root could give to another: the same
+   * checks as the QEMU's log (qemu.c, open_log), relative to the directory,
+   * with the directory's owner as the QEMU's uid.  Its parents are the
+   * server's. */
+  _cleanup_free_ char *dir = strndup(src, (size_t)(slash - src) + (slash == src));
+  if (!dir)
+    return -ENOMEM;
+  _cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
-  if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode))
-    return NULL;
+  if (dfd < 0 || fstat(dfd, &st) < 0)
+    return -ENOENT; /* the VM is gone already: no log to keep */
+  _cleanup_close_ int in = -1;
+  _cleanup_free_ char *why = NULL;
+  int r = fs_open_one_name(dfd, slash + 1, st.st_uid, &in, &why);
+  if (r == -ENOENT)
+    return r;
+  if (r < 0) {
+    log_warn("not keeping the serial log of %s: %s is not the log QEMU was given: %s",
+             session_id, src, why);
+    *ret_err = xasprintf("the guest's serial log was not kept: %s is not the log QEMU was given "
+                         "(%s); the server did not read it",
+                         src, why);
+    return r;
+  }
   char stem[80];
   safe_name(session_id, stem, sizeof stem);
   _cleanup_free_ char *name = xasprintf("%s.serial", stem), *err = NULL;
   pthread_mutex_lock(&rl.lock);
-  int r = rl.cap && rl.dir ? dir_ready_locked(&err) : -ENOENT;
+  r = rl.cap && rl.dir ? dir_ready_locked(&err) : -ENOENT;
   int out = r < 0 ? -1 : openat(rl.dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (r == 0 && out < 0)
+    r = -errno;
   char *path = out >= 0 ? xasprintf("%s/%s", rl.dir, name) : NULL;
   size_t cap = rl.cap;
   pthread_mutex_unlock(&rl.lock);
   if (out < 0) {
-    if (r != -ENOENT)
-      log_warn("cannot keep the serial log of %s: %s", session_id, err ? err : strerror(errno));
-    return NULL;
+    if (r == -ENOENT && !err)
+      return r; /* logs are off */
+    log_warn("cannot keep the serial log of %s: %s", session_id, err ? err : strerror(-r));
+    *ret_err = xasprintf("the guest's serial log was not kept: %s", err ? err : strerror(-r));
+    return r;
   }
   char buf[65536];
   for (size_t total = 0; total < cap;) {
@@ -709,5 +734,6 @@ char *runlog_keep_serial(const char *session_id, const char *src) {
     total += (size_t)n;
   }
   close(out);
-  return path;
+  *ret_path = path;
+  return 0;
 }

@@ -37,6 +37,10 @@ void runlog_close_run(struct runlog *logs[2], const char *open_err, json_t *resu
 
 /* Copies the serial log SRC of a microVM that is going away into the log
  * directory as <session_id>.serial (at most the cap; pruned like the
- * others).  Returns its path (malloc'd), or NULL when there is none or it
- * could not be kept (logged). */
-char *runlog_keep_serial(const char *session_id, const char *src);
+ * others).  SRC lies in the QEMU's state directory: it is read only when it
+ * is a regular file with one name that belongs to the directory's owner (the
+ * QEMU's uid), opened relative to the directory without following a link.
+ * 0 and *ret_path (malloc'd); -ENOENT when there is none or logs are off;
+ * another -errno and *ret_err (for the result) when it was not kept. */
+int runlog_keep_serial(const char *session_id, const char *src, char **ret_path,
+                       char **ret_err);

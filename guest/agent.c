@@ -5,12 +5,14 @@
  *                  serve the protocol on fd N with no setup (tests, benchmarks);
  *                  --egress captures the traffic of the network namespace
  *                  we run in first (for tests that made one)
- *   --ns --rootfs DIR [--rootfs-fd N] [--stage DIR | --stage-fd N]
+ *   --ns --rootfs DIR [--rootfs-fd N] [--stage DIR --stage-inode D:I | --stage-fd N]
  *        --overlay-mb N --hostname H
  *                  PID 1 of a namespace sandbox the server has cloned (root
  *                  of its own user namespace): build the sandbox (ns_setup.c)
  *                  from the rootfs tree, or from the idmapped mount of it on
- *                  fd N, with a stage's layer over it when given, capture
+ *                  fd N, with a stage's layer over it when given (by
+ *                  name: it must be the directory D:I the server checked),
+ *                  capture
  *                  its traffic (egress_nl.c), drop privileges (confine.c),
  *                  serve on fd 3
  *   --probe-egress try the capture in a user and network namespace of our
@@ -582,7 +584,8 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, struct 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ign-agent --serve-fd N [--egress]\n"
-          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N] [--stage ABS_DIR | --stage-fd N]\n"
+          "       ign-agent --ns --rootfs ABS_DIR [--rootfs-fd N]\n"
+          "                 [--stage ABS_DIR --stage-inode DEV:INO | --stage-fd N]\n"
           "                 [--overlay-mb N] [--hostname NAME]\n"
           "       ign-agent --probe-egress\n"
           "Serves the ignition-mcp agent protocol (version %u) on a channel fd.\n",
@@ -599,6 +602,22 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *ret) {
   return 0;
 }
 
+/* "DEV:INO", two decimal numbers. */
+static int parse_inode(const char *s, dev_t *ret_dev, ino_t *ret_ino) {
+  char *end;
+  errno = 0;
+  unsigned long long dev = strtoull(s, &end, 10);
+  if (errno || end == s || *end != ':' || s[0] == '-')
+    return -EINVAL;
+  const char *i = end + 1;
+  unsigned long long ino = strtoull(i, &end, 10);
+  if (errno || end == i || *end || i[0] == '-' || ino == 0)
+    return -EINVAL;
+  *ret_dev = (dev_t)dev;
+  *ret_ino = (ino_t)ino;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, struct agent_options *ret) {
   enum {
     OPT_SERVE_FD = 256,
@@ -607,6 +626,7 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     OPT_ROOTFS_FD,
     OPT_STAGE,
     OPT_STAGE_FD,
+    OPT_STAGE_INODE,
     OPT_OVERLAY_MB,
     OPT_HOSTNAME,
     OPT_HELP,
@@ -621,6 +641,7 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
       {"rootfs-fd", required_argument, NULL, OPT_ROOTFS_FD},
       {"stage", required_argument, NULL, OPT_STAGE},
       {"stage-fd", required_argument, NULL, OPT_STAGE_FD},
+      {"stage-inode", required_argument, NULL, OPT_STAGE_INODE},
       {"overlay-mb", required_argument, NULL, OPT_OVERLAY_MB},
       {"hostname", required_argument, NULL, OPT_HOSTNAME},
       {"help", no_argument, NULL, OPT_HELP},
@@ -672,6 +693,14 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
       }
       o.ns.stage_fd = (int)v;
       break;
+    case OPT_STAGE_INODE:
+      if (parse_inode(optarg, &o.ns.stage_dev, &o.ns.stage_ino) < 0) {
+        agent_log("--stage-inode wants the device and inode numbers of the stage's layer as "
+                  "DEV:INO, got '%s'",
+                  optarg);
+        return -EINVAL;
+      }
+      break;
     case OPT_OVERLAY_MB:
       if (parse_uint(optarg, 1u << 20, &v) < 0 || v == 0) {
         agent_log("--overlay-mb wants a size in MiB (1 to 1048576), got '%s'", optarg);
@@ -717,6 +746,11 @@ static int parse_args(int argc, char **argv, struct agent_options *ret) {
     }
     if (o.ns.stage && o.ns.stage_fd >= 0) {
       agent_log("give at most one of --stage ABS_DIR and --stage-fd N");
+      return -EINVAL;
+    }
+    if ((o.ns.stage != NULL) != (o.ns.stage_ino != 0)) {
+      agent_log("--stage ABS_DIR and --stage-inode DEV:INO go together (the layer is bound by "
+                "its name and must be the directory the server checked)");
       return -EINVAL;
     }
   }

@@ -333,6 +333,11 @@ struct ns_options {
    * idmapped mount of it (root server), or its host path (a user's). */
   int stage_fd;       /* -1: none */
   const char *stage;  /* NULL: none */
+  /* With STAGE: the device and inode of the layer the server checked.  The
+   * path is bound by name, and another server may rename a different stage
+   * onto it meanwhile: what was bound must be this directory. */
+  dev_t stage_dev;
+  ino_t stage_ino;
   unsigned overlay_mb;
   const char *hostname;
 };

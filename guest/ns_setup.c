@@ -185,8 +185,12 @@ static bool ns_in_userns(void) {
 
 /* Puts a lower layer at AT (/lower, /stage): the server's mount of it on
  * FD (an idmapped one), or a bind of PATH as seen from the host
- * (/oldroot/PATH).  WHAT names it in messages. */
-static int ns_attach_layer(const char *what, const char *path, int fd, const char *at) {
+ * (/oldroot/PATH).  WHAT names it in messages.  INO (not 0): what was
+ * bound must be the directory DEV:INO, the one the server checked; a name
+ * is only a name, and another server may have renamed a different
+ * directory onto it since. */
+static int ns_attach_layer(const char *what, const char *path, int fd, const char *at,
+                           dev_t dev, ino_t ino) {
   char host[PATH_MAX];
   struct stat st;
   /* Any absolute path: it reaches overlayfs as AT, not in its options
@@ -212,7 +216,18 @@ static int ns_attach_layer(const char *what, const char *path, int fd, const cha
     errno = ENOTDIR;
     return ns_fail("%s '%s'", what, path);
   }
-  return ns_bind(host, at);
+  int r = ns_bind(host, at);
+  if (r < 0 || ino == 0)
+    return r;
+  if (stat(at, &st) < 0)
+    return ns_fail("cannot stat %s", at);
+  if (st.st_dev != dev || st.st_ino != ino) {
+    errno = ESTALE;
+    return ns_fail("%s '%s' is no longer the directory the server checked (another was renamed "
+                   "onto its name meanwhile)",
+                   what, path);
+  }
+  return 0;
 }
 
 /* Step 3: the rootfs tree under a writable overlay at /newroot, with a
@@ -226,11 +241,11 @@ static int ns_mount_overlay(const struct ns_options *o) {
    * at /lower and /stage (the server's idmapped mounts, or bound there), so
    * that they name them and not their host paths.  Both go with the setup
    * tmpfs at the end; the overlay keeps its own references to its layers. */
-  if ((r = ns_attach_layer("rootfs", o->rootfs, o->rootfs_fd, "/lower")) < 0)
+  if ((r = ns_attach_layer("rootfs", o->rootfs, o->rootfs_fd, "/lower", 0, 0)) < 0)
     return r;
   bool stage = o->stage_fd >= 0 || o->stage;
-  if (stage &&
-      (r = ns_attach_layer("stage", o->stage ? o->stage : "(fd)", o->stage_fd, "/stage")) < 0)
+  if (stage && (r = ns_attach_layer("stage", o->stage ? o->stage : "(fd)", o->stage_fd, "/stage",
+                                    o->stage_dev, o->stage_ino)) < 0)
     return r;
   snprintf(opts, sizeof opts, "lowerdir=%s/lower,upperdir=/upper,workdir=/work%s",
            stage ? "/stage:" : "", ns_in_userns() ? ",userxattr" : "");

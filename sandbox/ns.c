@@ -64,7 +64,9 @@
  * setup tmpfs) onto its own stage's layer, into one tree; a session from a
  * stage gets that tree as a second lower layer above the rootfs
  * (lowerdir=/stage:/lower), idmapped like the rootfs as root, bound from
- * /oldroot as a user.  Processes are not carried: "files".
+ * /oldroot as a user; either way the layer of the directory checked when
+ * the stage was opened, never whatever has its name by then.  Processes
+ * are not carried: "files".
  *
  * Life and death: the agent's channel is one end of a socketpair whose other
  * end only the server holds, and the agent exits when it reads EOF; it also
@@ -73,6 +75,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -480,19 +483,39 @@ static int ns_release(int sync_fd, int tree_fd, int stage_fd) {
 
 static int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err);
 
-/* STAGE's layer/ as an O_PATH fd: neither the stage's directory nor its
- * layer may be a link (what would be laid is then outside the stage). */
-static int ns_open_layer(const struct stage *stage, int *ret_fd, char **ret_err) {
-  _cleanup_close_ int dir = open(stage->dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  int fd = dir < 0 ? -1 : openat(dir, "layer", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    int r = -errno;
+/* STAGE's layer/ as an O_PATH fd, opened relative to the directory checked
+ * when the stage was opened (never by its name, which another server's
+ * commit with replace may give to another stage at any time), without
+ * following a link: *ret_fd, and *ret_path, where it is now (for the agent
+ * of a user's server, which binds it by that name and checks that it bound
+ * this directory, and for messages). */
+static int ns_open_layer(const struct stage *stage, int *ret_fd, char **ret_path,
+                         char **ret_err) {
+  _cleanup_close_ int fd = -1;
+  int r = stage_open_file(stage, "layer", O_PATH | O_DIRECTORY, &fd, ret_err);
+  if (r == -ELOOP || r == -ENOTDIR) {
+    free(*ret_err);
     *ret_err = xasprintf("stage %s cannot be used: %s/layer is not a directory of its own (%s); "
                          "remove the stage with stage_rm and commit it again",
-                         stage->name ? stage->name : stage->id, stage->dir, strerror(errno));
-    return r == -ELOOP || r == -ENOTDIR ? -EBADMSG : r;
+                         stage->name ? stage->name : stage->id, stage->dir, strerror(-r));
+    return -EBADMSG;
   }
-  *ret_fd = fd;
+  if (r < 0)
+    return r;
+  char proc[64], path[PATH_MAX];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(proc, path, sizeof path - 1);
+  if (n <= 0 || (size_t)n >= sizeof path - 1 || path[0] != '/') {
+    r = n < 0 ? -errno : -ENAMETOOLONG;
+    *ret_err = xasprintf("the layer of stage %s cannot be located (%s): is /proc mounted?",
+                         stage->name ? stage->name : stage->id, strerror(-r));
+    return r;
+  }
+  path[n] = '\0';
+  *ret_path = strdup(path);
+  if (!*ret_path)
+    return -ENOMEM;
+  *ret_fd = steal_fd(fd);
   return 0;
 }
 
@@ -525,13 +548,26 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   bool root = ns_as_root();
   unsigned host_uid = (unsigned)geteuid();
   _cleanup_close_ int tree_fd = -1, stage_fd = -1;
-  _cleanup_free_ char *layer = cfg->stage ? xasprintf("%s/layer", cfg->stage->dir) : NULL;
+  _cleanup_free_ char *layer = NULL;
   int r;
-  /* The stage's directory and its layer, opened without following a link
-   * (the mount is made of this fd: a name swapped meanwhile is not used). */
+  /* The stage's layer, opened relative to the checked directory without
+   * following a link: a root server mounts this fd; a user's agent binds
+   * its path and checks that it bound this directory (its inode). */
   _cleanup_close_ int layer_fd = -1;
-  if (layer && (r = ns_open_layer(cfg->stage, &layer_fd, ret_err)) < 0)
-    return r;
+  char layer_inode[48] = "";
+  if (cfg->stage) {
+    struct stat lst;
+    if ((r = ns_open_layer(cfg->stage, &layer_fd, &layer, ret_err)) < 0)
+      return r;
+    if (fstat(layer_fd, &lst) < 0) {
+      r = -errno;
+      *ret_err = xasprintf("cannot examine the layer of stage %s: %s",
+                           cfg->stage->name ? cfg->stage->name : cfg->stage->id, strerror(errno));
+      return r;
+    }
+    snprintf(layer_inode, sizeof layer_inode, "%ju:%ju", (uintmax_t)lst.st_dev,
+             (uintmax_t)lst.st_ino);
+  }
   if (root && (r = ns_uid_take(cfg->ns_uid_base, &host_uid, sb->uid_lock_fds, ret_err)) < 0)
     return r;
 
@@ -581,13 +617,18 @@ static int ns_create(const struct sandbox_config *cfg, const char *session_id,
   snprintf(stage_fd_arg, sizeof stage_fd_arg, "%d", NS_STAGE_FD);
   /* A stage's layer: as root an idmapped mount like the rootfs's (its
    * files belong to on-disk uids 0..65535, the sandbox's through the
-   * mapping); as a user its path, which the agent binds from /oldroot. */
+   * mapping); as a user its path now and its inode, which the agent binds
+   * from /oldroot and checks. */
   char *argv[16] = {"ign-agent", "--ns", "--rootfs", (char *)cfg->rootfs, "--overlay-mb",
                     overlay, "--hostname", (char *)session_id};
   size_t argc = 8;
   if (layer) {
     argv[argc++] = root ? "--stage-fd" : "--stage";
     argv[argc++] = root ? stage_fd_arg : layer;
+    if (!root) {
+      argv[argc++] = "--stage-inode";
+      argv[argc++] = layer_inode;
+    }
   }
   argv[argc++] = "--rootfs-fd";
   argv[argc++] = rootfs_fd;

@@ -764,7 +764,7 @@ static char *dup_or_null(const char *s) {
   return d;
 }
 
-static struct stage_obj *obj_new(const struct meta *m, const char *dir, int hold_fd,
+static struct stage_obj *obj_new(const struct meta *m, const char *dir, int dir_fd, int hold_fd,
                                  const struct stat *st) {
   struct stage_obj *o = calloc(1, sizeof *o);
   if (!o)
@@ -782,6 +782,7 @@ static struct stage_obj *obj_new(const struct meta *m, const char *dir, int hold
   o->s.created = m->created;
   o->s.refs = 1;
   o->s.hold_fd = hold_fd;
+  o->s.dir_fd = dir_fd;
   o->dev = st->st_dev;
   o->ino = st->st_ino;
   return o;
@@ -790,6 +791,8 @@ static struct stage_obj *obj_new(const struct meta *m, const char *dir, int hold
 static void obj_free(struct stage_obj *o) {
   if (o->s.hold_fd >= 0)
     close(o->s.hold_fd);
+  if (o->s.dir_fd >= 0)
+    close(o->s.dir_fd);
   free(o->s.name);
   free(o->s.id);
   free(o->s.parent);
@@ -1148,6 +1151,15 @@ static int finish_checked(const char *dir, const char *name, bool replace,
     *ret_err = xasprintf("cannot hold %s/meta.json: %s", dir, strerror(-r));
     return r;
   }
+  /* The directory being made, which the rename below puts into place: its
+   * files are opened relative to it, whatever is renamed onto its name
+   * later. */
+  _cleanup_close_ int dir_fd = openat(dfd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    r = -errno;
+    *ret_err = xasprintf("cannot open %s: %s", dir, strerror(errno));
+    return r;
+  }
   int lock = stages_lock(ret_err);
   if (lock < 0)
     return lock;
@@ -1160,7 +1172,7 @@ static int finish_checked(const char *dir, const char *name, bool replace,
                    .parent_name = in->parent ? in->parent->name : NULL, .backend = in->backend,
                    .inputs_id = in->inputs_id, .carries = in->carries, .bytes = bytes,
                    .created = created, .owner = in->owner ? in->owner : ""};
-  struct stage_obj *o = obj_new(&m, placed, steal_fd(fd), &st);
+  struct stage_obj *o = obj_new(&m, placed, steal_fd(dir_fd), steal_fd(fd), &st);
   pthread_mutex_lock(&reg_lock);
   reg_add(o);
   verified_add(id);
@@ -1221,13 +1233,14 @@ static int meta_read_owned(int fd, const char *name, const char *owner, struct m
 
 /* Opens and holds NAME's meta.json, and opens its directory, under the
  * names lock, so that neither is moved aside in between: the meta's fd
- * (*RET_DIR_FD the directory's), or -errno with *ret_err. */
+ * (*RET_DIR_FD the directory's, O_PATH: the stage is checked through it and
+ * its files are opened relative to it), or -errno with *ret_err. */
 static int open_held(const char *name, const char *dir, int *ret_dir_fd, char **ret_err) {
   int lock = stages_lock(ret_err);
   if (lock < 0)
     return lock;
   int fd = hold(dir);
-  int dfd = fd >= 0 ? open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+  int dfd = fd >= 0 ? open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
   int e = errno;
   close(lock);
   if (fd >= 0 && dfd < 0) {
@@ -1331,7 +1344,7 @@ int stage_open(const char *name, const char *owner, const char *backend, const c
       o->s.refs++;
     } else {
       m.name = name; /* where it is now, whatever it was made as */
-      o = obj_new(&m, dir, steal_fd(fd), &st);
+      o = obj_new(&m, dir, steal_fd(dir_fd), steal_fd(fd), &st);
       reg_add(o);
     }
     pthread_mutex_unlock(&reg_lock);
@@ -1339,6 +1352,21 @@ int stage_open(const char *name, const char *owner, const char *backend, const c
   }
   json_decref(m.j);
   return r;
+}
+
+int stage_open_file(const struct stage *s, const char *name, int flags, int *ret_fd,
+                    char **ret_err) {
+  int fd = s->dir_fd < 0 ? -EBADF : openat(s->dir_fd, name, flags | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int r = s->dir_fd < 0 ? -EBADF : -errno;
+    *ret_err = xasprintf("the stage %s (%s) cannot be used: its %s cannot be opened (%s); remove "
+                         "it with stage_rm and commit it again",
+                         s->name ? s->name : "(a fork's)", s->id, name,
+                         r == -ELOOP ? "it is a link" : strerror(-r));
+    return r;
+  }
+  *ret_fd = fd;
+  return 0;
 }
 
 void stage_ref(struct stage *s) {

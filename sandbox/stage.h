@@ -12,7 +12,10 @@
  * temporary directory (stage_begin) and the directory is renamed into place
  * with its meta last (stage_finish); a temporary directory of a server that
  * died is removed by the next.  Its files' checksums are verified the first
- * time a server opens the stage.
+ * time a server opens the stage, through a descriptor of its directory that
+ * the stage keeps (dir_fd): backends open its files relative to that
+ * (stage_open_file), so a session gets the files that were checked, whatever
+ * another server renames onto the name since.
  *
  * Sharing: servers that use the same store share its stages.  Changes to
  * the names (finish, replace, rm) happen under an flock on stages/.lock; a
@@ -47,7 +50,13 @@ struct stage {
   char *inputs_id;          /* sandbox_ops.inputs_id when it was made */
   char *carries;            /* "memory", "files" */
   char *owner;              /* who committed it; "" for a stage that records none */
-  char *dir;                /* the directory with the backend's files */
+  char *dir;                /* the directory with the backend's files, by name (messages) */
+  /* That directory as checked when the stage was opened (or made): O_PATH.
+   * A backend opens the stage's files relative to it (stage_open_file), never
+   * by DIR: another server's commit(..., replace) or stage_rm may rename a
+   * different stage onto DIR at any time, and the files this one checked
+   * are then elsewhere (held until the last reference goes). */
+  int dir_fd;
   uint64_t bytes;           /* allocated on disk (blocks, not apparent sizes) */
   int64_t created;          /* Unix time, seconds */
   /* Private to stage.c. */
@@ -95,6 +104,12 @@ int stage_finish(const char *dir, const char *name, bool replace, const struct s
  * the first open by this server).  *ret is a new reference. */
 int stage_open(const char *name, const char *owner, const char *backend, const char *inputs_id,
                struct stage **ret, char **ret_err);
+/* Opens NAME (one component) of stage S relative to its checked directory
+ * (S->dir_fd), without following a link: FLAGS are openat's (O_NOFOLLOW and
+ * O_CLOEXEC are added).  0 and *ret_fd, or -errno with *ret_err naming the
+ * stage and the way out (stage_rm, commit again). */
+int stage_open_file(const struct stage *s, const char *name, int flags, int *ret_fd,
+                    char **ret_err);
 void stage_ref(struct stage *s);
 /* Drops a reference; the last one of a removed or anonymous stage deletes
  * its files (when no other server holds it). */

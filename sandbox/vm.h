@@ -11,6 +11,8 @@
 
 #include "sandbox/sandbox.h"
 
+#define VM_SPAWN_BINDS 4
+
 struct vm_spawn_req {
   const char *qemu;
   char *const *argv;
@@ -21,11 +23,14 @@ struct vm_spawn_req {
   const char *hide;              /* hidden too: where the other QEMUs' state directories are */
   /* Files QEMU reads through its state directory: each SRC is bind-mounted
    * (read-only unless WRITABLE) onto DIR/NAME in QEMU's mount namespace, so
-   * the unprivileged QEMU needs no access to the directories above them. */
+   * the unprivileged QEMU needs no access to the directories above them.
+   * vm_spawn opens SRC first and QEMU gets that file or does not start
+   * (a bind is made by name: the file's name then, its inode checked); SRC
+   * may be /proc/self/fd/N of a file the caller holds open. */
   struct vm_bind {
     const char *src, *name;
     bool writable;
-  } binds[4];
+  } binds[VM_SPAWN_BINDS];
   int qmp_fd, agent_fd;          /* become fds 3 and 4 */
   uid_t uid;                     /* 0: keep the server's uid */
   gid_t gid, kvm_gid;

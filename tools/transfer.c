@@ -619,7 +619,9 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
 
   /* Teardown: nothing outlives the call. */
   json_t *sinfo = json_object_get(info, "serial_log_path");
-  _cleanup_free_ char *serial = o ? runlog_keep_serial(id, json_string_value(sinfo)) : NULL;
+  _cleanup_free_ char *serial = NULL, *serial_err = NULL;
+  if (o)
+    runlog_keep_serial(id, json_string_value(sinfo), &serial, &serial_err);
   uint64_t td0 = mono_ms();
   session_end_ephemeral(&l);
   uint64_t teardown_ms = mono_ms() - td0;
@@ -650,6 +652,8 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
   json_object_set_new(o, "mem_mib", json_integer(vm ? cfg.vm_memory_mb : cfg.memory_mb));
   if (serial)
     json_object_set_new(o, "serial_log_path", json_string(serial));
+  else if (serial_err)
+    json_object_set_new(o, "serial_log_error", json_string(serial_err));
   if (json_array_size(copied))
     json_object_set_new(o, "copied", copied);
   else

@@ -120,6 +120,8 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
              struct vm **ret, bool *ret_exited, char **ret_err);
 /* Loads a snapshot's state (DIR/state) into a clone waiting in -incoming defer. */
 int vm_restore(struct vm *v, const char *base_dir, char **ret_err);
+/* The same from the state file open as STATE_FD (taken: closed here). */
+int vm_restore_fd(struct vm *v, int state_fd, char **ret_err);
 /* Runs a clone once (HELLO, SETUP, `true`) before the pool stops it. */
 int vm_warm_clone(int fd, uint32_t timeout_ms, char **ret_err);
 /* Streams SRC (running) live into LOADER (a VM_LOADER waiting): SRC's RAM

@@ -286,14 +286,20 @@ static int wait_incoming(struct vm *v, uint32_t timeout_ms, char **ret_err) {
 /* Loads a snapshot's state (BASE_DIR/state) into a clone waiting in
  * -incoming defer. */
 int vm_restore(struct vm *v, const char *base_dir, char **ret_err) {
-  uint64_t t0 = mono_us();
   _cleanup_free_ char *state = xasprintf("%s/state", base_dir);
-  _cleanup_close_ int fd = open(state, O_RDONLY | O_CLOEXEC);
+  int fd = open(state, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
+    int r = -errno;
     *ret_err = xasprintf("the snapshot's state file %s cannot be read: %s", state,
                          strerror(errno));
-    return -errno;
+    return r;
   }
+  return vm_restore_fd(v, fd, ret_err);
+}
+
+int vm_restore_fd(struct vm *v, int state_fd, char **ret_err) {
+  uint64_t t0 = mono_us();
+  _cleanup_close_ int fd = state_fd;
   int r = qmp_getfd(v->qmp, fd, "snap", QMP_TIMEOUT_MS, ret_err);
   if (r < 0)
     return r;
@@ -369,22 +375,23 @@ int vm_warm_clone(int fd, uint32_t timeout_ms, char **ret_err) {
 
 /* The VM's log, opened to read as root.  Its state directory belongs to
  * QEMU's uid, which can replace qemu.log with a link to a file only root may
- * read, or with a FIFO: the log is opened relative to the directory without
- * following a link, and used only if it is a regular file with no other
- * name (a hard link to another file has two).  -1 otherwise. */
+ * read, with a hard link to one, or with a FIFO: the log is opened relative
+ * to the directory by fs_open_one_name (no link followed, a regular file
+ * with one name, QEMU's uid's), as the copy kept after the VM is
+ * (runlog_keep_serial).  -1 otherwise. */
 static int open_log(const struct vm *v) {
   if (!v->dir)
     return -1;
   _cleanup_close_ int dfd = open(v->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0)
     return -1;
-  int fd = openat(dfd, "qemu.log", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  struct stat st;
-  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
-    log_warn("%s/qemu.log is not the log QEMU was given (not a regular file with one name); "
-             "not reading it",
-             v->dir);
-    close(fd);
+  /* A QEMU of a user's server runs as the user: its log is the server's. */
+  uid_t owner = v->uid ? v->uid : geteuid();
+  int fd = -1;
+  _cleanup_free_ char *why = NULL;
+  int r = fs_open_one_name(dfd, "qemu.log", owner, &fd, &why);
+  if (r < 0 && r != -ENOENT) {
+    log_warn("%s/qemu.log is not the log QEMU was given (%s): not reading it", v->dir, why);
     return -1;
   }
   return fd;

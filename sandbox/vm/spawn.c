@@ -76,10 +76,12 @@ struct spawn_job {
   bool drop_uid;
   int ll_ruleset;           /* landlock ruleset fd, or -1 */
   bool limit_fsize;
-  const char *bind_src[4];
-  char bind_dst[4][4096];
-  unsigned long bind_flags[4]; /* MS_* the read-only remount must keep (see bind_flags) */
-  bool bind_ro[4];
+  char bind_src[VM_SPAWN_BINDS][4096]; /* where each input is now (the server opened it) */
+  char bind_dst[VM_SPAWN_BINDS][4096];
+  dev_t bind_dev[VM_SPAWN_BINDS];      /* ... and what it is: the bind must be that file */
+  ino_t bind_ino[VM_SPAWN_BINDS];
+  unsigned long bind_flags[VM_SPAWN_BINDS]; /* MS_* the read-only remount must keep (see bind_flags) */
+  bool bind_ro[VM_SPAWN_BINDS];
   int n_binds;
   pid_t ret_pid;
 };
@@ -107,7 +109,7 @@ static _Noreturn void child_fail(int log_fd, const char *what, const char *path,
                                       [EACCES] = "EACCES", [EBUSY] = "EBUSY",
                                       [EINVAL] = "EINVAL", [ENOSPC] = "ENOSPC",
                                       [ENOSYS] = "ENOSYS", [EROFS] = "EROFS",
-                                      [ENOEXEC] = "ENOEXEC"};
+                                      [ENOEXEC] = "ENOEXEC", [ESTALE] = "ESTALE"};
   char num[16];
   size_t n = sizeof num - 1;
   num[n] = '\0';
@@ -171,8 +173,17 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     child_fail(log_fd, "make QEMU's mounts private", NULL, VM_SPAWN_EXIT_BIND);
   for (int i = 0; i < j->n_binds; i++) {
+    struct stat st;
     if (mount(j->bind_src[i], j->bind_dst[i], NULL, MS_BIND, NULL) < 0)
       child_fail(log_fd, "bind-mount an input of QEMU onto", j->bind_dst[i], VM_SPAWN_EXIT_BIND);
+    /* The server opened the input and gave its name; a name can be given
+     * to another file meanwhile (a stage replaced by another server). */
+    if (stat(j->bind_dst[i], &st) < 0 || st.st_dev != j->bind_dev[i] ||
+        st.st_ino != j->bind_ino[i]) {
+      errno = ESTALE;
+      child_fail(log_fd, "bind-mount the input the server opened (another file has its name now) onto",
+                 j->bind_dst[i], VM_SPAWN_EXIT_BIND);
+    }
     if (j->bind_ro[i] && mount(NULL, j->bind_dst[i], NULL,
                                MS_BIND | MS_REMOUNT | MS_RDONLY | j->bind_flags[i], NULL) < 0)
       child_fail(log_fd, "bind-mount an input of QEMU onto", j->bind_dst[i], VM_SPAWN_EXIT_BIND);
@@ -357,6 +368,40 @@ static unsigned long bind_flags(const char *path) {
   return fl;
 }
 
+/* Opens SRC, an input of QEMU, as the child will bind it (links followed):
+ * *ret_fd (O_PATH), where it is now (*ret_path, SIZE bytes) and what it is
+ * (*ret_dev, *ret_ino).  SRC may name a file the caller holds open
+ * (/proc/self/fd/N): the child then binds that very file. */
+static int bind_source(const char *src, int *ret_fd, char *ret_path, size_t size, dev_t *ret_dev,
+                       ino_t *ret_ino, char **ret_err) {
+  _cleanup_close_ int fd = open(src, O_PATH | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    int r = -errno;
+    *ret_err = xasprintf("cannot open %s, an input of QEMU: %s", src, strerror(errno));
+    return r;
+  }
+  char proc[64];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(proc, ret_path, size);
+  if (n <= 0 || (size_t)n >= size || ret_path[0] != '/') {
+    int r = n < 0 ? -errno : -ENAMETOOLONG;
+    *ret_err = xasprintf("cannot locate %s, an input of QEMU (%s): is /proc mounted?", src,
+                         strerror(-r));
+    return r;
+  }
+  ret_path[n] = '\0';
+  *ret_dev = st.st_dev;
+  *ret_ino = st.st_ino;
+  *ret_fd = steal_fd(fd);
+  return 0;
+}
+
+static void close_sources(int (*fds)[VM_SPAWN_BINDS]) {
+  for (size_t i = 0; i < VM_SPAWN_BINDS; i++)
+    closep(&(*fds)[i]);
+}
+
 bool vm_spawn_userns(void) { return getuid() != 0; }
 
 int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
@@ -403,19 +448,29 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
     snprintf(j.uid_map, sizeof j.uid_map, "%u %u 1\n", (unsigned)getuid(), (unsigned)getuid());
     snprintf(j.gid_map, sizeof j.gid_map, "%u %u 1\n", (unsigned)getgid(), (unsigned)getgid());
   }
-  for (size_t i = 0; i < ARRAY_SIZE(req->binds) && req->binds[i].src; i++) {
+  /* Each input is opened here (following links, as a bind would) and held
+   * until QEMU has it: the child binds it by the name it has now, from
+   * /proc/self/fd (a bind cannot take a descriptor of the server's mount
+   * namespace), and checks that what it bound is this file. */
+  __attribute__((cleanup(close_sources))) int src_fds[VM_SPAWN_BINDS] = {-1, -1, -1, -1};
+  int r = 0;
+  for (size_t i = 0; i < ARRAY_SIZE(req->binds) && req->binds[i].src && r == 0; i++) {
     struct vm_bind b = req->binds[i];
     snprintf(j.bind_dst[i], sizeof j.bind_dst[i], "%s/%s", dir, b.name);
     _cleanup_close_ int fd = open(j.bind_dst[i], O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
+      r = -errno;
       *ret_err = xasprintf("cannot create %s: %s", j.bind_dst[i], strerror(errno));
-      return -errno;
+      break;
     }
-    j.bind_src[i] = b.src;
+    r = bind_source(b.src, &src_fds[i], j.bind_src[i], sizeof j.bind_src[i], &j.bind_dev[i],
+                    &j.bind_ino[i], ret_err);
     j.bind_ro[i] = !b.writable;
-    j.bind_flags[i] = bind_flags(b.src);
+    j.bind_flags[i] = bind_flags(j.bind_src[i]);
     j.n_binds++;
   }
+  if (r < 0)
+    return r;
   for (size_t i = 0; i < N_HIDDEN; i++) {
     struct stat st;
     const char *h = j.hidden[i] = i < ARRAY_SIZE(hidden_dirs) ? hidden_dirs[i] : req->hide;
@@ -447,7 +502,7 @@ int vm_spawn(const struct vm_spawn_req *req, pid_t *ret_pid, char **ret_err) {
     }
   }
   j.ll_ruleset = landlock_ruleset(req->dir, req->ram_file_writable);
-  int r = spawner_call(spawn_on_thread, &j);
+  r = spawner_call(spawn_on_thread, &j);
   if (j.ll_ruleset >= 0)
     close(j.ll_ruleset);
   if (r < 0) {

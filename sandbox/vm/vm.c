@@ -397,16 +397,15 @@ static int wait_ready(char **ret_err) {
 
 /* The stage's files must be whole before a QEMU maps them: QEMU would
  * extend a short RAM file with zeros (a guest that hangs or crashes), and a
- * missing one would be created empty. */
-static int check_stage_files(const struct stage *st, char **ret_err) {
+ * missing one would be created empty.  FDS are its "ram" and "state". */
+static int check_stage_files(const struct stage *st, const int fds[2], char **ret_err) {
   static const char *const files[] = {"ram", "state"};
   uint64_t want = (uint64_t)cfg.vm_memory_mb << 20;
   for (size_t i = 0; i < ARRAY_SIZE(files); i++) {
-    _cleanup_free_ char *p = xasprintf("%s/%s", st->dir, files[i]);
     struct stat sb;
     const char *what = NULL;
     _cleanup_free_ char *size_text = NULL;
-    if (lstat(p, &sb) < 0)
+    if (fstat(fds[i], &sb) < 0)
       what = strerror(errno);
     else if (!S_ISREG(sb.st_mode))
       what = "not a regular file";
@@ -416,9 +415,9 @@ static int check_stage_files(const struct stage *st, char **ret_err) {
     else if (i == 1 && sb.st_size == 0)
       what = "empty";
     if (what) {
-      *ret_err = xasprintf("the stage %s cannot be started: its file %s is %s; remove it "
+      *ret_err = xasprintf("the stage %s cannot be started: its file %s/%s is %s; remove it "
                            "(stage_rm) and commit it again from a session",
-                           st->name ? st->name : "(a fork's)", p, what);
+                           st->name ? st->name : "(a fork's)", st->dir, files[i], what);
       return -EBADMSG;
     }
   }
@@ -426,17 +425,28 @@ static int check_stage_files(const struct stage *st, char **ret_err) {
 }
 
 /* A clone restored from stage ST (its ram and state are a base of their
- * own): never a pool clone or a spare of the warm base. */
+ * own): never a pool clone or a spare of the warm base.  Its files are
+ * opened relative to the directory checked when the stage was opened
+ * (stage_open_file), never by the stage's name, which another server's
+ * commit with replace may give to a different stage at any time: QEMU is
+ * handed the RAM file through /proc/self/fd (vm_spawn binds what that
+ * names and checks that it bound that file). */
 static int clone_from_stage(const struct stage *st, struct vm **ret, char **ret_err) {
-  int r = check_stage_files(st, ret_err);
+  _cleanup_close_ int ram_fd = -1, state_fd = -1;
+  int r = stage_open_file(st, "ram", O_PATH, &ram_fd, ret_err);
+  if (r == 0)
+    r = stage_open_file(st, "state", O_RDONLY | O_NONBLOCK, &state_fd, ret_err);
+  if (r == 0)
+    r = check_stage_files(st, (int[]){ram_fd, state_fd}, ret_err);
   if (r < 0)
     return r;
-  _cleanup_free_ char *ram = xasprintf("%s/ram", st->dir);
+  char ram[64];
+  snprintf(ram, sizeof ram, "/proc/self/fd/%d", ram_fd);
   struct vm *v = NULL;
   r = vm_start(VM_CLONE, vmb.accel, ram, NULL, &v, NULL, ret_err);
   if (r < 0)
     return r;
-  r = vm_restore(v, st->dir, ret_err);
+  r = vm_restore_fd(v, steal_fd(state_fd), ret_err);
   if (r < 0) {
     char *m = xasprintf("restoring from the stage %s failed: %s", st->name ? st->name : "(a fork's)",
                         *ret_err);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common/nft_counters.h"
+#include "common/util.h"
 #include "guest/agent.h"
 #include "guest/confine.h"
 #include "tests/unit/agent_client.h"
@@ -77,6 +78,34 @@ static bool sandbox_start_with(struct sandbox *s, const char *rootfs) {
 }
 
 static bool sandbox_start(struct sandbox *s) { return sandbox_start_with(s, ns_rootfs); }
+
+/* Starts the agent as a user's server does with a stage: its layer STAGE
+ * bound by name, which must be the directory INODE ("DEV:INO"). */
+static bool sandbox_start_stage(struct sandbox *s, const char *stage, const char *inode) {
+  int sv[2], errp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 || pipe2(errp, O_CLOEXEC) < 0)
+    return false;
+  char agent[PATH_MAX];
+  if (!realpath(ac_agent_path(), agent))
+    return false;
+  long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
+  pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
+  if (pid < 0)
+    return false;
+  if (pid == 0) {
+    if (dup2(errp[1], 2) < 0 || dup2(sv[1], 3) < 0)
+      _exit(126);
+    execl(agent, "ign-agent", "--ns", "--rootfs", ns_rootfs, "--overlay-mb", NS_OVERLAY_MB,
+          "--hostname", NS_HOSTNAME, "--stage", stage, "--stage-inode", inode, (char *)NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  close(errp[1]);
+  s->pid = pid;
+  s->fd = sv[0];
+  s->err_fd = errp[0];
+  return true;
+}
 
 static int sandbox_stop(struct sandbox *s) {
   close(s->fd);
@@ -620,6 +649,70 @@ static void test_ns_setup_failure_is_reported(void) {
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
 }
 
+/* A user's server hands the agent a stage's layer by name, with the inode
+ * of the directory it checked: the name may have been given to another
+ * directory since (another server's commit with replace renames a
+ * different stage onto it), and the agent then refuses to start rather
+ * than lay the session over files nobody checked. */
+static void test_ns_stage_bound_by_name_must_be_the_checked_one(void) {
+  _cleanup_free_ char *checked = xasprintf("%s/layer-checked", ns_base);
+  _cleanup_free_ char *named = xasprintf("%s/layer-named", ns_base);
+  CHECK(mkdir(checked, 0755) == 0 && mkdir(named, 0755) == 0);
+  _cleanup_free_ char *m1 = xasprintf("%s/marker", checked);
+  _cleanup_free_ char *m2 = xasprintf("%s/marker", named);
+  FILE *f = fopen(m1, "w");
+  if (f) {
+    fputs("checked", f);
+    fclose(f);
+  }
+  f = fopen(m2, "w");
+  if (f) {
+    fputs("renamed onto the name", f);
+    fclose(f);
+  }
+  chmod(m1, 0644);
+  chmod(m2, 0644);
+  struct stat a, b;
+  CHECK(stat(checked, &a) == 0 && stat(named, &b) == 0);
+  CHECK(a.st_ino != b.st_ino);
+  char ia[48];
+  snprintf(ia, sizeof ia, "%ju:%ju", (uintmax_t)a.st_dev, (uintmax_t)a.st_ino);
+
+  /* The name is the checked directory: laid, its file seen. */
+  struct sandbox s;
+  CHECK(sandbox_start_stage(&s, checked, ia));
+  expect_sh(&s, "cat /marker", "checked");
+  STOP(s);
+
+  /* The name holds another directory than the one checked: refused.  (Its
+   * channel is closed at once: an agent that started anyway ends at EOF.) */
+  CHECK(sandbox_start_stage(&s, named, ia));
+  close(s.fd);
+  s.fd = -1;
+  char buf[512] = "";
+  size_t got = 0;
+  for (;;) {
+    ssize_t r = read(s.err_fd, buf + got, sizeof buf - 1 - got);
+    if (r <= 0)
+      break;
+    got += (size_t)r;
+  }
+  buf[got] = '\0';
+  CHECK(strstr(buf, "is no longer the directory the server checked") != NULL);
+  if (!strstr(buf, "is no longer the directory the server checked"))
+    fprintf(stderr, "  the agent said: %s\n", buf);
+  int status = sandbox_stop(&s);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+
+  /* --stage without --stage-inode is refused. */
+  char agent[PATH_MAX];
+  CHECK(realpath(ac_agent_path(), agent) != NULL);
+  _cleanup_free_ char *cmd =
+      xasprintf("'%s' --ns --rootfs '%s' --stage '%s' 2>/dev/null", agent, ns_rootfs, checked);
+  int rc = system(cmd);
+  CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 static const char *build_rootfs(void) {
@@ -675,6 +768,7 @@ int main(void) {
       TEST(test_ns_seccomp_every_rule),
       TEST(test_ns_rootfs_path_with_commas),
       TEST(test_ns_setup_failure_is_reported),
+      TEST(test_ns_stage_bound_by_name_must_be_the_checked_one),
       TEST(test_ns_tree_in_and_out),
   };
   const char *skip = geteuid() != 0 ? "needs root" : build_rootfs();

@@ -307,6 +307,97 @@ static void test_write_error_reported(void) {
     setrlimit(RLIMIT_FSIZE, &old);
 }
 
+/* Keeps STATE/NAME as the serial log of session ID: runlog_keep_serial's
+ * return; *ret_path and *ret_err (to free) as it left them. */
+static int keep(const char *id, const char *state, const char *name, char **ret_path,
+                char **ret_err) {
+  _cleanup_free_ char *src = xasprintf("%s/%s", state, name);
+  *ret_path = *ret_err = NULL;
+  return runlog_keep_serial(id, src, ret_path, ret_err);
+}
+
+/* The serial log lies in a QEMU's state directory, which belongs to the
+ * QEMU's uid: it is copied only when it is a regular file with one name
+ * that belongs to the directory's owner, as qemu.log is read.  A hard link
+ * to a file elsewhere (a secret of root's), a symbolic link, a FIFO and a
+ * file of another uid are not copied, and the result says why. */
+static void test_serial_copy_checks(void) {
+  _cleanup_free_ char *dir = tmpdir("serial-logs");
+  _cleanup_free_ char *state = tmpdir("serial-state");
+  _cleanup_free_ char *secret = tmpdir("secret");
+  CHECK(mkdir(state, 0700) == 0);
+  char *err = NULL, *path = NULL;
+  CHECK_EQ_INT(runlog_init(dir, 1 << 20, 0, 0, &err), 0);
+  free(err);
+  _cleanup_free_ char *log = xasprintf("%s/qemu.log", state);
+  _cleanup_free_ char *hard = xasprintf("%s/hard.log", state);
+  _cleanup_free_ char *soft = xasprintf("%s/soft.log", state);
+  _cleanup_free_ char *fifo = xasprintf("%s/fifo.log", state);
+  make_file(state, "qemu.log", 0, 0);
+  int fd = open(log, O_WRONLY | O_APPEND | O_CLOEXEC);
+  CHECK(fd >= 0 && write(fd, "guest console\n", 14) == 14);
+  close(fd);
+  make_file(base, "secret", 0, 0);
+  fd = open(secret, O_WRONLY | O_APPEND | O_CLOEXEC);
+  CHECK(fd >= 0 && write(fd, "root's secret\n", 14) == 14);
+  close(fd);
+  CHECK(link(secret, hard) == 0 && symlink(secret, soft) == 0 && mkfifo(fifo, 0600) == 0);
+
+  /* The log QEMU was given: copied whole. */
+  CHECK_EQ_INT(keep("serial-ok", state, "qemu.log", &path, &err), 0);
+  size_t len = 0;
+  _cleanup_free_ char *got = path ? slurp(path, &len) : NULL;
+  CHECK(got && len == 14 && memcmp(got, "guest console\n", 14) == 0);
+  CHECK(err == NULL);
+  free(path);
+  free(err);
+
+  struct {
+    const char *id, *name, *why;
+    int r;
+  } bad[] = {
+      {"serial-hard", "hard.log", "2 names, a hard link", -EMLINK},
+      {"serial-soft", "soft.log", "symbolic link", -ELOOP},
+      {"serial-fifo", "fifo.log", "not a regular file", -EINVAL},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CHECK_EQ_INT(keep(bad[i].id, state, bad[i].name, &path, &err), bad[i].r);
+    CHECK(path == NULL);
+    CHECK(err && strstr(err, "the guest's serial log was not kept") && strstr(err, bad[i].why) &&
+          strstr(err, bad[i].name));
+    _cleanup_free_ char *kept = xasprintf("%s.serial", bad[i].id);
+    CHECK(!exists(dir, kept));
+    if (err)
+      printf("# %s\n", err);
+    free(path);
+    free(err);
+  }
+
+  /* None there: nothing to say. */
+  CHECK_EQ_INT(keep("serial-none", state, "none.log", &path, &err), -ENOENT);
+  CHECK(path == NULL && err == NULL);
+
+  /* A root server's QEMU runs as a uid of its own, which owns the state
+   * directory: a file there of another uid is not its log. */
+  if (geteuid() == 0) {
+    CHECK(chown(state, 4242, 4242) == 0);
+    CHECK_EQ_INT(keep("serial-root", state, "qemu.log", &path, &err), -EPERM);
+    CHECK(path == NULL && err && strstr(err, "belongs to uid 0, not to uid 4242"));
+    _cleanup_free_ char *kept = xasprintf("%s.serial", "serial-root");
+    CHECK(!exists(dir, kept));
+    free(path);
+    free(err);
+    CHECK(chown(log, 4242, 4242) == 0);
+    CHECK_EQ_INT(keep("serial-qemu", state, "qemu.log", &path, &err), 0);
+    CHECK(path && err == NULL);
+    free(path);
+    free(err);
+  } else {
+    printf("# skip the owner half of test_serial_copy_checks: needs root to chown\n");
+  }
+  runlog_shutdown();
+}
+
 static void test_cleanup(void) {
   if (base[0])
     fs_remove_tree(base);
@@ -314,4 +405,5 @@ static void test_cleanup(void) {
 
 TEST_MAIN(TEST(test_bytes_whole_and_modes), TEST(test_cap_marker),
           TEST(test_drop_marker_when_the_writer_stalls), TEST(test_refused_dirs),
-          TEST(test_prune_by_size_and_age), TEST(test_write_error_reported), TEST(test_cleanup))
+          TEST(test_prune_by_size_and_age), TEST(test_write_error_reported), TEST(test_serial_copy_checks),
+          TEST(test_cleanup))

@@ -19,7 +19,9 @@
 
 #include "common/util.h"
 
+#include "mcp/config.h"
 #include "sandbox/sandbox.h"
+#include "sandbox/stage.h"
 #include "sandbox/vm.h"
 #include "test.h"
 
@@ -360,9 +362,111 @@ static void spawn_child_changes_uid_without_glibc_setxid(void) {
   rmdir(dir);
 }
 
+/* ---- an ns sandbox from a stage that another server replaced ---- */
+
+/* Makes stage NAME (ns) whose layer holds "marker" with TEXT; 0 or -errno. */
+static int ns_stage_with_marker(const char *name, const char *text, bool replace,
+                                struct stage **ret) {
+  char *dir = NULL, *err = NULL;
+  int r = stage_begin(1 << 20, &dir, &err);
+  if (r == 0) {
+    _cleanup_free_ char *layer = xasprintf("%s/layer", dir);
+    _cleanup_free_ char *marker = xasprintf("%s/marker", layer);
+    FILE *f = mkdir(layer, 0755) == 0 ? fopen(marker, "w") : NULL;
+    CHECK(f != NULL);
+    if (f) {
+      fputs(text, f);
+      fclose(f);
+    }
+    chmod(marker, 0644);
+    struct stage_new in = {.backend = "ns", .inputs_id = "b-test", .carries = "files"};
+    r = stage_finish(dir, name, replace, &in, ret, &err);
+  }
+  if (r < 0)
+    fprintf(stderr, "  %s\n", err);
+  free(dir);
+  free(err);
+  return r;
+}
+
+/* A root server's ns backend lays a session over the stage it opened and
+ * checked, even when another server sharing the store has committed with
+ * replace under its name in between: the layer is opened relative to the
+ * checked directory, never by the name.  The agent here is a script that
+ * prints what the layer it was handed (fd 5, the idmapped mount) holds. */
+static void ns_stage_layer_is_the_checked_one(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "  # skip: the ns backend needs root\n");
+    return;
+  }
+  char dir[] = "/tmp/ign-test-stage-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  chmod(dir, 0755);
+  char *saved_store = cfg.store;
+  unsigned saved_max = cfg.stages_max_mb;
+  cfg.store = dir;
+  cfg.stages_max_mb = 64;
+  _cleanup_free_ char *agent = xasprintf("%s/agent", dir);
+  FILE *f = fopen(agent, "w");
+  CHECK(f != NULL);
+  if (f) {
+    fprintf(f, "#!/bin/sh\necho \"layer: $(cat /proc/self/fd/5/marker)\" >&2\nexit 3\n");
+    fclose(f);
+  }
+  chmod(agent, 0755);
+  struct stage *made = NULL, *s = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(ns_stage_with_marker("swap", "the checked layer", false, &made), 0);
+  stage_unref(made);
+  stage_test_forget();
+  CHECK_EQ_INT(stage_open("swap", "", "ns", "b-test", &s, &err), 0);
+  free(err);
+  err = NULL;
+  if (!s)
+    goto out;
+  /* Another server (another process) replaces it. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct stage *o = NULL;
+    _exit(ns_stage_with_marker("swap", "another server's layer", true, &o) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  struct sandbox_config sc = {.rootfs = "/", .agent = agent, .memory_mb = 256, .pids = 64,
+                              .overlay_mb = 16, .ns_uid_base = NS_UID_BASE_DEFAULT, .stage = s};
+  struct sandbox *sb = NULL;
+  int r = sandbox_ns_ops.create(&sc, "unit", &sb, &err);
+  if (r < 0)
+    fprintf(stderr, "  create: %s\n", err);
+  CHECK_EQ_INT(r, 0);
+  if (r == 0) {
+    char c;
+    struct pollfd pfd = {.fd = sb->fd, .events = POLLIN};
+    CHECK(poll(&pfd, 1, 10000) == 1 && read(sb->fd, &c, 1) == 0);
+    _cleanup_free_ char *reason = sb->ops->death_reason(sb);
+    CHECK(reason && strstr(reason, "layer: the checked layer"));
+    if (!reason || !strstr(reason, "layer: the checked layer"))
+      fprintf(stderr, "  reason: %s\n", reason ? reason : "(none)");
+    close(sb->fd);
+    sb->ops->destroy(sb);
+  }
+out:
+  stage_unref(s);
+  CHECK_EQ_INT(stage_rm("swap", "", &err), 0);
+  free(err);
+  stage_gc();
+  cfg.store = saved_store;
+  cfg.stages_max_mb = saved_max;
+  _cleanup_free_ char *rm = xasprintf("rm -rf '%s'", dir);
+  CHECK(system(rm) == 0);
+}
+
 /* First: its fork must not inherit a spawner thread that is not there. */
 TEST_MAIN(TEST(spawn_child_changes_uid_without_glibc_setxid), TEST(overlay_at_most_half_the_memory), TEST(base_retry_only_when_something_changed),
           TEST(qemu_ran_only_past_its_spawn), TEST(proc_reaps_once_and_never_signals_after),
           TEST(ns_failed_uid_switch_leaves_the_server_dumpable),
           TEST(ns_uid_base_below_the_accounts_is_refused),
-          TEST(ns_death_reason_is_the_same_for_every_caller))
+          TEST(ns_death_reason_is_the_same_for_every_caller),
+          TEST(ns_stage_layer_is_the_checked_one))

@@ -466,6 +466,70 @@ static void quota_refused_with_the_way_out(void) {
   cfg.stages_max_mb = saved;
 }
 
+/* A stage of NAME whose "ram" is MIB MiB of written bytes: 0 and the
+ * stage, or stage_finish's error (*RET_ERR, to free). */
+static int make_mib(const char *name, unsigned mib, struct stage **ret, char **ret_err) {
+  char *dir = NULL;
+  int r = stage_begin(0, &dir, ret_err);
+  if (r < 0)
+    return r;
+  _cleanup_free_ char *p = xasprintf("%s/ram", dir);
+  int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  static char buf[1 << 20];
+  memset(buf, 'q', sizeof buf);
+  for (unsigned i = 0; i < mib && fd >= 0; i++)
+    CHECK(write(fd, buf, sizeof buf) == sizeof buf);
+  if (fd >= 0)
+    close(fd);
+  r = stage_finish(dir, name, false, &vm_new, ret, ret_err);
+  free(dir);
+  return r;
+}
+
+/* The quota counts what is used plus the new stage: two stages that each
+ * fit under the cap alone but not together, the second is refused, both
+ * when it is begun (its announced need) and when it is finished (its
+ * measured size); a small one that fits beside the first is taken. */
+static void quota_counts_used_plus_new(void) {
+  unsigned saved = cfg.stages_max_mb;
+  cfg.stages_max_mb = 3;
+  struct stage *first = NULL, *second = NULL, *small = NULL;
+  char *err = NULL, *dir = NULL;
+  CHECK_EQ_INT(make_mib("quota/first", 2, &first, &err), 0);
+  CHECK(first != NULL);
+  free(err);
+  err = NULL;
+  /* 2 MiB used, 2 MiB more announced: fits alone, not together. */
+  CHECK_EQ_INT(stage_begin(2 << 20, &dir, &err), -ENOSPC);
+  CHECK(dir == NULL && err && strstr(err, "this one may need 2 MiB") &&
+        strstr(err, "of the 3 MiB IGN_MCP_STAGES_MAX_MB"));
+  if (dir)
+    stage_abort(dir);
+  free(dir);
+  free(err);
+  err = NULL;
+  /* Announced as nothing, measured at finish. */
+  CHECK_EQ_INT(make_mib("quota/second", 2, &second, &err), -ENOSPC);
+  CHECK(second == NULL && err && strstr(err, "IGN_MCP_STAGES_MAX_MB") && strstr(err, "stage_rm"));
+  _cleanup_free_ char *second_dir = xasprintf("%s/stages/quota+second", store);
+  CHECK(!exists(second_dir));
+  free(err);
+  err = NULL;
+  CHECK_EQ_INT(make_mib("quota/small", 0, &small, &err), 0);
+  free(err);
+  err = NULL;
+  if (second) { /* only when the cap let it through */
+    stage_unref(second);
+    stage_rm("quota/second", "", &err);
+  }
+  stage_unref(small);
+  stage_unref(first);
+  CHECK_EQ_INT(stage_rm("quota/small", "", &err), 0);
+  CHECK_EQ_INT(stage_rm("quota/first", "", &err), 0);
+  free(err);
+  cfg.stages_max_mb = saved;
+}
+
 static void flipped_byte_fails_first_open(void) {
   struct stage *s = make("flip", "0123456789", false, NULL, NULL);
   if (!s)
@@ -748,6 +812,127 @@ static void held_by_another_server(void) {
   CHECK_EQ_INT(count_entries(".rm-"), 0);
 }
 
+/* A stage of NAME whose "ram" and "layer/file" hold CONTENT. */
+static int make_with_layer(const char *name, const char *content, bool replace,
+                           struct stage **ret) {
+  char *dir = NULL, *err = NULL;
+  int r = stage_begin(1 << 20, &dir, &err);
+  if (r == 0) {
+    write_file(dir, "ram", content);
+    write_file(dir, "state", "device state");
+    _cleanup_free_ char *layer = xasprintf("%s/layer", dir);
+    CHECK(mkdir(layer, 0755) == 0);
+    write_file(layer, "file", content);
+    r = stage_finish(dir, name, replace, &vm_new, ret, &err);
+  }
+  if (r < 0)
+    fprintf(stderr, "  %s\n", err);
+  free(dir);
+  free(err);
+  return r;
+}
+
+/* The first bytes of the file at PATH, as a string (malloc'd), or NULL. */
+static char *read_path(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  char buf[256];
+  ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+  if (fd >= 0)
+    close(fd);
+  if (n < 0)
+    return NULL;
+  buf[n] = '\0';
+  return strdup(buf);
+}
+
+/* What stage_open_file gives for NAME (a file, or DIR/file) of S. */
+static char *read_through(const struct stage *s, const char *name) {
+  char *err = NULL;
+  int fd = -1;
+  bool in_layer = strcmp(name, "layer") == 0;
+  if (stage_open_file(s, name, in_layer ? O_PATH | O_DIRECTORY : O_RDONLY, &fd, &err) < 0) {
+    fprintf(stderr, "  stage_open_file %s: %s\n", name, err);
+    free(err);
+    return NULL;
+  }
+  if (in_layer) {
+    int dfd = fd;
+    fd = openat(dfd, "file", O_RDONLY | O_CLOEXEC);
+    close(dfd);
+  }
+  char buf[256];
+  ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+  if (fd >= 0)
+    close(fd);
+  if (n < 0)
+    return NULL;
+  buf[n] = '\0';
+  return strdup(buf);
+}
+
+/* Another server (another process sharing the store) commits with replace
+ * under the name of a stage this server has opened and checked, after the
+ * check and before a session is laid over it: what this server's session
+ * gets through the stage (its RAM and state, its layer) is still what was
+ * checked, whose stage_id it reports; the name holds the other stage. */
+static void replaced_by_another_server_after_the_check(void) {
+  struct stage *made = NULL, *s = NULL;
+  char *err = NULL;
+  CHECK_EQ_INT(make_with_layer("swap/opened", "checked content", false, &made), 0);
+  if (!made)
+    return;
+  _cleanup_free_ char *checked_id = strdup(made->id);
+  stage_unref(made);
+  stage_test_forget(); /* opened as a server that did not make it: checked now */
+  CHECK_EQ_INT(stage_open("swap/opened", "", "vm", "b-aaaa", &s, &err), 0);
+  free(err);
+  err = NULL;
+  /* One made by this server is held the same way. */
+  CHECK_EQ_INT(make_with_layer("swap/made", "checked content", false, &made), 0);
+  if (!s || !made)
+    goto out;
+  CHECK_STREQ(s->id, checked_id);
+
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct stage *o1 = NULL, *o2 = NULL;
+    int r1 = make_with_layer("swap/opened", "another server's", true, &o1);
+    int r2 = make_with_layer("swap/made", "another server's", true, &o2);
+    _exit(r1 == 0 && r2 == 0 ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  struct stage *both[] = {s, made};
+  for (size_t i = 0; i < 2; i++) {
+    /* The name is the other stage's now ... */
+    _cleanup_free_ char *by_name = xasprintf("%s/stages/%s/ram", store,
+                                             i == 0 ? "swap+opened" : "swap+made");
+    _cleanup_free_ char *there = read_path(by_name);
+    CHECK(there && strcmp(there, "another server's") == 0);
+    json_t *info = NULL;
+    CHECK_EQ_INT(stage_info(i == 0 ? "swap/opened" : "swap/made", "", &info, &err), 0);
+    CHECK(info && strcmp(json_string_value(json_object_get(info, "stage_id")), both[i]->id) != 0);
+    json_decref(info);
+    /* ... and the files through the stage are the checked ones. */
+    static const char *const names[] = {"ram", "state", "layer"};
+    for (size_t k = 0; k < ARRAY_SIZE(names); k++) {
+      _cleanup_free_ char *got = read_through(both[i], names[k]);
+      CHECK_STREQ(got, k == 1 ? "device state" : "checked content");
+    }
+    CHECK_STREQ(both[i]->id, checked_id);
+  }
+out:
+  stage_unref(s);
+  stage_unref(made);
+  CHECK_EQ_INT(stage_rm("swap/opened", "", &err), 0);
+  CHECK_EQ_INT(stage_rm("swap/made", "", &err), 0);
+  free(err);
+  stage_gc();
+  CHECK_EQ_INT(count_entries(".rm-"), 0);
+}
+
 static void *open_many(void *arg) {
   struct stage **out = arg;
   char *err = NULL;
@@ -895,8 +1080,9 @@ TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(make_open_list_info_rm),
           TEST(replace_only_when_asked), TEST(stages_belong_to_their_owner),
           TEST(stages_without_an_owner_are_the_empty_owners), TEST(anonymous_goes_with_last_ref),
-          TEST(quota_refused_with_the_way_out), TEST(flipped_byte_fails_first_open),
+          TEST(quota_refused_with_the_way_out), TEST(quota_counts_used_plus_new), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
+          TEST(replaced_by_another_server_after_the_check),
           TEST(concurrent_opens_share_one_stage), TEST(hostile_tree_neither_followed_nor_hanging),
           TEST(stages_dir_only_the_servers), TEST(quota_counts_inodes), TEST(stage_gone_after_all))

@@ -3,8 +3,9 @@
  * background counter and keeps a file; ops->snapshot saves it into a stage
  * directory while it runs; a sandbox created from that stage has the file,
  * the live process and its counter, and a CRNG of its own; the source runs
- * on, unaffected by the fork; a stage with a short RAM file is refused at
- * once.
+ * on, unaffected by the fork; a stage replaced under its name by another
+ * server after it was opened still starts from the files that were
+ * checked; a stage with a short RAM file is refused at once.
  *
  * Needs QEMU and the VM images (build/vm, `make vm-images`); without them
  * it prints one "ok - ... # skip" line.  The warm base is made in
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fs.h"
@@ -227,6 +229,30 @@ static void snapshot_and_fork(void) {
     goto out;
   printf("# stage %s: %" PRIu64 " MiB allocated\n", st->id, st->bytes >> 20);
   CHECK(st->bytes < (256ull << 20));
+  /* Another server sharing the store commits with replace under the name
+   * now: a stage with a RAM file of 4096 bytes.  This server's sessions of
+   * the stage it holds still start from the files it made (and checked). */
+  pid_t other = fork();
+  if (other == 0) {
+    char *odir = NULL, *oerr = NULL;
+    struct stage *ost = NULL;
+    if (stage_begin(1 << 20, &odir, &oerr) < 0)
+      _exit(1);
+    _cleanup_free_ char *oram = xasprintf("%s/ram", odir), *ostate = xasprintf("%s/state", odir);
+    int ofd = open(oram, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (ofd < 0 || ftruncate(ofd, 4096) < 0)
+      _exit(1);
+    close(ofd);
+    ofd = open(ostate, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (ofd < 0 || write(ofd, "x", 1) != 1)
+      _exit(1);
+    close(ofd);
+    struct stage_new oin = {.backend = "vm", .inputs_id = st->inputs_id, .carries = "memory"};
+    _exit(stage_finish(odir, "test-vm-snapshot", true, &oin, &ost, &oerr) == 0 ? 0 : 1);
+  }
+  int other_status = 0;
+  waitpid(other, &other_status, 0);
+  CHECK(WIFEXITED(other_status) && WEXITSTATUS(other_status) == 0);
   CHECK(box_open(st, &fork1));
   CHECK(box_open(st, &fork2));
   if (!fork1.conn || !fork2.conn)
@@ -327,7 +353,9 @@ static void a_short_stage_is_refused(void) {
   fd = open(state, O_WRONLY | O_CREAT, 0600);
   CHECK(fd >= 0 && write(fd, "x", 1) == 1);
   close(fd);
-  struct stage st = {.name = "short", .dir = dir};
+  struct stage st = {.name = "short", .id = "st-short", .dir = dir,
+                     .dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)};
+  CHECK(st.dir_fd >= 0);
   struct sandbox_config sc = {.stage = &st};
   struct sandbox *sb = NULL;
   char *err = NULL;
@@ -338,6 +366,8 @@ static void a_short_stage_is_refused(void) {
   if (err)
     printf("# %s\n", err);
   free(err);
+  if (st.dir_fd >= 0)
+    close(st.dir_fd);
   fs_remove_tree(dir);
   free(dir);
   free(ram);
