@@ -953,10 +953,16 @@ static void unpack_eof_after_a_stop_is_no_end(void) {
   pthread_join(t, NULL);
   close(p[0]);
   CHECK_EQ_INT(u.r, -ECANCELED);
+  /* The call returns once its KILL is queued: the peer reads it a little
+   * later. */
   int first = -1;
-  for (size_t i = 0; i < pe.n_seen && first < 0; i++)
-    if (pe.seen[i] == PROTO_KILL || pe.seen[i] == PROTO_DATA_END)
-      first = pe.seen[i];
+  for (int k = 0; k < 500 && first < 0; k++) {
+    for (size_t i = 0; i < pe.n_seen && first < 0; i++)
+      if (pe.seen[i] == PROTO_KILL || pe.seen[i] == PROTO_DATA_END)
+        first = pe.seen[i];
+    if (first < 0)
+      usleep(10000);
+  }
   CHECK_EQ_INT(first, PROTO_KILL);
   free(u.err);
   peer_stop(&pe, c);
