@@ -16,7 +16,8 @@
  * escaping symlinks, names with "..", absolute names) is skipped and
  * reported, on the way in and on the way out.  The receiver also skips and
  * reports names below TOP, and symlink targets, with a control character
- * (a byte below 0x20, or 0x7f: a newline, a terminal escape); a name that
+ * (a byte below 0x20, 0x7f, or U+0080..U+009F in UTF-8: a newline, a
+ * terminal escape, a C1 CSI); a name that
  * begins with '-' is an ordinary name and is copied.  Neither side ever
  * follows a symlink inside the tree.  A file with several names (st_nlink > 1) is
  * packed under each name it has in the tree, as a regular file: its other

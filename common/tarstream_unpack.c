@@ -413,12 +413,14 @@ static int unpack_file(struct unpack *u, int fd, struct archive_entry *e, const 
 static bool errno_is_duplicate(int e) { return e == EEXIST; }
 
 #define CONTROL_REASON                                                                      \
-  "a name with a control character (a newline, an escape or another byte below 0x20, or " \
-  "0x7f)"
+  "a name with a control character (a newline, an escape or another byte below 0x20, 0x7f, " \
+  "or U+0080 to U+009F)"
 
+/* A C0 control, DEL, or a C1 control in UTF-8 (U+0080..U+009F, C2 80..C2
+ * 9F): terminals such as xterm take U+009B as CSI, an escape of its own. */
 static bool has_control_byte(const char *s) {
-  for (; *s; s++)
-    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p < 0x20 || *p == 0x7f || (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
       return true;
   return false;
 }
@@ -497,7 +499,7 @@ static int unpack_entry(struct unpack *u, struct archive_entry *e) {
     }
     if (has_control_byte(target)) {
       tar_report_skip(u->rep, raw, "a symlink whose target has a control character (a byte "
-                                   "below 0x20, or 0x7f)");
+                                   "below 0x20, 0x7f, or U+0080 to U+009F)");
       return 0;
     }
   }

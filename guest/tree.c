@@ -19,7 +19,9 @@
  * to EOF).  KILL (or the host going away) tells the child to stop: SIGTERM
  * sets tar's cancel flag, and the agent closes its end of the pipe, so a
  * child blocked on it sees EOF or EPIPE; tar_unpack then removes its staging.
- * A child that has not ended TREE_KILL_GRACE_MS later is SIGKILLed. */
+ * A child that has not ended TREE_KILL_GRACE_MS later is SIGKILLed.  An
+ * UNPACK whose child put the tree in place before the KILL took effect is
+ * answered OK, not cancelled: the host reports what happened. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -419,14 +421,19 @@ static void tree_end(struct agent *a, struct tree *t) {
   uint32_t id = t->id;
   bool more_frames = t->kind == TREE_UNPACK && !t->got_end;
   ssize_t n = -1;
-  if (!t->killed && WIFEXITED(t->status) && WEXITSTATUS(t->status) <= 1)
+  if (WIFEXITED(t->status) && WEXITSTATUS(t->status) <= 1)
     n = tree_read_result(t, result, sizeof result);
   const uint8_t *v;
   uint32_t len, err = 0;
   int found = n >= 0 ? proto_find(result, (size_t)n, TAG_ERRNO, &v, &len) : -1;
+  /* A KILL that came after the tar process put the tree in place (it had
+   * passed its last look at the stop, or had exited and was not reaped
+   * yet): the tree is there, and the answer says so. */
+  bool in_place = t->kind == TREE_UNPACK && t->got_end && found == 0 &&
+                  WEXITSTATUS(t->status) == 0;
   if (t->answered) {
     /* One terminal frame per request: it went with the protocol error. */
-  } else if (t->killed) {
+  } else if (t->killed && !in_place) {
     agent_send_error(a, id, ECANCELED, "copying '%s' was cancelled", t->path);
   } else if (n < 0 || found < 0) {
     if (WIFSIGNALED(t->status))

@@ -117,6 +117,10 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
  * stream's producer says it failed by stopping the call (CTL's cancelled)
  * before it closes IN_FD: EOF then is a cancel, the agent is stopped and
  * keeps GUEST_PATH as it was, instead of being told the stream is whole.
+ * A stop once DATA_END went cannot take the tree back: the agent is told
+ * to stop and its answer is waited for (bounded): 0 when it had put the
+ * tree in place, its error when it kept GUEST_PATH as it was, -EINPROGRESS
+ * (and a message saying GUEST_PATH may hold either) when it did not say.
  *
  * agent_pack: the agent packs GUEST_PATH (absolute) as tar_pack() does, naming
  * the top entry after GUEST_PATH's last component, and the stream is written

@@ -209,6 +209,10 @@ char *client_tree_frame(struct agent_conn *c, struct pending *p,
  * where the stream is unpacked. */
 #define TREE_ENTRY_OVERHEAD (8u * 1024u)
 #define TREE_STREAM_SLACK (1024u * 1024u)
+/* After a stop that came once DATA_END went: how long the agent's answer
+ * is waited for (its tar process gets 10 s to stop before a SIGKILL,
+ * guest/tree.c's TREE_KILL_GRACE_MS). */
+#define TREE_SETTLE_MS 15000u
 
 static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
@@ -291,6 +295,37 @@ static int tree_check_path(const char *guest_path, char **ret_err) {
 
 static bool unpack_ready(const struct tree_call *t) { return t->credit > 0; }
 
+/* A stop that came after DATA_END went: the agent may have put the tree in
+ * place already, so a cancel is no proof that GUEST_PATH is as it was.  KILL
+ * stops it if it has not, and its answer says which happened: OK (the
+ * tree is in place: the call succeeded after all) or an error (it kept
+ * GUEST_PATH as it was).  Waited for up to TREE_SETTLE_MS (past the agent's
+ * own grace before it SIGKILLs its tar process); without an answer the
+ * outcome is unknown: -EINPROGRESS, and the message says so.  Called and
+ * returns with c->lock held. */
+static int unpack_settle(struct agent_conn *c, struct pending *p, const char *guest_path) {
+  if (!p->tree->agent_ended) {
+    pthread_mutex_unlock(&c->lock);
+    client_abandon_request(c, p->id, true, PROTO_DATA_END, true);
+    pthread_mutex_lock(&c->lock);
+  }
+  uint64_t until = mono_ms() + TREE_SETTLE_MS;
+  while (!p->done && !c->dead && mono_ms() < until) {
+    struct timespec ts = timespec_in(CLOCK_MONOTONIC, TICK_MS);
+    pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+  }
+  if (p->done)
+    return p->result;
+  p->err_msg = (free(p->err_msg),
+                xasprintf("the copy was stopped after the whole stream had reached the sandbox, "
+                          "and the sandbox %s whether it had put the new tree in place: '%s' "
+                          "may hold the new tree or what it held before; look before relying "
+                          "on it",
+                          c->dead ? "went away before it said" : "did not say in time",
+                          guest_path));
+  return -EINPROGRESS;
+}
+
 int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
                  const struct tar_limits *lim, const struct agent_ctl *ctl,
                  struct tar_report *ret_rep, char **ret_err) {
@@ -367,9 +402,14 @@ int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
   }
   if (r == 0 && !p.done)
     r = tree_wait(c, &p, ctl, NULL);
+  bool settled = false;
+  if (r == -ECANCELED && end_queued) {
+    r = unpack_settle(c, &p, guest_path);
+    settled = true;
+  }
   if (r == 0)
     r = p.result;
-  if (r < 0 && sent && !t.agent_ended) {
+  if (r < 0 && sent && !t.agent_ended && !settled) {
     /* KILL stops the tar process (its staging is removed); DATA_END ends
      * the stream unless it already went. */
     pthread_mutex_unlock(&c->lock);

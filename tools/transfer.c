@@ -12,6 +12,9 @@
  * sender's success either: the receiver commits only at the pipe's EOF with
  * no stop (tar_unpack), agent_pack returns 0 only after the agent's
  * PACK_END, and agent_unpack sends DATA_END only for an EOF with no stop.
+ * A stop after DATA_END went is answered by what the agent did (its tree
+ * in place: the copy is reported done; kept as it was: the stop), or, when
+ * it does not say, by a message that says the outcome is unknown.
  * The error names the side that failed first and says what to do.
  *
  * sandbox_run is a whole ephemeral session per call: open (a pool clone when
@@ -257,6 +260,14 @@ static char *copy_error(struct copy *c, const char *tool, const struct lease *l,
                         bool *ret_dead) {
   *ret_dead = false;
   const char *id = lease_id(l);
+  /* A stop that came once the whole stream was in the sandbox, which did
+   * not say whether it kept the tree: neither "as it was" nor done. */
+  if (c->in && r == -EINPROGRESS)
+    return xasprintf("%s of '%s' was %s: %s", tool, c->host,
+                     atomic_load(&c->w->expired) ? "out of time (timeout_s)"
+                     : atomic_load(&c->w->ctx->cancelled) ? "cancelled"
+                                                          : "stopped",
+                     c->guest_err ? c->guest_err : strerror(-r));
   if (atomic_load(&c->w->expired))
     return xasprintf("%s of '%s' ran out of time (timeout_s) after %" PRIu64 " ms; nothing was "
                      "changed at the destination. Raise timeout_s, or copy less.",

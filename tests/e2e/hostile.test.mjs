@@ -503,7 +503,7 @@ const FAKE_AGENT = `#!${process.execPath}
 'use strict';
 const fs = require('fs');
 const FD = 3;
-const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, WRITE: 20, DATA: 21, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30, PACK: 41, PACK_END: 42 };
+const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, KILL: 16, WRITE: 20, DATA: 21, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30, UNPACK: 40, PACK: 41, PACK_END: 42, CREDIT: 43 };
 /* proto/proto.h PROTO_VERSION: the version the fake agent says it speaks. */
 const PROTO_VERSION = 2;
 const tlv = (tag, v) => { const h = Buffer.alloc(6); h.writeUInt16LE(tag, 0); h.writeUInt32LE(v.length, 2); return Buffer.concat([h, v]); };
@@ -532,6 +532,10 @@ function answer(type, id, p) {
   if (type === T.READ) return send(T.READ_END, id, u64(22, 2n ** 64n - 1n), u32(25, 1), u64(26, 0n));
   if (type === T.WRITE) return send(T.ERROR, id, u32(3, 32 /* EPIPE */), str(4, 'cannot write: Broken pipe (from the guest)'));
   if (type === T.PACK) return pack(id, field(p, 20).toString());
+  /* UNPACK of /silent-after-end: the whole window granted, the stream
+   * taken, and then no answer at all, to DATA_END or to KILL (as a guest
+   * whose tar process hangs after the end, or a hostile one). */
+  if (type === T.UNPACK) return send(T.CREDIT, id, u32(42, 1 << 20));
 }
 /* PACK of /whole-then-error-MS: a whole tar stream (one file "T", end
  * marker and all), then after MS ms an ERROR, as a guest's root can send;
@@ -646,6 +650,22 @@ describe('a hostile agent (a fake one in the agent\'s place, ns backend)', { ski
       assertNoSanitizerReport(hraw.stderrText(), 'server');
     });
   }
+
+  /* A stop (here timeout_s) once the whole stream went to the sandbox
+   * cannot take it back: the sandbox may have put the tree in place. The
+   * host tells it to stop and waits for its answer; a sandbox that never
+   * answers gets a message that the destination may hold either tree, not
+   * that nothing changed. */
+  test('copy_in stopped after the end of its stream, with no answer from the sandbox: the error says the destination may hold either tree', { timeout: 90_000 }, async () => {
+    const src = path.join(root, 'src-silent');
+    fs.writeFileSync(src, 'new\n');
+    const t0 = Date.now();
+    const e = await toolErr('sandbox_run', { command: 'true', timeout_s: 3, copy_in: [{ host: src, guest: '/silent-after-end' }] });
+    assert.match(e, /^sandbox_run: copy_in\[0\] \('.*src-silent' to '\/silent-after-end'\): copy_in of '.*src-silent' was out of time \(timeout_s\): the copy was stopped after the whole stream had reached the sandbox, and the sandbox did not say in time whether it had put the new tree in place: '\/silent-after-end' may hold the new tree or what it held before/);
+    assert.doesNotMatch(e, /nothing was changed|left as it was/);
+    assert.ok(Date.now() - t0 >= 15_000, 'the answer was waited for');
+    assertNoSanitizerReport(hraw.stderrText(), 'server');
+  });
 
   test('copy_out: the same stream followed by PACK_END replaces the host destination', T, async () => {
     const sid = await open();

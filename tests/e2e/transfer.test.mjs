@@ -156,9 +156,11 @@ describe('copy_in and copy_out', () => {
       "printf x > \"$(printf 'del\\177')\"",
       "printf x > \"$(printf 'tab\\tname')\"",
       "mkdir \"$(printf 'd\\r')\" && printf x > \"$(printf 'd\\r')/inner\"",
+      // U+009B, a C1 CSI in UTF-8 (xterm takes it as an escape).
+      "printf x > \"$(printf 'csi\\302\\2332J')\"",
     ].join(' && '));
     // What is below a directory left out is listed too.
-    const want = ['ctl/new\nline', 'ctl/\x1b[31mred', 'ctl/del\x7f', 'ctl/tab\tname', 'ctl/d\r/', 'ctl/d\r/inner'].sort();
+    const want = ['ctl/new\nline', 'ctl/\x1b[31mred', 'ctl/del\x7f', 'ctl/tab\tname', 'ctl/d\r/', 'ctl/d\r/inner', 'ctl/csi\u009b2J'].sort();
     const o = await call(c, 'copy_out', { session_id: sid, guest_path: '/work/ctl', host_path: 'ctl' });
     assert.deepEqual(o.copied.skipped_entries.map((e) => e.path).sort(), want, JSON.stringify(o.copied));
     for (const e of o.copied.skipped_entries) assert.match(e.reason, /control character/);
@@ -169,7 +171,7 @@ describe('copy_in and copy_out', () => {
     fs.mkdirSync(h);
     fs.writeFileSync(path.join(h, 'ok'), 'ok\n');
     fs.writeFileSync(path.join(h, '-rf'), 'dash\n');
-    for (const n of ['new\nline', '\x1b[31mred', 'del\x7f', 'tab\tname']) fs.writeFileSync(path.join(h, n), 'x');
+    for (const n of ['new\nline', '\x1b[31mred', 'del\x7f', 'tab\tname', 'csi\u009b2J']) fs.writeFileSync(path.join(h, n), 'x');
     fs.mkdirSync(path.join(h, 'd\r'));
     fs.writeFileSync(path.join(h, 'd\r', 'inner'), 'x');
     const i = await call(c, 'copy_in', { session_id: sid, host_path: 'ctl-host', guest_path: '/work/ctl-in' });

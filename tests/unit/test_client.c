@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/util.h"
 #include "proto/client.h"
 #include "proto/client_int.h"
 #include "proto/proto.h"
@@ -952,13 +953,87 @@ static void unpack_eof_after_a_stop_is_no_end(void) {
   pthread_join(t, NULL);
   close(p[0]);
   CHECK_EQ_INT(u.r, -ECANCELED);
+  /* The call returns once its KILL is queued: the peer reads it a little
+   * later. */
   int first = -1;
-  for (size_t i = 0; i < pe.n_seen && first < 0; i++)
-    if (pe.seen[i] == PROTO_KILL || pe.seen[i] == PROTO_DATA_END)
-      first = pe.seen[i];
+  for (int k = 0; k < 500 && first < 0; k++) {
+    for (size_t i = 0; i < pe.n_seen && first < 0; i++)
+      if (pe.seen[i] == PROTO_KILL || pe.seen[i] == PROTO_DATA_END)
+        first = pe.seen[i];
+    if (first < 0)
+      usleep(10000);
+  }
   CHECK_EQ_INT(first, PROTO_KILL);
   free(u.err);
   peer_stop(&pe, c);
+}
+
+/* UNPACK answered as an agent whose tar process put the tree in place just
+ * as the KILL came: DATA_END gets no answer yet, KILL gets OK with the
+ * report (pe->arg 1: KILL gets no answer at all). */
+static void answer_unpack_late(struct peer *pe, const struct proto_header *h,
+                               const uint8_t *payload) {
+  (void)payload;
+  struct proto_buf b = {0};
+  if (h->type == PROTO_UNPACK) {
+    proto_frame_begin(&b, PROTO_CREDIT, h->id);
+    proto_put_u32(&b, TAG_WINDOW, TREE_WINDOW);
+    send_frame(pe->fd, &b);
+  } else if (h->type == PROTO_KILL && pe->arg == 0) {
+    proto_frame_begin(&b, PROTO_OK, h->id);
+    proto_put_u64(&b, TAG_FILES, 1);
+    proto_put_u64(&b, TAG_DIRS, 0);
+    proto_put_u64(&b, TAG_SYMLINKS, 0);
+    proto_put_u64(&b, TAG_TREE_BYTES, 100);
+    proto_put_u64(&b, TAG_SKIPPED, 0);
+    proto_put_u64(&b, TAG_BYTES, pe->data_bytes);
+    send_frame(pe->fd, &b);
+  }
+}
+
+static bool peer_saw(struct peer *pe, uint8_t type) {
+  for (size_t i = 0; i < pe->n_seen; i++)
+    if (pe->seen[i] == type)
+      return true;
+  return false;
+}
+
+/* A whole stream, DATA_END sent, then the stop: the agent may have put the
+ * tree in place already, so the call waits for its answer and reports
+ * what it did (OK: done), or, when it says nothing, that the destination
+ * may hold either tree, never that it was left as it was. */
+static void unpack_stop_after_the_end_waits_for_the_agent(void) {
+  for (uint64_t silent = 0; silent < 2; silent++) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_unpack_late, silent);
+    int p[2];
+    CHECK_EQ_INT(pipe2(p, O_CLOEXEC), 0);
+    static uint8_t stream[4096];
+    CHECK_EQ_INT(write(p[1], stream, sizeof stream), (ssize_t)sizeof stream);
+    close(p[1]);
+    struct unpack_call u = {.c = c, .fd = p[0]};
+    pthread_t t;
+    pthread_create(&t, NULL, unpack_main, &u);
+    for (int i = 0; i < 500 && !peer_saw(&pe, PROTO_DATA_END); i++)
+      usleep(10000);
+    CHECK(peer_saw(&pe, PROTO_DATA_END));
+    uint64_t t0 = mono_ms();
+    atomic_store(&u.stop, true);
+    pthread_join(t, NULL);
+    close(p[0]);
+    CHECK(peer_saw(&pe, PROTO_KILL));
+    if (!silent) {
+      CHECK_EQ_INT(u.r, 0);
+    } else {
+      CHECK_EQ_INT(u.r, -EINPROGRESS);
+      CHECK(u.err && strstr(u.err, "may hold the new tree or what it held before"));
+      CHECK(mono_ms() - t0 >= 10000); /* past the agent's own grace */
+    }
+    if (u.r < 0 && u.r != -EINPROGRESS)
+      fprintf(stderr, "  silent=%d: %d %s\n", (int)silent, u.r, u.err ? u.err : "");
+    free(u.err);
+    peer_stop(&pe, c);
+  }
 }
 
 /* ---- streams -------------------------------------------------------------- */
@@ -1564,7 +1639,8 @@ TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_ch
           TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data),
-          TEST(pack_window_is_what_was_sent), TEST(unpack_eof_after_a_stop_is_no_end), TEST(stream_flows_both_ways),
+          TEST(pack_window_is_what_was_sent), TEST(unpack_eof_after_a_stop_is_no_end),
+          TEST(unpack_stop_after_the_end_waits_for_the_agent), TEST(stream_flows_both_ways),
           TEST(stream_frames_are_checked), TEST(stream_reset_drops_late_frames),
           TEST(no_handler_refuses), TEST(lookup_is_answered),
           TEST(set_streams_stops_the_old_handler), TEST(stalled_stream_beside_a_ping),

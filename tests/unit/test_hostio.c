@@ -685,6 +685,9 @@ static void names_with_control_bytes_are_skipped(void) {
       {"T/sub", AE_IFDIR, 0755, NULL, NULL, NULL, 0, false},
       {"T/sub/\x01", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
       {"T/sub/fine~", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/csi\xc2\x9b" "2J", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/nel\xc2\x85", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
+      {"T/caf\xc3\xa9\xc2\xa0", AE_IFREG, 0644, "x", NULL, NULL, 0, false},
   };
   int fd = build_stream(ents, ARRAY_SIZE(ents));
   struct tar_report rep = {0};
@@ -693,6 +696,7 @@ static void names_with_control_bytes_are_skipped(void) {
   free(err);
   close(fd);
   CHECK(exists("dst/ok") && exists("dst/-rf") && exists("dst/sub/fine~"));
+  CHECK(exists("dst/caf\xc3\xa9\xc2\xa0")); /* U+00E9, U+00A0: not controls */
   /* Nothing with a control byte anywhere below ROOT. */
   CHECK_EQ_INT(sh("test -z \"$(find %s -name '*[[:cntrl:]]*')\"", root), 0);
   CHECK(!exists("dst/link"));
@@ -705,8 +709,10 @@ static void names_with_control_bytes_are_skipped(void) {
   CHECK(skipped_with(&rep, "T/d\r/inner", why));
   CHECK(skipped_with(&rep, "T/link", "target has a control character"));
   CHECK(skipped_with(&rep, "T/sub/\x01", why));
-  CHECK_EQ_INT(rep.skipped, 8);
-  CHECK_EQ_INT(rep.files, 3);
+  CHECK(skipped_with(&rep, "T/csi\xc2\x9b" "2J", why)); /* U+009B: CSI */
+  CHECK(skipped_with(&rep, "T/nel\xc2\x85", why));     /* U+0085: NEL */
+  CHECK_EQ_INT(rep.skipped, 10);
+  CHECK_EQ_INT(rep.files, 4);
   tar_report_free(&rep);
   CHECK(no_staging());
   teardown();

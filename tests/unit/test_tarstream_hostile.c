@@ -189,6 +189,92 @@ static void sparse_map_is_not_held_in_memory(void) {
   teardown();
 }
 
+/* A GNU sparse 1.0 file T of REALSIZE bytes whose map has the N regions
+ * OFF/LEN (in the map's order, whatever it is), each region's bytes 'x'. */
+static int sparse_stream(const char *realsize, const uint64_t (*regions)[2], size_t n) {
+  int fd = mem_fd();
+  char pax[1024] = {0};
+  pax_record(pax, sizeof pax, "GNU.sparse.major", "1");
+  pax_record(pax, sizeof pax, "GNU.sparse.minor", "0");
+  pax_record(pax, sizeof pax, "GNU.sparse.name", "T");
+  pax_record(pax, sizeof pax, "GNU.sparse.realsize", realsize);
+  header(fd, "PaxHeader/T", 'x', strlen(pax), 0644, false);
+  put(fd, pax, strlen(pax));
+  pad(fd);
+  char map[4096];
+  size_t m = (size_t)snprintf(map, sizeof map, "%zu\n", n);
+  uint64_t data = 0;
+  for (size_t i = 0; i < n; i++) {
+    m += (size_t)snprintf(map + m, sizeof map - m, "%llu\n%llu\n",
+                          (unsigned long long)regions[i][0], (unsigned long long)regions[i][1]);
+    data += regions[i][1];
+  }
+  size_t map_len = (m + 511) / 512 * 512;
+  header(fd, "GNUSparseFile.0/T", '0', map_len + data, 0644, false);
+  put(fd, map, m);
+  pad(fd);
+  static char xs[8192];
+  memset(xs, 'x', sizeof xs);
+  for (uint64_t left = data; left;) {
+    size_t k = left < sizeof xs ? (size_t)left : sizeof xs;
+    put(fd, xs, k);
+    left -= k;
+  }
+  pad(fd);
+  end_marker(fd);
+  lseek(fd, 0, SEEK_SET);
+  return fd;
+}
+
+/* Hostile sparse maps: a size past the cap with almost no data (holes
+ * count), regions out of order and overlapping, a region past the size the
+ * map declares.  Each is refused with nothing left behind, or makes a file
+ * of the declared size that allocates no more than it. */
+static void hostile_sparse_maps_stay_bounded(void) {
+  const struct tar_limits lim = {1ull << 20, 100};
+  static const uint64_t tiny[][2] = {{0, 4}};
+  static const uint64_t tangled[][2] = {{8192, 4}, {0, 4096}, {2048, 4096}, {100, 1}};
+  static const uint64_t past[][2] = {{0, 4}, {20000, 4}};
+  struct {
+    const char *what, *realsize;
+    const uint64_t (*regions)[2];
+    size_t n;
+    int want; /* 0: a file of realsize bytes; else the refusal */
+  } rows[] = {
+      {"2^63-1 bytes of holes", "9223372036854775807", tiny, 1, -EFBIG},
+      {"one byte past the cap, as holes", "1048577", tiny, 1, -EFBIG},
+      {"the cap exactly, as holes", "1048576", tiny, 1, 0},
+      {"regions out of order and overlapping", "16384", tangled, 4, 0},
+      {"a region past the declared size", "16384", past, 2, -1},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    setup();
+    int fd = sparse_stream(rows[i].realsize, rows[i].regions, rows[i].n);
+    char *err = NULL;
+    struct tar_report rep = {0};
+    int r = unpack_in_dir(fd, "dst", &lim, &rep, &err);
+    close(fd);
+    fprintf(stderr, "  %s: %d %s\n", rows[i].what, r, err ? err : "");
+    if (rows[i].want == 0) {
+      CHECK_EQ_INT(r, 0);
+      char path[PATH_MAX + 8];
+      snprintf(path, sizeof path, "%s/dst", dir);
+      struct stat st;
+      CHECK_EQ_INT(stat(path, &st), 0);
+      CHECK_EQ_INT((long long)st.st_size, atoll(rows[i].realsize));
+      CHECK((uint64_t)st.st_blocks * 512 <= (uint64_t)st.st_size + 65536);
+    } else {
+      CHECK(r < 0);
+      if (rows[i].want != -1)
+        CHECK_EQ_INT(r, rows[i].want);
+      CHECK(dir_is_empty());
+    }
+    free(err);
+    tar_report_free(&rep);
+    teardown();
+  }
+}
+
 /* A header with a wrong checksum after the top: libarchive says
  * ARCHIVE_RETRY, which holds no entry; the copy fails as a broken stream,
  * not with an internal error about the library's state. */
@@ -365,7 +451,7 @@ static void unreadable_directory_leaves_nothing_behind(void) {
   teardown();
 }
 
-TEST_MAIN(TEST(sparse_map_is_not_held_in_memory), TEST(damaged_header_is_a_broken_stream),
+TEST_MAIN(TEST(sparse_map_is_not_held_in_memory), TEST(hostile_sparse_maps_stay_bounded), TEST(damaged_header_is_a_broken_stream),
           TEST(cancel_in_the_drain_keeps_the_destination),
           TEST(commit_waits_for_the_senders_end),
           TEST(unreadable_directory_leaves_nothing_behind))

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -484,6 +485,122 @@ static void cancel_leaves_nothing(void) {
   free(d);
 }
 
+/* A stop that lands anywhere around the end of the stream (before DATA_END,
+ * just after it, while the agent commits, after it committed): the call's
+ * result always says what the destination holds (0: the new tree; an
+ * error: the old one, never "cancelled" over a tree already replaced), and
+ * no staging is left next to it. */
+/* Names in DIR (flat): how many, and whether NAME is one. */
+static int dir_names(const char *dir, const char *name, bool *ret_has) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  *ret_has = false;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    n++;
+    *ret_has |= strcmp(e->d_name, name) == 0;
+  }
+  if (d)
+    closedir(d);
+  return d ? n : -1;
+}
+
+/* DIR (flat) holding only "old". */
+static void reset_old(const char *dir) {
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+      CHECK_EQ_INT(unlinkat(dirfd(d), e->d_name, 0), 0);
+  if (d)
+    closedir(d);
+  else
+    CHECK_EQ_INT(mkdir(dir, 0755), 0);
+  char path[600];
+  snprintf(path, sizeof path, "%s/old", dir);
+  write_file(path, "old", 3, 0644);
+}
+
+static void stop_around_the_end_tells_the_truth(void) {
+  START(a);
+  char *d = tmpdir();
+  CHECK(sh("mkdir -p %s/src/t %s/guest && for i in 1 2 3 4 5 6 7 8; do "
+           "head -c 2000 /dev/urandom > %s/src/t/new$i; done",
+           d, d, d) == 0);
+  /* The stream, made once. */
+  int pfd[2];
+  CHECK(pipe2(pfd, O_CLOEXEC) == 0);
+  fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
+  char src[512];
+  snprintf(src, sizeof src, "%s/src", d);
+  int sfd = open(src, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  char *perr = NULL;
+  CHECK_EQ_INT(tar_pack(sfd, "t", "t", pfd[1], &big_lim, NULL, NULL, &perr), 0);
+  close(sfd);
+  close(pfd[1]);
+  static uint8_t stream[256 * 1024];
+  ssize_t len = read(pfd[0], stream, sizeof stream);
+  close(pfd[0]);
+  CHECK(len > 0 && len < (ssize_t)sizeof stream);
+  /* The stops are spread over the time a whole copy takes (the quickest
+   * of the first copies, which are not stopped), and a quarter past it. */
+  enum { WHOLE = 4, STOPS = 400 };
+  uint64_t whole_us = UINT64_MAX;
+  unsigned done = 0, kept = 0, wrong = 0;
+  for (unsigned i = 0; i < WHOLE + STOPS && len > 0; i++) {
+    struct unpack_call u = {.a = &a};
+    snprintf(u.guest, sizeof u.guest, "%s/guest/t", d);
+    reset_old(u.guest);
+    u.ctl.cancelled = &u.cancel;
+    CHECK(pipe2(pfd, O_CLOEXEC) == 0);
+    fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
+    CHECK(write(pfd[1], stream, (size_t)len) == len);
+    close(pfd[1]);
+    u.fd = pfd[0];
+    uint64_t t0 = now_ns(CLOCK_MONOTONIC) / 1000u;
+    pthread_create(&u.t, NULL, unpack_main, &u);
+    unsigned at = i < WHOLE ? 0 : (unsigned)(whole_us * 5 * (i - WHOLE) / (4 * STOPS));
+    if (i >= WHOLE) {
+      usleep(at);
+      atomic_store(&u.cancel, true);
+    }
+    pthread_join(u.t, NULL);
+    if (i < WHOLE) {
+      uint64_t took = now_ns(CLOCK_MONOTONIC) / 1000u - t0;
+      whole_us = took < whole_us ? took : whole_us;
+      CHECK_EQ_INT(u.r, 0);
+    }
+    close(u.fd);
+    /* A stopped tar process removes its staging before it exits. */
+    CHECK(wait_children(a.pid, 0, 5000));
+    bool has_old, has_t;
+    int n = dir_names(u.guest, "old", &has_old);
+    bool is_new = n == 8 && !has_old, is_old = n == 1 && has_old;
+    snprintf(src, sizeof src, "%s/guest", d);
+    bool clean = dir_names(src, "t", &has_t) == 1 && has_t;
+    if (u.r == 0 && is_new && clean)
+      done++;
+    else if (u.r < 0 && u.r != -EINPROGRESS && is_old && clean)
+      kept++;
+    else {
+      wrong++;
+      fprintf(stderr, "  stop after %u us: r=%d (%s), new=%d old=%d clean=%d\n", at, u.r,
+              u.err ? u.err : "", is_new, is_old, clean);
+    }
+    if (u.r == 0)
+      tar_report_free(&u.rep);
+    free(u.err);
+  }
+  fprintf(stderr, "  stops over %" PRIu64 " us: %u done, %u kept as it was\n", whole_us, done,
+          kept);
+  CHECK_EQ_INT(wrong, 0);
+  CHECK(wait_children(a.pid, 0, 5000));
+  free(perr);
+  agent_stop(&a);
+  sh("rm -rf %s", d);
+  free(d);
+}
+
 static void caps_are_enforced(void) {
   START(a);
   char *d = tmpdir();
@@ -609,4 +726,5 @@ static void missing_path_is_refused(void) {
 
 TEST_MAIN(TEST(round_trip), TEST(large_tree_in_bounded_memory),
           TEST(slow_reader_does_not_stall_exec), TEST(cancel_leaves_nothing),
+          TEST(stop_around_the_end_tells_the_truth),
           TEST(caps_are_enforced), TEST(ninth_tree_is_refused), TEST(missing_path_is_refused))
