@@ -485,7 +485,9 @@ bool egress_addr_class_private(enum egress_addr_class c) {
 
 /* ---- TLS ClientHello ------------------------------------------------------------ */
 
+#define TLS_CHANGE_CIPHER_SPEC 20u /* the first record content type */
 #define TLS_HANDSHAKE 22u
+#define TLS_HEARTBEAT 24u          /* the last */
 #define TLS_CLIENT_HELLO 1u
 #define TLS_RECORD_MAX 16384u
 #define TLS_EXT_SERVER_NAME 0u
@@ -588,9 +590,14 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
   out[0] = '\0';
   if (len == 0)
     return EGRESS_PEEK_MORE;
-  if (buf[0] != TLS_HANDSHAKE)
+  /* Any record header a TLS server may take as its first: a content type,
+   * then a version whose first byte is below 0x10 (Go's crypto/tls, behind
+   * Caddy and Traefik, takes any such version before the ClientHello, and
+   * drops warning alerts sent before it).  A stream that starts so is a
+   * ClientHello checked, or refused: never "neither TLS nor HTTP". */
+  if (buf[0] < TLS_CHANGE_CIPHER_SPEC || buf[0] > TLS_HEARTBEAT)
     return EGRESS_PEEK_OTHER;
-  if (len >= 2 && buf[1] != 0x03)
+  if (len >= 2 && buf[1] >= 0x10)
     return EGRESS_PEEK_OTHER;
   if (len > EGRESS_PEEK_MAX)
     len = EGRESS_PEEK_MAX;
@@ -613,7 +620,7 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
       return len >= EGRESS_PEEK_MAX ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
     const uint8_t *h = buf + off;
     size_t rlen = (size_t)h[3] << 8 | h[4];
-    if (h[0] != TLS_HANDSHAKE || h[1] != 0x03 || rlen == 0 || rlen > TLS_RECORD_MAX)
+    if (h[0] != TLS_HANDSHAKE || h[1] >= 0x10 || rlen == 0 || rlen > TLS_RECORD_MAX)
       return EGRESS_PEEK_MALFORMED;
     size_t have = len - off - 5 < rlen ? len - off - 5 : rlen;
     if (hs_len + have > sizeof hs)

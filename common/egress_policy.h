@@ -144,7 +144,10 @@ enum egress_peek {
 /* A TLS ClientHello's server_name (host_name type) from the first LEN bytes
  * of a stream, which may span several handshake records.  OUT has
  * EGRESS_NAME_BUF bytes; it is "" unless the result is FOUND, or MALFORMED
- * because the name itself is not a host name. */
+ * because the name itself is not a host name.  Bytes that start like any
+ * TLS record a server may take first (a content type 20-24, a version byte
+ * below 0x10) are TLS: a record before the ClientHello that is not one (a
+ * warning alert) is MALFORMED, never OTHER. */
 enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF]);
 
 /* An HTTP/1.x request's Host header (and, for a request in absolute form of

@@ -13,7 +13,7 @@
 // resolve where the rows need them.  Three servers: P with
 // IGN_MCP_NET_PRIVATE=host (good.test reaches the local servers), Q without it
 // (loopback and private names refused, the rebinding row), O with
-// IGN_MCP_NET=off.  The peek rows (30-36) also talk to a front end: Debian's
+// IGN_MCP_NET=off.  The peek rows (30-37) also talk to a front end: Debian's
 // nginx on 127.0.0.1 serving two sites on one port, good.test (allowed, its
 // default) and evil.test (never allowed), each with its own access log, and
 // a second one whose default is evil.test (row 36), and to a server that
@@ -50,6 +50,7 @@ const R = {
   host: 'Host mismatch',
   hostPort: 'Host port mismatch',
   malformedHttp: 'malformed HTTP request',
+  malformedTls: 'malformed TLS',
   noHost: 'HTTP request without Host',
   loopback: 'loopback address',
   private: 'private address',
@@ -171,6 +172,17 @@ async function hostSide(dir) {
       canary.close(done);
     }),
   };
+}
+
+/* A minimal TLS ClientHello naming SNI, in one record of version VERSION. */
+function clientHello(sni, version) {
+  const name = Buffer.from(sni);
+  const u16 = (n) => [n >> 8, n & 0xff];
+  const ext = [0, 0, ...u16(name.length + 5), ...u16(name.length + 3), 0, ...u16(name.length), ...name,
+    0, 0x2b, 0, 3, 2, 3, 4]; // server_name, supported_versions: TLS 1.3
+  const body = [3, 3, ...Array(32).fill(7), 0, 0, 2, 0x13, 0x01, 1, 0, ...u16(ext.length), ...ext];
+  const hs = [1, 0, ...u16(body.length), ...body];
+  return [22, ...u16(version), ...u16(hs.length), ...hs];
 }
 
 /* Debian's nginx (scripts/setup.sh installs it). */
@@ -789,6 +801,21 @@ out(smtp=talk(False), ssh=talk(True))`;
       '\\r\\nGET / HTTP/1.1\\r\\nAccept: */*\\r\\n\\r\\n',
       'OPTIONS * HTTP/1.1\\r\\n\\r\\n',
     ], [R.noHost, R.noHost, R.noHost]);
+  });
+
+  test('row 37: TLS records a server may take before or as its ClientHello: a warning alert first, another record version', { ...T, skip: NGINX_SKIP }, async () => {
+    // Go's crypto/tls (Caddy, Traefik) drops warning alerts sent before the
+    // ClientHello and takes any record version below 0x1000 there: on a
+    // port other than 443 these bytes passed as neither TLS nor HTTP, and
+    // such a front end served the site the SNI names.
+    const alert = (v) => [21, v >> 8, v & 0xff, 0, 2, 1, 90];
+    const esc = (bytes) => bytes.map((b) => `\\x${b.toString(16).padStart(2, '0')}`).join('');
+    await peekRow('row 37', [front.port, 443], [
+      esc([...alert(0x0303), ...clientHello('evil.test', 0x0301)]),
+      esc([...alert(0x0001), ...clientHello('good.test', 0x0301)]),
+      esc([20, 3, 3, 0, 1, 1, ...clientHello('good.test', 0x0301)]),
+      esc(clientHello('evil.test', 0x0103)),
+    ], [R.malformedTls, R.malformedTls, R.malformedTls, R.sni]);
   });
 
   test('row 18: programs that ignore or unset the proxy variables (curl)', T, async () => {
