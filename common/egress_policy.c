@@ -641,6 +641,54 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
   }
 }
 
+size_t egress_tls_hello_end(const uint8_t *buf, size_t len) {
+  size_t off = 0, hs = 0, need = 0, got = 0;
+  uint8_t head[4]; /* the handshake header: type, length */
+  while (len - off >= 5 && buf[off] == TLS_HANDSHAKE) {
+    size_t rlen = (size_t)buf[off + 3] << 8 | buf[off + 4];
+    for (size_t i = 0; i < rlen && off + 5 + i < len && got < 4; i++)
+      head[got++] = buf[off + 5 + i];
+    hs += rlen;
+    off += 5 + rlen;
+    if (got == 4) {
+      need = 4 + ((size_t)head[1] << 16 | (size_t)head[2] << 8 | head[3]);
+      if (hs >= need)
+        return off;
+    }
+    if (off >= len)
+      break;
+  }
+  return 0;
+}
+
+int egress_tls_hrr(const uint8_t *buf, size_t len) {
+  /* SHA-256 of "HelloRetryRequest" (RFC 8446 section 4.1.3). */
+  static const uint8_t hrr[32] = {0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c,
+                                  0x02, 0x1e, 0x65, 0xb8, 0x91, 0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb,
+                                  0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c};
+  /* record header (5), handshake type and length (4), legacy_version (2), random */
+  if (len >= 1 && buf[0] != TLS_HANDSHAKE)
+    return 0;
+  if (len >= 6 && buf[5] != 2)
+    return 0; /* not a ServerHello */
+  if (len < 11 + sizeof hrr)
+    return -1;
+  return memcmp(buf + 11, hrr, sizeof hrr) == 0;
+}
+
+long egress_tls_skip_ccs(const uint8_t *buf, size_t len) {
+  size_t off = 0;
+  while (off < len && buf[off] == TLS_CHANGE_CIPHER_SPEC) {
+    if (len - off < 5)
+      return -1;
+    size_t rlen = (size_t)buf[off + 3] << 8 | buf[off + 4];
+    if (len - off - 5 < rlen)
+      return -1;
+    off += 5 + rlen;
+  }
+  return (long)off;
+}
+
 /* ---- HTTP/1 Host -------------------------------------------------------------- */
 
 static bool is_tchar(unsigned char c) {

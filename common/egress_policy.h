@@ -150,6 +150,20 @@ enum egress_peek {
  * warning alert) is MALFORMED, never OTHER. */
 enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF]);
 
+/* Where the records that carry the ClientHello at the start of BUF end (an
+ * offset from BUF, perhaps past LEN when its last record is still coming),
+ * for a BUF egress_tls_sni found a whole ClientHello in; 0 otherwise. */
+size_t egress_tls_hello_end(const uint8_t *buf, size_t len);
+
+/* Whether the server's first bytes BUF (LEN) are a TLS 1.3 HelloRetryRequest
+ * (a ServerHello whose random is RFC 8446's special value): 1, 0, or -1 when
+ * more bytes are needed to tell. */
+int egress_tls_hrr(const uint8_t *buf, size_t len);
+
+/* BUF (LEN) with the ChangeCipherSpec records at its start left out: the
+ * offset of what follows them, or -1 while one is still coming. */
+long egress_tls_skip_ccs(const uint8_t *buf, size_t len);
+
 /* An HTTP/1.x request's Host header (and, for a request in absolute form of
  * any scheme or CONNECT, the authority of its target, which must name the
  * same host and port) from the first LEN bytes of a stream.  OUT as above;

@@ -234,6 +234,28 @@ http { ${temps} ${['good.test', 'evil.test'].map((n) => site(n, n === dflt ? ' d
   };
 }
 
+/* A TLS 1.3 server as far as a HelloRetryRequest: answers the first bytes
+ * with a ServerHello whose random is RFC 8446's HelloRetryRequest value,
+ * and keeps every byte it gets (cnt.got, per connection). */
+const HRR_RANDOM = 'cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c';
+async function retryServer() {
+  const cnt = { got: [] };
+  const srv = net.createServer((c) => {
+    const i = cnt.got.push(Buffer.alloc(0)) - 1;
+    c.on('data', (d) => {
+      if (!cnt.got[i].length) {
+        const body = Buffer.concat([Buffer.from([3, 3]), Buffer.from(HRR_RANDOM, 'hex'), Buffer.from([0, 0x13, 0x01, 0, 0, 0])]);
+        const hs = Buffer.concat([Buffer.from([2, 0, 0, body.length]), body]);
+        c.write(Buffer.concat([Buffer.from([22, 3, 3, 0, hs.length]), hs]));
+      }
+      cnt.got[i] = Buffer.concat([cnt.got[i], d]);
+    });
+    c.on('error', () => {});
+  });
+  const port = await listen(srv);
+  return { cnt, port, close: () => new Promise((resolve) => { srv.close(resolve); }) };
+}
+
 /* A server-first protocol: greets, then echoes what it gets. */
 async function greeter() {
   const cnt = { conns: 0, got: '' };
@@ -399,7 +421,7 @@ function assertReset(o, what) {
 }
 
 describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
-  let dir, host, front, frontEvil, greet, P, Q, A, B, N, C, D;
+  let dir, host, front, frontEvil, greet, retry, P, Q, A, B, N, C, D;
   let hostsP, hostsQ;
   const rulesA = [];
 
@@ -412,6 +434,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
       frontEvil = await frontEnd(dir, 'evil.test');
     }
     greet = await greeter();
+    retry = await retryServer();
     const { http: H, https: S } = host.ports;
     hostsP = path.join(dir, 'hosts-p');
     fs.writeFileSync(hostsP, '127.0.0.1 good.test\n127.0.0.1 loop.test\n10.0.0.5 ten.test\n169.254.169.254 meta.test\n0.0.0.0 zero.test\n');
@@ -421,7 +444,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     Q = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_EGRESS_HOSTS: hostsQ } });
     // good.test itself: ports 80 and 443, where nothing listens on the
     // host (the peek rows on ports 80 and 443 are refused before any connect).
-    rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, 'meta.test', 'zero.test', 'pypi.org');
+    rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, `good.test:${retry.port}`, 'meta.test', 'zero.test', 'pypi.org');
     if (front) rulesA.push(`good.test:${front.port}`, `good.test:${frontEvil.port}`);
     A = await openEgress(P.client, { network: 'allow', allow_hosts: rulesA }, 'session A');
     await writeFile(P.client, A.sid, '/root/ca.pem', host.cert);
@@ -436,6 +459,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     await front?.close();
     await frontEvil?.close();
     await greet?.close();
+    await retry?.close();
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
@@ -816,6 +840,45 @@ out(smtp=talk(False), ssh=talk(True))`;
       esc([20, 3, 3, 0, 1, 1, ...clientHello('good.test', 0x0301)]),
       esc(clientHello('evil.test', 0x0103)),
     ], [R.malformedTls, R.malformedTls, R.malformedTls, R.sni]);
+  });
+
+  test('row 38: after a HelloRetryRequest, a second ClientHello naming another host is cut; one naming the host goes up', T, async () => {
+    // Only the first ClientHello was peeked: nginx 1.22 picks its site by
+    // the second one's SNI, and served evil.test's certificate and site.
+    const R_ = retry.port;
+    const hex = (b) => Buffer.from(b).toString('hex');
+    const ccs = [20, 3, 3, 0, 1, 1];
+    const code = `
+import binascii
+def retry(ch1, rest):
+    s = socket.create_connection(("good.test", ${R_}), timeout=15)
+    try:
+        s.sendall(binascii.unhexlify(ch1))
+        got = s.recv(100)
+    except Exception as e:
+        return {"hrr": None, "after": kind(e)}
+    try:
+        s.sendall(binascii.unhexlify(rest))
+        time.sleep(1)
+        s.sendall(b"more")
+        s.settimeout(3)
+        d = s.recv(10)
+        return {"hrr": got[11:43].hex(), "after": "data" if d else "eof"}
+    except Exception as e:
+        return {"hrr": got[11:43].hex(), "after": kind(e)}
+    finally:
+        s.close()
+out(evil=retry("${hex(clientHello('good.test', 0x0303))}", "${hex([...ccs, ...clientHello('evil.test', 0x0303)])}"),
+    good=retry("${hex(clientHello('good.test', 0x0303))}", "${hex([...ccs, ...clientHello('good.test', 0x0303)])}"))`;
+    const before = retry.cnt.got.length;
+    const { out, eg } = await py(A, `import time\n${code}`);
+    const [evil, good] = retry.cnt.got.slice(before);
+    const ch1 = Buffer.from(clientHello('good.test', 0x0303));
+    assert.equal(out.evil.hrr, HRR_RANDOM, `row 38: no HelloRetryRequest came back: ${JSON.stringify(out)}`);
+    assert.ok(RESET.includes(out.evil.after), `row 38: the connection whose second ClientHello names evil.test went on: ${JSON.stringify(out)}`);
+    assert.deepEqual(evil, ch1, 'row 38: the server got more than the first ClientHello');
+    assert.equal(good.length, ch1.length + ccs.length + ch1.length + 4, 'row 38: the second ClientHello naming good.test (and what followed) did not go up');
+    await recorded(A, eg, [{ kind: 'connect', host: 'good.test', port: R_, reason: R.sni, sni: 'evil.test' }], 'row 38');
   });
 
   test('row 18: programs that ignore or unset the proxy variables (curl)', T, async () => {
