@@ -485,7 +485,9 @@ bool egress_addr_class_private(enum egress_addr_class c) {
 
 /* ---- TLS ClientHello ------------------------------------------------------------ */
 
+#define TLS_CHANGE_CIPHER_SPEC 20u /* the first record content type */
 #define TLS_HANDSHAKE 22u
+#define TLS_HEARTBEAT 24u          /* the last */
 #define TLS_CLIENT_HELLO 1u
 #define TLS_RECORD_MAX 16384u
 #define TLS_EXT_SERVER_NAME 0u
@@ -588,9 +590,14 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
   out[0] = '\0';
   if (len == 0)
     return EGRESS_PEEK_MORE;
-  if (buf[0] != TLS_HANDSHAKE)
+  /* Any record header a TLS server may take as its first: a content type,
+   * then a version whose first byte is below 0x10 (Go's crypto/tls, behind
+   * Caddy and Traefik, takes any such version before the ClientHello, and
+   * drops warning alerts sent before it).  A stream that starts so is a
+   * ClientHello checked, or refused: never "neither TLS nor HTTP". */
+  if (buf[0] < TLS_CHANGE_CIPHER_SPEC || buf[0] > TLS_HEARTBEAT)
     return EGRESS_PEEK_OTHER;
-  if (len >= 2 && buf[1] != 0x03)
+  if (len >= 2 && buf[1] >= 0x10)
     return EGRESS_PEEK_OTHER;
   if (len > EGRESS_PEEK_MAX)
     len = EGRESS_PEEK_MAX;
@@ -613,7 +620,7 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
       return len >= EGRESS_PEEK_MAX ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
     const uint8_t *h = buf + off;
     size_t rlen = (size_t)h[3] << 8 | h[4];
-    if (h[0] != TLS_HANDSHAKE || h[1] != 0x03 || rlen == 0 || rlen > TLS_RECORD_MAX)
+    if (h[0] != TLS_HANDSHAKE || h[1] >= 0x10 || rlen == 0 || rlen > TLS_RECORD_MAX)
       return EGRESS_PEEK_MALFORMED;
     size_t have = len - off - 5 < rlen ? len - off - 5 : rlen;
     if (hs_len + have > sizeof hs)
@@ -632,6 +639,54 @@ enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_
       return len >= EGRESS_PEEK_MAX ? EGRESS_PEEK_MALFORMED : EGRESS_PEEK_MORE;
     }
   }
+}
+
+size_t egress_tls_hello_end(const uint8_t *buf, size_t len) {
+  size_t off = 0, hs = 0, need = 0, got = 0;
+  uint8_t head[4]; /* the handshake header: type, length */
+  while (len - off >= 5 && buf[off] == TLS_HANDSHAKE) {
+    size_t rlen = (size_t)buf[off + 3] << 8 | buf[off + 4];
+    for (size_t i = 0; i < rlen && off + 5 + i < len && got < 4; i++)
+      head[got++] = buf[off + 5 + i];
+    hs += rlen;
+    off += 5 + rlen;
+    if (got == 4) {
+      need = 4 + ((size_t)head[1] << 16 | (size_t)head[2] << 8 | head[3]);
+      if (hs >= need)
+        return off;
+    }
+    if (off >= len)
+      break;
+  }
+  return 0;
+}
+
+int egress_tls_hrr(const uint8_t *buf, size_t len) {
+  /* SHA-256 of "HelloRetryRequest" (RFC 8446 section 4.1.3). */
+  static const uint8_t hrr[32] = {0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c,
+                                  0x02, 0x1e, 0x65, 0xb8, 0x91, 0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb,
+                                  0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c};
+  /* record header (5), handshake type and length (4), legacy_version (2), random */
+  if (len >= 1 && buf[0] != TLS_HANDSHAKE)
+    return 0;
+  if (len >= 6 && buf[5] != 2)
+    return 0; /* not a ServerHello */
+  if (len < 11 + sizeof hrr)
+    return -1;
+  return memcmp(buf + 11, hrr, sizeof hrr) == 0;
+}
+
+long egress_tls_skip_ccs(const uint8_t *buf, size_t len) {
+  size_t off = 0;
+  while (off < len && buf[off] == TLS_CHANGE_CIPHER_SPEC) {
+    if (len - off < 5)
+      return -1;
+    size_t rlen = (size_t)buf[off + 3] << 8 | buf[off + 4];
+    if (len - off - 5 < rlen)
+      return -1;
+    off += 5 + rlen;
+  }
+  return (long)off;
 }
 
 /* ---- HTTP/1 Host -------------------------------------------------------------- */

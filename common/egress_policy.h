@@ -144,8 +144,25 @@ enum egress_peek {
 /* A TLS ClientHello's server_name (host_name type) from the first LEN bytes
  * of a stream, which may span several handshake records.  OUT has
  * EGRESS_NAME_BUF bytes; it is "" unless the result is FOUND, or MALFORMED
- * because the name itself is not a host name. */
+ * because the name itself is not a host name.  Bytes that start like any
+ * TLS record a server may take first (a content type 20-24, a version byte
+ * below 0x10) are TLS: a record before the ClientHello that is not one (a
+ * warning alert) is MALFORMED, never OTHER. */
 enum egress_peek egress_tls_sni(const uint8_t *buf, size_t len, char out[EGRESS_NAME_BUF]);
+
+/* Where the records that carry the ClientHello at the start of BUF end (an
+ * offset from BUF, perhaps past LEN when its last record is still coming),
+ * for a BUF egress_tls_sni found a whole ClientHello in; 0 otherwise. */
+size_t egress_tls_hello_end(const uint8_t *buf, size_t len);
+
+/* Whether the server's first bytes BUF (LEN) are a TLS 1.3 HelloRetryRequest
+ * (a ServerHello whose random is RFC 8446's special value): 1, 0, or -1 when
+ * more bytes are needed to tell. */
+int egress_tls_hrr(const uint8_t *buf, size_t len);
+
+/* BUF (LEN) with the ChangeCipherSpec records at its start left out: the
+ * offset of what follows them, or -1 while one is still coming. */
+long egress_tls_skip_ccs(const uint8_t *buf, size_t len);
 
 /* An HTTP/1.x request's Host header (and, for a request in absolute form of
  * any scheme or CONNECT, the authority of its target, which must name the

@@ -21,7 +21,10 @@
  * from its default site, and what could start a request but does not
  * parse, see egress_http_host); bytes that are neither go up.  Once the upstream spoke
  * before the program's first byte (an SMTP greeting) the program's bytes
- * are not read as HTTP: an HTTP server only answers.
+ * are not read as HTTP: an HTTP server only answers.  After a ClientHello
+ * passed, the program's next bytes wait for the server's first handshake
+ * message: after a TLS 1.3 HelloRetryRequest the second ClientHello must
+ * name the host too (a front end may pick its site by it).
  *
  * Flow control: the agent may send what it was granted (first
  * EGRESS_PEEK_MAX, enough for the peek; once connected up to STREAM_WINDOW
@@ -62,6 +65,14 @@ struct stream {
   uint64_t peek_deadline;      /* peek_pending: the first byte came, a decision is due */
   const char *peek_more;       /* the refusal if the peek never completes */
   bool server_first;           /* peek_pending: the upstream sent bytes before the program */
+  /* A ClientHello passed the peek: what the program sends after it is held
+   * until the server's first handshake message is read; after a TLS 1.3
+   * HelloRetryRequest the second ClientHello must name the host too. */
+  bool tls_hold;
+  bool tls_hrr;                /* tls_hold: the server asked for a second ClientHello */
+  uint64_t tls_pass;           /* tls_hold: the bytes that may go up (the first ClientHello's) */
+  uint8_t tls_sh[48];          /* tls_hold: the server's first bytes */
+  size_t tls_sh_len;
   struct rec_conn rec;
   /* agent -> upstream */
   uint8_t *up;
@@ -124,13 +135,15 @@ void stream_kill(struct stream *s, int err, const char *reason, bool tell_agent)
 
 static void refuse(struct stream *s, const char *reason) { stream_kill(s, ECONNREFUSED, reason, true); }
 
+static size_t up_may_send(const struct stream *s);
+
 static void set_watch(struct stream *s) {
   uint32_t want = 0;
   if (s->st == ST_CONNECT)
     want = EPOLLOUT;
   else if (s->st == ST_RELAY)
     want = (!s->up_eof && !s->down_len && !s->down_blocked ? EPOLLIN : 0) |
-           (s->up_len && !s->peek_pending ? EPOLLOUT : 0);
+           (s->up_len && !s->peek_pending && up_may_send(s) ? EPOLLOUT : 0);
   if (want == s->watching)
     return;
   /* Out of the set when nothing is wanted: a socket shut both ways would
@@ -166,13 +179,22 @@ static void grant(struct stream *s) {
     s->granted += (uint32_t)room;
 }
 
+/* What of the agent's bytes may go upstream now. */
+static size_t up_may_send(const struct stream *s) {
+  if (!s->tls_hold)
+    return s->up_len;
+  uint64_t left = s->tls_pass > s->rec.bytes_up ? s->tls_pass - s->rec.bytes_up : 0;
+  return left < s->up_len ? (size_t)left : s->up_len;
+}
+
 /* Writes what the agent sent upstream; false when S was ended. */
 static bool flush_up(struct stream *s) {
   struct egress *e = s->lk->e;
   if (s->peek_pending)
     return true; /* held until the check passed; no more credit meanwhile */
-  while (s->up_len) {
-    ssize_t n = send(s->fd, s->up + s->up_off, s->up_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (s->up_len && up_may_send(s)) {
+    size_t can = up_may_send(s);
+    ssize_t n = send(s->fd, s->up + s->up_off, can, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && errno == EAGAIN)
@@ -200,6 +222,7 @@ static bool flush_up(struct stream *s) {
 
 static void peek_check(struct stream *s);
 static void go_connect(struct stream *s);
+static bool tls_second_hello(struct stream *s);
 
 void stream_data(struct stream *s, const uint8_t *p, size_t n) {
   struct egress *e = s->lk->e;
@@ -245,8 +268,11 @@ void stream_data(struct stream *s, const uint8_t *p, size_t n) {
     if (first)
       s->peek_deadline = s->last_ms + EGRESS_PEEK_MS;
     peek_check(s);
-  } else if (s->st == ST_RELAY && flush_up(s)) {
-    set_watch(s);
+  } else if (s->st == ST_RELAY) {
+    if (s->tls_hold && s->tls_hrr && !tls_second_hello(s))
+      return;
+    if (flush_up(s))
+      set_watch(s);
   }
 }
 
@@ -284,7 +310,16 @@ static enum verdict peek_verdict(struct stream *s, const char **ret_why) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "SNI mismatch";
-    return !s->raw && strcmp(out, s->rec.host) != 0 ? V_REFUSE : V_PASS;
+    if (s->raw)
+      return V_PASS;
+    if (strcmp(out, s->rec.host) != 0)
+      return V_REFUSE;
+    /* The ClientHello goes up; what follows it waits for the server's
+     * answer (tls_server_hello). */
+    size_t end = egress_tls_hello_end(b, len);
+    s->tls_hold = true;
+    s->tls_pass = end ? end : len;
+    return V_PASS;
   case EGRESS_PEEK_ABSENT:
     return V_PASS;
   case EGRESS_PEEK_MALFORMED:
@@ -467,6 +502,54 @@ void stream_resolved(struct stream *s, struct resolve_job *j) {
   refuse(s, first ? first : "connect failed: no address");
 }
 
+/* ---- a second ClientHello ---- */
+
+/* After a HelloRetryRequest: the program's second ClientHello (behind any
+ * ChangeCipherSpec records) must name the host as the first did, or a
+ * front end picking its site by SNI would serve another one.  False when S
+ * was ended. */
+static bool tls_second_hello(struct stream *s) {
+  uint64_t unsent = s->tls_pass - s->rec.bytes_up; /* of the first ClientHello */
+  if (unsent > s->up_len)
+    return true;
+  const uint8_t *b = s->up + s->up_off + unsent;
+  size_t len = s->up_len - (size_t)unsent;
+  bool last = len >= EGRESS_PEEK_MAX || s->agent_shut;
+  long skip = egress_tls_skip_ccs(b, len);
+  char out[EGRESS_NAME_BUF] = "";
+  enum egress_peek r = skip < 0 ? EGRESS_PEEK_MORE : egress_tls_sni(b + skip, len - (size_t)skip, out);
+  if (r == EGRESS_PEEK_MORE && !last)
+    return true;
+  if (r == EGRESS_PEEK_FOUND && strcmp(out, s->rec.host) == 0) {
+    s->tls_hold = false;
+    return true;
+  }
+  if (r == EGRESS_PEEK_FOUND)
+    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
+  stream_kill(s, ECONNRESET, r == EGRESS_PEEK_FOUND ? "SNI mismatch" : "malformed TLS", true);
+  return false;
+}
+
+/* The server's first bytes P (N) while the program's bytes after its
+ * ClientHello are held: a ServerHello lets them go, a HelloRetryRequest
+ * makes the next ClientHello checked.  False when S was ended. */
+static bool tls_server_hello(struct stream *s, const uint8_t *p, size_t n) {
+  size_t take = sizeof s->tls_sh - s->tls_sh_len;
+  if (take > n)
+    take = n;
+  memcpy(s->tls_sh + s->tls_sh_len, p, take);
+  s->tls_sh_len += take;
+  int r = egress_tls_hrr(s->tls_sh, s->tls_sh_len);
+  if (r < 0)
+    return true;
+  if (r == 0) {
+    s->tls_hold = false;
+    return true;
+  }
+  s->tls_hrr = true;
+  return tls_second_hello(s);
+}
+
 /* ---- upstream -> agent ---- */
 
 /* Hands the chunk read to the agent; false when S was ended. */
@@ -518,6 +601,8 @@ static bool pump_down(struct stream *s) {
       s->up_eof = true;
     else if (s->peek_pending && !s->up_len)
       s->server_first = true;
+    if (n > 0 && s->tls_hold && !s->tls_hrr && !tls_server_hello(s, s->down, (size_t)n))
+      return false;
     s->down_len = (size_t)n;
     if (!send_down(s))
       return false;

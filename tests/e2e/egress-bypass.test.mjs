@@ -13,7 +13,7 @@
 // resolve where the rows need them.  Three servers: P with
 // IGN_MCP_NET_PRIVATE=host (good.test reaches the local servers), Q without it
 // (loopback and private names refused, the rebinding row), O with
-// IGN_MCP_NET=off.  The peek rows (30-36) also talk to a front end: Debian's
+// IGN_MCP_NET=off.  The peek rows (30-37) also talk to a front end: Debian's
 // nginx on 127.0.0.1 serving two sites on one port, good.test (allowed, its
 // default) and evil.test (never allowed), each with its own access log, and
 // a second one whose default is evil.test (row 36), and to a server that
@@ -50,6 +50,7 @@ const R = {
   host: 'Host mismatch',
   hostPort: 'Host port mismatch',
   malformedHttp: 'malformed HTTP request',
+  malformedTls: 'malformed TLS',
   noHost: 'HTTP request without Host',
   loopback: 'loopback address',
   private: 'private address',
@@ -173,6 +174,17 @@ async function hostSide(dir) {
   };
 }
 
+/* A minimal TLS ClientHello naming SNI, in one record of version VERSION. */
+function clientHello(sni, version) {
+  const name = Buffer.from(sni);
+  const u16 = (n) => [n >> 8, n & 0xff];
+  const ext = [0, 0, ...u16(name.length + 5), ...u16(name.length + 3), 0, ...u16(name.length), ...name,
+    0, 0x2b, 0, 3, 2, 3, 4]; // server_name, supported_versions: TLS 1.3
+  const body = [3, 3, ...Array(32).fill(7), 0, 0, 2, 0x13, 0x01, 1, 0, ...u16(ext.length), ...ext];
+  const hs = [1, 0, ...u16(body.length), ...body];
+  return [22, ...u16(version), ...u16(hs.length), ...hs];
+}
+
 /* Debian's nginx (scripts/setup.sh installs it). */
 const NGINX = ['/usr/sbin/nginx', '/usr/bin/nginx'].find((p) => fs.existsSync(p));
 const NGINX_SKIP = NGINX ? false : 'nginx is not installed (scripts/setup.sh installs it)';
@@ -220,6 +232,28 @@ http { ${temps} ${['good.test', 'evil.test'].map((n) => site(n, n === dflt ? ' d
       child.kill('SIGTERM');
     }),
   };
+}
+
+/* A TLS 1.3 server as far as a HelloRetryRequest: answers the first bytes
+ * with a ServerHello whose random is RFC 8446's HelloRetryRequest value,
+ * and keeps every byte it gets (cnt.got, per connection). */
+const HRR_RANDOM = 'cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c';
+async function retryServer() {
+  const cnt = { got: [] };
+  const srv = net.createServer((c) => {
+    const i = cnt.got.push(Buffer.alloc(0)) - 1;
+    c.on('data', (d) => {
+      if (!cnt.got[i].length) {
+        const body = Buffer.concat([Buffer.from([3, 3]), Buffer.from(HRR_RANDOM, 'hex'), Buffer.from([0, 0x13, 0x01, 0, 0, 0])]);
+        const hs = Buffer.concat([Buffer.from([2, 0, 0, body.length]), body]);
+        c.write(Buffer.concat([Buffer.from([22, 3, 3, 0, hs.length]), hs]));
+      }
+      cnt.got[i] = Buffer.concat([cnt.got[i], d]);
+    });
+    c.on('error', () => {});
+  });
+  const port = await listen(srv);
+  return { cnt, port, close: () => new Promise((resolve) => { srv.close(resolve); }) };
 }
 
 /* A server-first protocol: greets, then echoes what it gets. */
@@ -387,7 +421,7 @@ function assertReset(o, what) {
 }
 
 describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
-  let dir, host, front, frontEvil, greet, P, Q, A, B, N, C, D;
+  let dir, host, front, frontEvil, greet, retry, P, Q, A, B, N, C, D;
   let hostsP, hostsQ;
   const rulesA = [];
 
@@ -400,6 +434,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
       frontEvil = await frontEnd(dir, 'evil.test');
     }
     greet = await greeter();
+    retry = await retryServer();
     const { http: H, https: S } = host.ports;
     hostsP = path.join(dir, 'hosts-p');
     fs.writeFileSync(hostsP, '127.0.0.1 good.test\n127.0.0.1 loop.test\n10.0.0.5 ten.test\n169.254.169.254 meta.test\n0.0.0.0 zero.test\n');
@@ -409,7 +444,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     Q = await startServer({ tools: true, env: { IGN_MCP_NET: 'open', IGN_MCP_EGRESS_HOSTS: hostsQ } });
     // good.test itself: ports 80 and 443, where nothing listens on the
     // host (the peek rows on ports 80 and 443 are refused before any connect).
-    rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, 'meta.test', 'zero.test', 'pypi.org');
+    rulesA.push(`good.test:${H}`, `good.test:${S}`, 'good.test', `good.test:${greet.port}`, `good.test:${retry.port}`, 'meta.test', 'zero.test', 'pypi.org');
     if (front) rulesA.push(`good.test:${front.port}`, `good.test:${frontEvil.port}`);
     A = await openEgress(P.client, { network: 'allow', allow_hosts: rulesA }, 'session A');
     await writeFile(P.client, A.sid, '/root/ca.pem', host.cert);
@@ -424,6 +459,7 @@ describe('egress: the bypass table', { skip: TOOLS_SKIP }, () => {
     await front?.close();
     await frontEvil?.close();
     await greet?.close();
+    await retry?.close();
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
@@ -789,6 +825,60 @@ out(smtp=talk(False), ssh=talk(True))`;
       '\\r\\nGET / HTTP/1.1\\r\\nAccept: */*\\r\\n\\r\\n',
       'OPTIONS * HTTP/1.1\\r\\n\\r\\n',
     ], [R.noHost, R.noHost, R.noHost]);
+  });
+
+  test('row 37: TLS records a server may take before or as its ClientHello: a warning alert first, another record version', { ...T, skip: NGINX_SKIP }, async () => {
+    // Go's crypto/tls (Caddy, Traefik) drops warning alerts sent before the
+    // ClientHello and takes any record version below 0x1000 there: on a
+    // port other than 443 these bytes passed as neither TLS nor HTTP, and
+    // such a front end served the site the SNI names.
+    const alert = (v) => [21, v >> 8, v & 0xff, 0, 2, 1, 90];
+    const esc = (bytes) => bytes.map((b) => `\\x${b.toString(16).padStart(2, '0')}`).join('');
+    await peekRow('row 37', [front.port, 443], [
+      esc([...alert(0x0303), ...clientHello('evil.test', 0x0301)]),
+      esc([...alert(0x0001), ...clientHello('good.test', 0x0301)]),
+      esc([20, 3, 3, 0, 1, 1, ...clientHello('good.test', 0x0301)]),
+      esc(clientHello('evil.test', 0x0103)),
+    ], [R.malformedTls, R.malformedTls, R.malformedTls, R.sni]);
+  });
+
+  test('row 38: after a HelloRetryRequest, a second ClientHello naming another host is cut; one naming the host goes up', T, async () => {
+    // Only the first ClientHello was peeked: nginx 1.22 picks its site by
+    // the second one's SNI, and served evil.test's certificate and site.
+    const R_ = retry.port;
+    const hex = (b) => Buffer.from(b).toString('hex');
+    const ccs = [20, 3, 3, 0, 1, 1];
+    const code = `
+import binascii
+def retry(ch1, rest):
+    s = socket.create_connection(("good.test", ${R_}), timeout=15)
+    try:
+        s.sendall(binascii.unhexlify(ch1))
+        got = s.recv(100)
+    except Exception as e:
+        return {"hrr": None, "after": kind(e)}
+    try:
+        s.sendall(binascii.unhexlify(rest))
+        time.sleep(1)
+        s.sendall(b"more")
+        s.settimeout(3)
+        d = s.recv(10)
+        return {"hrr": got[11:43].hex(), "after": "data" if d else "eof"}
+    except Exception as e:
+        return {"hrr": got[11:43].hex(), "after": kind(e)}
+    finally:
+        s.close()
+out(evil=retry("${hex(clientHello('good.test', 0x0303))}", "${hex([...ccs, ...clientHello('evil.test', 0x0303)])}"),
+    good=retry("${hex(clientHello('good.test', 0x0303))}", "${hex([...ccs, ...clientHello('good.test', 0x0303)])}"))`;
+    const before = retry.cnt.got.length;
+    const { out, eg } = await py(A, `import time\n${code}`);
+    const [evil, good] = retry.cnt.got.slice(before);
+    const ch1 = Buffer.from(clientHello('good.test', 0x0303));
+    assert.equal(out.evil.hrr, HRR_RANDOM, `row 38: no HelloRetryRequest came back: ${JSON.stringify(out)}`);
+    assert.ok(RESET.includes(out.evil.after), `row 38: the connection whose second ClientHello names evil.test went on: ${JSON.stringify(out)}`);
+    assert.deepEqual(evil, ch1, 'row 38: the server got more than the first ClientHello');
+    assert.equal(good.length, ch1.length + ccs.length + ch1.length + 4, 'row 38: the second ClientHello naming good.test (and what followed) did not go up');
+    await recorded(A, eg, [{ kind: 'connect', host: 'good.test', port: R_, reason: R.sni, sni: 'evil.test' }], 'row 38');
   });
 
   test('row 18: programs that ignore or unset the proxy variables (curl)', T, async () => {

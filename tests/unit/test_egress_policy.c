@@ -524,10 +524,89 @@ static void test_sni(void) {
 
   /* Not TLS. */
   CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"GET / HTTP/1.1\r\n", 16, out), EGRESS_PEEK_OTHER);
-  CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x16\x02", 2, out), EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x16\x10", 2, out), EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x13\x03", 2, out), EGRESS_PEEK_OTHER);
+  CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x19\x03", 2, out), EGRESS_PEEK_OTHER);
   CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"SSH-2.0-x", 9, out), EGRESS_PEEK_OTHER);
   CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"", 0, out), EGRESS_PEEK_MORE);
   CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x16", 1, out), EGRESS_PEEK_MORE);
+}
+
+/* The same first bytes may go to a server that takes any TLS record
+ * header as its first (Go's crypto/tls, behind Caddy and Traefik: a
+ * version below 0x1000, warning alerts before the ClientHello dropped): on
+ * a port other than 443 they were passed as neither TLS nor HTTP, and such
+ * a front end served the SNI's site.  They are TLS: the ClientHello's SNI
+ * is checked, and a record before it that is not one is refused. */
+static void test_sni_any_first_record(void) {
+  char out[EGRESS_NAME_BUF];
+  static const uint8_t alerts[][7] = {
+      {21, 3, 3, 0, 2, 1, 90}, /* a warning (user_canceled), TLS 1.2's version */
+      {21, 0, 1, 0, 2, 1, 90}, /* the same, version 0x0001 */
+      {20, 3, 3, 0, 1, 1},     /* a ChangeCipherSpec */
+      {23, 3, 3, 0, 2, 0, 0},  /* application data */
+      {24, 3, 3, 0, 2, 1, 0},  /* a heartbeat */
+  };
+  for (size_t i = 0; i < sizeof alerts / sizeof alerts[0]; i++) {
+    size_t hn = alerts[i][0] == 20 ? 6 : 7;
+    make_hello("evil.test", 16384);
+    static struct bytes both;
+    both.n = 0;
+    putn(&both, alerts[i], hn);
+    putn(&both, rec.b, rec.n);
+    CHECK_EQ_INT(egress_tls_sni(both.b, both.n, out), EGRESS_PEEK_MALFORMED);
+    for (size_t cut = 1; cut < 5; cut++) /* a record header still coming */
+      CHECK_EQ_INT(egress_tls_sni(both.b, cut, out), EGRESS_PEEK_MORE);
+  }
+  /* A ClientHello in records of another version: its SNI, checked. */
+  static const unsigned versions[] = {0x0103, 0x0001, 0x0f03, 0x0300};
+  for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+    make_hello("evil.test", 7);
+    for (size_t off = 0; off < rec.n; off += 5 + ((size_t)rec.b[off + 3] << 8 | rec.b[off + 4])) {
+      rec.b[off + 1] = (uint8_t)(versions[i] >> 8);
+      rec.b[off + 2] = (uint8_t)versions[i];
+    }
+    CHECK_EQ_INT(egress_tls_sni(rec.b, rec.n, out), EGRESS_PEEK_FOUND);
+    CHECK_STREQ(out, "evil.test");
+  }
+  /* Two bytes a server takes for a record header: wait for the rest. */
+  CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x16\x02", 2, out), EGRESS_PEEK_MORE);
+  CHECK_EQ_INT(egress_tls_sni((const uint8_t *)"\x15\x03", 2, out), EGRESS_PEEK_MORE);
+}
+
+/* What the broker needs to hold the bytes after a ClientHello until the
+ * server answered, and to check a second ClientHello after a
+ * HelloRetryRequest. */
+static void test_tls_retry(void) {
+  make_hello("good.test", 16384);
+  CHECK_EQ_INT((int)egress_tls_hello_end(rec.b, rec.n), (int)rec.n);
+  CHECK_EQ_INT((int)egress_tls_hello_end(rec.b, rec.n - 1), (int)rec.n); /* its last bytes coming */
+  CHECK_EQ_INT((int)egress_tls_hello_end(rec.b, 20), (int)rec.n); /* its length is known */
+  CHECK_EQ_INT((int)egress_tls_hello_end(rec.b, 7), 0);             /* not yet */
+  size_t one = rec.n;
+  memset(rec.b + rec.n, 0x17, 10); /* what follows it is not part of it */
+  CHECK_EQ_INT((int)egress_tls_hello_end(rec.b, one + 10), (int)one);
+  make_hello("good.test", 7); /* records of 7 bytes: the end of the last one */
+  CHECK_EQ_INT((int)egress_tls_hello_end(rec.b, rec.n), (int)rec.n);
+
+  static const uint8_t random_hrr[32] = {
+      0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c, 0x02, 0x1e, 0x65, 0xb8, 0x91,
+      0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb, 0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c};
+  uint8_t sh[43] = {22, 3, 3, 0, 38, 2, 0, 0, 34, 3, 3};
+  memcpy(sh + 11, random_hrr, 32);
+  CHECK_EQ_INT(egress_tls_hrr(sh, sizeof sh), 1);
+  for (size_t cut = 0; cut < sizeof sh; cut++)
+    CHECK_EQ_INT(egress_tls_hrr(sh, cut), -1);
+  sh[42] ^= 1; /* an ordinary ServerHello */
+  CHECK_EQ_INT(egress_tls_hrr(sh, sizeof sh), 0);
+  sh[5] = 8; /* not a ServerHello */
+  CHECK_EQ_INT(egress_tls_hrr(sh, 6), 0);
+  CHECK_EQ_INT(egress_tls_hrr((const uint8_t *)"HTTP/1.1 400", 12), 0);
+
+  static const uint8_t ccs2[] = {20, 3, 3, 0, 1, 1, 20, 3, 3, 0, 1, 1, 22};
+  CHECK_EQ_INT((int)egress_tls_skip_ccs(ccs2, sizeof ccs2), 12);
+  CHECK_EQ_INT((int)egress_tls_skip_ccs(ccs2, 9), -1);
+  CHECK_EQ_INT((int)egress_tls_skip_ccs(ccs2 + 12, 1), 0);
 }
 
 static void test_sni_hostile(void) {
@@ -863,5 +942,6 @@ static void test_http_hostile(void) {
 
 TEST_MAIN(TEST(test_rule_forms), TEST(test_rule_refusals), TEST(test_policy_parse),
           TEST(test_match), TEST(test_sanitize), TEST(test_classify_v4), TEST(test_classify_v6),
-          TEST(test_classify_private), TEST(test_sni), TEST(test_sni_hostile), TEST(test_http),
-          TEST(test_http_hostile), TEST(test_http_fail_closed), TEST(test_http_ports))
+          TEST(test_classify_private), TEST(test_sni), TEST(test_sni_any_first_record), TEST(test_tls_retry),
+          TEST(test_sni_hostile), TEST(test_http), TEST(test_http_hostile),
+          TEST(test_http_fail_closed), TEST(test_http_ports))
