@@ -90,9 +90,14 @@ else
 		die "apt-get install failed for: ${missing[*]}"
 	# nginx's package starts its default site on port 80; the tests run
 	# their own nginx, so the service this script just installed is stopped.
-	if [[ " ${missing[*]} " == *" nginx "* && -d /run/systemd/system ]]; then
-		systemctl disable --now nginx >/dev/null 2>&1 ||
-			say "warning: could not stop nginx's service: run systemctl disable --now nginx"
+	if [[ " ${missing[*]} " == *" nginx "* ]]; then
+		if [[ -d /run/systemd/system ]]; then
+			systemctl disable --now nginx >/dev/null 2>&1 ||
+				say "warning: could not stop nginx's service: run systemctl disable --now nginx"
+		elif [[ -s /run/nginx.pid ]]; then
+			# No systemd (a container): its init script may have started it.
+			nginx -s quit >/dev/null 2>&1 || say "warning: could not stop nginx: run nginx -s quit"
+		fi
 	fi
 fi
 
