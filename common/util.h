@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,10 @@ static inline void fclosep(FILE **f) {
     (fd) = -1;          \
     _tmp_;              \
   })
+
+/* ASCII only, whatever the locale: for bytes from outside. */
+static inline bool ascii_is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static inline char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
 
 static inline uint64_t now_ns(clockid_t clk) {
   struct timespec ts;
