@@ -8,7 +8,7 @@
  * SNI or HTTP Host from the first bytes, before anything is connected, so a
  * name that is not the connection's never reaches anything), the addresses
  * the host resolves the name to now (never what the sandbox saw, never the
- * DNS cache), and the connect.
+ * DNS cache), and the connect.  What the first bytes say is peek.c's verdict.
  *
  * Ports 80 and 443 are web ports whatever the rule says ("good.test:443",
  * "good.test:*"): the first bytes must be TLS or HTTP naming the host, and
@@ -46,48 +46,10 @@
 
 #include "common/util.h"
 #include "egress/egress_int.h"
+#include "egress/stream_int.h"
 
 #define DOWN_CHUNK PROTO_CHUNK
 #define PUMP_MAX 4 /* chunks read from one upstream socket per wake-up: fairness */
-
-enum st { ST_PEEK, ST_RESOLVE, ST_CONNECT, ST_RELAY };
-
-struct stream {
-  struct stream *next;
-  struct link *lk;
-  uint32_t sid;
-  enum st st;
-  int family;                  /* the destination the program asked for */
-  uint8_t addr[16];
-  bool raw;                    /* not a synthetic address: a raw IP connect (open mode) */
-  bool web;                    /* port 80 or 443: must be TLS or HTTP, peeked before connecting */
-  bool peek_pending;           /* connecting or connected, the first bytes not checked yet */
-  uint64_t peek_deadline;      /* peek_pending: the first byte came, a decision is due */
-  const char *peek_more;       /* the refusal if the peek never completes */
-  bool server_first;           /* peek_pending: the upstream sent bytes before the program */
-  /* A ClientHello passed the peek: what the program sends after it is held
-   * until the server's first handshake message is read; after a TLS 1.3
-   * HelloRetryRequest the second ClientHello must name the host too. */
-  bool tls_hold;
-  bool tls_hrr;                /* tls_hold: the server asked for a second ClientHello */
-  uint64_t tls_pass;           /* tls_hold: the bytes that may go up (the first ClientHello's) */
-  uint8_t tls_sh[48];          /* tls_hold: the server's first bytes */
-  size_t tls_sh_len;
-  struct rec_conn rec;
-  /* agent -> upstream */
-  uint8_t *up;
-  size_t up_off, up_len, up_cap;
-  uint32_t granted;            /* what the agent may still send */
-  bool agent_shut, up_shut;    /* SHUT came; shutdown(SHUT_WR) done */
-  /* upstream -> agent */
-  uint8_t *down;
-  size_t down_off, down_len;
-  bool up_eof, down_shut, down_blocked;
-  int fd;
-  uint32_t watching;           /* the epoll mask; 0: not in the set */
-  struct resolve_job *job;
-  uint64_t deadline, last_ms;
-};
 
 struct stream *stream_find(struct link *lk, uint32_t sid) {
   for (struct stream *s = lk->streams; s; s = s->next)
@@ -222,7 +184,6 @@ static bool flush_up(struct stream *s) {
 
 static void peek_check(struct stream *s);
 static void go_connect(struct stream *s);
-static bool tls_second_hello(struct stream *s);
 
 void stream_data(struct stream *s, const uint8_t *p, size_t n) {
   struct egress *e = s->lk->e;
@@ -269,7 +230,7 @@ void stream_data(struct stream *s, const uint8_t *p, size_t n) {
       s->peek_deadline = s->last_ms + EGRESS_PEEK_MS;
     peek_check(s);
   } else if (s->st == ST_RELAY) {
-    if (s->tls_hold && s->tls_hrr && !tls_second_hello(s))
+    if (s->tls_hold && s->tls_hrr && !stream_tls_second_hello(s))
       return;
     if (flush_up(s))
       set_watch(s);
@@ -277,96 +238,6 @@ void stream_data(struct stream *s, const uint8_t *p, size_t n) {
 }
 
 /* ---- the peek ---- */
-
-static bool host_is_literal(const char *h) {
-  uint8_t a[16];
-  return inet_pton(AF_INET, h, a) == 1 || inet_pton(AF_INET6, h, a) == 1;
-}
-
-/* Whether the name a peek found may go with this connection. */
-static bool peek_name_ok(const struct stream *s, const char *found) {
-  if (!s->raw)
-    return strcmp(found, s->rec.host) == 0;
-  /* A raw connect (open mode): an IP literal must be the address itself. */
-  return !host_is_literal(found) || strcmp(found, s->rec.ip) == 0;
-}
-
-enum verdict { V_WAIT, V_PASS, V_REFUSE };
-
-/* What the first bytes say: V_REFUSE (*RET_WHY the reason), V_PASS, or
- * V_WAIT for more. */
-static enum verdict peek_verdict(struct stream *s, const char **ret_why) {
-  const uint8_t *b = s->up + s->up_off;
-  size_t len = s->up_len;
-  bool last = len >= EGRESS_PEEK_MAX || s->agent_shut; /* no more bytes will come */
-  char out[EGRESS_NAME_BUF];
-  if (!len) {
-    if (!s->agent_shut)
-      return V_WAIT;
-    *ret_why = "no request";
-    return s->web ? V_REFUSE : V_PASS;
-  }
-  switch (egress_tls_sni(b, len, out)) {
-  case EGRESS_PEEK_FOUND:
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    *ret_why = "SNI mismatch";
-    if (s->raw)
-      return V_PASS;
-    if (strcmp(out, s->rec.host) != 0)
-      return V_REFUSE;
-    /* The ClientHello goes up; what follows it waits for the server's
-     * answer (tls_server_hello). */
-    size_t end = egress_tls_hello_end(b, len);
-    s->tls_hold = true;
-    s->tls_pass = end ? end : len;
-    return V_PASS;
-  case EGRESS_PEEK_ABSENT:
-    return V_PASS;
-  case EGRESS_PEEK_MALFORMED:
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    *ret_why = "malformed TLS";
-    return V_REFUSE;
-  case EGRESS_PEEK_MORE:
-    *ret_why = s->peek_more = "malformed TLS";
-    return last ? V_REFUSE : V_WAIT;
-  case EGRESS_PEEK_OTHER:
-    break;
-  }
-  /* The upstream spoke before the program's first byte: a server-first
-   * protocol (SMTP, FTP, IMAP), never an HTTP server, which only answers.
-   * Its commands may look like a request line ("EHLO x"). */
-  if (s->server_first)
-    return V_PASS;
-  uint16_t port = 0;
-  switch (egress_http_host(b, len, out, &port)) {
-  case EGRESS_PEEK_FOUND:
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    *ret_why = "Host mismatch";
-    if (!peek_name_ok(s, out))
-      return V_REFUSE;
-    /* A port named (Host: name:port, or the target's) is the port
-     * connected to: a front end may route by it.  No port is any port. */
-    *ret_why = "Host port mismatch";
-    return port && port != s->rec.port ? V_REFUSE : V_PASS;
-  case EGRESS_PEEK_ABSENT:
-    /* A request naming no host is served from a front end's default
-     * site, which may be one the policy does not allow.  A raw connect
-     * (open mode) allows the address, whatever it serves. */
-    *ret_why = "HTTP request without Host";
-    return s->raw ? V_PASS : V_REFUSE;
-  case EGRESS_PEEK_MALFORMED:
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    *ret_why = "malformed HTTP request";
-    return V_REFUSE;
-  case EGRESS_PEEK_MORE:
-    *ret_why = s->peek_more = "malformed HTTP request";
-    return last ? V_REFUSE : V_WAIT;
-  case EGRESS_PEEK_OTHER:
-    break;
-  }
-  *ret_why = "not TLS or HTTP on a web port";
-  return s->web ? V_REFUSE : V_PASS;
-}
 
 /* A stream connecting or connected before its first bytes were checked
  * is refused: nothing of the program's went up, so it is a denied event. */
@@ -379,7 +250,7 @@ static void late_refuse(struct stream *s, const char *why) {
  * held bytes go up), or waits. */
 static void peek_check(struct stream *s) {
   const char *why = NULL;
-  enum verdict v = peek_verdict(s, &why);
+  enum verdict v = stream_peek_verdict(s, &why);
   if (v == V_WAIT)
     return;
   if (s->st == ST_PEEK) {
@@ -502,54 +373,6 @@ void stream_resolved(struct stream *s, struct resolve_job *j) {
   refuse(s, first ? first : "connect failed: no address");
 }
 
-/* ---- a second ClientHello ---- */
-
-/* After a HelloRetryRequest: the program's second ClientHello (behind any
- * ChangeCipherSpec records) must name the host as the first did, or a
- * front end picking its site by SNI would serve another one.  False when S
- * was ended. */
-static bool tls_second_hello(struct stream *s) {
-  uint64_t unsent = s->tls_pass - s->rec.bytes_up; /* of the first ClientHello */
-  if (unsent > s->up_len)
-    return true;
-  const uint8_t *b = s->up + s->up_off + unsent;
-  size_t len = s->up_len - (size_t)unsent;
-  bool last = len >= EGRESS_PEEK_MAX || s->agent_shut;
-  long skip = egress_tls_skip_ccs(b, len);
-  char out[EGRESS_NAME_BUF] = "";
-  enum egress_peek r = skip < 0 ? EGRESS_PEEK_MORE : egress_tls_sni(b + skip, len - (size_t)skip, out);
-  if (r == EGRESS_PEEK_MORE && !last)
-    return true;
-  if (r == EGRESS_PEEK_FOUND && strcmp(out, s->rec.host) == 0) {
-    s->tls_hold = false;
-    return true;
-  }
-  if (r == EGRESS_PEEK_FOUND)
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-  stream_kill(s, ECONNRESET, r == EGRESS_PEEK_FOUND ? "SNI mismatch" : "malformed TLS", true);
-  return false;
-}
-
-/* The server's first bytes P (N) while the program's bytes after its
- * ClientHello are held: a ServerHello lets them go, a HelloRetryRequest
- * makes the next ClientHello checked.  False when S was ended. */
-static bool tls_server_hello(struct stream *s, const uint8_t *p, size_t n) {
-  size_t take = sizeof s->tls_sh - s->tls_sh_len;
-  if (take > n)
-    take = n;
-  memcpy(s->tls_sh + s->tls_sh_len, p, take);
-  s->tls_sh_len += take;
-  int r = egress_tls_hrr(s->tls_sh, s->tls_sh_len);
-  if (r < 0)
-    return true;
-  if (r == 0) {
-    s->tls_hold = false;
-    return true;
-  }
-  s->tls_hrr = true;
-  return tls_second_hello(s);
-}
-
 /* ---- upstream -> agent ---- */
 
 /* Hands the chunk read to the agent; false when S was ended. */
@@ -601,7 +424,7 @@ static bool pump_down(struct stream *s) {
       s->up_eof = true;
     else if (s->peek_pending && !s->up_len)
       s->server_first = true;
-    if (n > 0 && s->tls_hold && !s->tls_hrr && !tls_server_hello(s, s->down, (size_t)n))
+    if (n > 0 && s->tls_hold && !s->tls_hrr && !stream_tls_server_hello(s, s->down, (size_t)n))
       return false;
     s->down_len = (size_t)n;
     if (!send_down(s))
