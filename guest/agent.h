@@ -23,6 +23,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include <sys/socket.h>
@@ -341,6 +342,20 @@ struct ns_options {
   unsigned overlay_mb;
   const char *hostname;
 };
+/* args.c: the agent's command line. */
+struct agent_options {
+  enum agent_mode mode;
+  int fd;
+  bool egress; /* --serve-fd with --egress */
+  struct ns_options ns;
+};
+/* Parses ARGV into *RET: 0, or -EINVAL with a line on stderr (--help and
+ * --version print and exit, --probe-egress runs and exits). */
+int agent_parse_args(int argc, char **argv, struct agent_options *ret);
+void agent_usage(FILE *f);
+/* Tries the egress capture in namespaces of our own: the exit status. */
+int agent_probe_egress(void);
+
 /* Build the sandbox's filesystem and identity.  On failure a one-line
  * message has been written to stderr. */
 int ns_setup(const struct ns_options *o);
