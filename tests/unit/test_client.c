@@ -1339,7 +1339,10 @@ static void stream_reset_drops_late_frames(void) {
   CHECK_EQ_INT(r.data_bytes, 0);
   CHECK_EQ_INT(r.credit_bytes, 0);
   CHECK_EQ_INT(r.shuts + r.resets, 0);
-  /* The agent resets one: the handler hears it, and later frames drop. */
+  /* The agent resets one: the handler hears it, and later frames drop.  It
+   * sends only once the host's accept of stream 2 has reached it (the
+   * window seen for stream 1 is forgotten first). */
+  pe.accept_window = 0;
   agent_tcp(&pe, 2, 1000);
   WAIT_FOR(pe.accept_window == 1000 && r.opens == 2);
   agent_data(&pe, SID(2), 10);
