@@ -232,7 +232,7 @@ bench-quick: bench-deps
 # server in $(PREFIX)/bin and what it finds next to itself (the agent, the
 # rootfs trees of the ns backend, the kernel, initramfs and disk images of
 # the vm backend) in $(PREFIX)/lib/ignition-mcp, where an installed server
-# looks (mcp/config.c: <exe>/../lib/ignition-mcp); the docs and the man page
+# looks (common/config.c: <exe>/../lib/ignition-mcp); the docs and the man page
 # under $(PREFIX)/share.  Images not built yet are skipped with a note
 # (`ignition-mcp doctor` names what is missing).  The rootfs trees hold
 # device nodes and setuid files: install as root.  `make uninstall` removes

@@ -42,8 +42,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "proto/client.h"
 #include "proto/proto.h"
 #include "session/session.h"

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 /* Removing a state directory.  It belongs to QEMU's uid, which may have put
  * links, FIFOs and directories there, nested as deep as it liked: every step

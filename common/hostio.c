@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 static int root_fd = -1;
 static char *root_path;

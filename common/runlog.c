@@ -31,7 +31,7 @@
 
 #include "common/fs.h"
 #include "common/util.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 #define QUEUE_MAX (64u << 20)     /* bytes queued for all logs together */
 #define LOG_QUEUE_MAX (32u << 20) /* bytes queued for one log */

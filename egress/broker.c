@@ -38,7 +38,7 @@
 
 #include "common/util.h"
 #include "egress/egress_int.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 struct egress_settings egress_cfg = {
     .max_mode = EGRESS_MODE_ALLOW, .log_cap = 8u << 20, .max_streams = 64,

@@ -26,7 +26,7 @@ enum egress_mode {
   EGRESS_MODE_OPEN,  /* any public destination, recorded */
 };
 
-/* The operator's bounds, from the configuration (mcp/config.c). */
+/* The operator's bounds, from the configuration (common/config.c). */
 struct egress_settings {
   enum egress_mode max_mode; /* IGN_MCP_NET: off -> NONE, allow (default), open */
   bool off;                  /* IGN_MCP_NET=off: refusals say "egress is off" */

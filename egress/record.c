@@ -37,7 +37,7 @@
 #include "common/fs.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 #define RING_MAX 512u              /* events kept in memory per session */
 #define QUEUE_MAX (4u << 20)       /* bytes of lines queued for every log together */

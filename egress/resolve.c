@@ -37,7 +37,7 @@
 
 #include "common/util.h"
 #include "egress/egress_int.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 #define RESOLVE_THREADS 4u         /* general workers; one more for connects */
 #define RESOLVE_SESSION_RUNNING 2u /* general workers one session may hold */

@@ -3,8 +3,8 @@
 
 #include <stdlib.h>
 
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "session/session.h"
 
 /* Settings with no sandbox backend (an agent and a rootfs that do not

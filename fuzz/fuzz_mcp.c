@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include "fuzz/fuzz.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include <string.h>
 
 #include "mcp/framing.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "mcp/server.h"
 #include "session/session.h"
 

@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "fuzz/fuzz.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "mcp/server.h"
 #include "session/session.h"
 #include "tools/args.h"

@@ -53,8 +53,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/vm.h"
 

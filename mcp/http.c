@@ -53,9 +53,9 @@
 
 #include "common/tokens.h"
 #include "common/util.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "mcp/http_int.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "mcp/server.h"
 #include "session/session.h"
 

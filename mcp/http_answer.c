@@ -14,7 +14,7 @@
 
 #include "common/util.h"
 #include "mcp/http_int.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "mcp/server.h"
 
 /* How often a waiting connection looks whether its client went away. */

@@ -13,9 +13,9 @@
 #include <sys/random.h>
 
 #include "common/util.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "mcp/http_int.h"
-#include "mcp/log.h"
+#include "common/log.h"
 
 /* ---- legacy MCP sessions (2025-03-26 ... 2025-11-25) ---- */
 

@@ -32,9 +32,9 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "mcp/framing.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "proto/proto.h"
 #include "session/session.h"
 #include "tools/args.h"

@@ -49,9 +49,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/util.h"
 #include "proto/client_int.h"
 #include "proto/proto.h"
+
+_Static_assert(CONFIG_EGRESS_STREAMS_MAX == AGENT_MAX_STREAMS,
+               "IGN_MCP_EGRESS_STREAMS may reach what one connection carries");
 
 /* How long past a command's own timeout the host waits before declaring the
  * agent unresponsive. */

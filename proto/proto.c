@@ -1,7 +1,7 @@
 /* proto.c: frame and TLV codec for the host <-> agent protocol (see proto.h).
  * Pure code with no allocation beyond the frame builder, shared by the server
  * and the static agent, and fuzzed on its own. */
-#include "proto.h"
+#include "proto/proto.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "sandbox/sandbox.h"
 
 #define CG_ROOT "/sys/fs/cgroup"

@@ -98,8 +98,8 @@
 
 #include "common/nft_counters.h"
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "sandbox/ns_stage.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/stage.h"

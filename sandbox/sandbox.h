@@ -104,11 +104,6 @@ struct sandbox {
 
 extern const struct sandbox_ops sandbox_ns_ops;
 
-/* The ns backend's uid blocks: NS_UID_SLOTS blocks of NS_UID_BLOCK host
- * uids (and gids) from IGN_MCP_NS_UID_BASE, one per sandbox of a root server. */
-#define NS_UID_BLOCK 65536u
-#define NS_UID_SLOTS 256u
-#define NS_UID_BASE_DEFAULT 0x70000000u
 /* Does the ns backend run as root here (a uid block and an idmapped rootfs
  * per sandbox), or as a user (the user's own uid, no idmapping)? */
 bool ns_as_root(void);

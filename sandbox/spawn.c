@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "sandbox/sandbox.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

@@ -51,8 +51,8 @@
 
 #include "common/fs.h"
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 
 #define STAGE_MAX_DEPTH 512
 #define STAGE_DIR_MAX_ENTRIES (1u << 18) /* names held in memory to sort them */

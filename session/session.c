@@ -40,8 +40,8 @@
 
 #include "common/util.h"
 #include "egress/egress.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/stage.h"
 #include "sandbox/vm.h"

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mcp/config.h"
+#include "common/config.h"
 #include "proto/client.h"
 
 /* The longest session id and its NUL: "<host id>." (up to 17), a letter,

@@ -13,7 +13,7 @@
 #include "common/runlog.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
 #include "tools/args.h"

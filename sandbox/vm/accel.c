@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "sandbox/vm/internal.h"
 
 #define GUEST_MEM (64 << 10)

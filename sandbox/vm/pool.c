@@ -23,8 +23,8 @@
 
 #include "common/fs.h"
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "sandbox/vm/internal.h"
 
 /* ---- the pool ---- */

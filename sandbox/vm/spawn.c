@@ -46,7 +46,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "mcp/log.h"
+#include "common/log.h"
 #include "sandbox/vm.h"
 
 #define SERIAL_LOG_MAX (1 << 20)

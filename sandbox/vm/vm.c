@@ -54,8 +54,8 @@
 
 #include "common/fs.h"
 #include "common/util.h"
-#include "mcp/config.h"
-#include "mcp/log.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "sandbox/stage.h"
 #include "sandbox/vm/internal.h"
 

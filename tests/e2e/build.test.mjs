@@ -57,10 +57,10 @@ describe('make compiles each source once per flavour', { skip }, () => {
     .filter((l) => fs.existsSync(path.resolve(REPO, l.match(/ -o (\S+)/)[1])));
 
   test('a changed source is compiled once for each flavour that links it, and nothing else is', () => {
-    const lines = plan('mcp/log.c');
+    const lines = plan('common/log.c');
     const compiles = compiled(lines);
-    assert.equal(compiles.length, 2, `expected mcp/log.c compiled for plain and san only:\n${compiles.join('\n')}`);
-    for (const l of compiles) assert.match(l, / mcp\/log\.c$/, `something else was compiled: ${l}`);
+    assert.equal(compiles.length, 2, `expected common/log.c compiled for plain and san only:\n${compiles.join('\n')}`);
+    for (const l of compiles) assert.match(l, / common\/log\.c$/, `something else was compiled: ${l}`);
     const links = lines.filter((l) => / -o \S+\/(ignition-mcp|test_proto) /.test(l));
     assert.equal(links.length, 3, `expected three links:\n${links.join('\n')}`);
   });
@@ -68,7 +68,7 @@ describe('make compiles each source once per flavour', { skip }, () => {
   test('a changed header recompiles the sources that include it, and not the others', () => {
     const compiles = compiled(plan('proto/proto.h')).map((l) => l.split(' ').pop());
     assert.ok(compiles.includes('proto/client.c'), `proto/client.c not recompiled after proto/proto.h changed:\n${compiles.join('\n')}`);
-    for (const other of ['mcp/log.c', 'mcp/framing.c'])
+    for (const other of ['common/log.c', 'mcp/framing.c'])
       assert.ok(!compiles.includes(other), `${other} recompiled although it does not include proto/proto.h`);
   });
 });

@@ -49,7 +49,7 @@ function checkLine(out, name) {
 /* Every IGN_MCP_ variable the server reads (the settings and the log level). */
 function serverVars() {
   const vars = new Set();
-  for (const f of ['mcp/config.c', 'mcp/main.c']) {
+  for (const f of ['common/config.c', 'mcp/main.c']) {
     for (const m of fs.readFileSync(path.join(REPO, f), 'utf8').matchAll(/IGN_MCP_[A-Z_]*[A-Z]/g)) vars.add(m[0]);
   }
   return [...vars].sort();
@@ -402,7 +402,7 @@ describe('--version and --help', () => {
     const r = spawnSync(SERVER, ['--help'], { encoding: 'utf8' });
     assert.equal(r.status, 0);
     const vars = serverVars();
-    assert.ok(vars.length >= 20, `found only ${vars.length} variables in mcp/config.c and mcp/main.c`);
+    assert.ok(vars.length >= 20, `found only ${vars.length} variables in common/config.c and mcp/main.c`);
     for (const v of vars) {
       const m = r.stdout.match(new RegExp(`^  ${v}\\s+(.*)$`, 'm'));
       assert.ok(m, `--help does not list ${v}`);

@@ -19,7 +19,7 @@
 
 #include "common/util.h"
 
-#include "mcp/config.h"
+#include "common/config.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/stage.h"
 #include "sandbox/vm.h"

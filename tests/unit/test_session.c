@@ -15,7 +15,7 @@
 #include "common/fs.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
 #include "test.h"

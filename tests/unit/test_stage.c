@@ -16,7 +16,7 @@
 
 #include "common/fs.h"
 #include "common/util.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "sandbox/stage.h"
 #include "test.h"
 

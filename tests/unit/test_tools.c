@@ -9,7 +9,7 @@
 
 #include "common/util.h"
 #include "egress/egress.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "test.h"
 #include "tools/tools.h"
 

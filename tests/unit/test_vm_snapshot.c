@@ -24,7 +24,7 @@
 
 #include "common/fs.h"
 #include "common/util.h"
-#include "mcp/config.h"
+#include "common/config.h"
 #include "proto/client.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/stage.h"

@@ -8,6 +8,17 @@
 #define CONFIG_HOST_ID_MAX 16
 #define CONFIG_HOST_ID_RULE "1 to 16 characters of a-z, 0-9 and -, starting with a letter"
 
+/* The ns backend's uid blocks: NS_UID_SLOTS blocks of NS_UID_BLOCK host
+ * uids (and gids) from IGN_MCP_NS_UID_BASE, one per sandbox of a root server
+ * (sandbox/ns.c). */
+#define NS_UID_BLOCK 65536u
+#define NS_UID_SLOTS 256u
+#define NS_UID_BASE_DEFAULT 0x70000000u
+
+/* The most IGN_MCP_EGRESS_STREAMS may be: what one agent connection carries
+ * (AGENT_MAX_STREAMS, proto/client.c checks that they agree). */
+#define CONFIG_EGRESS_STREAMS_MAX 1024u
+
 enum backend_choice { BACKEND_AUTO, BACKEND_NS, BACKEND_VM };
 
 /* IGN_MCP_NET: the most network a session may ask for (egress/egress.h). */

@@ -4,7 +4,7 @@
  * in the user's project), so data files are found relative to the
  * executable: <exe dir>/... in the build tree and
  * <exe dir>/../lib/ignition-mcp/... once installed. */
-#include "mcp/config.h"
+#include "common/config.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -15,8 +15,6 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "proto/client.h"
-#include "sandbox/sandbox.h"
 
 struct config cfg;
 static char exe_dir[PATH_MAX];
@@ -374,8 +372,8 @@ int config_load(void) {
   U("IGN_MCP_LOG_KEEP_DAYS", 7, 0, 3650, log_keep_days);
   U("IGN_MCP_EGRESS_LOG_CAP", 8u << 20, 0, 1ull << 40, egress_log_cap);
   /* A session's connections at once: below what one agent connection
-   * carries (AGENT_MAX_STREAMS). */
-  U("IGN_MCP_EGRESS_STREAMS", 64, 1, AGENT_MAX_STREAMS, egress_streams);
+   * carries. */
+  U("IGN_MCP_EGRESS_STREAMS", 64, 1, CONFIG_EGRESS_STREAMS_MAX, egress_streams);
   U("IGN_MCP_EGRESS_MAX_MB", 1024, 1, 1u << 30, egress_max_mb);
   /* Distinct names a session may look up under each *.suffix rule (each
    * reaches that domain's servers): a package manager needs a few. */

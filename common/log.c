@@ -1,5 +1,5 @@
 /* log.c: see log.h.  A mutex keeps stderr lines whole across threads. */
-#include "mcp/log.h"
+#include "common/log.h"
 
 #include <pthread.h>
 #include <stdarg.h>
