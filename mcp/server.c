@@ -26,6 +26,8 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
@@ -84,9 +86,15 @@ static pthread_mutex_t calls_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t calls_cond = PTHREAD_COND_INITIALIZER;
 static bool stdout_broken;
 
+/* One tools/call in flight: what the tools see of it (ctx) and what only
+ * the protocol knows (its id, progress token, output). */
 struct call {
   struct call *next;
   struct call_ctx ctx;
+  json_t *id;             /* the request id, echoed as received */
+  json_t *progress_token; /* NULL when the call asked for no progress */
+  double progress;        /* last value sent; must increase */
+  struct mcp_out *out;    /* where its progress and response go */
   char *tool;
   json_t *args;
   size_t bytes; /* its request line and tools_result_cost() */
@@ -203,20 +211,23 @@ static void send_notification(struct mcp_out *out, const char *method, json_t *p
   mcp_send(out, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
 }
 
-void mcp_progress(struct call_ctx *ctx, const char *message) {
+/* call_ctx.progress of a call that carries a progress token: sends
+ * notifications/progress. */
+static void call_progress(struct call_ctx *ctx, const char *message) {
+  struct call *c = (struct call *)((char *)ctx - offsetof(struct call, ctx));
   /* Nothing more is sent for a cancelled call (2026-07-28, transports/stdio:
    * MUST NOT; earlier revisions: SHOULD NOT). */
-  if (!ctx->progress_token || !ctx->out || atomic_load(&ctx->cancelled))
+  if (!c->progress_token || !c->out || atomic_load(&ctx->cancelled))
     return;
-  ctx->progress += 1;
-  json_t *p = json_pack("{s:O, s:f}", "progressToken", ctx->progress_token, "progress",
-                        ctx->progress);
+  c->progress += 1;
+  json_t *p = json_pack("{s:O, s:f}", "progressToken", c->progress_token, "progress",
+                        c->progress);
   if (message && *message) {
     json_t *m = json_string(message);
     if (m)
       json_object_set_new(p, "message", m);
   }
-  send_notification(ctx->out, "notifications/progress", p);
+  send_notification(c->out, "notifications/progress", p);
 }
 
 static void log_sink(enum log_level l, const char *msg) {
@@ -232,12 +243,12 @@ static void log_sink(enum log_level l, const char *msg) {
 /* ---- tools/call on its own thread ---- */
 
 static void call_free(struct call *c) {
-  if (c->ctx.out && c->ctx.out->release)
-    c->ctx.out->release(c->ctx.out);
+  if (c->out && c->out->release)
+    c->out->release(c->out);
   free(c->owner);
   free(c->cancel_scope);
-  json_decref(c->ctx.id);
-  json_decref(c->ctx.progress_token);
+  json_decref(c->id);
+  json_decref(c->progress_token);
   json_decref(c->args);
   free(c->tool);
   free(c);
@@ -261,7 +272,7 @@ static void *call_main(void *arg) {
   sending_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
   if (!atomic_load(&c->ctx.cancelled))
-    send_reply(c->ctx.out, c->ctx.id, result, c->modern, false);
+    send_reply(c->out, c->id, result, c->modern, false);
   else
     json_decref(result);
   pthread_mutex_lock(&calls_lock);
@@ -337,17 +348,19 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
   }
   c->bytes = cost;
   c->modern = modern;
-  c->ctx.id = json_incref(id);
+  c->id = json_incref(id);
   c->owner = strdup(r->owner);
   c->cancel_scope = r->cancel_scope ? strdup(r->cancel_scope) : NULL;
   c->ctx.owner = c->owner ? c->owner : "";
-  c->ctx.out = out;
+  c->out = out;
   if (out->hold)
     out->hold(out);
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
-  if (token && (json_is_string(token) || json_is_integer(token)))
-    c->ctx.progress_token = json_incref(token);
+  if (token && (json_is_string(token) || json_is_integer(token))) {
+    c->progress_token = json_incref(token);
+    c->ctx.progress = call_progress;
+  }
   c->tool = strdup(json_string_value(name));
   c->args = json_is_object(args) ? json_incref(args) : NULL;
 
@@ -389,7 +402,7 @@ static void cancel_call(json_t *params, const char *owner, const char *scope) {
     return;
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (json_equal(c->ctx.id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
+    if (json_equal(c->id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
         strcmp(c->cancel_scope, scope) == 0) {
       atomic_store(&c->ctx.cancelled, true);
       log_info("call %s cancelled by the client", c->tool);
@@ -400,7 +413,7 @@ static void cancel_call(json_t *params, const char *owner, const char *scope) {
 void mcp_cancel_out(struct mcp_out *out) {
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (c->ctx.out == out && !atomic_exchange(&c->ctx.cancelled, true))
+    if (c->out == out && !atomic_exchange(&c->ctx.cancelled, true))
       log_info("call %s cancelled: its client closed the connection", c->tool);
   pthread_mutex_unlock(&calls_lock);
 }
