@@ -42,7 +42,7 @@ for d in "${not_product[@]}"; do
 	prune+=(-path "./$d" -prune -o)
 done
 mapfile -t files < <(find . "${prune[@]}" -type f -name '*.[ch]' -print | sed 's#^\./##' | LC_ALL=C sort)
-mapfile -t folders < <(printf '%s\n' "${files[@]}" | sed 's#/[^/]*$##' | LC_ALL=C sort -u)
+mapfile -t folders < <(printf '%s\n' "${files[@]}" | sed -E 's#^[^/]*$#.#; s#/[^/]*$##' | LC_ALL=C sort -u)
 
 declare -A bad=()   # folder -> its offending lines, one a line
 edges=()            # "from to file:line: text" for the circle check
