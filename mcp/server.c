@@ -6,7 +6,8 @@
  * the io.modelcontextprotocol/ envelope (protocol version, client
  * capabilities, client info) is modern and is served statelessly, no
  * initialize needed; anything else is legacy (2024-11-05 ... 2025-11-25),
- * served as before.  The tools, their results, progress and cancellation are
+ * served as before (envelope.c tells them apart and checks the modern
+ * envelope).  The tools, their results, progress and cancellation are
  * the same in both; a modern result also carries resultType, the server's
  * identity in _meta and, for lists, cache hints.  Logging (deprecated in
  * 2026-07-28) is for legacy clients only.  docs/mcp-2026-07-28.md has the
@@ -26,6 +27,8 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
@@ -34,6 +37,7 @@
 #include "common/util.h"
 #include "common/config.h"
 #include "mcp/framing.h"
+#include "mcp/server_int.h"
 #include "common/log.h"
 #include "proto/proto.h"
 #include "session/session.h"
@@ -41,8 +45,6 @@
 #include "tools/tools.h"
 
 #define LATEST_VERSION "2025-11-25"
-/* The one modern revision: requests carry it in _meta, never in initialize. */
-#define MODERN_VERSION MCP_MODERN_VERSION
 /* How long a modern client may keep tools/list and server/discover (ttlMs):
  * both are fixed for the life of the process. */
 #define LIST_TTL_MS 3600000
@@ -54,15 +56,6 @@
  * would take over a GiB.  No MCP message needs this many values; lines long
  * enough to hold more are counted before they are parsed. */
 #define MAX_JSON_VALUES 100000
-
-#define META_VERSION "io.modelcontextprotocol/protocolVersion"
-#define META_CAPS "io.modelcontextprotocol/clientCapabilities"
-#define META_CLIENT "io.modelcontextprotocol/clientInfo"
-#define META_LOG_LEVEL "io.modelcontextprotocol/logLevel"
-#define META_SERVER "io.modelcontextprotocol/serverInfo"
-
-static const char *const supported_versions[] = {"2025-11-25", "2025-06-18", "2025-03-26",
-                                                 "2024-11-05"};
 
 static const char instructions[] =
     "ignition-mcp gives you sandboxes to run code in, isolated from the user's machine.\n"
@@ -84,9 +77,15 @@ static pthread_mutex_t calls_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t calls_cond = PTHREAD_COND_INITIALIZER;
 static bool stdout_broken;
 
+/* One tools/call in flight: what the tools see of it (ctx) and what only
+ * the protocol knows (its id, progress token, output). */
 struct call {
   struct call *next;
   struct call_ctx ctx;
+  json_t *id;             /* the request id, echoed as received */
+  json_t *progress_token; /* NULL when the call asked for no progress */
+  double progress;        /* last value sent; must increase */
+  struct mcp_out *out;    /* where its progress and response go */
   char *tool;
   json_t *args;
   size_t bytes; /* its request line and tools_result_cost() */
@@ -162,10 +161,6 @@ static void send_result(struct mcp_out *out, json_t *id, json_t *result) {
   mcp_send(out, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
 }
 
-/* JSON strings may hold NUL (\u0000); a name compared with strcmp must not:
- * "ping\u0000x" is not "ping". */
-static bool has_nul(json_t *s) { return strlen(json_string_value(s)) != json_string_length(s); }
-
 /* A result for a modern request: every result says resultType "complete"
  * (2026-07-28 has no other kind for our methods), names the server in
  * _meta, and a list (CACHEABLE) says how long it may be cached and by whom.
@@ -203,20 +198,23 @@ static void send_notification(struct mcp_out *out, const char *method, json_t *p
   mcp_send(out, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
 }
 
-void mcp_progress(struct call_ctx *ctx, const char *message) {
+/* call_ctx.progress of a call that carries a progress token: sends
+ * notifications/progress. */
+static void call_progress(struct call_ctx *ctx, const char *message) {
+  struct call *c = (struct call *)((char *)ctx - offsetof(struct call, ctx));
   /* Nothing more is sent for a cancelled call (2026-07-28, transports/stdio:
    * MUST NOT; earlier revisions: SHOULD NOT). */
-  if (!ctx->progress_token || !ctx->out || atomic_load(&ctx->cancelled))
+  if (!c->progress_token || !c->out || atomic_load(&ctx->cancelled))
     return;
-  ctx->progress += 1;
-  json_t *p = json_pack("{s:O, s:f}", "progressToken", ctx->progress_token, "progress",
-                        ctx->progress);
+  c->progress += 1;
+  json_t *p = json_pack("{s:O, s:f}", "progressToken", c->progress_token, "progress",
+                        c->progress);
   if (message && *message) {
     json_t *m = json_string(message);
     if (m)
       json_object_set_new(p, "message", m);
   }
-  send_notification(ctx->out, "notifications/progress", p);
+  send_notification(c->out, "notifications/progress", p);
 }
 
 static void log_sink(enum log_level l, const char *msg) {
@@ -232,12 +230,12 @@ static void log_sink(enum log_level l, const char *msg) {
 /* ---- tools/call on its own thread ---- */
 
 static void call_free(struct call *c) {
-  if (c->ctx.out && c->ctx.out->release)
-    c->ctx.out->release(c->ctx.out);
+  if (c->out && c->out->release)
+    c->out->release(c->out);
   free(c->owner);
   free(c->cancel_scope);
-  json_decref(c->ctx.id);
-  json_decref(c->ctx.progress_token);
+  json_decref(c->id);
+  json_decref(c->progress_token);
   json_decref(c->args);
   free(c->tool);
   free(c);
@@ -261,7 +259,7 @@ static void *call_main(void *arg) {
   sending_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
   if (!atomic_load(&c->ctx.cancelled))
-    send_reply(c->ctx.out, c->ctx.id, result, c->modern, false);
+    send_reply(c->out, c->id, result, c->modern, false);
   else
     json_decref(result);
   pthread_mutex_lock(&calls_lock);
@@ -337,17 +335,19 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
   }
   c->bytes = cost;
   c->modern = modern;
-  c->ctx.id = json_incref(id);
+  c->id = json_incref(id);
   c->owner = strdup(r->owner);
   c->cancel_scope = r->cancel_scope ? strdup(r->cancel_scope) : NULL;
   c->ctx.owner = c->owner ? c->owner : "";
-  c->ctx.out = out;
+  c->out = out;
   if (out->hold)
     out->hold(out);
   json_t *meta = json_object_get(params, "_meta");
   json_t *token = meta ? json_object_get(meta, "progressToken") : NULL;
-  if (token && (json_is_string(token) || json_is_integer(token)))
-    c->ctx.progress_token = json_incref(token);
+  if (token && (json_is_string(token) || json_is_integer(token))) {
+    c->progress_token = json_incref(token);
+    c->ctx.progress = call_progress;
+  }
   c->tool = strdup(json_string_value(name));
   c->args = json_is_object(args) ? json_incref(args) : NULL;
 
@@ -389,7 +389,7 @@ static void cancel_call(json_t *params, const char *owner, const char *scope) {
     return;
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (json_equal(c->ctx.id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
+    if (json_equal(c->id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
         strcmp(c->cancel_scope, scope) == 0) {
       atomic_store(&c->ctx.cancelled, true);
       log_info("call %s cancelled by the client", c->tool);
@@ -400,7 +400,7 @@ static void cancel_call(json_t *params, const char *owner, const char *scope) {
 void mcp_cancel_out(struct mcp_out *out) {
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (c->ctx.out == out && !atomic_exchange(&c->ctx.cancelled, true))
+    if (c->out == out && !atomic_exchange(&c->ctx.cancelled, true))
       log_info("call %s cancelled: its client closed the connection", c->tool);
   pthread_mutex_unlock(&calls_lock);
 }
@@ -411,9 +411,9 @@ static void do_initialize(struct mcp_out *out, json_t *id, json_t *params) {
   json_t *v = json_object_get(params, "protocolVersion");
   const char *version = LATEST_VERSION;
   if (json_is_string(v) && !has_nul(v))
-    for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
-      if (strcmp(json_string_value(v), supported_versions[i]) == 0)
-        version = supported_versions[i];
+    for (size_t i = 0; i < ARRAY_SIZE(mcp_supported_versions); i++)
+      if (strcmp(json_string_value(v), mcp_supported_versions[i]) == 0)
+        version = mcp_supported_versions[i];
   send_result(out, id, json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion",
                             version, "capabilities", "tools", "listChanged", 0, "logging",
                             "serverInfo", "name", "ignition-mcp", "version", IGN_VERSION, "title",
@@ -433,92 +433,6 @@ static void do_set_level(struct mcp_out *out, json_t *id, json_t *params) {
 }
 
 /* ---- the 2026-07-28 era ---- */
-
-static const char *const envelope_keys[] = {META_VERSION, META_CAPS, META_CLIENT, META_LOG_LEVEL};
-
-bool mcp_legacy_version(const char *v) {
-  for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
-    if (strcmp(v, supported_versions[i]) == 0)
-      return true;
-  return false;
-}
-
-bool mcp_request_is_modern(const char *method, json_t *params) {
-  json_t *meta = json_object_get(params, "_meta");
-  /* server/discover exists only in the modern era: with any _meta at all it
-   * is a modern request (and a malformed one when the envelope is not
-   * right); without, a legacy client asked for a method it does not have. */
-  if (meta && strcmp(method, "server/discover") == 0)
-    return true;
-  if (!json_is_object(meta))
-    return false;
-  for (size_t i = 0; i < ARRAY_SIZE(envelope_keys); i++)
-    if (json_object_get(meta, envelope_keys[i]))
-      return true;
-  return false;
-}
-
-static const char envelope_help[] =
-    "a 2026-07-28 request carries params._meta {\"" META_VERSION "\": \"" MODERN_VERSION
-    "\", \"" META_CAPS "\": {...}, \"" META_CLIENT "\": {\"name\": ..., \"version\": ...}}";
-
-int mcp_check_envelope(json_t *meta, char **ret_msg, json_t **ret_data) {
-  *ret_data = NULL;
-  if (!json_is_object(meta)) {
-    *ret_msg = xasprintf("params._meta must be an object: %s", envelope_help);
-    return RPC_INVALID_PARAMS;
-  }
-  json_t *v = json_object_get(meta, META_VERSION);
-  if (!v) {
-    *ret_msg = xasprintf("params._meta has no %s: %s", META_VERSION, envelope_help);
-    return RPC_INVALID_PARAMS;
-  }
-  if (!json_is_string(v) || has_nul(v)) {
-    *ret_msg = xasprintf("params._meta %s must be a string such as \"%s\"", META_VERSION,
-                         MODERN_VERSION);
-    return RPC_INVALID_PARAMS;
-  }
-  if (strcmp(json_string_value(v), MODERN_VERSION) != 0) {
-    const char *asked = json_string_value(v);
-    bool legacy = false;
-    for (size_t i = 0; i < ARRAY_SIZE(supported_versions); i++)
-      legacy = legacy || strcmp(asked, supported_versions[i]) == 0;
-    *ret_msg = xasprintf(
-        "unsupported protocol version '%.64s'%s: this server speaks %s with the per-request "
-        "_meta, and 2025-11-25, 2025-06-18, 2025-03-26 and 2024-11-05 after an initialize "
-        "handshake",
-        asked, legacy ? " in _meta (it is served only after initialize)" : "", MODERN_VERSION);
-    /* supported: the versions a request may name in _meta (as
-     * server/discover's supportedVersions). */
-    *ret_data = json_pack("{s:[s], s:O}", "supported", MODERN_VERSION, "requested", v);
-    return RPC_UNSUPPORTED_VERSION;
-  }
-  json_t *caps = json_object_get(meta, META_CAPS);
-  if (!json_is_object(caps)) {
-    *ret_msg = xasprintf("params._meta %s %s: send the capabilities this request may use, {} "
-                         "for none",
-                         META_CAPS, caps ? "must be an object" : "is missing");
-    return RPC_INVALID_PARAMS;
-  }
-  json_t *who = json_object_get(meta, META_CLIENT);
-  if (who && !(json_is_object(who) && json_is_string(json_object_get(who, "name")) &&
-               json_is_string(json_object_get(who, "version")))) {
-    *ret_msg = xasprintf("params._meta %s must be an object with string \"name\" and "
-                         "\"version\"",
-                         META_CLIENT);
-    return RPC_INVALID_PARAMS;
-  }
-  json_t *level = json_object_get(meta, META_LOG_LEVEL);
-  if (level && !(json_is_string(level) && !has_nul(level) &&
-                 log_level_parse(json_string_value(level)) >= 0)) {
-    *ret_msg = xasprintf("params._meta %s must be one of debug, info, notice, warning, error, "
-                         "critical, alert, emergency",
-                         META_LOG_LEVEL);
-    return RPC_INVALID_PARAMS;
-  }
-  *ret_msg = NULL;
-  return 0;
-}
 
 static json_t *discover_result(void) {
   /* No logging capability: logging is deprecated in 2026-07-28 and this

@@ -1,10 +1,9 @@
-/* server.h: the MCP side shared with the tool handlers and the transports:
- * one in-flight call's context (cancellation, progress), where its messages
- * go (struct mcp_out), and the dispatch both transports feed. */
+/* server.h: the MCP side shared by the transports: where a request's
+ * messages go (struct mcp_out) and the dispatch both transports feed.  The
+ * tools see a call only as its struct call_ctx (common/call.h). */
 #pragma once
 
 #include <jansson.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -40,7 +39,7 @@ struct mcp_out {
 struct mcp_req {
   struct mcp_out *out;
   size_t bytes;      /* its size as received: counted against the call caps */
-  const char *owner; /* see call_ctx.owner */
+  const char *owner; /* see call_ctx.owner (common/call.h); never NULL */
   /* Which notifications/cancelled may reach the calls this request starts:
    * those sent in the same scope ("stdio" on stdio, the Mcp-Session-Id of
    * a legacy HTTP session).  NULL: none (a 2026-07-28 HTTP request, whose
@@ -48,20 +47,6 @@ struct mcp_req {
   const char *cancel_scope;
 };
 
-struct call_ctx {
-  atomic_bool cancelled;
-  json_t *id;               /* the request id, echoed as received */
-  json_t *progress_token;   /* NULL when the call asked for no progress */
-  double progress;          /* last value sent; must increase */
-  /* Who made the call: the name of the HTTP bearer token that authorised it
-   * (IGN_MCP_HTTP_TOKENS), or "" on stdio and on HTTP without tokens.  Never
-   * NULL.  Sessions and stages belong to the owner that made them. */
-  const char *owner;
-  struct mcp_out *out;      /* where its progress and response go; NULL: nowhere */
-};
-
-/* Sends notifications/progress for CTX if it carries a token. */
-void mcp_progress(struct call_ctx *ctx, const char *message);
 /* Sends one JSON-RPC message to OUT (thread-safe). Steals MSG. */
 void mcp_send(struct mcp_out *out, json_t *msg);
 /* Sends a JSON-RPC error (ID may be NULL) to OUT.  Steals DATA (may be NULL). */

@@ -2,7 +2,9 @@
 # tests/run.sh [unit|e2e|e2e-ns|e2e-vm|e2e-user|e2e-ns-user|e2e-vm-user|valgrind|conformance|clients|all]
 # [test files...]: the test runner behind `make check`.
 #
-#   unit         every executable in $BUILD/test/ (C unit tests; each prints
+#   unit         tests/layering.sh (the include arrows between the source
+#                folders point down their floors only: layering), every
+#                executable in $BUILD/test/ (C unit tests; each prints
 #                "ok - name" / "not ok - name" and ends with "N passed, N failed"),
 #                then every fuzz target's replay build over its corpus in
 #                fuzz/corpus/ (fuzz-replay)
@@ -146,6 +148,30 @@ tap_counts() {
 		END { flush(); print n["pass"] + 0, n["fail"] + 0, n["skip"] + 0 }
 	' "$1" 2>/dev/null || echo 0 0 0
 }
+
+# run_script SUITE SCRIPT TITLE: runs SCRIPT, which ends with "N passed, N
+# failed[, N skipped]", and counts its results under SUITE.
+run_script() {
+	local suite=$1 script=$2 log=$logdir/$1.log rc=0 counts p f s
+	banner "$3 ($script)"
+	"$script" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+	counts=$(last_counts "$log")
+	if [[ -z $counts ]]; then
+		printf 'not ok - %s: %s ended (exit %d) without a count\n' "$suite" "$script" "$rc"
+		add "$suite" 0 1 0
+		return
+	fi
+	read -r p f s <<<"$counts"
+	if ((rc != 0 && f == 0)); then
+		printf 'not ok - %s: exit status %d although it counted no failure\n' "$suite" "$rc"
+		f=1
+	fi
+	add "$suite" "$p" "$f" "$s"
+}
+
+# The include arrows between the source folders; it reads the sources only
+# and needs no build.
+run_layering() { run_script layering tests/layering.sh "include layering"; }
 
 run_unit() {
 	banner "unit tests ($BUILD/test)"
@@ -420,23 +446,7 @@ add_tap() {
 	add "$row" "$p" $((fl + xf)) $((sk + xs)) "$note"
 }
 
-run_conformance() {
-	banner "MCP conformance (tests/conformance.sh)"
-	local log=$logdir/conformance.log rc=0 counts cp cf cs
-	tests/conformance.sh 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
-	counts=$(last_counts "$log")
-	if [[ -z $counts ]]; then
-		printf 'not ok - conformance: tests/conformance.sh ended (exit %d) without a count\n' "$rc"
-		add conformance 0 1 0
-		return
-	fi
-	read -r cp cf cs <<<"$counts"
-	if ((rc != 0 && cf == 0)); then
-		printf 'not ok - conformance: exit status %d although it counted no failure\n' "$rc"
-		cf=1
-	fi
-	add conformance "$cp" "$cf" "$cs"
-}
+run_conformance() { run_script conformance tests/conformance.sh "MCP conformance"; }
 
 # run_fuzz_replay: every fuzz target's replay build ($BUILD/replay/NAME, the
 # ordinary compiler with ASan+UBSan) over its committed corpus
@@ -544,6 +554,7 @@ run_valgrind() {
 
 case $what in
 unit)
+	timed layering run_layering
 	timed unit run_unit
 	timed fuzz-replay run_fuzz_replay
 	;;
@@ -563,6 +574,7 @@ conformance) timed conformance run_conformance ;;
 valgrind) timed valgrind run_valgrind ;;
 clients) timed clients run_clients ;;
 all)
+	timed layering run_layering
 	timed unit run_unit
 	timed fuzz-replay run_fuzz_replay
 	timed e2e-ns run_e2e ns

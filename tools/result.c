@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/call.h"
 #include "common/util.h"
 #include "tools/args.h"
 
@@ -44,7 +45,8 @@ void on_progress(void *p, const char *last_line, uint64_t elapsed_ms) {
   struct call_ctx *call = p;
   (void)elapsed_ms;
   _cleanup_free_ char *line = utf8_sanitize(last_line, strlen(last_line), NULL);
-  mcp_progress(call, line);
+  if (call->progress)
+    call->progress(call, line);
 }
 
 char *conn_fault(const char *what_failed, const char *id, const char *why) {

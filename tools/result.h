@@ -5,7 +5,6 @@
 
 #include <jansson.h>
 
-#include "mcp/server.h"
 #include "proto/client.h"
 #include "proto/proto.h"
 
@@ -20,12 +19,6 @@
 _Static_assert(MAX_COMMAND + PROTO_MAX_PATH + PROTO_MAX_PAYLOAD / 2 + 6 * (PROTO_MAX_ENV + 4) <=
                    PROTO_MAX_PAYLOAD,
                "a run at every cap must fit in one frame");
-
-/* Who made the call (struct call_ctx.owner): its sessions and stages are the
- * only ones the call sees.  "" for a context that names none (a test's). */
-static inline const char *call_owner(const struct call_ctx *ctx) {
-  return ctx && ctx->owner ? ctx->owner : "";
-}
 
 json_t *text_block(const char *text);
 /* Steals STRUCTURED. */

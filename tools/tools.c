@@ -86,7 +86,7 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
       .out_cap = cfg.output_cap, .on_output = runlog_tap, .output_ctx = logs,
   };
   struct agent_ctl ctl = {.cancelled = &ctx->cancelled,
-                          .progress = ctx->progress_token ? on_progress : NULL, .ctx = ctx};
+                          .progress = ctx->progress ? on_progress : NULL, .ctx = ctx};
   struct agent_exec_res res;
   int r = agent_exec(lease_conn(&l), &req, &ctl, &res, &err);
   if (r < 0) {

@@ -5,7 +5,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-#include "mcp/server.h"
+#include "common/call.h"
 
 /* The array for tools/list (a new reference). */
 json_t *tools_list(void);

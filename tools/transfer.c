@@ -532,7 +532,7 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
       };
       /* The run ends by its own timeout; only the call's cancel stops it. */
       struct agent_ctl ctl = {.cancelled = &ctx->cancelled,
-                              .progress = ctx->progress_token ? on_progress : NULL, .ctx = ctx};
+                              .progress = ctx->progress ? on_progress : NULL, .ctx = ctx};
       _cleanup_free_ char *xerr = NULL;
       r = agent_exec(lease_conn(&l), &req, &ctl, &res, &xerr);
       if (r == -ECANCELED)

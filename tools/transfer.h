@@ -5,7 +5,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "mcp/server.h"
+#include "common/call.h"
 
 /* stdin_file's cap: the file is read whole into the request. */
 #define STDIN_FILE_MAX (4u << 20)
