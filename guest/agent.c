@@ -48,6 +48,9 @@
 
 #include "common/util.h"
 #include "guest/agent.h"
+#include "guest/egress_nl.h"
+#include "guest/machine.h"
+#include "guest/vm_init.h"
 
 #define AGENT_NS_CHANNEL_FD 3
 
@@ -68,7 +71,21 @@ void agent_log(const char *fmt, ...) {
     return;
 }
 
+/* ---- the modules' view of the agent (agent_core.h, *_int.h) ------------ */
+
+struct exec_state *agent_exec(struct agent *a) { return &a->exec; }
+struct files_state *agent_files(struct agent *a) { return &a->files; }
+struct tree_state *agent_trees(struct agent *a) { return &a->trees; }
+struct egress_state *agent_egress(struct agent *a) { return &a->egress; }
+bool agent_connected(const struct agent *a) { return a->chan_ok; }
+uint8_t *agent_chunk(struct agent *a) { return a->chunk; }
+
 /* ---- sending ------------------------------------------------------------ */
+
+struct proto_buf *agent_frame(struct agent *a, enum proto_type type, uint32_t id) {
+  proto_frame_begin(&a->out, type, id);
+  return &a->out;
+}
 
 void agent_send(struct agent *a) {
   if (!a->chan_ok)
@@ -229,8 +246,8 @@ static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, s
   proto_frame_begin(&a->out, PROTO_HELLO_OK, id);
   proto_put_u32(&a->out, TAG_VERSION, PROTO_VERSION);
   proto_put_str(&a->out, TAG_INFO, info);
-  if (a->egress_error[0])
-    proto_put_str(&a->out, TAG_EGRESS_ERROR, a->egress_error);
+  if (a->egress.error[0])
+    proto_put_str(&a->out, TAG_EGRESS_ERROR, a->egress.error);
   agent_send(a);
 }
 
@@ -238,9 +255,9 @@ static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, s
  * and --serve-fd keep their capabilities).  An ns agent has none left: the
  * server reads them itself on AGENT_NS_COUNTERS_FD and never asks. */
 static void agent_handle_egress_stats(struct agent *a, uint32_t id) {
-  if (a->egress_error[0]) {
+  if (a->egress.error[0]) {
     agent_send_error(a, id, ENOENT, "the sandbox has no capture of its traffic: %s",
-                     a->egress_error);
+                     a->egress.error);
     return;
   }
   if (a->mode == AGENT_MODE_NS) {
@@ -467,11 +484,6 @@ static int agent_adopt_channel(int fd) {
   return 0;
 }
 
-void agent_capture_egress(struct agent *a) {
-  if (egress_capture_setup(a->egress_error, sizeof a->egress_error) < 0)
-    agent_log("egress: %s; the sandbox has no network", a->egress_error);
-}
-
 static int write_file(const char *path, const char *text) {
   _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
   if (fd < 0)
@@ -528,7 +540,7 @@ static int mode_fd(const struct agent_options *o, struct agent *a) {
     return r;
   }
   if (o->egress)
-    agent_capture_egress(a);
+    egress_capture(a);
   a->chan = o->fd;
   return 0;
 }
@@ -558,8 +570,8 @@ static int mode_ns(const struct agent_options *o, int argc, char **argv, struct 
   if (r < 0)
     return r;
   machine_name_files();
-  agent_capture_egress(a);
-  if (!a->egress_error[0]) {
+  egress_capture(a);
+  if (!a->egress.error[0]) {
     /* Before the drop: the socket the server reads the counters on (see
      * AGENT_NS_COUNTERS_FD); the agent itself never uses it. */
     char err[160];
@@ -610,7 +622,7 @@ int main(int argc, char **argv) {
     r = mode_ns(&o, argc, argv, &a);
     break;
   case AGENT_MODE_VM:
-    r = vm_setup(&a);
+    r = vm_setup(&a, &a.chan);
     if (r < 0)
       vm_fatal();
     break;

@@ -27,8 +27,9 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
 #include "guest/confine.h"
+#include "guest/ns_setup.h"
 
 static int confine_drop_caps(void) {
   /* Needs CAP_SETPCAP, so before the sets are cleared. */

@@ -85,7 +85,8 @@ struct confine_rule {
  * bounds the files a session holds in its file tables: the host's file
  * table (fs.file-max) is shared with every other process, and without it a
  * session could fill it within its memory limit.  The agent itself needs
- * fewer than 400 (agent.h's caps). */
+ * fewer than 400 (the caps in exec_int.h, files_int.h, tree_int.h and
+ * egress_int.h). */
 #define CONFINE_MAX_OPEN_FILES 1024
 
 /* Ints are compared on their low 32 bits: the kernel ignores the upper ones,

@@ -69,7 +69,7 @@
 
 #include "common/nft_counters.h"
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/egress_nl.h"
 
 #define EGRESS_TABLE NFT_EGRESS_TABLE
 #define EGRESS_NL_BUF 8192u      /* the batch is ~3.4 KB */

@@ -24,7 +24,9 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
+#include "guest/exec_int.h"
+#include "guest/tree_int.h"
 
 /* After the shell exits, what it wrote is at most a pipe's capacity (64 KiB
  * by default, 1 MiB with F_SETPIPE_SZ).  Anything beyond this cap is output
@@ -255,7 +257,7 @@ static int exec_start(struct agent *a, struct exec_cmd *c) {
   free(steal_ptr(c->command));
   free(steal_ptr(c->cwd));
   env_free(steal_ptr(c->env));
-  exec_remember_group(&a->exec, pid);
+  exec_remember_group(agent_exec(a), pid);
   return 0;
 
 fail:;
@@ -443,7 +445,7 @@ static void exec_handle_exec(struct agent *a, uint32_t id, const uint8_t *p, siz
   }
   has_stdin = r.has_stdin;
 
-  struct exec_cmd *slot = exec_free_slot(&a->exec);
+  struct exec_cmd *slot = exec_free_slot(agent_exec(a));
   if (!slot) {
     agent_send_error(a, id, EAGAIN,
                      "too many commands running (%u at once); wait for one to finish or kill one",
@@ -492,7 +494,7 @@ static void exec_handle_stdin(struct agent *a, const struct proto_header *h, con
   bool is_end = h->type == PROTO_STDIN_END;
   if (agent_ignoring(a, h->id, PROTO_STDIN_END, is_end))
     return;
-  struct exec_cmd *c = exec_find(&a->exec, h->id);
+  struct exec_cmd *c = exec_find(agent_exec(a), h->id);
   if (!c) {
     agent_send_error(a, h->id, EPROTO, "%s for id %u, which has no command waiting for stdin",
                      proto_type_name(h->type), h->id);
@@ -529,16 +531,16 @@ static void exec_send_exit(struct agent *a, uint32_t id, int status, bool timed_
     code = (uint32_t)WEXITSTATUS(status);
   else if (WIFSIGNALED(status))
     sig = (uint32_t)WTERMSIG(status);
-  proto_frame_begin(&a->out, PROTO_EXIT, id);
-  proto_put_u32(&a->out, TAG_EXIT_CODE, code);
-  proto_put_u32(&a->out, TAG_SIGNAL, sig);
-  proto_put_u32(&a->out, TAG_TIMED_OUT, timed_out);
-  proto_put_u64(&a->out, TAG_DURATION_US, duration_us);
+  struct proto_buf *out = agent_frame(a, PROTO_EXIT, id);
+  proto_put_u32(out, TAG_EXIT_CODE, code);
+  proto_put_u32(out, TAG_SIGNAL, sig);
+  proto_put_u32(out, TAG_TIMED_OUT, timed_out);
+  proto_put_u64(out, TAG_DURATION_US, duration_us);
   agent_send(a);
 }
 
 static void exec_handle_kill(struct agent *a, uint32_t id) {
-  struct exec_cmd *c = exec_find(&a->exec, id);
+  struct exec_cmd *c = exec_find(agent_exec(a), id);
   if (!c)
     return; /* already finished, or never existed: nothing to cancel */
   if (c->state == EXEC_RUNNING) {
@@ -578,12 +580,13 @@ static int *exec_stream_fd(struct exec_cmd *c, enum exec_stream s) {
  * read, 0 at EOF (the fd is then closed), -EAGAIN when empty. */
 static ssize_t exec_forward(struct agent *a, struct exec_cmd *c, enum exec_stream s) {
   int *fd = exec_stream_fd(c, s);
+  uint8_t *chunk = agent_chunk(a);
   ssize_t r;
   do
-    r = read(*fd, a->chunk, PROTO_CHUNK);
+    r = read(*fd, chunk, PROTO_CHUNK);
   while (r < 0 && errno == EINTR);
   if (r > 0) {
-    agent_send_data(a, s == EXEC_STDOUT ? PROTO_STDOUT : PROTO_STDERR, c->id, a->chunk, (size_t)r);
+    agent_send_data(a, s == EXEC_STDOUT ? PROTO_STDOUT : PROTO_STDERR, c->id, chunk, (size_t)r);
     return r;
   }
   if (r < 0 && errno == EAGAIN)
@@ -610,7 +613,7 @@ size_t exec_pollfds(const struct exec_state *e, struct pollfd *pfd) {
 }
 
 void exec_on_poll(struct agent *a, const struct pollfd *pfd, size_t n) {
-  struct exec_state *e = &a->exec;
+  struct exec_state *e = agent_exec(a);
   size_t k = 0;
   /* Walk in exec_pollfds() order.  Nothing here starts or ends a command,
    * so the order still matches; only fds that were just checked close. */
@@ -633,7 +636,7 @@ void exec_on_poll(struct agent *a, const struct pollfd *pfd, size_t n) {
     if (k < n && pfd[k].revents) {
       ssize_t r;
       do
-        r = read(fd, a->chunk, PROTO_CHUNK);
+        r = read(fd, agent_chunk(a), PROTO_CHUNK);
       while (r < 0 && errno == EINTR);
       if (r == 0 || (r < 0 && errno != EAGAIN)) {
         close(fd);
@@ -659,8 +662,8 @@ static void exec_finish(struct agent *a, struct exec_cmd *c, int status) {
     }
   }
   exec_send_exit(a, c->id, status, c->timed_out, mono_us() - c->started_us);
-  exec_drain_add(&a->exec, steal_fd(c->out_fd));
-  exec_drain_add(&a->exec, steal_fd(c->err_fd));
+  exec_drain_add(agent_exec(a), steal_fd(c->out_fd));
+  exec_drain_add(agent_exec(a), steal_fd(c->err_fd));
   exec_cmd_reset(c);
 }
 
@@ -674,7 +677,7 @@ void exec_reap(struct agent *a) {
       break;
     /* Other pids are tree copies' tar processes (tree.c), or orphans of the
      * sandbox: reaping them is all we do. */
-    struct exec_cmd *c = exec_find_pid(&a->exec, pid);
+    struct exec_cmd *c = exec_find_pid(agent_exec(a), pid);
     if (c)
       exec_finish(a, c, status);
     else
@@ -701,7 +704,7 @@ int exec_poll_timeout(const struct exec_state *e) {
 void exec_check_timeouts(struct agent *a) {
   uint64_t now = mono_ms();
   for (size_t i = 0; i < EXEC_MAX_RUNNING; i++) {
-    struct exec_cmd *c = &a->exec.cmds[i];
+    struct exec_cmd *c = &agent_exec(a)->cmds[i];
     if (c->state != EXEC_RUNNING || !c->deadline_ms || now < c->deadline_ms)
       continue;
     exec_kill(c);

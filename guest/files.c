@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
+#include "guest/files_int.h"
 
 /* Room left in a file name for ".<name>.ign-XXXXXX" within NAME_MAX. */
 #define FILES_TMP_NAME_MAX 200
@@ -168,7 +169,7 @@ static void files_handle_write(struct agent *a, uint32_t id, const uint8_t *p, s
     agent_send_error(a, id, EISDIR, "'%s' is a directory; give a file path", path);
     goto ignore;
   }
-  struct file_write *w = files_free_slot(&a->files);
+  struct file_write *w = files_free_slot(agent_files(a));
   if (!w) {
     agent_send_error(a, id, EAGAIN, "too many file writes in progress (%u at once)",
                      FILES_MAX_WRITES);
@@ -221,7 +222,7 @@ static void files_handle_data(struct agent *a, const struct proto_header *h, con
   bool is_end = h->type == PROTO_DATA_END;
   if (agent_ignoring(a, h->id, PROTO_DATA_END, is_end))
     return;
-  struct file_write *w = files_find(&a->files, h->id);
+  struct file_write *w = files_find(agent_files(a), h->id);
   if (!w) {
     agent_send_error(a, h->id, EPROTO, "%s for id %u, which has no WRITE in progress",
                      proto_type_name(h->type), h->id);
@@ -265,8 +266,8 @@ static void files_handle_data(struct agent *a, const struct proto_header *h, con
     return;
   }
   w->tmp[0] = '\0';
-  proto_frame_begin(&a->out, PROTO_OK, h->id);
-  proto_put_u64(&a->out, TAG_SIZE, w->size);
+  struct proto_buf *out = agent_frame(a, PROTO_OK, h->id);
+  proto_put_u64(out, TAG_SIZE, w->size);
   agent_send(a);
   write_reset(w);
 }
@@ -343,7 +344,7 @@ static void files_handle_read(struct agent *a, uint32_t id, const uint8_t *p, si
   bool eof = false;
   while (bytes < max) {
     size_t want = max - bytes < PROTO_CHUNK ? (size_t)(max - bytes) : PROTO_CHUNK;
-    ssize_t r = pread(fd, a->chunk, want, (off_t)(offset + bytes));
+    ssize_t r = pread(fd, agent_chunk(a), want, (off_t)(offset + bytes));
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0) {
@@ -355,7 +356,7 @@ static void files_handle_read(struct agent *a, uint32_t id, const uint8_t *p, si
       eof = true;
       break;
     }
-    agent_send_data(a, PROTO_DATA, id, a->chunk, (size_t)r);
+    agent_send_data(a, PROTO_DATA, id, agent_chunk(a), (size_t)r);
     bytes += (uint64_t)r;
   }
   if (!eof) {
@@ -370,10 +371,10 @@ static void files_handle_read(struct agent *a, uint32_t id, const uint8_t *p, si
   uint64_t size = (uint64_t)st.st_size;
   if (size == 0 && eof)
     size = offset + bytes; /* /proc and friends report 0 */
-  proto_frame_begin(&a->out, PROTO_READ_END, id);
-  proto_put_u64(&a->out, TAG_SIZE, size);
-  proto_put_u32(&a->out, TAG_EOF, eof);
-  proto_put_u64(&a->out, TAG_BYTES, bytes);
+  struct proto_buf *out = agent_frame(a, PROTO_READ_END, id);
+  proto_put_u64(out, TAG_SIZE, size);
+  proto_put_u32(out, TAG_EOF, eof);
+  proto_put_u64(out, TAG_BYTES, bytes);
   agent_send(a);
 }
 

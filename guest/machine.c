@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
+#include "guest/machine.h"
 
 #define MACHINE_MAX_ENTROPY 4096u
 #define MACHINE_HOSTNAME_MAX 64u /* HOST_NAME_MAX */

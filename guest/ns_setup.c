@@ -14,7 +14,7 @@
  *      it when the session starts from a stage (--stage, --stage-fd), with
  *      upper and work dirs on that tmpfs, whose size caps what the sandbox
  *      can write (ENOSPC).  The tmpfs stays open on AGENT_NS_STATE_FD for
- *      the server to read a commit from (agent.h).  A
+ *      the server to read a commit from (ns_setup.h).  A
  *      root server hands us the tree as an idmapped mount (--rootfs-fd), in
  *      which its files belong to our uids, so every file can be changed
  *      (copied up); without it (a server run as a user) files owned by an
@@ -41,7 +41,9 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
+#include "guest/machine.h"
+#include "guest/ns_setup.h"
 
 /* /proc as container runtimes show it (the masked and read-only paths of
  * crun, runc and Docker), and more: files whose content is the host's and
@@ -129,7 +131,7 @@ static bool ns_exists(const char *path) {
 }
 
 /* The setup tmpfs stays open on AGENT_NS_STATE_FD for the server's commits
- * (agent.h): the upper layer stays on this size-capped tmpfs, and the
+ * (ns_setup.h): the upper layer stays on this size-capped tmpfs, and the
  * server reads it through the fd instead of the sandbox writing to the
  * host.  Close-on-exec: no command inherits it. */
 static int ns_keep_state_fd(void) {

@@ -38,7 +38,8 @@
 
 #include "common/tarstream.h"
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
+#include "guest/tree_int.h"
 
 #define TREE_KILL_GRACE_MS 10000u
 /* Grant the host more window once this much drained (or the buffer is empty). */
@@ -282,8 +283,8 @@ static void tree_start(struct agent *a, const struct proto_header *h, const uint
   }
   struct tree *t = NULL;
   for (size_t i = 0; i < TREE_MAX && !t; i++)
-    if (a->trees.trees[i].kind == TREE_FREE)
-      t = &a->trees.trees[i];
+    if (agent_trees(a)->trees[i].kind == TREE_FREE)
+      t = &agent_trees(a)->trees[i];
   if (!t) {
     agent_send_error(a, id, EAGAIN,
                      "too many tree copies in progress in this sandbox (%u at once); wait for "
@@ -357,8 +358,8 @@ static void tree_start(struct agent *a, const struct proto_header *h, const uint
   };
   snprintf(t->path, sizeof t->path, "%s", where);
   if (unpack) {
-    proto_frame_begin(&a->out, PROTO_CREDIT, id);
-    proto_put_u32(&a->out, TAG_WINDOW, TREE_WINDOW);
+    struct proto_buf *out = agent_frame(a, PROTO_CREDIT, id);
+    proto_put_u32(out, TAG_WINDOW, TREE_WINDOW);
     agent_send(a);
   }
   return;
@@ -453,9 +454,9 @@ static void tree_end(struct agent *a, struct tree *t) {
   } else if (WEXITSTATUS(t->status) != 0) {
     agent_send_error(a, id, EIO, "copying '%s' failed", t->path);
   } else {
-    proto_frame_begin(&a->out, t->kind == TREE_UNPACK ? PROTO_OK : PROTO_PACK_END, id);
-    proto_put_raw(&a->out, result, (size_t)n);
-    proto_put_u64(&a->out, TAG_BYTES, t->stream_bytes);
+    struct proto_buf *out = agent_frame(a, t->kind == TREE_UNPACK ? PROTO_OK : PROTO_PACK_END, id);
+    proto_put_raw(out, result, (size_t)n);
+    proto_put_u64(out, TAG_BYTES, t->stream_bytes);
     agent_send(a);
   }
   if (more_frames)
@@ -485,7 +486,7 @@ static void tree_advance(struct agent *a, struct tree *t) {
 
 bool tree_reaped(struct agent *a, pid_t pid, int status) {
   for (size_t i = 0; i < TREE_MAX; i++) {
-    struct tree *t = &a->trees.trees[i];
+    struct tree *t = &agent_trees(a)->trees[i];
     if (t->kind == TREE_FREE || t->pid != pid)
       continue;
     t->pid = 0;
@@ -509,8 +510,8 @@ bool tree_reaped(struct agent *a, pid_t pid, int status) {
 static void tree_grant(struct agent *a, struct tree *t, bool force) {
   if (t->uncredited == 0 || (!force && t->uncredited < TREE_CREDIT_BATCH && t->buf_len > 0))
     return;
-  proto_frame_begin(&a->out, PROTO_CREDIT, t->id);
-  proto_put_u32(&a->out, TAG_WINDOW, (uint32_t)t->uncredited);
+  struct proto_buf *out = agent_frame(a, PROTO_CREDIT, t->id);
+  proto_put_u32(out, TAG_WINDOW, (uint32_t)t->uncredited);
   agent_send(a);
   t->outstanding += t->uncredited;
   t->uncredited = 0;
@@ -576,10 +577,10 @@ static void tree_data(struct agent *a, struct tree *t, const struct proto_header
 
 /* Reads the PACK child's output within the credit and sends it. */
 static void tree_pump(struct agent *a, struct tree *t) {
-  for (unsigned i = 0; i < TREE_READS_PER_WAKE && t->fd >= 0 && t->credit > 0 && a->chan_ok;
+  for (unsigned i = 0; i < TREE_READS_PER_WAKE && t->fd >= 0 && t->credit > 0 && agent_connected(a);
        i++) {
     size_t want = t->credit < PROTO_CHUNK ? (size_t)t->credit : PROTO_CHUNK;
-    ssize_t r = read(t->fd, a->chunk, want);
+    ssize_t r = read(t->fd, agent_chunk(a), want);
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0 && errno == EAGAIN)
@@ -589,7 +590,7 @@ static void tree_pump(struct agent *a, struct tree *t) {
       tree_advance(a, t);
       return;
     }
-    agent_send_data(a, PROTO_DATA, t->id, a->chunk, (size_t)r);
+    agent_send_data(a, PROTO_DATA, t->id, agent_chunk(a), (size_t)r);
     t->credit -= (uint64_t)r;
     t->stream_bytes += (uint64_t)r;
   }
@@ -615,7 +616,7 @@ void tree_handle(struct agent *a, const struct proto_header *h, const uint8_t *p
     tree_start(a, h, payload);
     return;
   }
-  struct tree *t = tree_find(&a->trees, h->id);
+  struct tree *t = tree_find(agent_trees(a), h->id);
   if (!t)
     return; /* a CREDIT that crossed the PACK's end */
   switch (h->type) {
@@ -661,7 +662,7 @@ void tree_on_poll(struct agent *a, const struct pollfd *pfd, size_t n) {
     if (!pfd[k].revents)
       continue;
     for (size_t i = 0; i < TREE_MAX; i++) {
-      struct tree *t = &a->trees.trees[i];
+      struct tree *t = &agent_trees(a)->trees[i];
       if (t->kind == TREE_FREE || t->fd != pfd[k].fd)
         continue;
       if (t->kind == TREE_UNPACK) {
@@ -692,7 +693,7 @@ int tree_poll_timeout(const struct tree_state *ts) {
 void tree_check_timeouts(struct agent *a) {
   uint64_t now = mono_ms();
   for (size_t i = 0; i < TREE_MAX; i++) {
-    struct tree *t = &a->trees.trees[i];
+    struct tree *t = &agent_trees(a)->trees[i];
     if (t->kind == TREE_FREE || !t->killed || t->pid == 0 || now < t->kill_deadline_ms)
       continue;
     agent_log("the tar process of '%s' did not stop within %u ms; killing it (a staging "
@@ -705,7 +706,7 @@ void tree_check_timeouts(struct agent *a) {
 
 void tree_cancel_all(struct agent *a) {
   for (size_t i = 0; i < TREE_MAX; i++) {
-    struct tree *t = &a->trees.trees[i];
+    struct tree *t = &agent_trees(a)->trees[i];
     if (t->kind == TREE_FREE)
       continue;
     tree_stop(t);

@@ -36,7 +36,10 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/agent_core.h"
+#include "guest/egress_int.h"
+#include "guest/machine.h"
+#include "guest/vm_init.h"
 
 #define VM_ROOT_DEV "/dev/vda"
 #define VM_PORT_NAME "agent"
@@ -201,7 +204,7 @@ static int open_port(void) {
   }
 }
 
-int vm_setup(struct agent *a) {
+int vm_setup(struct agent *a, int *ret_chan) {
   umask(022);
   mkdir("/proc", 0755);
   mkdir("/sys", 0755);
@@ -233,11 +236,11 @@ int vm_setup(struct agent *a) {
   r = machine_loopback_up();
   if (r < 0)
     agent_log("bringing up loopback: %s", strerror(-r));
-  agent_capture_egress(a);
+  egress_capture(a);
   int fd = open_port();
   if (fd < 0)
     return fd;
-  a->chan = fd;
+  *ret_chan = fd;
   return 0;
 }
 

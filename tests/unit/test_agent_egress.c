@@ -26,7 +26,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "guest/agent.h"
+#include "guest/egress_int.h"
+#include "guest/egress_nl.h"
 /* This test speaks the stream frames itself and uses few of its helpers. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "tests/unit/agent_client.h"

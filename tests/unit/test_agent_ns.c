@@ -31,7 +31,7 @@
 
 #include "common/nft_counters.h"
 #include "common/util.h"
-#include "guest/agent.h"
+#include "guest/egress_nl.h"
 #include "guest/confine.h"
 #include "tests/unit/agent_client.h"
 #include "tests/unit/test.h"

@@ -31,7 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "guest/agent.h"
+#include "guest/egress_nl.h"
 #include "tests/unit/test.h"
 
 #define ORIGINAL_DST 80 /* SO_ORIGINAL_DST on SOL_IP, IP6T_SO_ORIGINAL_DST on SOL_IPV6 */
