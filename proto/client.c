@@ -31,13 +31,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "common/config.h"
 #include "common/util.h"
 #include "proto/client_int.h"
 #include "proto/proto.h"
-
-_Static_assert(CONFIG_EGRESS_STREAMS_MAX == AGENT_MAX_STREAMS,
-               "IGN_MCP_EGRESS_STREAMS may reach what one connection carries");
 
 void client_set_err(char **ret_err, char *msg) {
   if (ret_err) {
