@@ -16,7 +16,7 @@
 #define NS_UID_BASE_DEFAULT 0x70000000u
 
 /* The most IGN_MCP_EGRESS_STREAMS may be: what one agent connection carries
- * (AGENT_MAX_STREAMS, proto/client.c checks that they agree). */
+ * (AGENT_MAX_STREAMS, egress/stream.c checks that they agree). */
 #define CONFIG_EGRESS_STREAMS_MAX 1024u
 
 enum backend_choice { BACKEND_AUTO, BACKEND_NS, BACKEND_VM };

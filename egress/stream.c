@@ -44,9 +44,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
 #include "egress/stream_int.h"
+
+/* stage1's cap (egress_cfg.max_streams, IGN_MCP_EGRESS_STREAMS) may be as
+ * high as what one agent connection carries (proto/client.h), no higher. */
+_Static_assert(CONFIG_EGRESS_STREAMS_MAX == AGENT_MAX_STREAMS,
+               "IGN_MCP_EGRESS_STREAMS may reach what one connection carries");
 
 #define DOWN_CHUNK PROTO_CHUNK
 #define PUMP_MAX 4 /* chunks read from one upstream socket per wake-up: fairness */

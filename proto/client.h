@@ -160,8 +160,9 @@ int agent_pack(struct agent_conn *c, const char *guest_path, int out_fd,
  * slowly never holds a session's calls; when it is full, agent_stream_send
  * returns -EAGAIN and writable() says when there is room again. */
 #define AGENT_STREAM_QUEUE_MAX (512u * 1024u)
-/* Streams and lookups open on one connection at once (a protocol bound; the
- * broker's own caps are lower): more are refused by the connection. */
+/* Streams and lookups open on one connection at once (a protocol bound; a
+ * handler may keep lower caps of its own): more are refused by the
+ * connection. */
 #define AGENT_MAX_STREAMS 1024u
 #define AGENT_MAX_LOOKUPS 256u
 

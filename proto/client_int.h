@@ -1,9 +1,11 @@
 /* client_int.h: what the parts of the host's agent client share (see
  * client.h): the connection, a call waiting for its answer, the frame
  * queues, the streams' table, and the helpers the parts use.  client.c has
- * the connection, the writer, the reader's dispatch and the simple calls;
- * client_tree.c both sides of UNPACK and PACK; client_stream.c the streams
- * and lookups the agent opens.  Private to proto/client*.c. */
+ * the connection and the reader; client_writer.c the queues and the writer;
+ * client_call.c a call's life and the checks on the agent's frames;
+ * client_request.c the requests and their answers; client_tree.c both sides
+ * of UNPACK and PACK; client_stream.c the streams and lookups the agent
+ * opens.  Private to proto/client*.c. */
 #pragma once
 
 #include <errno.h>
@@ -154,6 +156,11 @@ static inline void client_finish(struct pending *p, int result) {
   p->result = result;
 }
 void client_mark_dead_locked(struct agent_conn *c, char *reason, bool fault);
+
+/* ---- client_writer.c ----------------------------------------------------- */
+
+/* The writer thread (ARG: the connection). */
+void *client_writer_main(void *arg);
 /* Tells the writer a frame was queued (or the connection died). */
 void client_wake_writer_locked(struct agent_conn *c);
 
@@ -165,15 +172,24 @@ void client_queue_clear(struct frame_queue *q);
 uint64_t client_queue_purge(struct frame_queue *q, uint32_t id, size_t *ret_bytes);
 int client_make_frame(struct proto_buf *b, struct out_frame **ret);
 
-/* Queueing a call's frames, and giving a call up (see client.c). */
+/* Queueing a call's frames. */
 int client_enqueue(struct agent_conn *c, struct proto_buf *b, bool control,
                    const struct agent_ctl *ctl, uint64_t deadline, const struct pending *p);
 int client_enqueue_data(struct agent_conn *c, enum proto_type t, const struct pending *p,
                         const void *raw, size_t n, const struct agent_ctl *ctl,
                         uint64_t deadline);
-void client_abandon_request(struct agent_conn *c, uint32_t id, bool kill_it, uint8_t end_type,
-                            bool end_queued);
+
+/* ---- client_call.c ------------------------------------------------------- */
+
+/* A call: registered (a fresh id), waited for, given up, finished (see
+ * client_call.c). */
 int client_register_pending(struct agent_conn *c, struct pending *p, uint8_t type);
+void client_unregister_pending(struct agent_conn *c, struct pending *p);
+struct pending *client_find_pending(struct agent_conn *c, uint32_t id);
+int client_wait_pending(struct agent_conn *c, struct pending *p, const struct agent_ctl *ctl,
+                        uint32_t timeout_ms);
+void client_abandon_request(struct agent_conn *c, const struct pending *p, bool kill_it,
+                            uint8_t end_type, bool end_queued);
 int client_finish_call(struct agent_conn *c, struct pending *p, int r, char **ret_err);
 int client_dead_error(struct agent_conn *c, char **ret_err);
 
@@ -189,6 +205,16 @@ char *client_check_tlvs_but(const uint8_t *payload, size_t len, uint8_t type,
                             uint64_t repeatable);
 char *client_check_tlvs(const uint8_t *payload, size_t len, uint8_t type);
 char *client_parse_error(const uint8_t *payload, size_t len, char **ret_msg);
+
+/* ---- client_request.c ---------------------------------------------------- */
+
+/* HELLO and its answer within TIMEOUT_MS (agent_conn_open). */
+int client_hello(struct agent_conn *c, uint32_t timeout_ms, char **ret_err);
+/* Hands a frame that answers a call (an id without PROTO_AGENT_ID) to it;
+ * from the reader thread, with c->lock held.  NULL, or what broke the
+ * protocol. */
+char *client_request_frame(struct agent_conn *c, const struct proto_header *h,
+                           const uint8_t *payload);
 
 /* ---- client_tree.c ------------------------------------------------------- */
 

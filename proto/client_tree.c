@@ -306,7 +306,7 @@ static bool unpack_ready(const struct tree_call *t) { return t->credit > 0; }
 static int unpack_settle(struct agent_conn *c, struct pending *p, const char *guest_path) {
   if (!p->tree->agent_ended) {
     pthread_mutex_unlock(&c->lock);
-    client_abandon_request(c, p->id, true, PROTO_DATA_END, true);
+    client_abandon_request(c, p, true, PROTO_DATA_END, true);
     pthread_mutex_lock(&c->lock);
   }
   uint64_t until = mono_ms() + TREE_SETTLE_MS;
@@ -397,7 +397,7 @@ int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
     /* The agent answered before the end of the stream (it refused, or the
      * tree failed): the rest is taken back and DATA_END ends the id. */
     pthread_mutex_unlock(&c->lock);
-    client_abandon_request(c, p.id, false, PROTO_DATA_END, false);
+    client_abandon_request(c, &p, false, PROTO_DATA_END, false);
     pthread_mutex_lock(&c->lock);
   }
   if (r == 0 && !p.done)
@@ -413,7 +413,7 @@ int agent_unpack(struct agent_conn *c, const char *guest_path, int in_fd,
     /* KILL stops the tar process (its staging is removed); DATA_END ends
      * the stream unless it already went. */
     pthread_mutex_unlock(&c->lock);
-    client_abandon_request(c, p.id, true, PROTO_DATA_END, end_queued);
+    client_abandon_request(c, &p, true, PROTO_DATA_END, end_queued);
     pthread_mutex_lock(&c->lock);
   }
   if (local_err)
@@ -537,7 +537,7 @@ int agent_pack(struct agent_conn *c, const char *guest_path, int out_fd,
   if (r < 0 && sent && !t.agent_ended) {
     /* KILL stops the tar process; its late frames are dropped. */
     pthread_mutex_unlock(&c->lock);
-    client_abandon_request(c, p.id, true, 0, false);
+    client_abandon_request(c, &p, true, 0, false);
     pthread_mutex_lock(&c->lock);
   }
   if (local_err)
