@@ -1,7 +1,7 @@
 /* vm.h: the microVM backend's public side (session.c, doctor.c and the
  * tests use it).  The backend lives in sandbox/vm/: accel.c, qemu.c,
- * spawn.c, uid.c, qmp.c, store.c, pool.c, vm.c; what they share among
- * themselves is in sandbox/vm/internal.h. */
+ * spawn.c, uid.c, qmp.c, base.c, store.c, stagefile.c, pool.c, vm.c; what
+ * they share among themselves is in sandbox/vm/internal.h. */
 #pragma once
 
 #include <pthread.h>

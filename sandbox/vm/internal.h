@@ -2,9 +2,12 @@
  * (one QEMU), the backend's state, its timeouts, and the functions one file
  * offers the next.  The files form a chain, each using only those before
  * it: accel.c (does KVM help here) <- qemu.c (one QEMU: command line,
- * start, restore, logs) <- store.c (the snapshots: warm base, stage files)
- * <- pool.c (ready clones and spares) <- vm.c (init, the sandbox ops).
- * spawn.c, uid.c and qmp.c serve qemu.c.  The public side is sandbox/vm.h. */
+ * start, restore, logs) <- base.c (a warm base: fingerprint, making,
+ * checksums) <- store.c (the bases in the store: its lock, the current
+ * base, making it again) <- pool.c (ready clones and spares) <- vm.c (init,
+ * the sandbox ops).  spawn.c, uid.c and qmp.c serve qemu.c; stagefile.c (a
+ * stage's snapshot files) serves pool.c and vm.c.  The public side is
+ * sandbox/vm.h. */
 #pragma once
 
 #include <pthread.h>
@@ -140,7 +143,7 @@ char *vm_log_panic(const struct vm *v);
  * too (unless v->dir was emptied). */
 void vm_free(struct vm *v);
 
-/* store.c */
+/* base.c */
 /* Whose fault a failed attempt at the base is.  Only the guest's (it did not
  * boot, or could not be saved) says anything about the accelerator; the
  * store's (full, over quota, read-only, not writable, an I/O error) would fail
@@ -154,6 +157,16 @@ char *vm_base_dir_for(const char *fingerprint);
 /* Free bytes in the store, or UINT64_MAX when unknown. */
 uint64_t vm_store_free(void);
 bool vm_base_complete(const char *dir);
+/* Checks DIR's files against the checksums in its meta; *RET_WHY says what
+ * differs. */
+int vm_base_verify(const char *dir, char **ret_why);
+/* Builds the base for FINGERPRINT under ACCEL in a temporary directory of
+ * the store, *RET_TMP (its files checksummed); on failure *RET_FAULT says
+ * whose fault it is. */
+int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
+                  enum base_fault *ret_fault, char **ret_err);
+
+/* store.c */
 /* Records a failed try (under vmb.lock). */
 void vm_note_failure(enum base_fault fault, char *fingerprint);
 /* Why the last failed try is not followed by another one now, or NULL when
@@ -165,6 +178,8 @@ int vm_remake_base(const char *gone, char **ret_dir, char **ret_err);
 /* Makes sure the base exists, falling back from KVM to TCG when the guest
  * does not run under KVM (MARK: record that in the store). */
 int vm_ensure_base_any_accel(bool force, bool mark, enum base_fault *ret_fault, char **ret_err);
+
+/* stagefile.c */
 /* Creates a stage's file at PATH (O_EXCL) of SIZE bytes (a hole), owned
  * as the base's files are (root: 0:VM_GID) with MODE; *RET_FD open
  * read-write. */
