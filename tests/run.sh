@@ -158,7 +158,7 @@ tap_counts() {
 
 run_unit() {
 	banner "unit tests ($BUILD/test)"
-	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=() fence
+	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=() fence t0
 	if [[ -d $build/test ]]; then
 		for t in "$build"/test/*; do
 			[[ -f $t && -x $t ]] && tests+=("$t")
@@ -173,7 +173,7 @@ run_unit() {
 		name=${t##*/}
 		log=$logdir/unit-$name.log
 		printf -- '--- %s\n' "$name"
-		rc=0
+		rc=0 t0=$SECONDS
 		# The agent tests run kill -9 -1 and the like in real sandboxes: as
 		# root, each binary runs inside the second fence (tests/fence.sh: a
 		# pid namespace and a pids+memory cgroup of its own).
@@ -181,6 +181,7 @@ run_unit() {
 		((EUID != 0)) || fence=(tests/fence.sh "unit-$name-$$" 4096 4096 --)
 		timeout --foreground --kill-after=10 "${IGN_TEST_UNIT_TIMEOUT:-300}" "${fence[@]}" "$t" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
 		((rc == 124 || rc == 137)) && printf '%s timed out after %ss (IGN_TEST_UNIT_TIMEOUT)\n' "$name" "${IGN_TEST_UNIT_TIMEOUT:-300}"
+		printf -- '--- %s took %d s\n' "$name" $((SECONDS - t0))
 		counts=$(last_counts "$log")
 		if [[ -z $counts ]]; then
 			printf 'not ok - %s: ended (exit %d) without its "N passed, N failed" line\n' "$name" "$rc"
@@ -614,8 +615,8 @@ run_part() {
 
 # part_counts PART: "P F S" of the rows PART has written so far.
 part_counts() {
-	awk -F '\t' '{ split($1, c, " "); p += c[1]; f += c[2]; s += c[3] } END { print p + 0, f + 0, s + 0 }' \
-		"$logdir/rows.$1" 2>/dev/null || echo 0 0 0
+	[[ -f $logdir/rows.$1 ]] || { echo 0 0 0; return; }
+	awk -F '\t' '{ split($1, c, " "); p += c[1]; f += c[2]; s += c[3] } END { print p + 0, f + 0, s + 0 }' "$logdir/rows.$1"
 }
 
 # The parts of `all`, in the order of the summary.
