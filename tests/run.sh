@@ -16,10 +16,11 @@
 #   e2e-user     both passes again as an ordinary user (IGN_TEST_USER,
 #                default ignition-test, made when missing), the way most
 #                people run the server: a run as root only (e2e-ns-user,
-#                e2e-vm-user: one of them).  The files listed for the pass in
-#                tests/root-passes-only.txt (nothing in them depends on who
-#                runs the server; the reason is on each line) run in the
-#                root passes only: each is announced and counted as skipped
+#                e2e-vm-user: one of them).  Only the files listed for the
+#                pass in tests/user-passes.txt run there (those whose
+#                behaviour depends on who runs the server; the reason is on
+#                each line): the others run in the root passes only, are
+#                named, and each counts as skipped
 #   valgrind     the server's end-to-end path once under valgrind: the plain
 #                build on the ns backend, through the e2e files of the
 #                protocol and the session tools (e2e-valgrind), and every
@@ -33,9 +34,16 @@
 #
 # After e2e, e2e-ns or e2e-vm (or a user pass), test files may be named to run
 # only those, e.g. tests/run.sh e2e-vm tests/e2e/vm.test.mjs; a file named
-# runs in the user passes too, listed in tests/root-passes-only.txt or not.
+# runs in the user passes too, listed in tests/user-passes.txt or not.
 #
-# Each suite's own output is shown as it runs. At the end come the time of
+# all runs in two phases (IGN_TEST_JOBS=1: one part after another, in the
+# order above): e2e-ns then e2e-vm, and beside them, in a process group of
+# its own, unit, fuzz-replay, valgrind, conformance and clients, whose output
+# is kept in a file each and printed whole after e2e-vm (one line says when
+# each starts and how it ended); then the two user passes, alone.  The vm-user
+# pass starts from a copy of the warm bases the vm pass booted.
+#
+# Each suite's output is shown as it runs. At the end come the time of
 # each pass and the ten slowest e2e files (with the pass they ran in); the
 # counts of all suites are added up and the very last line is
 # "N passed, N failed, N skipped". Exits
@@ -43,15 +51,19 @@
 #
 # Environment: BUILD (default build); IGN_TEST_NODE (the node to run tests
 # with; default tests/node_modules/.bin/node, the Node 22 that npm ci brings);
+# IGN_TEST_JOBS (2, the default: all runs in two lanes as above; 1: one part
+# at a time); IGN_TEST_SOAK (1: the soaks run at full length, e.g.
+# sandbox_run's 100 calls and a 200 MiB log, instead of the short versions);
 # IGN_TEST_E2E_TIMEOUT (seconds for one e2e pass, default 1800);
 # IGN_TEST_TIMEOUT_MS (milliseconds for one e2e test, default 600000);
 # IGN_TEST_UNIT_TIMEOUT (seconds for one unit test binary, default 300);
 # IGN_TEST_VM_STORE (the warm-base store of the vm pass; default a fresh
 # directory per run, removed afterwards, so the pass neither uses nor
 # disturbs the bases in /var/lib/ignition-mcp; "default": the server's own);
-# IGN_TEST_ROOT_ONLY (the list of files the user passes leave to the root
-# passes, default tests/root-passes-only.txt; "none": the user passes run
-# every file).
+# IGN_TEST_VM_SEED (a store whose warm bases the vm-user pass's fresh store
+# starts with a copy of; default the vm pass's store in all, else none);
+# IGN_TEST_USER_PASSES (the list of files the user passes run, default
+# tests/user-passes.txt; "all": the user passes run every file).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -95,34 +107,31 @@ logdir=$(mktemp -d "${TMPDIR:-/tmp}/ign-tests.XXXXXX")
 # The vm pass keeps its store in here, which the QEMUs (unprivileged uids
 # when we run as root) must be able to reach.
 chmod 0711 "$logdir"
-e2e_group=
+e2e_group= side_group=
 cleanup() {
 	[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null || true
+	if [[ -n $side_group ]]; then
+		kill -TERM -- "-$side_group" 2>/dev/null || true
+		wait "$side_group" 2>/dev/null || true
+	fi
 	rm -rf "$logdir"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-total_pass=0 total_fail=0 total_skip=0
-summary=()
-pass_times=()
+# Each part of the run (unit, fuzz-replay, e2e-ns, ... clients) leaves its
+# summary rows in $logdir/rows.PART ("P F S<tab>row" a line) and its time in
+# $logdir/time.PART, so that the parts run beside each other (each in a shell
+# of its own) still add up at the end, in the order of the parts.
+cur_part=main
 
-# timed LABEL COMMAND...: runs COMMAND and notes how long it took under LABEL
-# for the table of pass times at the end.
-timed() {
-	local label=$1 t0=$SECONDS
-	shift
-	"$@"
-	pass_times+=("$(printf '%-14s %6d s' "$label" $((SECONDS - t0)))")
-}
-
-# add SUITE PASS FAIL SKIP
+# add SUITE PASS FAIL SKIP [NOTE]: one row of the summary, for the part
+# running now.
 add() {
-	total_pass=$((total_pass + $2))
-	total_fail=$((total_fail + $3))
-	total_skip=$((total_skip + $4))
-	summary+=("$(printf '%-12s %4d passed, %4d failed, %4d skipped%s' "$1" "$2" "$3" "$4" "${5:+  ($5)}")")
+	printf '%d %d %d\t%s\n' "$2" "$3" "$4" \
+		"$(printf '%-12s %4d passed, %4d failed, %4d skipped%s' "$1" "$2" "$3" "$4" "${5:+  ($5)}")" \
+		>>"$logdir/rows.$cur_part"
 }
 
 banner() { printf '\n======== %s ========\n' "$*"; }
@@ -175,7 +184,7 @@ run_layering() { run_script layering tests/layering.sh "include layering"; }
 
 run_unit() {
 	banner "unit tests ($BUILD/test)"
-	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=() fence
+	local p=0 f=0 s=0 t name log rc counts tp tf ts tests=() fence t0
 	if [[ -d $build/test ]]; then
 		for t in "$build"/test/*; do
 			[[ -f $t && -x $t ]] && tests+=("$t")
@@ -190,7 +199,7 @@ run_unit() {
 		name=${t##*/}
 		log=$logdir/unit-$name.log
 		printf -- '--- %s\n' "$name"
-		rc=0
+		rc=0 t0=$SECONDS
 		# The agent tests run kill -9 -1 and the like in real sandboxes: as
 		# root, each binary runs inside the second fence (tests/fence.sh: a
 		# pid namespace and a pids+memory cgroup of its own).
@@ -198,6 +207,7 @@ run_unit() {
 		((EUID != 0)) || fence=(tests/fence.sh "unit-$name-$$" 4096 4096 --)
 		timeout --foreground --kill-after=10 "${IGN_TEST_UNIT_TIMEOUT:-300}" "${fence[@]}" "$t" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
 		((rc == 124 || rc == 137)) && printf '%s timed out after %ss (IGN_TEST_UNIT_TIMEOUT)\n' "$name" "${IGN_TEST_UNIT_TIMEOUT:-300}"
+		printf -- '--- %s took %d s\n' "$name" $((SECONDS - t0))
 		counts=$(last_counts "$log")
 		if [[ -z $counts ]]; then
 			printf 'not ok - %s: ended (exit %d) without its "N passed, N failed" line\n' "$name" "$rc"
@@ -245,31 +255,61 @@ if ((EUID == 0)) && [[ $what == @(e2e|e2e-ns|e2e-vm|all) ]] && [[ -z $(ensure_te
 	export IGN_TEST_USER=$test_user
 fi
 
-# The e2e files the user passes leave to the root passes (FILE PASSES # why).
-root_only_list=${IGN_TEST_ROOT_ONLY-tests/root-passes-only.txt}
+# The e2e files that run in the user passes too (FILE PASSES # why): every
+# other file runs as root only.
+user_passes_list=${IGN_TEST_USER_PASSES-tests/user-passes.txt}
 
-# root_only ROW: the files that the user pass ROW (e2e-ns-user, e2e-vm-user)
-# leaves to the root passes, one "FILE WHY" line each.  What is wrong with
-# the list comes out as "? WHAT": a line that names no pass of ours or gives
-# no reason leaves its file to run (a list misread must not lose tests).
-root_only() {
+# user_passes ROW: the files that run in the user pass ROW (e2e-ns-user,
+# e2e-vm-user), one "FILE WHY" line each; "* all" when every file runs there.
+# What is wrong with the list comes out as "? WHAT": a line that names no
+# pass of ours or gives no reason runs its file in both user passes, and a
+# list that cannot be read runs every file (a list misread must not lose
+# tests).
+user_passes() {
 	local pass=${1#e2e-} line f passes why
-	[[ -n $root_only_list && $root_only_list != none ]] || return 0
-	if [[ ! -r $root_only_list ]]; then
-		printf '? cannot read %s (IGN_TEST_ROOT_ONLY): every file runs\n' "$root_only_list"
+	if [[ -z $user_passes_list || $user_passes_list == all ]]; then
+		printf '* all\n'
+		return
+	fi
+	if [[ ! -r $user_passes_list ]]; then
+		printf '? cannot read %s (IGN_TEST_USER_PASSES): every file runs\n' "$user_passes_list"
+		printf '* all\n'
 		return
 	fi
 	while IFS= read -r line || [[ -n $line ]]; do
 		[[ $line =~ ^[[:space:]]*(#|$) ]] && continue
 		read -r f passes why <<<"$line"
 		if [[ ! $passes =~ ^(ns-user|vm-user)(,(ns-user|vm-user))?$ || ! $why =~ ^#[[:space:]]*[^[:space:]] ]]; then
-			printf '? %s: "%s" names no pass (ns-user, vm-user, or both with a comma) or gives no "# why": %s runs\n' \
-				"$root_only_list" "$line" "$f"
+			printf '? %s: "%s" names no pass (ns-user, vm-user, or both with a comma) or gives no "# why": %s runs in both\n' \
+				"$user_passes_list" "$line" "$f"
+			printf '%s %s\n' "$f" "(a line of the list that cannot be read)"
 			continue
 		fi
 		why=${why#\#}
 		[[ ,$passes, != *,$pass,* ]] || printf '%s %s\n' "$f" "${why# }"
-	done <"$root_only_list"
+	done <"$user_passes_list"
+}
+
+# seed_store FROM TO USER: makes the store TO for USER with a copy of each
+# warm base of the store FROM (each <name>-<16 hex digits> directory with its
+# meta; not the stages, the lock, nor a base being made), so that the
+# vm-user pass starts from the bases the vm pass booted instead of booting
+# them again; the copies are USER's own files, and the stages of each pass
+# stay its own.  The tests that make a base as the user do so in stores of
+# their own (tempStore in tests/e2e/lib.mjs).  FROM empty or missing: TO
+# starts empty.
+vm_seed=
+seed_store() {
+	local from=$1 to=$2 user=$3 d n=0
+	mkdir -m 0755 "$to"
+	if [[ -n $from && -d $from ]]; then
+		for d in "$from"/*-????????????????; do
+			[[ -d $d && -f $d/meta && ${d##*/} =~ -[0-9a-f]{16}$ ]] || continue
+			cp -a --reflink=auto "$d" "$to/" && n=$((n + 1))
+		done
+	fi
+	chown -R "$user:" "$to"
+	((n == 0)) || printf 'the store starts with a copy of the %d warm base(s) in %s\n' "$n" "$from"
 }
 
 # run_e2e BACKEND [ROW [user]]: one pass of the e2e suite with
@@ -340,15 +380,18 @@ run_e2e() {
 		outdir=$logdir/$row
 		mkdir -m 0700 "$outdir"
 		chown "$test_user:" "$outdir"
-		[[ -z $store ]] || store=$outdir/vm-store
+		if [[ -n $store ]]; then
+			store=$outdir/vm-store
+			seed_store "${IGN_TEST_VM_SEED:-$vm_seed}" "$store" "$test_user"
+		fi
 		# The user's own environment: no XDG directory of root's, its home.
 		runner=(tests/fence.sh "e2e-user-$$-$backend" 16384 12288 --
 			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME)
 		# Files named on the command line run whatever the list says.
-		((${#e2e_args[@]} > 0)) || leave_to_root_passes "$row"
+		((${#e2e_args[@]} > 0)) || keep_user_files "$row"
 		if ((${#files[@]} == 0)); then
 			# node --test given no file would look for tests all over the checkout.
-			printf '%s: every file is in the root passes only\n' "$row"
+			printf '%s: no file of tests/e2e is listed for it in %s\n' "$row" "$user_passes_list"
 			add "$row" 0 "$list_bad" "$root_only_n" "$root_only_n files in the root passes only"
 			return
 		fi
@@ -380,7 +423,8 @@ run_e2e() {
 		kill -KILL -- "-$group" 2>/dev/null || true
 	fi
 	if [[ -n $store && -z ${IGN_TEST_VM_STORE:-} ]]; then
-		rm -rf "$store"
+		# The vm pass's bases seed the vm-user pass's store when it follows.
+		if [[ -z $as && $what == all ]]; then vm_seed=$store; else rm -rf "$store"; fi
 	fi
 	[[ ! -f $tap.times ]] || sed "s|\$| ($row)|" "$tap.times" >>"$logdir/file-times"
 	local note="$secs s"
@@ -388,35 +432,40 @@ run_e2e() {
 	add_tap "$row" "$tap" "$rc" "$note" "$list_bad" "$root_only_n"
 }
 
-# leave_to_root_passes ROW: takes the files root_only lists for ROW out of
-# run_e2e's files, saying which and why; sets root_only_n (how many) and
-# list_bad (1 when the list has a line it cannot read).
-leave_to_root_passes() {
-	local row=$1 f why kept=() n
+# keep_user_files ROW: keeps of run_e2e's files those user_passes lists
+# for ROW, saying which run and why; the others are left to the root passes,
+# named on one line.  Sets root_only_n (how many were left) and list_bad (1
+# when the list has a line it cannot read).
+keep_user_files() {
+	local row=$1 f why kept=() left=() n all=0
 	local -A why_of=()
 	while read -r f why; do
-		if [[ $f == '?' ]]; then
+		case $f in
+		'?')
 			printf 'not ok - %s\n' "$why"
 			list_bad=1
-			continue
-		fi
-		why_of[$f]=$why
-	done < <(root_only "$row")
+			;;
+		'*') all=1 ;;
+		*) why_of[$f]=$why ;;
+		esac
+	done < <(user_passes "$row")
+	((all == 0)) || return 0
 	for f in "${files[@]}"; do
 		n=${f#tests/e2e/}
 		if [[ -n ${why_of[$n]+set} ]]; then
-			printf -- '- %s: root passes only (%s): %s\n' "$f" "$root_only_list" "${why_of[$n]}"
-			root_only_n=$((root_only_n + 1))
+			printf -- '+ %s: %s\n' "$n" "${why_of[$n]}"
+			kept+=("$f")
 			unset 'why_of[$n]'
 		else
-			kept+=("$f")
+			left+=("$n")
 		fi
 	done
 	for n in "${!why_of[@]}"; do
-		printf 'note: %s lists %s for %s, which is not in tests/e2e\n' "$root_only_list" "$n" "$row"
+		printf 'note: %s lists %s for %s, which is not in tests/e2e\n' "$user_passes_list" "$n" "$row"
 	done
-	((root_only_n == 0)) || printf '%s: %d of %d files left to the root passes, counted as skipped (IGN_TEST_ROOT_ONLY=none runs them here too)\n' \
-		"$row" "$root_only_n" "${#files[@]}"
+	root_only_n=${#left[@]}
+	((root_only_n == 0)) || printf '%s: %d of %d files run here (%s); %d run as root only, counted as skipped (IGN_TEST_USER_PASSES=all runs them here too): %s\n' \
+		"$row" "${#kept[@]}" "${#files[@]}" "$user_passes_list" "$root_only_n" "${left[*]}"
 	files=("${kept[@]}")
 }
 
@@ -426,6 +475,9 @@ leave_to_root_passes() {
 # "# cancelled N", "# skipped N" and "# todo N".
 add_tap() {
 	local row=$1 tap=$2 rc=$3 note=${4:-} xf=${5:-0} xs=${6:-0} p fl sk cancelled
+	# node may die before it writes any TAP (then sed's missing file would end
+	# the runner under pipefail): count it from an empty one.
+	[[ -f $tap ]] || : >"$tap"
 	p=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
 	fl=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
 	cancelled=$(sed -nE 's/^# cancelled ([0-9]+)$/\1/p' "$tap" 2>/dev/null | tail -n 1)
@@ -545,60 +597,131 @@ run_valgrind() {
 	done
 	if ((reports == 0)); then
 		printf 'not ok - no valgrind report was written (did the server run under valgrind?)\n'
-		bad=1
+		reports=1 bad=1
 	else
 		printf '%s %d server processes under valgrind: %d with errors\n' "$( ((bad == 0)) && echo ok || echo 'not ok')" "$reports" "$bad"
 	fi
 	add valgrind "$((reports - bad))" "$bad" 0
 }
 
+# run_part PART: one part of the run, timed.
+run_part() {
+	local part=$1 t0=$SECONDS
+	cur_part=$part
+	case $part in
+	layering) run_layering ;;
+	unit) run_unit ;;
+	fuzz-replay) run_fuzz_replay ;;
+	e2e-ns) run_e2e ns ;;
+	e2e-vm) run_e2e vm ;;
+	e2e-ns-user) run_e2e ns e2e-ns-user user ;;
+	e2e-vm-user) run_e2e vm e2e-vm-user user ;;
+	valgrind) run_valgrind ;;
+	conformance) run_conformance ;;
+	clients) run_clients ;;
+	esac
+	printf '%-14s %6d s\n' "$part" $((SECONDS - t0)) >"$logdir/time.$part"
+	cur_part=main
+}
+
+# part_counts PART: "P F S" of the rows PART has written so far.
+part_counts() {
+	[[ -f $logdir/rows.$1 ]] || { echo 0 0 0; return; }
+	awk -F '\t' '{ split($1, c, " "); p += c[1]; f += c[2]; s += c[3] } END { print p + 0, f + 0, s + 0 }' "$logdir/rows.$1"
+}
+
+# The parts of `all`, in the order of the summary.
+all_parts=(layering unit fuzz-replay e2e-ns e2e-vm e2e-ns-user e2e-vm-user valgrind conformance clients)
+# With two jobs (IGN_TEST_JOBS, default 2), `all` runs in two phases.  First
+# the root e2e passes (e2e-ns, then e2e-vm) and, beside them, the parts that
+# need no host of their own: the unit tests, the fuzz replays, the valgrind
+# pass, conformance and the clients.  The ns pass waits on its sandboxes far
+# more than it computes (about a fifth of a core), so the side parts take the
+# other core while it runs and are mostly done before the vm pass's TCG
+# guests begin.  Then the user passes, alone: as a user with no kernel log,
+# abuse.test.mjs counts OOM kills host-wide, which another pass's memory
+# limits may cause.
+side_parts=(layering unit fuzz-replay valgrind conformance clients)
+main_parts=(e2e-ns e2e-vm)
+late_parts=(e2e-ns-user e2e-vm-user)
+jobs=${IGN_TEST_JOBS:-2}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { printf 'IGN_TEST_JOBS must be a positive number, not "%s"\n' "$jobs" >&2; exit 2; }
+
+# run_side PART...: the side lane (a process group of its own, which the
+# runner's cleanup ends).  Each part's output goes to $logdir/out.PART,
+# printed whole after the root passes; one line says when it starts and how
+# it ended.
+run_side() {
+	local part t0 counts
+	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 143' TERM
+	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 130' INT
+	for part in "$@"; do
+		printf -- '-- beside the e2e passes: %s started (its output comes after e2e-vm)\n' "$part"
+		t0=$SECONDS
+		run_part "$part" >"$logdir/out.$part" 2>&1 </dev/null || true
+		read -r counts <<<"$(part_counts "$part")"
+		printf -- '-- beside the e2e passes: %s ended after %d s: %s passed, %s failed, %s skipped\n' \
+			"$part" $((SECONDS - t0)) $counts
+	done
+}
+
 case $what in
-unit)
-	timed layering run_layering
-	timed unit run_unit
-	timed fuzz-replay run_fuzz_replay
-	;;
-e2e)
-	timed e2e-ns run_e2e ns
-	timed e2e-vm run_e2e vm
-	;;
-e2e-ns) timed e2e-ns run_e2e ns ;;
-e2e-vm) timed e2e-vm run_e2e vm ;;
-e2e-user)
-	timed e2e-ns-user run_e2e ns e2e-ns-user user
-	timed e2e-vm-user run_e2e vm e2e-vm-user user
-	;;
-e2e-ns-user) timed e2e-ns-user run_e2e ns e2e-ns-user user ;;
-e2e-vm-user) timed e2e-vm-user run_e2e vm e2e-vm-user user ;;
-conformance) timed conformance run_conformance ;;
-valgrind) timed valgrind run_valgrind ;;
-clients) timed clients run_clients ;;
-all)
-	timed layering run_layering
-	timed unit run_unit
-	timed fuzz-replay run_fuzz_replay
-	timed e2e-ns run_e2e ns
-	timed e2e-vm run_e2e vm
-	timed e2e-ns-user run_e2e ns e2e-ns-user user
-	timed e2e-vm-user run_e2e vm e2e-vm-user user
-	timed valgrind run_valgrind
-	timed conformance run_conformance
-	timed clients run_clients
-	;;
+unit) parts=(layering unit fuzz-replay) ;;
+e2e) parts=(e2e-ns e2e-vm) ;;
+e2e-user) parts=(e2e-ns-user e2e-vm-user) ;;
+all) parts=("${all_parts[@]}") ;;
+*) parts=("$what") ;;
 esac
+
+if [[ $what == all ]] && ((jobs >= 2)); then
+	set -m # the side lane gets a process group of its own
+	run_side "${side_parts[@]}" &
+	side_group=$!
+	set +m
+	for part in "${main_parts[@]}"; do
+		run_part "$part"
+	done
+	wait "$side_group" || true
+	side_group=
+	printf '\n-- the parts that ran beside e2e-ns and e2e-vm, each whole: %s\n' "${side_parts[*]}"
+	for part in "${side_parts[@]}"; do
+		[[ ! -f $logdir/out.$part ]] || cat "$logdir/out.$part"
+	done
+	for part in "${late_parts[@]}"; do
+		run_part "$part"
+	done
+else
+	for part in "${parts[@]}"; do
+		run_part "$part"
+	done
+fi
+
+# A part that wrote no row (its shell died on the way) counts as a failure.
+for part in "${parts[@]}"; do
+	[[ -s $logdir/rows.$part ]] ||
+		cur_part=$part add "$part" 0 1 0 "ended without its counts; see its output above"
+done
 
 # Where the time went: each pass, then the ten slowest test files of all
 # the e2e passes (a file's time: its top-level tests, tests/file-times.mjs).
 banner "time"
-printf '%s\n' "${pass_times[@]}"
-printf '%-14s %6d s\n' total "$SECONDS"
+for part in "${parts[@]}"; do
+	[[ ! -f $logdir/time.$part ]] || cat "$logdir/time.$part"
+done
+printf '%-14s %6d s%s\n' total "$SECONDS" "$( [[ $what == all ]] && ((jobs >= 2)) && printf '  (with %s beside e2e-ns and e2e-vm)' "${side_parts[*]}")"
 if [[ -s $logdir/file-times ]]; then
 	printf '\nthe ten slowest test files:\n'
 	sort -rn "$logdir/file-times" | head -n 10 | awk '{ printf "%8.1f s  %s %s\n", $1, $2, $3 }'
 fi
 
 banner summary
-printf '%s\n' "${summary[@]}"
+total_pass=0 total_fail=0 total_skip=0
+for part in "${parts[@]}"; do
+	[[ -f $logdir/rows.$part ]] || continue
+	cut -f 2- "$logdir/rows.$part"
+	read -r tp tf ts <<<"$(part_counts "$part")"
+	total_pass=$((total_pass + tp)) total_fail=$((total_fail + tf)) total_skip=$((total_skip + ts))
+done
 if ((total_skip > 0)); then
 	printf '%d passed, %d failed, %d skipped\n' "$total_pass" "$total_fail" "$total_skip"
 else

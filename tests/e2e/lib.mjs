@@ -79,6 +79,9 @@ export const ROOT_ONLY = (why) => (AS_ROOT ? false : `root only (the suite runs 
 /* The store of warm bases the vm servers use unless a test gives its own
  * (tests/run.sh makes a fresh one per run); empty: the server's default. */
 export const VM_STORE = process.env.IGN_TEST_VM_STORE || '';
+/* IGN_TEST_SOAK=1: the soaks run at full length (sandbox_run's 100 calls,
+ * a 200 MiB log); `make check` runs a short version of each. */
+export const SOAK = process.env.IGN_TEST_SOAK === '1';
 /* Set by tests/run.sh valgrind: the server runs under valgrind, whose own
  * memory makes the server's RSS mean nothing. */
 export const UNDER_VALGRIND = process.env.IGN_TEST_VALGRIND === '1';
