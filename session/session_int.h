@@ -1,0 +1,141 @@
+/* session_int.h: what the pieces of session/ share, private to them: the
+ * table (session_table.c: ids, the cap, lookups, the lifetimes of sessions
+ * and handles), leases (session_lease.c), open, reset and close
+ * (session.c), commit and fork (session_snapshot.c), the backend
+ * (session_backend.c), the idle reaper (session_reaper.c) and shutdown
+ * (session_shutdown.c).
+ *
+ * Locking: one mutex (session_lock) guards the table and every session's
+ * fields.  Sandbox creation (slow) happens outside it: open reserves a slot
+ * first, reset marks the session as resetting and callers wait on a
+ * condition variable (session_cond).
+ *
+ * Lifetimes: a handle (sandbox + agent connection) is reference counted; the
+ * table holds one reference and each lease one more.  Retiring a handle
+ * (close, reset, reap, shutdown) kills its sandbox at once, which fails the
+ * calls still waiting on it; the memory and the cgroup go with the last
+ * reference. */
+#pragma once
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "sandbox/sandbox.h"
+#include "session/session.h"
+
+struct handle {
+  int refs;                 /* under table lock */
+  struct sandbox *sb;
+  struct agent_conn *conn;
+  const char *retired;      /* NULL while in service, else "closed", "reset", ... */
+  struct stage *stage;      /* the stage it was started from (a reference), or NULL */
+  struct egress *egress;    /* the session's, attached to conn until retired; or NULL */
+};
+
+struct session {
+  struct session *next;
+  int refs;
+  char id[SESSION_ID_MAX];
+  char *owner;              /* who opened it (a fork: who forked it); never NULL */
+  struct handle *h;         /* NULL while (re)creating */
+  bool resetting;
+  bool snapshotting;        /* commit or fork: new calls wait, as for a reset */
+  bool removed;             /* no longer in the table */
+  bool ephemeral;           /* sandbox_run's: only its lease reaches it (no id lookup) */
+  const char *removed_why;
+  struct egress *egress;    /* owned; NULL only for the bench's sessions */
+  int busy;
+  uint64_t created_ms, last_used_ms;
+};
+
+/* ---- the table (session_table.c) ---- */
+
+extern pthread_mutex_t session_lock;
+extern pthread_cond_t session_cond;
+extern struct session *session_table;
+extern unsigned session_count;   /* includes slots reserved by opens in progress */
+extern unsigned session_next_seq;
+extern bool session_shutting_down;
+
+void handle_unref_locked(struct handle *h, struct handle **ret_dead);
+/* Frees a handle whose last reference is gone; without the lock held. */
+void handle_free(struct handle *h);
+/* Stops a handle's sandbox now; calls waiting on it fail with -EPIPE.  Its
+ * open connections out are ended (and recorded) first. */
+void handle_retire(struct handle *h, const char *why);
+
+/* A new session (one reference) of OWNER with a fresh id: "[<host>.]" then
+ * KIND ('s', or 'r' for sandbox_run's), the sequence number SEQ and 16
+ * random bits. */
+struct session *session_new(const char *owner, char kind, unsigned seq);
+void session_free(struct session *s);
+/* S, out of the table with no reference left: freed at the next unlock. */
+void session_bury_locked(struct session *s);
+void session_unref_locked(struct session *s);
+/* Drops the table's lock, then frees what died while it was held. */
+void session_table_unlock(void);
+/* S, new and with its sandbox, into the table (its idle time starts). */
+void session_insert_locked(struct session *s);
+struct session *session_find_locked(const char *id, const char *owner);
+void session_remove_locked(struct session *s, const char *why);
+/* Removes S from the table and retires its handle.  Called with the lock;
+ * returns a handle to free once the lock is dropped. */
+struct handle *session_close_locked(struct session *s, const char *why);
+/* For an id no session of the caller has (malloc'd). */
+char *session_unknown_id(const char *id);
+
+/* ---- the backend (session_backend.c) ---- */
+
+extern const struct sandbox_ops *session_ops;   /* NULL when none can run */
+extern char *session_backend_error;             /* why none can */
+extern struct sandbox_config session_sb_cfg;
+/* Whether the backend can save and start from stages; *ret_err says why not. */
+bool session_stages_supported(char **ret_err);
+/* Without a backend: what sessions_set_unavailable_help's EXPLAIN says now
+ * (malloc'd), or NULL when there is none. */
+char *session_unavailable_help(void);
+
+/* ---- open, reset and close (session.c) ---- */
+
+/* Sandboxes being made (open, reset, fork), not in the table yet: shutdown
+ * kills them (their agent then never answers, and the open or reset fails
+ * at once) and waits until none is left, so that each is destroyed by its
+ * maker before the server exits (see sessions_shutdown for the bound). */
+struct making {
+  struct making *next;
+  const void *owner;        /* what session_kill_starting names it by, or NULL */
+  struct sandbox *sb;       /* NULL until the backend's create returned */
+};
+extern struct making *session_making;
+extern unsigned session_n_making;
+
+/* A sandbox for session ID from STAGE (NULL: the base) with EGRESS (may be
+ * NULL) attached, listed in session_making under OWNER while it starts.
+ * For a caller that holds the lock and has checked that the server is not
+ * shutting down; returns with the lock held again, and on success the
+ * server is still not shutting down. */
+int session_make_handle_locked(const char *id, struct stage *stage, struct egress *egress,
+                               const void *owner, struct handle **ret, uint64_t *ret_ms,
+                               char **ret_err);
+
+/* ---- leases (session_lease.c) ---- */
+
+/* For a call that found S in the table and waited for its reset, only to
+ * find it gone: what happened to it, not that the id is unknown. */
+char *session_removed_while_waiting(const struct session *s);
+/* Waits, with the lock, until S (found in the table) is not being reset or
+ * saved; returns S with a reference for the caller. */
+struct session *session_wait_reset_locked(struct session *s);
+/* Takes session ID for a snapshot (commit, fork): new calls wait and this
+ * waits for the calls running on it to end.  On success *ret is a lease to
+ * give back with session_quiet_end. */
+int session_quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
+                        char **ret_err);
+void session_quiet_end(struct lease *l);
+
+/* ---- the idle reaper (session_reaper.c) ---- */
+
+/* Starts the thread that closes sessions idle for IGN_MCP_IDLE_SECS. */
+void session_reaper_start(void);

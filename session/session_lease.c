@@ -1,0 +1,167 @@
+/* session_lease.c: leases.  A call holds a lease on a session while it
+ * works: the lease keeps the session and its sandbox's handle alive, marks
+ * the session busy (the idle reaper skips it) and refreshes its idle timer
+ * when given back.  New leases wait while a reset, commit or fork is under
+ * way; a commit or fork waits (session_quiet_begin) for the leases held to
+ * be given back.  When the sandbox fails under a lease, lease_failure says
+ * what happened to the session. */
+#include "session/session.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "sandbox/sandbox.h"
+#include "session/session_int.h"
+
+/* How long commit and fork wait for the calls running on a session to end. */
+#define QUIET_WAIT_MS 10000u
+
+char *session_removed_while_waiting(const struct session *s) {
+  return xasprintf("session '%s' was %s while this call waited for its reset. Call open_session "
+                   "for a new session.",
+                   s->id, s->removed_why);
+}
+
+/* Waits, with the lock, until S (found in the table) is not being reset.
+ * The waiter holds a reference while it sleeps: a close during the reset
+ * drops the table's, and the reset then drops its own.  Returns S with that
+ * reference, which the caller keeps or drops. */
+struct session *session_wait_reset_locked(struct session *s) {
+  s->refs++;
+  while (s->resetting || s->snapshotting)
+    pthread_cond_wait(&session_cond, &session_lock);
+  return s;
+}
+
+/* Session ID once no reset or snapshot is under way on it, with a reference
+ * for the caller; NULL and *ret_err when there is none or it has no
+ * sandbox (under the lock). */
+static struct session *find_serving_locked(const char *id, const char *owner, char **ret_err) {
+  struct session *s = session_find_locked(id, owner);
+  if (s)
+    session_wait_reset_locked(s);
+  if (!s || s->removed || !s->h) {
+    *ret_err = s && s->removed ? session_removed_while_waiting(s) : session_unknown_id(id);
+    if (s)
+      session_unref_locked(s);
+    return NULL;
+  }
+  return s;
+}
+
+int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err) {
+  pthread_mutex_lock(&session_lock);
+  struct session *s = find_serving_locked(id, owner, ret_err);
+  if (!s) {
+    session_table_unlock();
+    return -ENOENT;
+  }
+  /* The reference taken while waiting is the lease's. */
+  s->busy++;
+  s->last_used_ms = mono_ms();
+  s->h->refs++;
+  ret->s = s;
+  ret->h = s->h;
+  session_table_unlock();
+  return 0;
+}
+
+void session_release(struct lease *l) {
+  struct handle *dead;
+  pthread_mutex_lock(&session_lock);
+  if (--l->s->busy == 0 && l->s->snapshotting)
+    pthread_cond_broadcast(&session_cond); /* a commit or fork waits for quiet */
+  l->s->last_used_ms = mono_ms();
+  handle_unref_locked(l->h, &dead);
+  session_unref_locked(l->s);
+  session_table_unlock();
+  handle_free(dead);
+  l->s = NULL;
+  l->h = NULL;
+}
+
+struct agent_conn *lease_conn(const struct lease *l) { return l->h->conn; }
+struct egress *lease_egress(const struct lease *l) { return l->s->egress; }
+const char *lease_id(const struct lease *l) { return l->s->id; }
+bool lease_ephemeral(const struct lease *l) { return l->s->ephemeral; }
+
+char *lease_failure(const struct lease *l, const char *what_failed) {
+  pthread_mutex_lock(&session_lock);
+  const char *retired = l->h->retired;
+  const char *removed_why = l->s->removed ? l->s->removed_why : NULL;
+  session_table_unlock();
+  if (l->s->ephemeral) {
+    /* No tool reaches it by its id: say what to call instead. */
+    _cleanup_free_ char *why =
+        removed_why || !l->h->sb->ops->death_reason ? NULL : l->h->sb->ops->death_reason(l->h->sb);
+    return xasprintf("%s: its one-shot sandbox %s%s%s; it is destroyed and nothing was left "
+                     "behind.%s",
+                     what_failed, removed_why ? "was " : "died (",
+                     removed_why ? removed_why : why ? why : "its sandbox exited",
+                     removed_why ? "" : ")",
+                     removed_why ? "" : " Call sandbox_run again (a command that stops the "
+                                        "sandbox itself fails the same way).");
+  }
+  if (removed_why)
+    return xasprintf("%s: session '%s' was %s while this call ran. Call open_session for a new "
+                     "session.",
+                     what_failed, l->s->id, removed_why);
+  if (retired)
+    return xasprintf("%s: session '%s' was %s while this call ran; its files and processes are "
+                     "gone. Call again on the fresh sandbox.",
+                     what_failed, l->s->id, retired);
+  _cleanup_free_ char *why = l->h->sb->ops->death_reason ? l->h->sb->ops->death_reason(l->h->sb)
+                                                         : NULL;
+  return xasprintf("%s: session '%s' is dead (%s). Call reset('%s') to get a fresh sandbox under "
+                   "the same id, or close it.",
+                   what_failed, l->s->id, why ? why : "its sandbox exited", l->s->id);
+}
+
+/* Takes session ID for a snapshot: new calls wait (as for a reset) and this
+ * waits up to QUIET_WAIT_MS for the calls running on it to end, so that its
+ * agent is idle when it is saved.  On success *ret is a lease (the reaper
+ * skips the session) to give back with session_quiet_end. */
+int session_quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
+                        char **ret_err) {
+  pthread_mutex_lock(&session_lock);
+  struct session *s = find_serving_locked(id, owner, ret_err);
+  if (!s) {
+    session_table_unlock();
+    return -ENOENT;
+  }
+  s->snapshotting = true;
+  uint64_t deadline = mono_ms() + QUIET_WAIT_MS;
+  while (s->busy > 0 && !s->removed && mono_ms() < deadline) {
+    struct timespec ts = timespec_in(CLOCK_REALTIME, 100);
+    pthread_cond_timedwait(&session_cond, &session_lock, &ts);
+  }
+  if (s->busy > 0 || s->removed || !s->h) {
+    *ret_err = s->removed ? session_removed_while_waiting(s)
+                          : xasprintf("cannot %s session '%s': %d call(s) still run in it after "
+                                      "%u s. A session is saved only while no call runs in it: "
+                                      "wait for them to end (or cancel them), then call %s again.",
+                                      what, id, s->busy, QUIET_WAIT_MS / 1000, what);
+    s->snapshotting = false;
+    pthread_cond_broadcast(&session_cond);
+    session_unref_locked(s);
+    session_table_unlock();
+    return -EBUSY;
+  }
+  s->busy++;
+  s->h->refs++;
+  ret->s = s;
+  ret->h = s->h;
+  session_table_unlock();
+  return 0;
+}
+
+void session_quiet_end(struct lease *l) {
+  pthread_mutex_lock(&session_lock);
+  l->s->snapshotting = false;
+  pthread_cond_broadcast(&session_cond);
+  session_table_unlock();
+  session_release(l);
+}
