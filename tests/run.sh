@@ -653,6 +653,12 @@ jobs=${IGN_TEST_JOBS:-2}
 # it ended.
 run_side() {
 	local part t0 counts
+	# A TMPDIR of the lane's own (the unit tests and node make their
+	# directories there): nothing it makes in /tmp can look like a leftover
+	# of the e2e pass beside it, whose checks read /tmp.
+	export TMPDIR=$logdir/tmp
+	mkdir -p "$TMPDIR"
+	chmod 0711 "$TMPDIR"
 	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 143' TERM
 	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 130' INT
 	for part in "$@"; do

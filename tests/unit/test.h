@@ -11,6 +11,23 @@
 
 static int test_failures_;
 
+/* A new directory NAME-XXXXXX under $TMPDIR (else /tmp), its path in BUF of
+ * N bytes; BUF, or NULL (errno set) when it could not be made or the path
+ * does not fit.  tests/run.sh gives the parts it runs beside the e2e passes a
+ * TMPDIR of their own, so what they make never looks like an e2e server's
+ * leftovers in /tmp. */
+static inline char *test_mkdtemp(char *buf, size_t n, const char *name) {
+  const char *t = getenv("TMPDIR");
+  if (!t || !*t)
+    t = "/tmp";
+  int len = snprintf(buf, n, "%s/%s-XXXXXX", t, name);
+  if (len < 0 || (size_t)len >= n) {
+    errno = ENAMETOOLONG;
+    return NULL;
+  }
+  return mkdtemp(buf);
+}
+
 #define CHECK(cond)                                                        \
   do {                                                                     \
     if (!(cond)) {                                                         \

@@ -66,8 +66,8 @@ static bool bytes_eq(const struct ac_bytes *b, const void *p, size_t n) {
 }
 
 static char *make_tmpdir(void) {
-  char tmpl[] = "/tmp/ign-agent-test-XXXXXX";
-  char *d = mkdtemp(tmpl);
+  char tmpl[256];
+  char *d = test_mkdtemp(tmpl, sizeof tmpl, "ign-agent-test");
   return d ? strdup(d) : NULL;
 }
 

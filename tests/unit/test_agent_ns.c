@@ -718,8 +718,7 @@ static void test_ns_stage_bound_by_name_must_be_the_checked_one(void) {
 static const char *build_rootfs(void) {
   if (access("/bin/busybox", X_OK) < 0)
     return "no /bin/busybox (apt-get install busybox-static)";
-  snprintf(ns_base, sizeof ns_base, "/tmp/ign-agent-ns-XXXXXX");
-  if (!mkdtemp(ns_base))
+  if (!test_mkdtemp(ns_base, sizeof ns_base, "ign-agent-ns"))
     return "cannot create a temp dir";
   snprintf(ns_rootfs, sizeof ns_rootfs, "%s/rootfs", ns_base);
   /* Relative applet links: `busybox --install -s` would point them at the

@@ -2314,8 +2314,7 @@ static void own_listener_never_reached(void) {
 }
 
 static void setup(void) {
-  snprintf(tmp, sizeof tmp, "/tmp/test_broker.XXXXXX");
-  if (!mkdtemp(tmp))
+  if (!test_mkdtemp(tmp, sizeof tmp, "test_broker"))
     abort();
   snprintf(hosts_path, sizeof hosts_path, "%s/hosts", tmp);
   write_hosts("# test names\n127.0.0.1 good.test\n10.0.0.5 ten.test\n");

@@ -39,8 +39,7 @@ __attribute__((format(printf, 1, 2))) static int sh(const char *fmt, ...) {
 /* A fresh ROOT and OUT, hostio confined to ROOT, copy_out on. */
 static void setup(void) {
   alarm(60); /* a test that blocks (on a FIFO, say) fails instead of hanging */
-  snprintf(base, sizeof base, "/tmp/test_hostio.XXXXXX");
-  if (!mkdtemp(base))
+  if (!test_mkdtemp(base, sizeof base, "test_hostio"))
     abort();
   snprintf(root, sizeof root, "%s/root", base);
   snprintf(out, sizeof out, "%s/out", base);

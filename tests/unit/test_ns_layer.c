@@ -24,8 +24,7 @@ static char root[256];
 static void fresh(void) {
   if (root[0])
     fs_remove_tree(root);
-  snprintf(root, sizeof root, "/tmp/test-ns-layer-XXXXXX");
-  CHECK(mkdtemp(root) != NULL);
+  CHECK(test_mkdtemp(root, sizeof root, "test-ns-layer") != NULL);
   static const char *const dirs[] = {"parent", "upper", "child", "outside"};
   for (size_t i = 0; i < 4; i++) {
     char p[512];

@@ -24,8 +24,7 @@ static char base[64];
 
 static char *tmpdir(const char *name) {
   if (!base[0]) {
-    snprintf(base, sizeof base, "/tmp/test_runlog.XXXXXX");
-    if (!mkdtemp(base))
+    if (!test_mkdtemp(base, sizeof base, "test_runlog"))
       abort();
   }
   return xasprintf("%s/%s", base, name);

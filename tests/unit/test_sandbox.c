@@ -242,8 +242,8 @@ static void ns_death_reason_is_the_same_for_every_caller(void) {
     fprintf(stderr, "  # skip: the ns backend needs root\n");
     return;
   }
-  char dir[] = "/tmp/ign-test-agent-XXXXXX";
-  CHECK(mkdtemp(dir) != NULL);
+  char dir[256];
+  CHECK(test_mkdtemp(dir, sizeof dir, "ign-test-agent") != NULL);
   /* The agent is run as the sandbox's own host uid, not as root. */
   chmod(dir, 0755);
   _cleanup_free_ char *agent = xasprintf("%s/agent", dir);
@@ -316,8 +316,8 @@ static void spawn_child_changes_uid_without_glibc_setxid(void) {
     printf("# skipped: the uid change of vm_spawn's child needs root\n");
     return;
   }
-  char dir[] = "/tmp/unit-vm-spawn-XXXXXX";
-  CHECK(mkdtemp(dir) != NULL);
+  char dir[256];
+  CHECK(test_mkdtemp(dir, sizeof dir, "unit-vm-spawn") != NULL);
   pid_t tester = fork();
   if (tester == 0) {
     struct sock_filter f[] = {
@@ -356,7 +356,7 @@ static void spawn_child_changes_uid_without_glibc_setxid(void) {
   CHECK(tester > 0 && waitpid(tester, &status, 0) == tester);
   CHECK(WIFEXITED(status));
   CHECK_EQ_INT(WEXITSTATUS(status), 0);
-  char log[128];
+  char log[300];
   snprintf(log, sizeof log, "%s/qemu.log", dir);
   unlink(log);
   rmdir(dir);
@@ -399,8 +399,8 @@ static void ns_stage_layer_is_the_checked_one(void) {
     fprintf(stderr, "  # skip: the ns backend needs root\n");
     return;
   }
-  char dir[] = "/tmp/ign-test-stage-XXXXXX";
-  CHECK(mkdtemp(dir) != NULL);
+  char dir[256];
+  CHECK(test_mkdtemp(dir, sizeof dir, "ign-test-stage") != NULL);
   chmod(dir, 0755);
   char *saved_store = cfg.store;
   unsigned saved_max = cfg.stages_max_mb;

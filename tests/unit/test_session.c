@@ -71,7 +71,7 @@ static void an_id_of_another_host_names_it(void) {
 
 /* ---- owners, on the ns backend ---- */
 
-static char store[] = "/tmp/test-session-XXXXXX";
+static char store[256];
 static bool ns_up;
 
 static const char *env_or(const char *name, const char *deflt) {
@@ -82,7 +82,7 @@ static const char *env_or(const char *name, const char *deflt) {
 /* An invalid IGN_MCP_HOST_ID stops the server before anything else; a valid
  * one is kept.  The valid load is the one the ns sessions below run on. */
 static void host_id_from_the_environment(void) {
-  if (!mkdtemp(store))
+  if (!test_mkdtemp(store, sizeof store, "test-session"))
     abort();
   char *rootfs = realpath(env_or("IGN_TEST_ROOTFS_SMALL", "build/rootfs/small"), NULL);
   char *agent = realpath(env_or("IGN_TEST_AGENT", "build/ign-agent"), NULL);

@@ -20,7 +20,7 @@
 #include "sandbox/stage.h"
 #include "test.h"
 
-static char store[] = "/tmp/test-stage-XXXXXX";
+static char store[256];
 
 static const struct stage_new vm_new = {
     .backend = "vm", .inputs_id = "b-aaaa", .carries = "memory", .parent = NULL};
@@ -103,8 +103,8 @@ static void name_rules(void) {
 
 /* Only directories from stage_begin are turned into stages or removed. */
 static void only_begin_dirs_are_taken(void) {
-  char outside[] = "/tmp/test-stage-outside-XXXXXX";
-  CHECK(mkdtemp(outside) != NULL);
+  char outside[256];
+  CHECK(test_mkdtemp(outside, sizeof outside, "test-stage-outside") != NULL);
   write_file(outside, "keep", "mine");
   char *err = NULL;
   struct stage *s = NULL;
@@ -663,8 +663,8 @@ static void ids_follow_content(void) {
   if (ids[0] && ids[1] && ids[2] && ids[3]) {
     CHECK(strcmp(ids[0], ids[2]) != 0);
     CHECK_STREQ(ids[0], ids[3]);
-    char probe[] = "/tmp/test-stage-xattr-XXXXXX";
-    if (mkdtemp(probe)) {
+    char probe[256];
+    if (test_mkdtemp(probe, sizeof probe, "test-stage-xattr")) {
       if (setxattr(probe, "user.x", "y", 1, 0) == 0)
         CHECK(strcmp(ids[0], ids[1]) != 0);
       rmdir(probe);
@@ -1057,7 +1057,7 @@ static void stages_dir_only_the_servers(void) {
 
 static void setup(void) {
   fds_at_start = count_fds();
-  if (!mkdtemp(store))
+  if (!test_mkdtemp(store, sizeof store, "test-stage"))
     abort();
   cfg.store = store;
   cfg.stages_max_mb = 1024;

@@ -28,8 +28,7 @@ static char dir[PATH_MAX];
 
 static void setup(void) {
   alarm(120);
-  snprintf(dir, sizeof dir, "/tmp/test_tarstream_hostile.XXXXXX");
-  if (!mkdtemp(dir))
+  if (!test_mkdtemp(dir, sizeof dir, "test_tarstream_hostile"))
     abort();
 }
 

@@ -123,8 +123,8 @@ static long vm_hwm_kb(pid_t pid) {
 }
 
 static char *tmpdir(void) {
-  char tmpl[] = "/tmp/ign-tree-test-XXXXXX";
-  char *d = mkdtemp(tmpl);
+  char tmpl[256];
+  char *d = test_mkdtemp(tmpl, sizeof tmpl, "ign-tree-test");
   return d ? strdup(d) : NULL;
 }
 

@@ -114,8 +114,7 @@ static bool setup(void) {
   if (given && *given) {
     snprintf(store, sizeof store, "%s", given);
   } else {
-    snprintf(store, sizeof store, "/tmp/ign-test-vm-snap-XXXXXX");
-    if (!mkdtemp(store) || chmod(store, 0755) < 0)
+    if (!test_mkdtemp(store, sizeof store, "ign-test-vm-snap") || chmod(store, 0755) < 0)
       return false;
     own_store = true;
   }
