@@ -321,11 +321,12 @@ void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, 
 /* ns_setup.c */
 /* The fd on which a namespace sandbox's agent keeps its setup tmpfs open for
  * its whole life (close-on-exec, so no command inherits it): the server
- * reads a commit's files through /proc/<agent pid>/fd/6 (sandbox/ns.c).  In
- * that directory, upper/ is the overlay's upper layer and scratch/root and
- * scratch/tmp, when they exist, are what the sandbox sees as /root and /tmp
- * (rootfs directories the sandbox could not write in; see ns_writable_dir).
- * The agent is not dumpable, so the sandbox's own processes cannot open it. */
+ * reads a commit's files through /proc/<agent pid>/fd/6
+ * (sandbox/ns_snapshot.c).  In that directory, upper/ is the overlay's upper
+ * layer and scratch/root and scratch/tmp, when they exist, are what the
+ * sandbox sees as /root and /tmp (rootfs directories the sandbox could not
+ * write in; see ns_writable_dir).  The agent is not dumpable, so the
+ * sandbox's own processes cannot open it. */
 #define AGENT_NS_STATE_FD 6
 struct ns_options {
   const char *rootfs; /* absolute path of the rootfs tree on the host */

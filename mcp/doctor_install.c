@@ -4,7 +4,6 @@
  * and the ns backend's ign-agent and rootfs.  A fix names `make -C <tree>
  * <target>` for a server run from its source tree, `make <target> && make
  * install` for an installed one.  Nothing is built or installed here. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
