@@ -10,7 +10,7 @@
 
 /* The ns backend's uid blocks: NS_UID_SLOTS blocks of NS_UID_BLOCK host
  * uids (and gids) from IGN_MCP_NS_UID_BASE, one per sandbox of a root server
- * (sandbox/ns.c). */
+ * (sandbox/ns_uid.c). */
 #define NS_UID_BLOCK 65536u
 #define NS_UID_SLOTS 256u
 #define NS_UID_BASE_DEFAULT 0x70000000u

@@ -6,7 +6,7 @@
  * Two readers share this code: a vm's agent (and --serve-fd), which keeps
  * its capabilities and dumps on a socket of its own, and the server for an
  * ns sandbox, which dumps on the socket the agent opened before it gave up
- * every capability (sandbox/ns.c, guest/agent.h AGENT_NS_COUNTERS_FD).  The
+ * every capability (sandbox/ns.c, guest/egress_nl.h AGENT_NS_COUNTERS_FD).  The
  * kernel answers nf_tables requests only when the sender has CAP_NET_ADMIN
  * over the socket's network namespace, and, for a message sent without a
  * destination address (as the dump is), the socket's opener had it too

@@ -7,7 +7,7 @@
 
 /* The fd on which a namespace sandbox's agent keeps its setup tmpfs open for
  * its whole life (close-on-exec, so no command inherits it): the server
- * reads a commit's files through /proc/<agent pid>/fd/6 (sandbox/ns.c).  In
+ * reads a commit's files through /proc/<agent pid>/fd/6 (sandbox/ns_snapshot.c).  In
  * that directory, upper/ is the overlay's upper layer and scratch/root and
  * scratch/tmp, when they exist, are what the sandbox sees as /root and /tmp
  * (rootfs directories the sandbox could not write in; see ns_writable_dir).
