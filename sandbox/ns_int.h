@@ -17,11 +17,11 @@
 #define NS_ROOTFS_FD 4            /* the idmapped rootfs in the agent */
 #define NS_STAGE_FD 5             /* the idmapped stage layer in the agent */
 /* The agent's setup tmpfs (upper/, scratch/), open for its whole life:
- * AGENT_NS_STATE_FD of guest/agent.h. */
+ * AGENT_NS_STATE_FD of guest/ns_setup.h. */
 #define NS_STATE_FD 6
 /* The agent's netfilter netlink socket, opened before it dropped its
  * capabilities, on which the server reads the refusal counters:
- * AGENT_NS_COUNTERS_FD of guest/agent.h. */
+ * AGENT_NS_COUNTERS_FD of guest/egress_nl.h. */
 #define NS_COUNTERS_FD 7
 
 struct ns_sandbox {

@@ -82,7 +82,7 @@ struct sandbox_ops {
    * egress_refused_kind of common/nft_counters.h) read by the backend
    * itself, for a sandbox whose agent cannot (ns: it has no capabilities;
    * the server dumps them on the netfilter socket the agent opened before
-   * its drop, guest/agent.h AGENT_NS_COUNTERS_FD).  NULL (vm): the broker
+   * its drop, guest/egress_nl.h AGENT_NS_COUNTERS_FD).  NULL (vm): the broker
    * asks the agent (agent_egress_stats).  Any thread, between ready and
    * destroy; waits a second at most.  0, or a negative errno with *ret_err. */
   int (*egress_counters)(struct sandbox *sb, uint64_t ret[3], char **ret_err);
