@@ -41,9 +41,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "proto/client.h"
 #include "proto/proto.h"
 #include "session/session.h"

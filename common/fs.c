@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/log.h"
+#include "common/util.h"
 
 /* Removing a state directory.  It belongs to QEMU's uid, which may have put
  * links, FIFOs and directories there, nested as deep as it liked: every step

@@ -23,8 +23,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/log.h"
+#include "common/util.h"
 
 static int root_fd = -1;
 static char *root_path;

@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include "common/fs.h"
-#include "common/util.h"
 #include "common/log.h"
+#include "common/util.h"
 
 #define QUEUE_MAX (64u << 20)     /* bytes queued for all logs together */
 #define LOG_QUEUE_MAX (32u << 20) /* bytes queued for one log */

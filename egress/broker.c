@@ -36,9 +36,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
-#include "common/log.h"
 
 struct egress_settings egress_cfg = {
     .max_mode = EGRESS_MODE_ALLOW, .log_cap = 8u << 20, .max_streams = 64,

@@ -35,9 +35,9 @@
 #include <unistd.h>
 
 #include "common/fs.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
-#include "common/log.h"
 
 #define RING_MAX 512u              /* events kept in memory per session */
 #define QUEUE_MAX (4u << 20)       /* bytes of lines queued for every log together */

@@ -35,9 +35,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
-#include "common/log.h"
 
 #define RESOLVE_THREADS 4u         /* general workers; one more for connects */
 #define RESOLVE_SESSION_RUNNING 2u /* general workers one session may hold */

@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "fuzz/fuzz.h"
 #include "common/config.h"
+#include "fuzz/fuzz.h"
 #include <string.h>
 
-#include "mcp/framing.h"
 #include "common/log.h"
+#include "mcp/framing.h"
 #include "mcp/server.h"
 #include "session/session.h"
 

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz/fuzz.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "fuzz/fuzz.h"
 #include "session/session.h"
 #include "tools/args.h"
 #include "tools/tools.h"

@@ -53,9 +53,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "mcp/doctor_int.h"
 #include "sandbox/vm.h"
 

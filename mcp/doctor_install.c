@@ -11,8 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
+#include "common/util.h"
 #include "mcp/doctor_int.h"
 #include "sandbox/vm.h"
 

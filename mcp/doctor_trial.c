@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/util.h"
 #include "common/config.h"
+#include "common/util.h"
 #include "mcp/doctor_int.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/vm.h"

@@ -51,11 +51,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/config.h"
+#include "common/log.h"
 #include "common/tokens.h"
 #include "common/util.h"
-#include "common/config.h"
 #include "mcp/http_int.h"
-#include "common/log.h"
 #include "mcp/server.h"
 #include "session/session.h"
 

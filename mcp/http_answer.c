@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "mcp/http_int.h"
-#include "common/log.h"
 #include "mcp/server.h"
 
 /* How often a waiting connection looks whether its client went away. */

@@ -12,10 +12,10 @@
 #include <strings.h>
 #include <sys/random.h>
 
-#include "common/util.h"
 #include "common/config.h"
-#include "mcp/http_int.h"
 #include "common/log.h"
+#include "common/util.h"
+#include "mcp/http_int.h"
 
 /* ---- legacy MCP sessions (2025-03-26 ... 2025-11-25) ---- */
 

@@ -6,14 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "common/hostio.h"
+#include "common/log.h"
 #include "common/runlog.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "common/config.h"
 #include "mcp/doctor.h"
 #include "mcp/http.h"
-#include "common/log.h"
 #include "mcp/server.h"
 #include "sandbox/vm.h"
 #include "session/session.h"

@@ -34,11 +34,11 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
+#include "common/log.h"
+#include "common/util.h"
 #include "mcp/framing.h"
 #include "mcp/server_int.h"
-#include "common/log.h"
 #include "proto/proto.h"
 #include "session/session.h"
 #include "tools/args.h"

@@ -40,8 +40,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/sandbox.h"
 
 #define CG_ROOT "/sys/fs/cgroup"

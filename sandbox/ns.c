@@ -94,9 +94,9 @@
 
 #include <linux/netlink.h>
 
+#include "common/log.h"
 #include "common/nft_counters.h"
 #include "common/util.h"
-#include "common/log.h"
 #include "sandbox/ns_int.h"
 
 #define NS_COUNTERS_TIMEOUT_MS 1000u /* the kernel answers a dump at once */

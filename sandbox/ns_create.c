@@ -24,9 +24,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/ns_int.h"
 #include "sandbox/stage.h"
 

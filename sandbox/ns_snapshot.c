@@ -34,9 +34,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "common/util.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/ns_int.h"
 #include "sandbox/ns_stage.h"
 

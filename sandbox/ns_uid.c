@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
+#include "common/util.h"
 #include "sandbox/ns_int.h"
 
 /* Host-wide (not the server's run directory, which tests/fence.sh gives

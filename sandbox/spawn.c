@@ -15,8 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/sandbox.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "common/runlog.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "common/config.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
 #include "tools/args.h"

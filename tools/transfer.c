@@ -36,13 +36,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/hostio.h"
+#include "common/log.h"
 #include "common/runlog.h"
 #include "common/tarstream.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "common/config.h"
-#include "common/log.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
 #include "tools/args.h"

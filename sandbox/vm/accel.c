@@ -29,9 +29,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/vm/internal.h"
 
 #define GUEST_MEM (64 << 10)

@@ -22,12 +22,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/fs.h"
-#include "common/util.h"
 #include "common/config.h"
+#include "common/fs.h"
 #include "common/log.h"
-#include "sandbox/vm/internal.h"
+#include "common/util.h"
 #include "proto/proto.h"
+#include "sandbox/vm/internal.h"
 
 unsigned vm_host_tsc_khz(void) {
   _cleanup_fclose_ FILE *f = fopen("/proc/cpuinfo", "re");

@@ -45,8 +45,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "common/util.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/vm.h"
 
 #define SERIAL_LOG_MAX (1 << 20)

@@ -52,10 +52,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/fs.h"
-#include "common/util.h"
 #include "common/config.h"
+#include "common/fs.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "sandbox/stage.h"
 #include "sandbox/vm/internal.h"
 

@@ -31,8 +31,8 @@
 
 #include "common/nft_counters.h"
 #include "common/util.h"
-#include "guest/egress_nl.h"
 #include "guest/confine.h"
+#include "guest/egress_nl.h"
 #include "tests/unit/agent_client.h"
 #include "tests/unit/test.h"
 

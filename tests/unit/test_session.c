@@ -12,10 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/fs.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "common/config.h"
 #include "sandbox/stage.h"
 #include "session/session.h"
 #include "test.h"

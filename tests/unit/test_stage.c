@@ -14,9 +14,9 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/fs.h"
 #include "common/util.h"
-#include "common/config.h"
 #include "sandbox/stage.h"
 #include "test.h"
 

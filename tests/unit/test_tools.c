@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "common/util.h"
 #include "egress/egress.h"
-#include "common/config.h"
 #include "test.h"
 #include "tools/tools.h"
 

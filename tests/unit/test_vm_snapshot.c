@@ -22,9 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/fs.h"
 #include "common/util.h"
-#include "common/config.h"
 #include "proto/client.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/stage.h"
