@@ -181,17 +181,29 @@ void client_abandon_request(struct agent_conn *c, const struct pending *p, bool 
 
 /* ---- the checks on an agent's frame ------------------------------------- */
 
+/* Finds TAG in an agent's frame: NULL with *RET_V (NULL when absent and not
+ * REQUIRED) and *RET_N set, or the protocol error (malloc'd). */
+static char *field_find(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
+                        const char *name, bool required, const uint8_t **ret_v, uint32_t *ret_n) {
+  int r = proto_find(payload, len, tag, ret_v, ret_n);
+  if (r < 0)
+    return xasprintf("its %s frame has a TLV record that runs past the payload", proto_type_name(type));
+  if (r == 0) {
+    *ret_v = NULL;
+    return required ? xasprintf("its %s frame has no %s", proto_type_name(type), name) : NULL;
+  }
+  return NULL;
+}
+
 /* One field of an agent's frame, checked.  Each returns NULL when fine, or
  * the protocol error (malloc'd).  REQUIRED: absence is an error too. */
 char *client_field_u32(const uint8_t *payload, size_t len, uint8_t type, uint16_t tag,
                        const char *name, bool required, uint32_t lo, uint32_t hi, uint32_t *ret) {
   const uint8_t *v;
   uint32_t n;
-  int r = proto_find(payload, len, tag, &v, &n);
-  if (r < 0)
-    return xasprintf("its %s frame has a TLV record that runs past the payload", proto_type_name(type));
-  if (r == 0)
-    return required ? xasprintf("its %s frame has no %s", proto_type_name(type), name) : NULL;
+  char *err = field_find(payload, len, type, tag, name, required, &v, &n);
+  if (err || !v)
+    return err;
   uint32_t u;
   if (proto_val_u32(v, n, &u) < 0)
     return xasprintf("its %s frame has a %s of %u bytes, not 4", proto_type_name(type), name, n);
@@ -205,11 +217,9 @@ char *client_field_u64(const uint8_t *payload, size_t len, uint8_t type, uint16_
                        const char *name, bool required, uint64_t hi, uint64_t *ret) {
   const uint8_t *v;
   uint32_t n;
-  int r = proto_find(payload, len, tag, &v, &n);
-  if (r < 0)
-    return xasprintf("its %s frame has a TLV record that runs past the payload", proto_type_name(type));
-  if (r == 0)
-    return required ? xasprintf("its %s frame has no %s", proto_type_name(type), name) : NULL;
+  char *err = field_find(payload, len, type, tag, name, required, &v, &n);
+  if (err || !v)
+    return err;
   uint64_t u;
   if (proto_val_u64(v, n, &u) < 0)
     return xasprintf("its %s frame has a %s of %u bytes, not 8", proto_type_name(type), name, n);

@@ -356,6 +356,33 @@ int agent_egress_stats(struct agent_conn *c, uint32_t timeout_ms, uint64_t ret[3
   return r;
 }
 
+/* Queues LEN bytes of DATA for P's request as frames of type DATA_TYPE in
+ * PROTO_CHUNK pieces, then END_TYPE; *RET_END_QUEUED says whether END_TYPE
+ * went into the queue.  When the agent answers before it has all of it
+ * (the request ended early), the rest is taken back and a short END_TYPE
+ * tells the agent to stop waiting: 0.  Otherwise 0 or a negative errno
+ * (-ECANCELED when CTL cancels it on the way). */
+static int upload(struct agent_conn *c, struct pending *p, enum proto_type data_type,
+                  enum proto_type end_type, const uint8_t *data, size_t len,
+                  const struct agent_ctl *ctl, uint64_t deadline, bool *ret_end_queued) {
+  int r = 0;
+  *ret_end_queued = false;
+  for (size_t off = 0; r == 0 && off < len; off += PROTO_CHUNK) {
+    size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
+    r = client_cancelled(ctl) ? -ECANCELED
+                              : client_enqueue_data(c, data_type, p, data + off, n, ctl, deadline);
+  }
+  if (r == 0) {
+    r = client_enqueue_data(c, end_type, p, NULL, 0, ctl, deadline);
+    *ret_end_queued = r == 0;
+  }
+  if (r == -EALREADY) {
+    client_abandon_request(c, p, false, end_type, false);
+    r = 0;
+  }
+  return r;
+}
+
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
                struct agent_exec_res *ret, char **ret_err) {
   struct agent_exec_res res = {.exit_code = -1};
@@ -386,22 +413,9 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   bool sent = r == 0;
   const uint8_t *in = req->stdin_data;
   bool end_queued = false;
-  for (size_t off = 0; r == 0 && in && off < req->stdin_len; off += PROTO_CHUNK) {
-    size_t n = req->stdin_len - off < PROTO_CHUNK ? req->stdin_len - off : PROTO_CHUNK;
-    r = client_cancelled(ctl) ? -ECANCELED
-                       : client_enqueue_data(c, PROTO_STDIN, &p, in + off, n, ctl, deadline);
-  }
-  if (r == 0 && in) {
-    r = client_enqueue_data(c, PROTO_STDIN_END, &p, NULL, 0, ctl, deadline);
-    end_queued = r == 0;
-  }
-  if (r == -EALREADY) {
-    /* The agent answered before it had all of stdin (the command exited or
-     * could not start): the rest is taken back, and STDIN_END tells the
-     * agent to stop waiting for it. */
-    client_abandon_request(c, &p, false, PROTO_STDIN_END, false);
-    r = 0;
-  }
+  /* An answer before all of stdin: the command exited or could not start. */
+  if (r == 0 && in)
+    r = upload(c, &p, PROTO_STDIN, PROTO_STDIN_END, in, req->stdin_len, ctl, deadline, &end_queued);
 
   pthread_mutex_lock(&c->lock);
   if (r == 0)
@@ -436,26 +450,10 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
   int r = client_enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   bool sent = r == 0;
-  const uint8_t *d = data;
-  for (size_t off = 0; r == 0 && off < len; off += PROTO_CHUNK) {
-    if (client_cancelled(ctl)) {
-      r = -ECANCELED;
-      break;
-    }
-    size_t n = len - off < PROTO_CHUNK ? len - off : PROTO_CHUNK;
-    r = client_enqueue_data(c, PROTO_DATA, &p, d + off, n, ctl, deadline);
-  }
   bool end_queued = false;
-  if (r == 0) {
-    r = client_enqueue_data(c, PROTO_DATA_END, &p, NULL, 0, ctl, deadline);
-    end_queued = r == 0;
-  }
-  if (r == -EALREADY) {
-    /* The agent answered early (e.g. it refused: disk full): the rest of
-     * the upload is taken back and a short DATA_END ends it. */
-    client_abandon_request(c, &p, false, PROTO_DATA_END, false);
-    r = 0;
-  }
+  /* An answer before all of the data: the agent refused (disk full, say). */
+  if (r == 0)
+    r = upload(c, &p, PROTO_DATA, PROTO_DATA_END, data, len, ctl, deadline, &end_queued);
   pthread_mutex_lock(&c->lock);
   if (r == 0)
     r = client_wait_pending(c, &p, ctl, left_ms(deadline));
