@@ -293,3 +293,15 @@ char *client_parse_error(const uint8_t *payload, size_t len, char **ret_msg) {
   return NULL;
 }
 
+/* An ERROR frame answering P: P ends with its message and -EREMOTEIO (the
+ * agent's errno stays the agent's: EPIPE from a guest is not the host's
+ * connection dying).  NULL, or the protocol error. */
+char *client_end_with_error(struct pending *p, const uint8_t *payload, size_t len) {
+  char *msg = NULL;
+  char *bad = client_parse_error(payload, len, &msg);
+  if (bad)
+    return bad;
+  p->err_msg = msg;
+  client_finish(p, -EREMOTEIO);
+  return NULL;
+}

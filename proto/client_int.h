@@ -205,6 +205,7 @@ char *client_check_tlvs_but(const uint8_t *payload, size_t len, uint8_t type,
                             uint64_t repeatable);
 char *client_check_tlvs(const uint8_t *payload, size_t len, uint8_t type);
 char *client_parse_error(const uint8_t *payload, size_t len, char **ret_msg);
+char *client_end_with_error(struct pending *p, const uint8_t *payload, size_t len);
 
 /* ---- client_request.c ---------------------------------------------------- */
 

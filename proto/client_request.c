@@ -255,17 +255,8 @@ char *client_request_frame(struct agent_conn *c, const struct proto_header *h,
       client_finish(p, 0);
     return bad;
   }
-  case PROTO_ERROR: {
-    char *msg = NULL;
-    bad = client_parse_error(payload, h->len, &msg);
-    if (bad)
-      return bad;
-    p->err_msg = msg;
-    /* The agent's errno stays the agent's: EPIPE from a guest is not the
-     * host's connection dying. */
-    client_finish(p, -EREMOTEIO);
-    return NULL;
-  }
+  case PROTO_ERROR:
+    return client_end_with_error(p, payload, h->len);
   default:
     return xasprintf("it sent a %s frame, which only the host sends", proto_type_name(h->type));
   }

@@ -180,16 +180,9 @@ char *client_tree_frame(struct agent_conn *c, struct pending *p,
     if (!bad)
       client_finish(p, 0);
     return bad;
-  case PROTO_ERROR: {
+  case PROTO_ERROR:
     t->agent_ended = true;
-    char *msg = NULL;
-    bad = client_parse_error(payload, h->len, &msg);
-    if (bad)
-      return bad;
-    p->err_msg = msg;
-    client_finish(p, -EREMOTEIO);
-    return NULL;
-  }
+    return client_end_with_error(p, payload, h->len);
   default:
     return xasprintf("it sent a %s frame, which only the host sends", proto_type_name(h->type));
   }
