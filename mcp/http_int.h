@@ -20,7 +20,7 @@
 /* Header values quoted in error messages are cut to this. */
 #define QUOTE_MAX 64
 
-#define META_VERSION "io.modelcontextprotocol/protocolVersion"
+#define META_VERSION MCP_META_VERSION
 
 #ifndef MIN
 #define MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -74,6 +74,8 @@ void mcp_cancel_out(struct mcp_out *out);
 /* The versions served after initialize, newest first, and the modern one. */
 bool mcp_legacy_version(const char *v);
 #define MCP_MODERN_VERSION "2026-07-28"
+/* The _meta key of a modern request's protocol version (both transports read it). */
+#define MCP_META_VERSION "io.modelcontextprotocol/protocolVersion"
 
 /* Reads stdin until EOF or a termination signal; returns the exit status. */
 int mcp_serve(void);

@@ -14,7 +14,7 @@
 /* The one modern revision: requests carry it in _meta, never in initialize. */
 #define MODERN_VERSION MCP_MODERN_VERSION
 
-#define META_VERSION "io.modelcontextprotocol/protocolVersion"
+#define META_VERSION MCP_META_VERSION
 #define META_CAPS "io.modelcontextprotocol/clientCapabilities"
 #define META_CLIENT "io.modelcontextprotocol/clientInfo"
 #define META_LOG_LEVEL "io.modelcontextprotocol/logLevel"

@@ -1,6 +1,6 @@
-/* ns_stage.h: the ns backend's stage layer, inside sandbox/ (ns.c and the
- * unit tests).  A stage of the ns backend is one directory tree, layer/,
- * laid by the agent as an overlay lower layer over the rootfs: a copy of
+/* ns_stage.h: the ns backend's stage layer, inside sandbox/ (ns_snapshot.c
+ * and the unit tests).  A stage of the ns backend is one directory tree,
+ * layer/, laid by the agent as an overlay lower layer over the rootfs: a copy of
  * the stage the session started from (hard links) with the session's
  * overlay upper applied on top (ns_stage.c). */
 #pragma once
