@@ -35,6 +35,9 @@ function storeLeftovers() {
   return [...top, ...st];
 }
 
+/* The loaders' RAM files waiting in the store. */
+const loaderFiles = () => fs.readdirSync(STORE.dir).filter((n) => n.startsWith('.loader-'));
+
 /* A session with a background counter in its memory (/tmp/cnt, 10 a second). */
 async function counting(c) {
   const id = await openSession(c);
@@ -82,8 +85,12 @@ describe('vm stages: failing loaders', { skip: VM_ONLY('QEMU loaders'), ...T }, 
     await call(c, 'commit', { session_id: id, name: 'rev2/pre', replace: true });
     assert.ok(await waitUntil(() => loaders(srv.pid).length === 1, { timeoutMs: 30000 }), 'no waiting loader');
     const [l] = loaders(srv.pid);
+    const [ram] = loaderFiles();
     const p = callErr(c, 'commit', { session_id: id, name: 'rev2/cut' });
-    await sleep(150);
+    // Killed once the commit has taken it (its RAM file moves into the stage
+    // being made, and the stream follows), not before: a loader killed
+    // while it waits is only replaced.
+    await waitUntil(() => !loaderFiles().includes(ram), { timeoutMs: 10000, intervalMs: 5 });
     process.kill(l.pid, 'SIGKILL');
     const err = await p;
     assert.match(err, /saving the session's VM failed/);
@@ -106,9 +113,11 @@ describe('vm stages: failing loaders', { skip: VM_ONLY('QEMU loaders'), ...T }, 
     await call(c, 'commit', { session_id: id, name: 'rev2/pre', replace: true });
     assert.ok(await waitUntil(() => loaders(srv.pid).length === 1, { timeoutMs: 30000 }), 'no waiting loader');
     const [l] = loaders(srv.pid);
+    const [ram] = loaderFiles();
     const t0 = Date.now();
     const p = callErr(c, 'commit', { session_id: id, name: 'rev2/hung' });
-    await sleep(150);
+    // Stopped once the commit has taken it, as above.
+    await waitUntil(() => !loaderFiles().includes(ram), { timeoutMs: 10000, intervalMs: 5 });
     process.kill(l.pid, 'SIGSTOP');
     const err = await p;
     const ms = Date.now() - t0;
