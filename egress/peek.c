@@ -24,6 +24,20 @@ static bool peek_name_ok(const struct stream *s, const char *found) {
   return !host_is_literal(found) || strcmp(found, s->rec.ip) == 0;
 }
 
+/* Bytes a peek found malformed (R: EGRESS_PEEK_MALFORMED, refused, with
+ * what it read recorded), or cut short of what it needs (EGRESS_PEEK_MORE:
+ * waited for while more may come, refused as WHY when none will). */
+static enum verdict peek_malformed(struct stream *s, enum egress_peek r, const char *out,
+                                   const char *why, bool last, const char **ret_why) {
+  *ret_why = why;
+  if (r == EGRESS_PEEK_MALFORMED) {
+    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
+    return V_REFUSE;
+  }
+  s->peek_more = why;
+  return last ? V_REFUSE : V_WAIT;
+}
+
 /* What the first bytes say: V_REFUSE (*RET_WHY the reason), V_PASS, or
  * V_WAIT for more. */
 enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
@@ -37,7 +51,8 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
     *ret_why = "no request";
     return s->web ? V_REFUSE : V_PASS;
   }
-  switch (egress_tls_sni(b, len, out)) {
+  enum egress_peek r;
+  switch ((r = egress_tls_sni(b, len, out))) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "SNI mismatch";
@@ -54,12 +69,8 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
   case EGRESS_PEEK_ABSENT:
     return V_PASS;
   case EGRESS_PEEK_MALFORMED:
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    *ret_why = "malformed TLS";
-    return V_REFUSE;
   case EGRESS_PEEK_MORE:
-    *ret_why = s->peek_more = "malformed TLS";
-    return last ? V_REFUSE : V_WAIT;
+    return peek_malformed(s, r, out, "malformed TLS", last, ret_why);
   case EGRESS_PEEK_OTHER:
     break;
   }
@@ -69,7 +80,7 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
   if (s->server_first)
     return V_PASS;
   uint16_t port = 0;
-  switch (egress_http_host(b, len, out, &port)) {
+  switch ((r = egress_http_host(b, len, out, &port))) {
   case EGRESS_PEEK_FOUND:
     snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
     *ret_why = "Host mismatch";
@@ -86,12 +97,8 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
     *ret_why = "HTTP request without Host";
     return s->raw ? V_PASS : V_REFUSE;
   case EGRESS_PEEK_MALFORMED:
-    snprintf(s->rec.sni, sizeof s->rec.sni, "%s", out);
-    *ret_why = "malformed HTTP request";
-    return V_REFUSE;
   case EGRESS_PEEK_MORE:
-    *ret_why = s->peek_more = "malformed HTTP request";
-    return last ? V_REFUSE : V_WAIT;
+    return peek_malformed(s, r, out, "malformed HTTP request", last, ret_why);
   case EGRESS_PEEK_OTHER:
     break;
   }
