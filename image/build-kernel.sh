@@ -165,7 +165,7 @@ deps_of() { # the module names a .ko depends on, comma-separated
 		modinfo -F depends "$1"
 	else
 		# Without kmod: the .modinfo section is NUL-separated key=value strings.
-		tr '\0' '\n' <"$1" | sed -n 's/^depends=//p' | head -n1
+		tr '\0' '\n' <"$1" | sed -n 's/^depends=//p' | sed -n 1p
 	fi
 }
 

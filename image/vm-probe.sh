@@ -107,7 +107,7 @@ cleanup() {
 		# Only a PID whose command line still names our work directory: a PID
 		# from the list may have been reused by now.
 		while read -r pid; do
-			if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "$work/"; then
+			if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -F "$work/" >/dev/null; then
 				kill -9 "$pid" 2>/dev/null || true
 			fi
 		done <"$work/pids"

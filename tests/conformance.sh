@@ -73,7 +73,7 @@ trap 'exit 143' TERM
 server_pid=$!
 url=
 for _ in $(seq 300); do
-	url=$(sed -nE 's|.*listening on (http://127\.0\.0\.1:[0-9]+/mcp).*|\1|p' "$work/server.log" | head -n 1)
+	url=$(sed -nE 's|.*listening on (http://127\.0\.0\.1:[0-9]+/mcp).*|\1|p' "$work/server.log" | sed -n 1p)
 	[[ -n $url ]] && break
 	kill -0 "$server_pid" 2>/dev/null || break
 	sleep 0.1
@@ -167,7 +167,7 @@ else
 	head -c 2000 "$work/inspector.out" | sed 's/^/    /'
 fi
 if ((rc == 0)) && [[ -s $work/inspector.err ]]; then
-	sed 's/^/    inspector: /' "$work/inspector.err" | head -n 60
+	sed 's/^/    inspector: /' "$work/inspector.err" | sed -n 1,60p
 fi
 
 # 5. The same check through the HTTP endpoint.

@@ -65,6 +65,9 @@
 # IGN_TEST_USER_PASSES (the list of files the user passes run, default
 # tests/user-passes.txt; "all": the user passes run every file).
 set -euo pipefail
+# Under pipefail a reader that stops early (head, grep -q) kills its writer
+# with SIGPIPE and fails the whole line: take the first lines with sed -n or
+# awk, which read to the end.
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -591,7 +594,7 @@ run_valgrind() {
 		reports=$((reports + 1))
 		if ((n > 0)); then
 			printf 'not ok - valgrind found %d errors in a server process:\n' "$n"
-			sed 's/^/    /' "$f" | head -n 80
+			sed 's/^/    /' "$f" | sed -n 1,80p
 			bad=$((bad + 1))
 		fi
 	done
@@ -717,7 +720,7 @@ done
 printf '%-14s %6d s%s\n' total "$SECONDS" "$( [[ $what == all ]] && ((jobs >= 2)) && printf '  (with %s beside e2e-ns and e2e-vm)' "${side_parts[*]}")"
 if [[ -s $logdir/file-times ]]; then
 	printf '\nthe ten slowest test files:\n'
-	sort -rn "$logdir/file-times" | head -n 10 | awk '{ printf "%8.1f s  %s %s\n", $1, $2, $3 }'
+	sort -rn "$logdir/file-times" | awk 'NR <= 10 { printf "%8.1f s  %s %s\n", $1, $2, $3 }'
 fi
 
 banner summary
