@@ -2,15 +2,21 @@
 // is being written is consistent: no page lost, stale or torn in any fork, in
 // any session from a committed stage, or in the source after it.
 //
-// tests/guest/pagecheck.c runs in the session: a writer that rewrites a few
-// dozen MiB page after page for ever (each page its index, a generation, a
-// fill and a checksum; its own generation and cursor in its memory), beside
-// a CPU hog; `pagecheck verify` has the writer check every page against its
-// own state.  The file forks and commits the source several times in a row
-// while both run, and verifies every copy and the source after each.  Its
-// first test shows that the check finds a page changed behind the writer's
-// back (`pagecheck tear`).  IGN_TEST_SOAK=1: dozens of snapshots (the soak);
-// `make check` runs a few.
+// tests/guest/pagecheck.c runs in the session: a writer that rewrites 2 MiB
+// page after page for ever, as fast as it can (each page its index, a
+// generation, a fill and a checksum; its own generation and cursor in its
+// memory); `pagecheck verify` has the writer check every page against its
+// own state.  The file forks and commits the source in a row while it runs,
+// and verifies every copy and the source after each.  Its first test shows
+// that the check finds a page changed behind the writer's back (`pagecheck
+// tear`).  IGN_TEST_SOAK=1: 20 rounds (the soak); `make check` runs one.
+//
+// Measured with the source left running during the stream (SNAPSHOT_LIVE
+// true, QEMU 7.2, TCG): this writer lost its process in both sessions of one
+// fork in 4 rounds (16 copies); the same writer beside a CPU hog in the
+// session (0 of 16 copies bad), and a 64 or 128 MiB one with or without the
+// hog, paced or not (0 of about 60), found nothing: a small buffer written
+// by one process that is never switched out is what shows the loss.
 //
 // Every result line goes to the test's diagnostics, so that a run with the
 // source left running during the stream (SNAPSHOT_LIVE in
@@ -25,11 +31,10 @@ import path from 'node:path';
 import { startServer, call, sh, uniq, waitUntil, writeFile, REPO, SOAK, VM_ONLY } from './lib.mjs';
 
 const T = { timeout: SOAK ? 3_600_000 : 600_000 };
-/* Snapshot rounds (each: a fork into two sessions, a commit and a session
- * from it; ~30 s under TCG) and the writer's size: the guest has 256 MiB,
- * ~180 free after boot. */
+/* Snapshot rounds, each a fork into two sessions, a commit and a session
+ * from it (~30 s under TCG, most of it the stream with the source stopped). */
 const ROUNDS = SOAK ? 20 : 1;
-const WRITER_MIB = SOAK ? 128 : 64;
+const WRITER_MIB = 2;
 const SKIP = VM_ONLY('only a microVM\'s snapshot carries the memory of running processes');
 
 /* build/guest/pagecheck (make check builds it) when it is newer than its
@@ -58,12 +63,11 @@ async function client(t) {
   return srv.client;
 }
 
-/* A session running the writer over MIB MiB and a CPU hog. */
+/* A session running the writer over MIB MiB. */
 async function writing(c, mib) {
   const { session_id: id } = await call(c, 'open_session', {});
   await writeFile(c, id, '/root/pagecheck', PROG.bin, { mode: 0o755 });
   await sh(c, id, `/root/pagecheck write ${mib} >/dev/null 2>/tmp/pagecheck.err &
-    (while :; do :; done) >/dev/null 2>&1 &
     i=0; while [ ! -s /tmp/pagecheck.pid ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
     [ -s /tmp/pagecheck.pid ] || { cat /tmp/pagecheck.err; exit 1; }`, { timeout_s: 90 });
   return id;
@@ -77,7 +81,11 @@ async function verify(c, id) {
   const r = res.structuredContent;
   if (res.isError || !r) return { ok: false, line: `run failed: ${(res.content ?? []).map((x) => x.text).join(' ').slice(0, 300)}` };
   const line = `${r.stdout.trim()}${r.exit_code === 0 ? '' : ` (exit ${r.exit_code}${r.stderr ? `, ${r.stderr.trim().slice(0, 200)}` : ''})`}`;
-  return { ok: r.exit_code === 0 && r.stdout.startsWith('ok '), line };
+  const ok = r.exit_code === 0 && r.stdout.startsWith('ok ');
+  if (ok || r.exit_code !== 2) return { ok, line };
+  // No writer, or no answer: what the guest's kernel said about it.
+  const k = await c.callTool({ name: 'run', arguments: { session_id: id, command: 'dmesg | tail -n 3', timeout_s: 20 } }, undefined, { timeout: 60000 });
+  return { ok, line: `${line}; dmesg: ${(k.structuredContent?.stdout ?? '(none)').trim().replace(/\n/g, ' | ')}` };
 }
 
 describe('vm snapshots lose no page', { skip: SKIP || PROG?.skip, ...T }, () => {
@@ -94,7 +102,7 @@ describe('vm snapshots lose no page', { skip: SKIP || PROG?.skip, ...T }, () => 
     await call(c, 'close', { session_id: id });
   });
 
-  test(`${ROUNDS} fork(s) into two and ${ROUNDS} commit(s) of a session writing ${WRITER_MIB} MiB beside a CPU hog: every copy and the source are consistent`, T, async (t) => {
+  test(`${ROUNDS} fork(s) into two and ${ROUNDS} commit(s) of a session writing ${WRITER_MIB} MiB: every copy and the source are consistent`, T, async (t) => {
     const c = await client(t);
     const src = await writing(c, WRITER_MIB);
     const results = [];
