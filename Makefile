@@ -91,6 +91,13 @@ $(BUILD)/test/%: $(OBJ)/san/tests/unit/%.o $(call objs,san,$(LIB_SRCS)) $(BUILD)
 $(BUILD)/test/test_egress_nl: $(OBJ)/san/guest/egress_nl.o
 $(BUILD)/test/test_dns: $(OBJ)/san/guest/dns.o
 
+# A guest program of the e2e tests (tests/guest/): static, copied into a
+# session and run there (not in $(BUILD)/test/, whose programs are the unit
+# tests).
+$(BUILD)/guest/pagecheck: tests/guest/pagecheck.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -static -o $@ $<
+
 $(BUILD):
 	mkdir -p $@
 
@@ -196,7 +203,8 @@ rootfs-tools:
 # cores: the unit, fuzz-replay, valgrind, conformance and client suites run
 # beside the root e2e passes (IGN_TEST_JOBS=1: one after another), and the
 # soaks run short (IGN_TEST_SOAK=1: at full length); README "Testing".
-check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS) $(FUZZ_REPLAYS) $(VM)/initramfs.cpio
+check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS) $(FUZZ_REPLAYS) $(VM)/initramfs.cpio \
+       $(BUILD)/guest/pagecheck
 	BUILD=$(BUILD) tests/run.sh
 
 check-unit: all $(UNIT_BINS) $(FUZZ_REPLAYS)
