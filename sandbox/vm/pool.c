@@ -99,12 +99,18 @@ int vm_new_clone(const char *base, bool warm, struct vm **ret, char **ret_err) {
   }
   r = vm_restore(v, base_dir, ret_err);
   if (r == 0 && warm) {
-    /* Run it once so TCG has translated the agent's path, then stop it. */
-    r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    /* Give it its identity and run it once, so TCG has translated the
+     * agent's path, then stop it. */
+    r = vm_new_identity(v, ret_err);
     if (r == 0)
-      r = vm_warm_clone(v->agent_fd, RESTORE_TIMEOUT_MS, ret_err);
+      r = vm_fresh_entropy(v, ret_err);
+    if (r == 0)
+      r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    if (r == 0)
+      r = vm_warm_clone(v, RESTORE_TIMEOUT_MS, ret_err);
     if (r == 0)
       r = qmp_command(v->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    v->identity_set = r == 0;
   }
   if (r < 0) {
     vm_add_log_tail(v, ret_err);
