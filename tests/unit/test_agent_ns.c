@@ -157,12 +157,7 @@ static void test_ns_hello(void) {
 
   /* A HELLO that carries SETUP's TLVs sets them before it answers: here
    * the hostname, which an ns agent may not set (EPERM, not HELLO_OK). */
-  struct proto_buf b = {0};
-  proto_frame_begin(&b, PROTO_HELLO, 2);
-  proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
-  proto_put_str(&b, TAG_HOSTNAME, "other");
-  CHECK_EQ_INT(ac_send(s.fd, &b), 0);
-  CHECK_EQ_INT(ac_collect(s.fd, 2, &r), 0);
+  CHECK_EQ_INT(ac_hello_with(s.fd, 2, TAG_HOSTNAME, "other", &r), 0);
   CHECK_EQ_INT(r.terminal, PROTO_ERROR);
   CHECK_EQ_INT(r.error, EPERM);
   CHECK(r.message && strstr(r.message, "HOSTNAME") != NULL);
@@ -172,10 +167,7 @@ static void test_ns_hello(void) {
   CHECK_EQ_INT(r.terminal, PROTO_ERROR);
   CHECK_EQ_INT(r.error, EAGAIN);
   ac_result_free(&r);
-  CHECK_EQ_INT(ac_send_raw(s.fd, PROTO_SETUP, 4, NULL, 0), 0);
-  CHECK_EQ_INT(ac_collect(s.fd, 4, &r), 0);
-  CHECK_EQ_INT(r.terminal, PROTO_OK);
-  ac_result_free(&r);
+  CHECK(ac_empty_setup_ok(s.fd, 4));
   expect_sh(&s, "hostname", NS_HOSTNAME "\n");
   STOP(s);
 }
