@@ -97,6 +97,9 @@ struct vm_state {
   char *base_dir;           /* the current base, or NULL */
   struct vm *ready, *spares;
   unsigned n_ready, n_spares;
+  /* The clone the pool thread is filling: shutdown kills its QEMU, so that
+   * the fill ends at once and the clone is destroyed before the server is. */
+  struct vm *filling;
   unsigned seq;
   gid_t kvm_gid;
   int base_lock_fd;         /* shared flock on the base in use */

@@ -346,6 +346,10 @@ void vm_backend_shutdown(void) {
   pthread_mutex_lock(&vmb.lock);
   vmb.stopping = true;
   pthread_cond_broadcast(&vmb.cond);
+  /* A clone being filled ends now (its QEMU killed: every wait on it fails
+   * at once), not after its fill's own deadlines. */
+  if (vmb.filling)
+    sandbox_proc_kill(&vmb.filling->proc);
   /* Let the pool thread finish (and destroy) the VM it may be making. */
   uint64_t deadline = mono_ms() + 5000;
   while (vmb.pool_running && mono_ms() < deadline) {
