@@ -37,20 +37,21 @@
 #define MIGRATE_TIMEOUT_MS 60000
 /* How long a snapshot's stream may make no progress (the source is stopped). */
 #define MIGRATE_STALL_MS 5000
-/* How many passes over the dirty pages, and how long, a live stream may
- * take before its source is stopped for the rest (a guest dirtying its
- * pages faster than they stream never converges). */
+/* How many passes over the dirty pages a live stream may take before its
+ * source is stopped for the rest (a guest dirtying its pages faster than
+ * they stream never converges; 3-8 passes were seen under TCG). */
 #define MIGRATE_LIVE_PASSES 12
-#define MIGRATE_LIVE_MS 10000
 /* From this QEMU major version on, the source keeps running while its RAM
  * streams (pre-copy live migration, stopped only for the last dirty pages:
- * paused ~10-30 ms); an older QEMU is stopped for the whole stream (~0.4-0.9
- * s for 256 MiB under TCG).  Measured under TCG with a guest rewriting
- * self-checking files during each snapshot, every fork checking every file
- * (docs/vm-recipe.md section 5b): QEMU 7.2's live stream lost pages in 3 to
- * 4 snapshots of 8 (guest panics, files with stale pages), QEMU 10.0's in
- * none of 40.  Versions in between were not measured, so they stream
- * stopped. */
+ * QEMU's downtime ~2-16 ms, paused ~10-60 ms with the cont on a loaded
+ * host); an older QEMU is stopped for the whole stream (~0.4-0.9 s for
+ * 256 MiB under TCG, seconds on a loaded host).  Measured under TCG
+ * (docs/vm-recipe.md 5b): QEMU 7.2's live stream lost pages in 3 to 4
+ * snapshots of 8 (guest panics, files with stale pages); with QEMU 10.0,
+ * 39 of 40 snapshots checked by files were whole (the 40th's session
+ * hung with nothing on its console, on a host at load 15) and all 30
+ * checked page by page (tests/guest/pagecheck.c).  Versions in between
+ * were not measured, so they stream stopped. */
 #define SNAPSHOT_LIVE_QEMU 10
 
 struct vm {

@@ -542,9 +542,10 @@ static int cont_migrated(struct vm *src, char **ret_err) {
 /* Polls SRC's migration until it ends, and continues SRC the moment it has
  * completed.  *T_STOP_US: when SRC was stopped for the stream, or 0 while
  * it runs (a live stream); one that has not completed after
- * MIGRATE_LIVE_PASSES passes over the dirty pages or MIGRATE_LIVE_MS (a
- * guest that dirties its pages faster than they go) is stopped then, and
- * the stream ends with the pages still dirty.
+ * MIGRATE_LIVE_PASSES passes over the dirty pages (a guest that dirties its
+ * pages faster than they go) is stopped then, and the stream ends with the
+ * pages still dirty.  Time alone does not stop it: a first pass that takes
+ * long is a host short of CPU, and the guest may as well run meanwhile.
  * *RET_PAUSED_US: from the stop to the cont's answer; for a stream that
  * stayed live, QEMU's own downtime (the source stopped for the last pages)
  * plus, as an upper bound of the time between completion and cont, the
@@ -552,7 +553,7 @@ static int cont_migrated(struct vm *src, char **ret_err) {
  * answer. */
 static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *t_stop_us,
                                  uint64_t *ret_paused_us, char **ret_err) {
-  uint64_t deadline = mono_ms() + timeout_ms, live_until = mono_ms() + MIGRATE_LIVE_MS;
+  uint64_t t0 = mono_ms(), deadline = t0 + timeout_ms;
   uint64_t t_prev = mono_us();
   /* A stream that stalls (a loader that hangs) ends after MIGRATE_STALL_MS
    * without progress, not at DEADLINE. */
@@ -603,10 +604,10 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
                            MIGRATE_STALL_MS, (int64_t)sent);
       return -ETIMEDOUT;
     }
-    if (!*t_stop_us && (passes >= MIGRATE_LIVE_PASSES || mono_ms() >= live_until)) {
+    if (!*t_stop_us && passes >= MIGRATE_LIVE_PASSES) {
       log_info("a live snapshot's stream has not converged after %" PRId64 " passes in %.1f s (%" PRId64
                " bytes sent): its source is stopped for the rest",
-               (int64_t)passes, (mono_ms() + MIGRATE_LIVE_MS - live_until) / 1000.0, (int64_t)sent);
+               (int64_t)passes, (mono_ms() - t0) / 1000.0, (int64_t)sent);
       uint64_t t = mono_us();
       r = qmp_command(src->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
       if (r < 0)
