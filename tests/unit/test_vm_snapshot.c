@@ -166,6 +166,21 @@ static char *make_stage_dir(const char *name) {
   return dir;
 }
 
+/* Turns DIR (a snapshot's) into stage NAME, as the session layer does. */
+static int finish_stage(const char *dir, const char *name, const char *carries, struct stage **ret,
+                        char **err) {
+  char *inputs = NULL, *inputs_text = NULL;
+  int r = sandbox_vm_ops.inputs_id(&inputs, &inputs_text, err);
+  struct stage_new in = {.backend = "vm", .inputs_id = inputs, .carries = carries};
+  if (r == 0)
+    r = stage_finish(dir, name, true, &in, ret, err);
+  free(inputs);
+  free(inputs_text);
+  if (r < 0)
+    fprintf(stderr, "  stage_finish: %s\n", *err);
+  return r;
+}
+
 static void snapshot_and_fork(void) {
   struct box src = {0}, fork1 = {0}, fork2 = {0};
   char *err = NULL, *dir = NULL, *bg = NULL;
@@ -218,14 +233,7 @@ static void snapshot_and_fork(void) {
   CHECK(o && strcmp(o, "after") == 0);
   free(o);
 
-  char *inputs = NULL, *inputs_text = NULL;
-  CHECK_EQ_INT(sandbox_vm_ops.inputs_id(&inputs, &inputs_text, &err), 0);
-  struct stage_new in = {.backend = "vm", .inputs_id = inputs, .carries = snap.carries};
-  r = stage_finish(dir, "test-vm-snapshot", true, &in, &st, &err);
-  free(inputs);
-  free(inputs_text);
-  if (r < 0)
-    fprintf(stderr, "  stage_finish: %s\n", err);
+  r = finish_stage(dir, "test-vm-snapshot", snap.carries, &st, &err);
   CHECK_EQ_INT(r, 0);
   free(steal_ptr(dir)); /* it is the stage's now */
   if (r < 0)
@@ -366,14 +374,7 @@ static char *snapshot_and_check(struct box *src, const char *check, uint64_t *re
     stage_abort(dir);
   } else {
     *ret_paused_us = snap.paused_us;
-    char *inputs = NULL, *text = NULL;
-    sandbox_vm_ops.inputs_id(&inputs, &text, &err);
-    struct stage_new in = {.backend = "vm", .inputs_id = inputs, .carries = snap.carries};
-    r = stage_finish(dir, "soak", true, &in, &st, &err);
-    free(inputs);
-    free(text);
-    if (r < 0)
-      fprintf(stderr, "  stage_finish: %s\n", err);
+    finish_stage(dir, "soak", snap.carries, &st, &err);
   }
   free(dir);
   free(err);
