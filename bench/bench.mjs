@@ -5,7 +5,8 @@
 // With --only, the sections not named are kept from the last run's
 // bench/results.json (each says so in BENCHMARKS.md). BENCH_STORE=DIR runs
 // every server on that store instead of the server's default (section 8
-// always uses stores of its own).
+// always uses stores of its own); BENCH_QEMU=PATH runs every server with
+// that QEMU (IGN_MCP_QEMU: the environment's IGN_MCP_* are not passed on).
 //
 // Drives the real server (build/ignition-mcp) through the official MCP SDK
 // client over stdio, for both backends, and writes bench/BENCHMARKS.md

@@ -269,6 +269,9 @@ export function serverEnv(extra = {}) {
   // BENCH_STORE: a store of warm bases other than the server's default
   // (a run that must not touch the user's).
   if (process.env.BENCH_STORE) e.IGN_MCP_STORE = process.env.BENCH_STORE;
+  // BENCH_QEMU: the QEMU binary every server runs (IGN_MCP_QEMU), to measure
+  // another QEMU than the one on PATH (give it a BENCH_STORE of its own).
+  if (process.env.BENCH_QEMU) e.IGN_MCP_QEMU = process.env.BENCH_QEMU;
   for (const [k, v] of Object.entries(extra)) {
     if (v === undefined || v === null) delete e[k];
     else e[k] = String(v);

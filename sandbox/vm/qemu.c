@@ -517,16 +517,23 @@ static int cont_migrated(struct vm *src, char **ret_err) {
 }
 
 /* Polls SRC's migration until it ends, and continues SRC the moment it has
- * completed.  *RET_PAUSED_US: QEMU's own downtime (the source stopped for
- * the last pages) plus, as an upper bound of the time between completion
- * and cont, the time from the previous poll (which saw it still going) to
- * the cont's answer. */
-static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *ret_paused_us,
-                                 char **ret_err) {
-  uint64_t deadline = mono_ms() + timeout_ms;
+ * completed.  *T_STOP_US: when SRC was stopped for the stream, or 0 while
+ * it runs (a live stream); one that has not completed after
+ * MIGRATE_LIVE_PASSES passes over the dirty pages (a guest that dirties its
+ * pages faster than they go) is stopped then, and the stream ends with the
+ * pages still dirty.  Time alone does not stop it: a first pass that takes
+ * long is a host short of CPU, and the guest may as well run meanwhile.
+ * *RET_PAUSED_US: from the stop to the cont's answer; for a stream that
+ * stayed live, QEMU's own downtime (the source stopped for the last pages)
+ * plus, as an upper bound of the time between completion and cont, the
+ * time from the previous poll (which saw it still going) to the cont's
+ * answer. */
+static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *t_stop_us,
+                                 uint64_t *ret_paused_us, char **ret_err) {
+  uint64_t t0 = mono_ms(), deadline = t0 + timeout_ms;
   uint64_t t_prev = mono_us();
-  /* The source is stopped meanwhile: a stream that stalls (a loader that
-   * hangs) ends after MIGRATE_STALL_MS without progress, not at DEADLINE. */
+  /* A stream that stalls (a loader that hangs) ends after MIGRATE_STALL_MS
+   * without progress, not at DEADLINE. */
   json_int_t sent = -1;
   uint64_t t_progress = mono_ms();
   for (;;) {
@@ -535,7 +542,9 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
     int r = qmp_command(src->qmp, "query-migrate", NULL, QMP_TIMEOUT_MS, &res, ret_err);
     if (r < 0)
       return r;
-    json_int_t now_sent = json_integer_value(json_object_get(json_object_get(res, "ram"), "transferred"));
+    json_t *ram = json_object_get(res, "ram");
+    json_int_t now_sent = json_integer_value(json_object_get(ram, "transferred"));
+    json_int_t passes = json_integer_value(json_object_get(ram, "dirty-sync-count"));
     if (now_sent != sent) {
       sent = now_sent;
       t_progress = mono_ms();
@@ -544,10 +553,14 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
     if (status && strcmp(status, "completed") == 0) {
       json_int_t downtime_ms = json_integer_value(json_object_get(res, "downtime"));
       json_decref(res);
+      log_debug("a snapshot's stream completed: %" PRId64 " bytes, %" PRId64
+                " passes, downtime %" PRId64 " ms, %s", (int64_t)now_sent, (int64_t)passes,
+                (int64_t)downtime_ms, *t_stop_us ? "source stopped" : "live");
       r = cont_migrated(src, ret_err);
       if (r < 0)
         return r;
-      *ret_paused_us = (uint64_t)downtime_ms * 1000 + (mono_us() - t_prev);
+      *ret_paused_us = *t_stop_us ? mono_us() - *t_stop_us
+                                  : (uint64_t)downtime_ms * 1000 + (mono_us() - t_prev);
       return 0;
     }
     bool failed = status && (strcmp(status, "failed") == 0 || strcmp(status, "cancelled") == 0);
@@ -568,9 +581,32 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
                            MIGRATE_STALL_MS, (int64_t)sent);
       return -ETIMEDOUT;
     }
+    if (!*t_stop_us && passes >= MIGRATE_LIVE_PASSES) {
+      log_info("a live snapshot's stream has not converged after %" PRId64 " passes in %.1f s (%" PRId64
+               " bytes sent): its source is stopped for the rest",
+               (int64_t)passes, (mono_ms() - t0) / 1000.0, (int64_t)sent);
+      uint64_t t = mono_us();
+      r = qmp_command(src->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+      if (r < 0)
+        return r;
+      *t_stop_us = t;
+    }
     t_prev = t_sent;
     usleep(250);
   }
+}
+
+/* Whether SRC's QEMU may stream its RAM while its guest runs (see
+ * SNAPSHOT_LIVE_QEMU): asked with query-version; a QEMU that does not say
+ * is stopped for the stream. */
+static bool streams_live(struct vm *src) {
+  json_t *res = NULL;
+  _cleanup_free_ char *err = NULL;
+  if (qmp_command(src->qmp, "query-version", NULL, QMP_TIMEOUT_MS, &res, &err) < 0)
+    return false;
+  json_int_t major = json_integer_value(json_object_get(json_object_get(res, "qemu"), "major"));
+  json_decref(res);
+  return major >= SNAPSHOT_LIVE_QEMU;
 }
 
 int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, char **ret_err) {
@@ -604,9 +640,10 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
     r = qmp_getfd(src->qmp, out, "mig", QMP_TIMEOUT_MS, ret_err);
   closep(&out);
   bool started = false;
-  /* See SNAPSHOT_LIVE: the source is stopped for the whole stream. */
-  uint64_t t_stop = mono_us();
-  if (r == 0 && !SNAPSHOT_LIVE) {
+  /* See SNAPSHOT_LIVE_QEMU: an older QEMU is stopped for the whole stream. */
+  uint64_t t_stop = 0;
+  if (r == 0 && !streams_live(src)) {
+    t_stop = mono_us();
     r = qmp_command(src->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
     started = r == 0; /* from here on, a failure must continue it */
   }
@@ -616,9 +653,7 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
     started = started || r == 0; /* stopped, or migrating: continued on failure */
   }
   if (r == 0)
-    r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, ret_paused_us, ret_err);
-  if (r == 0 && !SNAPSHOT_LIVE)
-    *ret_paused_us = mono_us() - t_stop; /* from the stop to the cont's answer */
+    r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, &t_stop, ret_paused_us, ret_err);
   if (r < 0 && started)
     resume_source(src);
   pthread_mutex_unlock(&src->qmp_lock);

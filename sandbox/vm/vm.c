@@ -703,8 +703,9 @@ static int snap_result(struct vm *src, int r) {
 
 /* The snapshot of a running VM (docs/vm-recipe.md, "Live snapshot"): a
  * loader QEMU maps DIR/ram share=on and receives the source's live
- * migration (the whole RAM, x-ignore-shared off; the source is stopped only
- * for the last pages and continued at once); the loader then writes its
+ * migration (the whole RAM, x-ignore-shared off; on QEMU 10 and later the
+ * source is stopped only for the last pages, on older ones for the whole
+ * stream, and continued at once: SNAPSHOT_LIVE_QEMU); the loader then writes its
  * device state to DIR/state with x-ignore-shared on, and is killed; the
  * RAM file's zero pages become holes.  DIR/ram and DIR/state are then a base
  * of their own that clones restore from like the warm base. */

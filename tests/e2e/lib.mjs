@@ -151,6 +151,9 @@ export function serverEnv({ env = {}, tools = false } = {}) {
   // The runner gives the vm pass a store of its own (warm bases); an ns
   // server gets one per test file (stages), never the user's own.
   if (IS_VM && VM_STORE) e.IGN_MCP_STORE = VM_STORE;
+  // IGN_TEST_QEMU: another QEMU than the one on PATH (give it an
+  // IGN_TEST_VM_STORE of its own: a base is made for one QEMU).
+  if (IS_VM && process.env.IGN_TEST_QEMU) e.IGN_MCP_QEMU = process.env.IGN_TEST_QEMU;
   if (IS_NS) e.IGN_MCP_STORE = nsStore();
   // Run logs go to a directory of the test file's own, never the user's.
   e.IGN_MCP_LOG_DIR = logDir();

@@ -11,16 +11,17 @@
 // that the check finds a page changed behind the writer's back (`pagecheck
 // tear`).  IGN_TEST_SOAK=1: 20 rounds (the soak); `make check` runs one.
 //
-// Measured with the source left running during the stream (SNAPSHOT_LIVE
-// true, QEMU 7.2, TCG): this writer lost its process in both sessions of one
+// Measured with the source left running during the stream on QEMU 7.2
+// (TCG; a server whose SNAPSHOT_LIVE_QEMU was 7): this writer lost its process in both sessions of one
 // fork in 4 rounds (16 copies); the same writer beside a CPU hog in the
 // session (0 of 16 copies bad), and a 64 or 128 MiB one with or without the
 // hog, paced or not (0 of about 60), found nothing: a small buffer written
 // by one process that is never switched out is what shows the loss.
 //
 // Every result line goes to the test's diagnostics, so that a run with the
-// source left running during the stream (SNAPSHOT_LIVE in
-// sandbox/vm/internal.h) shows what was lost (docs/vm-recipe.md §5b).
+// source left running during the stream (on QEMU 10 and later, or with
+// SNAPSHOT_LIVE_QEMU in sandbox/vm/internal.h lowered) shows what was lost
+// (docs/vm-recipe.md §5b).
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
