@@ -32,7 +32,7 @@ const NO_POOL = { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
 const AS_ROOT = process.getuid() === 0;
 /* A home directory the QEMUs must not see, which this user may write to. */
 const HOME = AS_ROOT ? '/root' : os.homedir();
-const REAL_QEMU = process.env.IGN_MCP_QEMU || '/usr/bin/qemu-system-x86_64';
+const REAL_QEMU = process.env.IGN_TEST_QEMU || '/usr/bin/qemu-system-x86_64';
 
 /* Exactly one QEMU child of the server (with NO_POOL and one session). */
 async function soleQemu(serverPid) {
