@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "common/proc.h"
 #include "common/util.h"
 #include "mcp/doctor_int.h"
 #include "sandbox/sandbox.h"
@@ -207,7 +208,7 @@ void doctor_check_egress(struct report *r) {
     return;
   }
   char out[512];
-  int st = doctor_run_capture((char *const[]){cfg.agent, "--probe-egress", NULL}, out, sizeof out);
+  int st = proc_run_capture((char *const[]){cfg.agent, "--probe-egress", NULL}, out, sizeof out, DOCTOR_RUN_MS);
   /* The first line is the answer (an agent without the option prints
    * getopt's complaint there). */
   out[strcspn(out, "\n")] = '\0';

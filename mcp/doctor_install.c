@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "common/proc.h"
 #include "common/util.h"
 #include "mcp/doctor_int.h"
 #include "sandbox/vm.h"
@@ -75,7 +76,7 @@ void doctor_check_qemu(struct report *r) {
   }
   char out[8192];
   char *argv[] = {cfg.qemu, "--version", NULL};
-  int st = doctor_run_capture(argv, out, sizeof out);
+  int st = proc_run_capture(argv, out, sizeof out, DOCTOR_RUN_MS);
   if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     out[strcspn(out, "\n")] = '\0';
     add(r, FOR_VM, "qemu", ST_FAIL,
@@ -87,7 +88,7 @@ void doctor_check_qemu(struct report *r) {
   out[strcspn(out, "\n")] = '\0';
   _cleanup_free_ char *version = strdup(out);
   char *machines[] = {cfg.qemu, "-machine", "help", NULL};
-  st = doctor_run_capture(machines, out, sizeof out);
+  st = proc_run_capture(machines, out, sizeof out, DOCTOR_RUN_MS);
   if (st < 0 || !strstr(out, "microvm")) {
     add(r, FOR_VM, "qemu", ST_FAIL,
         xasprintf("%s (%s) has no microvm machine type: QEMU 4.2 or later is needed", cfg.qemu,
@@ -95,7 +96,19 @@ void doctor_check_qemu(struct report *r) {
         as_root("apt-get install qemu-system-x86"));
     return;
   }
-  add(r, FOR_VM, "qemu", ST_OK, xasprintf("%s: %s", cfg.qemu, version), NULL);
+  /* An older QEMU still works, but opens the warm base's and stages' RAM
+   * files read-write (SECURITY.md). */
+  if (!vm_qemu_ram_readonly()) {
+    add(r, FOR_VM, "qemu", ST_WARN,
+        xasprintf("%s: %s; it opens the warm base's and stages' RAM files read-write (mapped "
+                  "private: guests never change them, but a QEMU taken over by its guest could); "
+                  "QEMU 8.2 or later maps them from a read-only file",
+                  cfg.qemu, version),
+        as_root("apt-get install -t bookworm-backports qemu-system-x86 (scripts/setup.sh does)"));
+    return;
+  }
+  add(r, FOR_VM, "qemu", ST_OK,
+      xasprintf("%s: %s; RAM files read-only to it", cfg.qemu, version), NULL);
 }
 
 /* One data file of the vm backend: VAR overrides the default NAME. */

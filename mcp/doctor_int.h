@@ -45,9 +45,8 @@ static inline void add(struct report *r, unsigned for_backends, const char *name
                                 .found = found, .fix = fix};
 }
 
-/* Runs ARGV with stdout and stderr into OUT (NUL-terminated, truncated to
- * SIZE); returns its wait status, or a negative errno.  Killed after 10 s. */
-int doctor_run_capture(char *const argv[], char *out, size_t size);
+/* How long doctor lets a helper program run (proc_run_capture). */
+#define DOCTOR_RUN_MS 10000
 
 /* ---- doctor_install.c: what is built and installed ---- */
 

@@ -100,6 +100,9 @@ bool vm_spawn_userns(void);
  * anything about the guest or the accelerator. */
 bool vm_qemu_ran(int status);
 bool vm_landlock_available(void);
+/* Whether the configured QEMU maps a clone's RAM file (the warm base's or
+ * a stage's) from a read-only file (QEMU 8.2 and later; asked once). */
+bool vm_qemu_ram_readonly(void);
 
 /* The backend's entry points, called by session.c. */
 extern const struct sandbox_ops sandbox_vm_ops;

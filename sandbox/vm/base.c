@@ -296,10 +296,12 @@ int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
     _cleanup_free_ char *mp = xasprintf("%s/%s", tmp, mount_points[i]);
     unlink(mp);
   }
-  /* Clones (other uids, group VM_GID) read the state and open the RAM file
-   * read-write (QEMU 7.2 does, even for a private mapping); nobody else. */
+  /* Clones (other uids, group VM_GID) read the state and open the RAM file:
+   * read-only where QEMU maps it so (8.2 and later), else read-write (QEMU
+   * 7.2 opens it so even for a private mapping); nobody else. */
   if (chown(tmp, 0, VM_GID) < 0 || chown(ram, 0, VM_GID) < 0 || chown(state, 0, VM_GID) < 0 ||
-      chmod(ram, 0660) < 0 || chmod(state, 0640) < 0 || chmod(tmp, 0750) < 0) {
+      chmod(ram, vm_qemu_ram_readonly() ? 0640 : 0660) < 0 || chmod(state, 0640) < 0 ||
+      chmod(tmp, 0750) < 0) {
     if (getuid() == 0) {
       r = -errno;
       *ret_err = xasprintf("cannot set the owner of the warm base in %s: %s", tmp, strerror(errno));

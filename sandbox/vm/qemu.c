@@ -25,6 +25,7 @@
 #include "common/config.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/proc.h"
 #include "common/util.h"
 #include "proto/proto.h"
 #include "sandbox/vm/internal.h"
@@ -49,7 +50,26 @@ unsigned vm_guest_overlay_mb(void) { return sandbox_overlay_mb(cfg.vm_memory_mb,
 
 /* ---- one QEMU ---- */
 
+static bool ram_readonly;
 
+static void probe_ram_readonly(void) {
+  char out[8192];
+  int st = proc_run_capture((char *const[]){(char *)cfg.qemu, "-object", "memory-backend-file,help",
+                                            NULL},
+                            out, sizeof out, 10000);
+  ram_readonly = st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "\n  rom=");
+  if (!ram_readonly)
+    log_info("QEMU %s opens the warm base's and stages' RAM files read-write (mapped private: "
+             "its guests never change them, but an escaped QEMU could): QEMU 8.2 or later maps "
+             "them from a read-only file (scripts/setup.sh installs it)",
+             cfg.qemu);
+}
+
+bool vm_qemu_ram_readonly(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, probe_ram_readonly);
+  return ram_readonly;
+}
 
 /* Appends the NULL-terminated list of arguments to ARGV. */
 static void args_add(const char **argv, int *n, ...) {
@@ -144,10 +164,17 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
                 kind == VM_COLD ? "" : ",memory-backend=mem");
   _cleanup_free_ char *accel_arg = kvm ? strdup("kvm") : xasprintf("tcg,tb-size=%d", TB_SIZE_MB);
   _cleanup_free_ char *mem = xasprintf("%uM", cfg.vm_memory_mb);
+  /* A clone's RAM file (the warm base's or a stage's) is read-only to it
+   * where QEMU can map a read-only file private and writable (8.2 and later:
+   * readonly=on opens it O_RDONLY, rom=off keeps the guest's RAM writable):
+   * bound read-only, with no Landlock right to write it.  Only the golden VM
+   * and a loader write theirs (a file becoming a base or a stage). */
+  bool ram_ro = kind == VM_CLONE && vm_qemu_ram_readonly();
   _cleanup_free_ char *backend =
-      ram_path ? xasprintf("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s",
+      ram_path ? xasprintf("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s%s",
                            cfg.vm_memory_mb, ram_path,
-                           kind == VM_GOLDEN || kind == VM_LOADER ? "on" : "off")
+                           kind == VM_GOLDEN || kind == VM_LOADER ? "on" : "off",
+                           ram_ro ? ",readonly=on,rom=off" : "")
                : NULL;
   _cleanup_free_ char *drive =
       xasprintf("file=%s,format=raw,if=none,readonly=on,id=root", img_path);
@@ -194,10 +221,11 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   }
   struct vm_spawn_req req = {
       .qemu = cfg.qemu, .argv = (char *const *)argv, .dir = v->dir,
-      .ram_file_writable = restores ? ram_path : NULL, .makes_ram_file = kind == VM_GOLDEN,
+      .ram_file_writable = restores && !ram_ro ? ram_path : NULL,
+      .makes_ram_file = kind == VM_GOLDEN,
       .needed = {cfg.qemu}, .hide = vmb.run_dir,
       .binds = {{cfg.vm_image, "image", false},
-                {restores ? ram_file : cfg.kernel, restores ? "ram" : "kernel", restores},
+                {restores ? ram_file : cfg.kernel, restores ? "ram" : "kernel", restores && !ram_ro},
                 {restores ? NULL : cfg.initramfs, "initramfs", false}},
       .qmp_fd = qsv[1], .agent_fd = asv[1],
       .gid = VM_GID, .kvm_gid = kvm ? vmb.kvm_gid : 0,

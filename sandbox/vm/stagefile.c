@@ -23,8 +23,10 @@ int vm_stage_file_create(const char *path, uint64_t size, mode_t mode, int *ret_
     *ret_err = xasprintf("cannot create the stage file %s: %s", path, strerror(errno));
     return r;
   }
-  /* Clones (other uids, group VM_GID) open the RAM file read-write and the
-   * server reads the state for them: as the base's files. */
+  /* The loader (another uid, group VM_GID) writes the RAM file; the
+   * stage's clones open it read-only once vm_snapshot has taken the group's
+   * write bit (where QEMU maps it so), and the server reads the state for
+   * them: as the base's files. */
   if ((size && ftruncate(fd, (off_t)size) < 0) ||
       (getuid() == 0 && fchown(fd, 0, VM_GID) < 0) || fchmod(fd, mode) < 0) {
     int r = -errno;

@@ -766,6 +766,12 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
   }
   vm_free(steal_ptr(s.loader));
   r = vm_punch_zero_pages(s.ram_fd, &punched, ret_err);
+  /* Written by the loader alone, read-only to the stage's sessions' QEMUs
+   * from now on where they map it so (the group's write bit goes). */
+  if (r == 0 && vm_qemu_ram_readonly() && fchmod(s.ram_fd, 0640) < 0) {
+    r = -errno;
+    *ret_err = xasprintf("cannot make %s read-only: %s", ram, strerror(errno));
+  }
   t_punch = mono_us();
   snap_fini(&s);
   if (r < 0) {

@@ -32,6 +32,7 @@ const NO_POOL = { IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 };
 const AS_ROOT = process.getuid() === 0;
 /* A home directory the QEMUs must not see, which this user may write to. */
 const HOME = AS_ROOT ? '/root' : os.homedir();
+const REAL_QEMU = process.env.IGN_TEST_QEMU || '/usr/bin/qemu-system-x86_64';
 
 /* Exactly one QEMU child of the server (with NO_POOL and one session). */
 async function soleQemu(serverPid) {
@@ -349,9 +350,22 @@ function hostileQemu(t, script) {
   fs.chmodSync(dir, 0o755);
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   const qemu = path.join(dir, 'qemu-system-x86_64');
-  fs.writeFileSync(qemu, `#!/bin/sh\n${script}\nexec /usr/bin/qemu-system-x86_64 "$@"\n`, { mode: 0o755 });
+  fs.writeFileSync(qemu, `#!/bin/sh\n${script}\nexec ${REAL_QEMU} "$@"\n`, { mode: 0o755 });
   return { dir, qemu };
 }
+
+/* Whether the QEMU maps a read-only RAM file private and writable (8.2 and
+ * later: memory-backend-file has rom=). */
+function qemuMapsRamReadOnly() {
+  try {
+    return /\n {2}rom=/.test(execFileSync(REAL_QEMU, ['-object', 'memory-backend-file,help'], { encoding: 'utf8' }));
+  } catch {
+    return false;
+  }
+}
+
+/* The bytes a hostile clone QEMU tries to write into its RAM file. */
+const SCRIBBLE = 'IGN-SCRIBBLED-RAM';
 
 describe('an escaped QEMU, confined', () => {
   test('cannot truncate a file outside its state directory that its uid may write to', T, async (t) => {
@@ -370,6 +384,56 @@ describe('an escaped QEMU, confined', () => {
     const o = await call(s.client, 'open_session', {});
     assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
     assert.equal(fs.readFileSync(victim, 'utf8'), 'the user\'s data\n', 'QEMU truncated a file outside its state directory');
+  });
+
+  test('cannot write the warm base\'s RAM file nor a stage\'s: both are read-only to the QEMUs of their sessions', {
+    ...T,
+    skip: SKIP || (!qemuMapsRamReadOnly() && `${REAL_QEMU} maps a RAM file only from a writable file (QEMU 8.2 or later is needed; SECURITY.md says so)`),
+  }, async (t) => {
+    // A clone's QEMU (share=off over the base's or a stage's RAM) first tries
+    // to write into its RAM file, as an escaped QEMU could: by the file's own
+    // name in its state directory, after trying to make it writable (a
+    // user's QEMU owns it), and says on its log what it got.
+    const h = hostileQemu(t, `
+for a in "$@"; do
+  case "$a" in memory-backend-file*share=off*) ram=$(printf '%s\\n' "$a" | sed -n 's/.*mem-path=\\([^,]*\\).*/\\1/p') ;; esac
+done
+if [ -n "$ram" ]; then
+  chmod 0666 "$ram" 2>/dev/null
+  if printf '${SCRIBBLE}' | dd of="$ram" bs=1 seek=8192 conv=notrunc 2>/dev/null; then echo "hostile: wrote $ram"; else echo "hostile: refused $ram"; fi
+fi`);
+    const store = tempStore();
+    t.after(() => store.remove());
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_QEMU: h.qemu, IGN_MCP_STORE: store.dir } });
+    t.after(() => s.close());
+    const verdict = async (what) => {
+      const q = await waitUntil(() => qemusOf(s.pid).find((x) => x.log && /share=off/.test(fs.readFileSync(`/proc/${x.pid}/cmdline`, 'utf8')) &&
+        /hostile: /.test(fs.readFileSync(x.log, 'utf8'))), { timeoutMs: 5000 });
+      assert.ok(q, `no clone QEMU of ${what} said what it tried: the check is blind`);
+      const log = fs.readFileSync(q.log, 'utf8');
+      assert.match(log, /hostile: refused /, `${what}: ${log.split('\n').find((l) => l.startsWith('hostile: '))}`);
+      return q;
+    };
+    const scribbled = (file) => fs.readFileSync(file).subarray(8192, 8192 + SCRIBBLE.length).toString('latin1') === SCRIBBLE;
+    const o = await call(s.client, 'open_session', {});
+    assert.equal(await sh(s.client, o.session_id, 'echo ok'), 'ok\n');
+    await verdict('a session from the warm base');
+    const baseRam = fs.readdirSync(store.dir).filter((n) => /-base-/.test(n)).map((n) => path.join(store.dir, n, 'ram')).find((f) => fs.existsSync(f));
+    assert.ok(baseRam, `no warm base's RAM file in ${store.dir}`);
+    assert.equal(scribbled(baseRam), false, `${baseRam} was written`);
+    await call(s.client, 'commit', { session_id: o.session_id, name: 'ro/ram' });
+    await call(s.client, 'close', { session_id: o.session_id });
+    const o2 = await call(s.client, 'open_session', { stage: 'ro/ram' });
+    assert.equal(await sh(s.client, o2.session_id, 'echo ok'), 'ok\n');
+    await verdict('a session from a stage');
+    const find = (d) => fs.readdirSync(d, { withFileTypes: true }).flatMap((e) =>
+      e.isDirectory() ? find(path.join(d, e.name)) : e.name === 'ram' && d !== path.dirname(baseRam) ? [path.join(d, e.name)] : []);
+    const stageRams = find(store.dir);
+    assert.equal(stageRams.length, 1, `expected one stage RAM file in ${store.dir}: ${stageRams}`);
+    assert.equal(scribbled(stageRams[0]), false, `${stageRams[0]} was written`);
+    if (AS_ROOT) {
+      for (const f of [baseRam, stageRams[0]]) assert.equal(fs.statSync(f).mode & 0o222, 0o200, `${f} is writable by more than its owner`);
+    }
   });
 
   test('a cold-booted QEMU\'s log is bounded as a clone\'s is', T, async (t) => {
