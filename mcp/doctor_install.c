@@ -104,7 +104,7 @@ void doctor_check_qemu(struct report *r) {
                   "private: guests never change them, but a QEMU taken over by its guest could); "
                   "QEMU 8.2 or later maps them from a read-only file",
                   cfg.qemu, version),
-        as_root("apt-get install -t bookworm-backports qemu-system-x86 (scripts/setup.sh does)"));
+        as_root("apt-get install -t bookworm-backports qemu-system-x86 (QEMU 10 on Debian 12)"));
     return;
   }
   add(r, FOR_VM, "qemu", ST_OK,

@@ -61,7 +61,8 @@ static void probe_ram_readonly(void) {
   if (!ram_readonly)
     log_info("QEMU %s opens the warm base's and stages' RAM files read-write (mapped private: "
              "its guests never change them, but an escaped QEMU could): QEMU 8.2 or later maps "
-             "them from a read-only file (scripts/setup.sh installs it)",
+             "them from a read-only file (on Debian 12: apt-get install -t bookworm-backports "
+             "qemu-system-x86)",
              cfg.qemu);
 }
 
