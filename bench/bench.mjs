@@ -221,6 +221,14 @@ function findVmImages() {
     : { kernel, initrd, rootfs };
 }
 
+/* The protocol version the agent speaks, from proto/proto.h (a HELLO with
+ * any other is answered with an ERROR frame). */
+function protoVersion() {
+  const m = /#define PROTO_VERSION (\d+)u/.exec(fs.readFileSync(path.join(REPO, 'proto/proto.h'), 'utf8'));
+  if (!m) throw new Error('PROTO_VERSION not found in proto/proto.h');
+  return Number(m[1]);
+}
+
 function helloFrame() {
   const b = Buffer.alloc(12 + 10);
   b.writeUInt32LE(10, 0); // payload length
@@ -228,15 +236,20 @@ function helloFrame() {
   b.writeUInt32LE(1, 8); // request id
   b.writeUInt16LE(1, 12); // TAG_VERSION
   b.writeUInt32LE(4, 14);
-  b.writeUInt32LE(1, 18); // PROTO_VERSION
+  b.writeUInt32LE(protoVersion(), 18);
   return b;
 }
+
+/* The printable bytes of a frame's payload (an ERROR's message), for a
+ * failure that says what the agent said. */
+const payloadText = (buf) => buf.subarray(12, 12 + Math.min(buf.readUInt32LE(0), 400)).toString('latin1').replace(/[^\x20-\x7e]+/g, ' ').trim();
 
 async function bareQemuBoot(img, accel, dir) {
   const sock = path.join(dir, `agent-${crypto.randomBytes(4).toString('hex')}.sock`);
   const serial = path.join(dir, 'serial.log');
   const khz = tscKhz();
-  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 ign.fstype=erofs`;
+  // The guest command line of the server's cold boot (sandbox/vm/qemu.c).
+  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 reboot=t${accel === 'tcg' ? ' norandmaps' : ''} ign.fstype=erofs`;
   const argv = [
     '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off',
     '-accel', accel, '-cpu', accel === 'kvm' ? 'host,-arch-capabilities' : 'qemu64', '-smp', '1', '-m', '256M',
@@ -271,11 +284,11 @@ async function bareQemuBoot(img, accel, dir) {
       const timer = setTimeout(() => reject(new Error('the agent did not answer HELLO within 120 s')), 120000);
       s.on('data', (d) => {
         buf = Buffer.concat([buf, d]);
-        if (buf.length >= 12) {
+        if (buf.length >= 12 && buf.length >= 12 + buf.readUInt32LE(0)) {
           clearTimeout(timer);
           const type = buf.readUInt8(4);
           if (type === 2) resolve(msSince(t));
-          else reject(new Error(`the agent answered HELLO with frame type ${type}`));
+          else reject(new Error(`the agent answered HELLO with frame type ${type}${type === 3 ? ` (ERROR: ${payloadText(buf)})` : ''}`));
         }
       });
       s.on('close', () => reject(new Error('the agent channel closed before HELLO_OK')));
@@ -374,7 +387,7 @@ async function sectionStart() {
 
   notes.push('Wall time of the open_session call as the client sees it; each session is closed (untimed) before the next open. 3 untimed warm-up opens per server.');
   notes.push(`Pool hit: IGN_MCP_POOL=${POOL_SIZE}, ${POOL_REFILL_MS} ms pause after each close for the pool to refill. Cold boot: IGN_MCP_BASE=none, so every session boots the guest from scratch.`);
-  if (!img.missing) notes.push('The bare QEMU boot uses the microvm flags of QEMU-FACTS.md with build/vm/vmlinux, the initramfs and rootfs-tools.erofs; timed from spawn to the HELLO_OK frame on the virtio-serial socket.');
+  if (!img.missing) notes.push(`The bare QEMU boot uses the microvm flags of QEMU-FACTS.md and the guest command line of the server's cold boot, with build/vm/vmlinux, the initramfs and rootfs-tools.erofs, without the server's -sandbox and bind mounts; timed from spawn to the HELLO_OK frame on the virtio-serial socket.`);
   return { id: 'start', title: '1. Session start', unit: 'ms', baseline: rows[0].label, rows, notes };
 }
 
