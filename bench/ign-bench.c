@@ -113,6 +113,15 @@ static unsigned parse_count(const char *s, const char *what) {
 
 /* ---- host processes ----------------------------------------------------- */
 
+/* Waits for PID; returns its wait status (or -1). */
+static int wait_status(pid_t pid) {
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR)
+      return -1;
+  return st;
+}
+
 /* Runs argv once and waits; returns its wait status (or -1). */
 static int run_once(char **argv, int null_fd) {
   pid_t pid = fork();
@@ -124,11 +133,7 @@ static int run_once(char **argv, int null_fd) {
     execvp(argv[0], argv);
     _exit(127);
   }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  return st;
+  return wait_status(pid);
 }
 
 static int cmd_spawn(int argc, char **argv) {
@@ -183,11 +188,7 @@ static int run_once_spawn(char **argv, int null_fd) {
   posix_spawn_file_actions_destroy(&fa);
   if (r != 0)
     return -1;
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  return st;
+  return wait_status(pid);
 }
 
 static int cmd_spawn_serve(int argc, char **argv) {

@@ -8,6 +8,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
+import readline from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -263,28 +264,21 @@ export const nsToMs = (a) => a.map((x) => x / 1e6);
 export function cbenchServe(args, { env } = {}) {
   const child = spawn(CBENCH, args.map(String), { env: env ?? process.env, stdio: ['pipe', 'pipe', 'pipe'] });
   track(child.pid, 'ign-bench (serve)');
-  let buf = '';
   let stderr = '';
   let exited = null;
   const waiting = [];
   const failAll = (why) => {
     while (waiting.length) waiting.shift().reject(new Error(why));
   };
-  child.stdout.on('data', (d) => {
-    buf += d;
-    let nl;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      const line = buf.slice(0, nl);
-      buf = buf.slice(nl + 1);
-      let j;
-      try {
-        j = JSON.parse(line);
-      } catch {
-        continue;
-      }
-      if (j.error) failAll(`ign-bench ${args[0]}: ${j.error}`);
-      else if (typeof j.ns === 'number' && waiting.length) waiting.shift().resolve(j.ns);
+  readline.createInterface({ input: child.stdout }).on('line', (line) => {
+    let j;
+    try {
+      j = JSON.parse(line);
+    } catch {
+      return;
     }
+    if (j.error) failAll(`ign-bench ${args[0]}: ${j.error}`);
+    else if (typeof j.ns === 'number' && waiting.length) waiting.shift().resolve(j.ns);
   });
   child.stderr.on('data', (d) => (stderr = (stderr + d).slice(-4000)));
   const done = new Promise((resolve) => child.on('close', (code) => {
