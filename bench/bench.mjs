@@ -508,7 +508,7 @@ function execLayers(rows) {
   };
   const q = (a, p) => {
     const b = [...a].sort((x, y) => x - y);
-    return b[Math.min(b.length - 1, Math.floor(p * b.length))];
+    return b[Math.floor(p * (b.length - 1))]; // the rows' median at p = 0.5
   };
   const steps = [
     ['host posix_spawn+exec of sh', null, "host, posix_spawn: sh -c 'true'"],
