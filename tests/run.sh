@@ -111,7 +111,7 @@ logdir=$(mktemp -d "${TMPDIR:-/tmp}/ign-tests.XXXXXX")
 # The vm pass keeps its store in here, which the QEMUs (unprivileged uids
 # when we run as root) must be able to reach.
 chmod 0711 "$logdir"
-e2e_group= side_group= e2e_reverse=
+e2e_group= side_group=
 cleanup() {
 	[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null || true
 	if [[ -n $side_group ]]; then
@@ -326,7 +326,7 @@ seed_store() {
 run_e2e() {
 	local backend=$1 row=${2:-e2e-$1} as=${3:-}
 	banner "end-to-end tests (tests/e2e), backend $backend${as:+, as the ordinary user $test_user}"
-	local files=() f i tap rc group left why t0 secs runner=() outdir=$logdir
+	local files=() f tap rc group left why t0 secs runner=() outdir=$logdir
 	local root_only_n=0 list_bad=0
 	if ((${#e2e_args[@]} > 0)); then
 		files=("${e2e_args[@]}")
@@ -334,15 +334,6 @@ run_e2e() {
 		for f in tests/e2e/*.test.mjs; do
 			[[ -f $f ]] && files+=("$f")
 		done
-		# Beside another pass (the side lane's e2e-ns-user beside e2e-vm,
-		# which start together), from the last file to the first, so that
-		# the same file (abuse.test.mjs's fork bomb above all) does not run
-		# in both at once.
-		if [[ -n $e2e_reverse ]]; then
-			local reversed=()
-			for ((i = ${#files[@]} - 1; i >= 0; i--)); do reversed+=("${files[i]}"); done
-			files=("${reversed[@]}")
-		fi
 	fi
 	if ((${#files[@]} == 0)); then
 		printf 'no tests/e2e/*.test.mjs yet\n'
@@ -684,7 +675,6 @@ run_side() {
 	# directories there): nothing it makes in /tmp can look like a leftover
 	# of the e2e pass beside it, whose checks read /tmp.
 	export TMPDIR=$logdir/tmp
-	e2e_reverse=1
 	mkdir -p "$TMPDIR"
 	chmod 0711 "$TMPDIR"
 	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 143' TERM
