@@ -200,9 +200,10 @@ rootfs-tools:
 	image/build-rootfs-tools.sh $(BUILD)/rootfs/tools
 
 # make check: every suite (tests/run.sh all), in 35 minutes or less on 2
-# cores: the unit, fuzz-replay, valgrind, conformance and client suites run
-# beside the root e2e passes (IGN_TEST_JOBS=1: one after another), and the
-# soaks run short (IGN_TEST_SOAK=1: at full length); README "Testing".
+# cores: the unit, fuzz-replay, valgrind, conformance and client suites, then
+# the ns-user pass, run beside the root e2e passes, and the vm-user pass last
+# (IGN_TEST_JOBS=1: one after another); the soaks run short (IGN_TEST_SOAK=1:
+# at full length); README "Testing".
 check: all $(BUILD)/san/ignition-mcp $(UNIT_BINS) $(FUZZ_REPLAYS) $(VM)/initramfs.cpio \
        $(BUILD)/guest/pagecheck
 	BUILD=$(BUILD) tests/run.sh

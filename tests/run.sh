@@ -36,12 +36,13 @@
 # only those, e.g. tests/run.sh e2e-vm tests/e2e/vm.test.mjs; a file named
 # runs in the user passes too, listed in tests/user-passes.txt or not.
 #
-# all runs in two phases (IGN_TEST_JOBS=1: one part after another, in the
+# all runs in two lanes (IGN_TEST_JOBS=1: one part after another, in the
 # order above): e2e-ns then e2e-vm, and beside them, in a process group of
-# its own, unit, fuzz-replay, valgrind, conformance and clients, whose output
-# is kept in a file each and printed whole after e2e-vm (one line says when
-# each starts and how it ended); then the two user passes, alone.  The vm-user
-# pass starts from a copy of the warm bases the vm pass booted.
+# its own, unit, fuzz-replay, valgrind, conformance and clients, then
+# e2e-ns-user once e2e-ns has ended, whose output is kept in a file each and
+# printed whole after e2e-vm (one line says when each starts and how it
+# ended); then e2e-vm-user, alone.  The vm-user pass starts from a copy of
+# the warm bases the vm pass booted.
 #
 # Each suite's output is shown as it runs. At the end come the time of
 # each pass and the ten slowest e2e files (with the pass they ran in); the
@@ -381,15 +382,19 @@ run_e2e() {
 			return
 		fi
 		outdir=$logdir/$row
-		mkdir -m 0700 "$outdir"
-		chown "$test_user:" "$outdir"
+		mkdir -m 0700 "$outdir" "$outdir/tmp"
+		chown "$test_user:" "$outdir" "$outdir/tmp"
 		if [[ -n $store ]]; then
 			store=$outdir/vm-store
 			seed_store "${IGN_TEST_VM_SEED:-$vm_seed}" "$store" "$test_user"
 		fi
-		# The user's own environment: no XDG directory of root's, its home.
+		# The user's own environment: no XDG directory of root's, its home;
+		# a TMPDIR of the pass's own, so that what its tests make there
+		# cannot look like a leftover to a pass beside it (whose checks read
+		# /tmp).
 		runner=(tests/fence.sh "e2e-user-$$-$backend" 16384 12288 --
-			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME)
+			runuser -u "$test_user" -- env -u XDG_RUNTIME_DIR -u XDG_CACHE_HOME -u XDG_CONFIG_HOME
+			"TMPDIR=$outdir/tmp")
 		# Files named on the command line run whatever the list says.
 		((${#e2e_args[@]} > 0)) || keep_user_files "$row"
 		if ((${#files[@]} == 0)); then
@@ -624,6 +629,7 @@ run_part() {
 	clients) run_clients ;;
 	esac
 	printf '%-14s %6d s\n' "$part" $((SECONDS - t0)) >"$logdir/time.$part"
+	: >"$logdir/ended.$part"
 	cur_part=main
 }
 
@@ -635,18 +641,27 @@ part_counts() {
 
 # The parts of `all`, in the order of the summary.
 all_parts=(layering unit fuzz-replay e2e-ns e2e-vm e2e-ns-user e2e-vm-user valgrind conformance clients)
-# With two jobs (IGN_TEST_JOBS, default 2), `all` runs in two phases.  First
-# the root e2e passes (e2e-ns, then e2e-vm) and, beside them, the parts that
-# need no host of their own: the unit tests, the fuzz replays, the valgrind
-# pass, conformance and the clients.  The ns pass waits on its sandboxes far
-# more than it computes (about a fifth of a core), so the side parts take the
-# other core while it runs and are mostly done before the vm pass's TCG
-# guests begin.  Then the user passes, alone: as a user with no kernel log,
-# abuse.test.mjs counts OOM kills host-wide, which another pass's memory
-# limits may cause.
-side_parts=(layering unit fuzz-replay valgrind conformance clients)
+# With two jobs (IGN_TEST_JOBS, default 2), `all` runs in two lanes and then
+# one pass alone.  The main lane runs the root e2e passes (e2e-ns, then
+# e2e-vm); the side lane, beside it, the parts that need no host of their
+# own (the unit tests, the fuzz replays, the valgrind pass, conformance and
+# the clients), then e2e-ns-user, once e2e-ns has ended.  The ns pass waits on
+# its sandboxes far more than it computes (about a fifth of a core), so the
+# side parts take the other core while it runs; the ns-user pass then runs
+# beside the vm pass, which it shares no user, run directory, TMPDIR nor
+# memory cgroup with (the leftover checks of tests/e2e/lib.mjs pass over
+# what another uid made, and abuse.test.mjs counts a user's OOM kills in the
+# pass's own memory cgroup).  Not beside e2e-ns, whose userns.test.mjs starts
+# servers as the same user.  Then e2e-vm-user, alone: it starts from a copy
+# of the vm pass's warm bases, and it would share the user's run directory
+# (its QEMUs' state directories are named after server pids, which repeat
+# from one pass's pid namespace to another's) with e2e-ns-user.
+side_parts=(layering unit fuzz-replay valgrind conformance clients e2e-ns-user)
 main_parts=(e2e-ns e2e-vm)
-late_parts=(e2e-ns-user e2e-vm-user)
+late_parts=(e2e-vm-user)
+# A side part that starts only once a main part has ended (run_part leaves
+# $logdir/ended.PART).
+declare -A side_after=([e2e-ns-user]=e2e-ns)
 jobs=${IGN_TEST_JOBS:-2}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { printf 'IGN_TEST_JOBS must be a positive number, not "%s"\n' "$jobs" >&2; exit 2; }
 
@@ -655,7 +670,7 @@ jobs=${IGN_TEST_JOBS:-2}
 # printed whole after the root passes; one line says when it starts and how
 # it ended.
 run_side() {
-	local part t0 counts
+	local part t0 counts after
 	# A TMPDIR of the lane's own (the unit tests and node make their
 	# directories there): nothing it makes in /tmp can look like a leftover
 	# of the e2e pass beside it, whose checks read /tmp.
@@ -665,6 +680,11 @@ run_side() {
 	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 143' TERM
 	trap '[[ -z $e2e_group ]] || kill -TERM -- "-$e2e_group" 2>/dev/null; exit 130' INT
 	for part in "$@"; do
+		after=${side_after[$part]:-}
+		if [[ -n $after && ! -e $logdir/ended.$after ]]; then
+			printf -- '-- beside the e2e passes: %s waits for %s to end\n' "$part" "$after"
+			while [[ ! -e $logdir/ended.$after ]]; do sleep 2; done
+		fi
 		printf -- '-- beside the e2e passes: %s started (its output comes after e2e-vm)\n' "$part"
 		t0=$SECONDS
 		run_part "$part" >"$logdir/out.$part" 2>&1 </dev/null || true

@@ -427,12 +427,32 @@ export function leftovers() {
   return { tmp: tmpIgnEntries(), cgroups: cgroupIgnDirs() };
 }
 
-/* Is `name` plausibly someone else's? The machine may be shared with other
- * test runs: the runner's own log directory (ign-tests.*) and cgroups whose
- * name carries the pid of another live server are not ours. */
+/* Could a server started by this process have made the entry at P?  It
+ * makes files and cgroups as its uid (this process's), and as root also as
+ * the uids of its sandboxes' and QEMUs' blocks (IGN_MCP_NS_UID_BASE, at
+ * least 65536, and VM_UID_BASE): what another ordinary user made (a user
+ * pass beside a root one), or root made when this is a user (a root pass
+ * beside a user one, whose servers' pids this one's pid namespace hides),
+ * is not. */
+function ownersMayHaveMade(p) {
+  let st;
+  try {
+    st = fs.lstatSync(p);
+  } catch {
+    return true;
+  }
+  const me = process.getuid();
+  return st.uid === me || (me === 0 && st.uid >= 65536);
+}
+
+/* Is `name` (in /tmp, or a cgroup's path) plausibly someone else's? The
+ * machine may be shared with other test runs: the runner's own log
+ * directory (ign-tests.*), what another uid made, and cgroups whose name
+ * carries the pid of another live server are not ours. */
 function foreign(name) {
   const base = path.basename(name);
   if (base.startsWith('ign-tests.')) return true;
+  if (!ownersMayHaveMade(path.isAbsolute(name) ? name : path.join('/tmp', name))) return true;
   for (const m of base.matchAll(/\d{2,}/g)) {
     const pid = Number(m[0]);
     if (pid === process.pid || live.has(pid)) continue;
@@ -478,9 +498,10 @@ const CG = '/sys/fs/cgroup';
 let fenceSeq = 0;
 const fences = new Set();
 
-/* This process's group of CONTROLLER ('' for the v2 line) as a path. */
-function ownCgroup(controller) {
-  for (const line of fs.readFileSync('/proc/self/cgroup', 'utf8').split('\n')) {
+/* This process's (or process PID's) group of CONTROLLER ('' for the v2
+ * line) as a path. */
+function ownCgroup(controller, pid = 'self') {
+  for (const line of fs.readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n')) {
     const m = line.match(/^(\d+):([^:]*):(.*)$/);
     if (!m) continue;
     const p = m[3] === '/' ? '' : m[3];
@@ -507,6 +528,49 @@ export const SESSION_CGROUPS = process.getuid() === 0 ||
   (CGROUP_V2 ? writableDir(ownCgroup('') ?? '/nonexistent')
     : ['pids', 'memory'].every((c) => writableDir(ownCgroup(c) ?? '/nonexistent')));
 export const NEEDS_CGROUPS = (why) => (SESSION_CGROUPS ? false : `needs cgroups for the sessions, which this user cannot make here (cgroup v1, or v2 without delegation): ${why}`);
+
+/* The OOM kills of processes in the memory cgroup that holds process PID
+ * (its subgroups included), by any OOM killer, the host's too: {dir, count};
+ * null when PID is in the root memory group, where the host's count
+ * (/proc/vmstat oom_kill) is the only one.  v2 counts a group's subtree in
+ * its memory.events (a group without the memory controller is charged to
+ * the nearest one above it); v1 counts each group alone, in
+ * memory.oom_control, so the subtree is added up. */
+export function oomKillsOf(pid) {
+  const num = (file, key) => {
+    try {
+      const m = fs.readFileSync(file, 'utf8').match(new RegExp(`^${key} (\\d+)$`, 'm'));
+      return m ? Number(m[1]) : null;
+    } catch {
+      return null;
+    }
+  };
+  if (CGROUP_V2) {
+    for (let d = ownCgroup('', pid); d && d.startsWith(`${CG}/`); d = path.dirname(d)) {
+      const count = num(path.join(d, 'memory.events'), 'oom_kill');
+      if (count !== null) return { dir: d, count };
+    }
+    return null;
+  }
+  const top = ownCgroup('memory', pid);
+  if (!top || top === `${CG}/memory`) return null;
+  let count = num(path.join(top, 'memory.oom_control'), 'oom_kill');
+  if (count === null) return null;
+  const walk = (d, depth) => {
+    if (depth > 12) return;
+    let ents = [];
+    try {
+      ents = fs.readdirSync(d, { withFileTypes: true });
+    } catch {}
+    for (const e of ents) {
+      if (!e.isDirectory()) continue;
+      count += num(path.join(d, e.name, 'memory.oom_control'), 'oom_kill') ?? 0;
+      walk(path.join(d, e.name), depth + 1);
+    }
+  };
+  walk(top, 0);
+  return { dir: top, count };
+}
 
 /* Where fence NAME's groups will be (what tests/fence.sh makes): v1 one per
  * controller, v2 one (its processes in NAME/server). */
