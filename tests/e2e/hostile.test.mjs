@@ -31,7 +31,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startRaw, textOf, vmRssKiB, sleep, IS_VM, assertNoSanitizerReport } from './lib.mjs';
+import { startRaw, textOf, vmRssKiB, sleep, IS_VM, assertNoSanitizerReport, REPO } from './lib.mjs';
 
 const T = { timeout: 120_000 };
 const NL = Buffer.from('\n');
@@ -499,13 +499,17 @@ describe(`hostile input: ${CASES.length} cases by hand, ${GENERATED.length} from
  * the field, never undefined behaviour (this server is the ASan/UBSan build,
  * which aborts on any), and a guest's error stays the guest's. */
 
+/* The protocol version the server speaks (proto/proto.h), which the fake
+ * agent must say it speaks too. */
+const HOST_PROTO_VERSION = Number(/#define PROTO_VERSION (\d+)u/.exec(fs.readFileSync(path.join(REPO, 'proto/proto.h'), 'utf8'))[1]);
+
 const FAKE_AGENT = `#!${process.execPath}
 'use strict';
 const fs = require('fs');
 const FD = 3;
 const T = { HELLO: 1, HELLO_OK: 2, ERROR: 3, PING: 4, PONG: 5, EXEC: 10, STDOUT: 13, EXIT: 15, KILL: 16, WRITE: 20, DATA: 21, DATA_END: 22, OK: 23, READ: 24, READ_END: 25, SETUP: 30, UNPACK: 40, PACK: 41, PACK_END: 42, CREDIT: 43 };
 /* proto/proto.h PROTO_VERSION: the version the fake agent says it speaks. */
-const PROTO_VERSION = 2;
+const PROTO_VERSION = ${HOST_PROTO_VERSION};
 const tlv = (tag, v) => { const h = Buffer.alloc(6); h.writeUInt16LE(tag, 0); h.writeUInt32LE(v.length, 2); return Buffer.concat([h, v]); };
 const u32 = (tag, n) => { const b = Buffer.alloc(4); b.writeUInt32LE(n >>> 0); return tlv(tag, b); };
 const u64 = (tag, n) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(n); return tlv(tag, b); };
