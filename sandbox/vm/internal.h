@@ -27,8 +27,9 @@
 #define RESTORE_TIMEOUT_MS 20000
 #define BASE_WAIT_MS 180000
 #define TB_SIZE_MB 128
-/* 4: no guest has a network device any more (net= left the text). */
-#define FINGERPRINT_VERSION 4
+/* 4: no guest has a network device any more (net= left the text).
+ * 5: the TCG command line trusts the TSC (tsc=reliable). */
+#define FINGERPRINT_VERSION 5
 /* A snapshot of a running VM: its RAM streams at up to this rate (the
  * stream is a local socket), and the source is stopped for the last pages
  * only when they fit in this time. */

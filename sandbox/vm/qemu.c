@@ -100,12 +100,20 @@ void vm_add_log_tail(struct vm *v, char **err) {
  * (panic=-1) by a triple fault (reboot=t: a microvm has no keyboard
  * controller or ACPI to reboot through, and the other methods spin), and
  * -no-reboot turns that into QEMU exiting: the session is then seen dead
- * at once instead of hanging every call until its timeout. */
+ * at once instead of hanging every call until its timeout.
+ * Under TCG the TSC is trusted (tsc=reliable): the guest reads the host's
+ * TSC, while its jiffies run late whenever the host is busy, and the
+ * kernel's clocksource watchdog, comparing the two a second or so after a
+ * clone starts, then marked the TSC unstable and fell back to
+ * refined-jiffies.  The guest clock then moved in 4 ms steps, and two DNS
+ * queries a resolver made in one step got the same ID (glibc takes it from
+ * the clock): nslookup took the answer to its AAAA query for the one to
+ * its A query and waited out its 5 s timeout on every name. */
 static char *cmdline(const char *accel) {
   return xasprintf("console=ttyS0 quiet tsc_early_khz=%u nokaslr no_timer_check mitigations=off "
                    "i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 reboot=t%s "
                    "ign.fstype=erofs ign.overlay_mb=%u",
-                   vmb.tsc_khz, strcmp(accel, "tcg") == 0 ? " norandmaps" : "", vm_guest_overlay_mb());
+                   vmb.tsc_khz, strcmp(accel, "tcg") == 0 ? " norandmaps tsc=reliable" : "", vm_guest_overlay_mb());
 }
 
 /* Starts a QEMU of KIND.  RAM_FILE is the base's RAM (golden: created).  On
