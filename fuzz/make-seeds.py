@@ -7,6 +7,7 @@ import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_VERSION = 3
 
 # proto/proto.h
 T = dict(HELLO=1, HELLO_OK=2, ERROR=3, PING=4, PONG=5, EXEC=10, STDIN=11, STDIN_END=12,
@@ -160,7 +161,7 @@ def proto_host():
     write('fuzz_proto_host', 'stream-over-window', host(0xfb, b'', open_(1, window=10)
                                                        + frame('STREAM_DATA', A | 1, b'x' * 2000) + pong))
     write('fuzz_proto_host', 'stream-ids-down', host(0xfb, b'', open_(2) + open_(1) + pong))
-    write('fuzz_proto_host', 'hello-egress-error', host(0, frame('HELLO_OK', 0, u32('VERSION', 2)
+    write('fuzz_proto_host', 'hello-egress-error', host(0, frame('HELLO_OK', 0, u32('VERSION', PROTO_VERSION)
                                                                  + tlv('EGRESS_ERROR', 'no nf_tables')),
                                                          frame('PONG', 0)))
 
@@ -205,6 +206,10 @@ def proto_guest():
     write('fuzz_proto_guest', 'setup', frame('SETUP', 8, tlv('ENTROPY', b'\1' * 32) + u64('TIME_NS', 1)
                                              + tlv('HOSTNAME', 'fuzz')
                                              + tlv('MACHINE_ID', '0123456789abcdef0123456789abcdef')))
+    write('fuzz_proto_guest', 'hello-setup', frame('HELLO', 9, u32('VERSION', PROTO_VERSION)
+                                                   + tlv('ENTROPY', b'\2' * 32) + u64('TIME_NS', 2)
+                                                   + tlv('HOSTNAME', 'fuzz2'))
+          + frame('PING', 10))
     tar = open_tar_seed()
     write('fuzz_proto_guest', 'unpack', hello + frame('UNPACK', 11, tlv('PATH', '/t/made/dst')
                                                       + u64('MAX_BYTES', 1 << 20) + u64('MAX_FILES', 100))

@@ -241,6 +241,10 @@ static void agent_handle_hello(struct agent *a, uint32_t id, const uint8_t *p, s
                      PROTO_VERSION, version);
     return;
   }
+  /* A clone's clock and entropy (and identity) may come with its HELLO. */
+  a->setup_failed = machine_setup(a, id, p, n) < 0;
+  if (a->setup_failed)
+    return;
   char info[64];
   snprintf(info, sizeof info, "ign-agent %s mode=%s", IGN_VERSION, agent_mode_name(a->mode));
   proto_frame_begin(&a->out, PROTO_HELLO_OK, id);
@@ -279,7 +283,43 @@ static void agent_handle_egress_stats(struct agent *a, uint32_t id) {
   agent_send(a);
 }
 
+/* Refuses a request while the last SETUP failed: a pool clone's SETUP
+ * (clock, entropy) is sent at hand-out with the session's first request
+ * right behind it, unanswered yet, and that request must not run with the
+ * clock and the RNG state the clone had in the pool.  The frames that
+ * follow a refused request are dropped.  Whether H was refused. */
+static bool agent_refused_unset(struct agent *a, const struct proto_header *h, const uint8_t *p) {
+  const uint8_t *v;
+  uint32_t len, flag;
+  enum proto_type end = 0;
+  switch (h->type) {
+  case PROTO_EXEC:
+    if (proto_find(p, h->len, TAG_HAS_STDIN, &v, &len) == 1 && proto_val_u32(v, len, &flag) == 0 &&
+        flag)
+      end = PROTO_STDIN_END;
+    break;
+  case PROTO_WRITE:
+  case PROTO_UNPACK:
+    end = PROTO_DATA_END;
+    break;
+  case PROTO_READ:
+  case PROTO_PACK:
+  case PROTO_EGRESS_STATS:
+    break;
+  default:
+    return false;
+  }
+  agent_send_error(a, h->id, EAGAIN,
+                   "the sandbox's clock and entropy could not be set (the SETUP failed), so "
+                   "nothing runs in it; close the session and open another");
+  if (end)
+    agent_ignore_until(a, h->id, end);
+  return true;
+}
+
 static void agent_dispatch(struct agent *a, const struct proto_header *h, const uint8_t *p) {
+  if (a->setup_failed && agent_refused_unset(a, h, p))
+    return;
   switch (h->type) {
   case PROTO_HELLO:
     agent_handle_hello(a, h->id, p, h->len);
@@ -317,7 +357,9 @@ static void agent_dispatch(struct agent *a, const struct proto_header *h, const 
     tree_handle(a, h, p);
     break;
   case PROTO_SETUP:
-    machine_handle_setup(a, h->id, p, h->len);
+    a->setup_failed = machine_setup(a, h->id, p, h->len) < 0;
+    if (!a->setup_failed)
+      agent_send_empty(a, PROTO_OK, h->id);
     break;
   case PROTO_EGRESS_STATS:
     agent_handle_egress_stats(a, h->id);

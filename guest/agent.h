@@ -65,6 +65,7 @@ struct agent {
   uint8_t chunk[PROTO_CHUNK]; /* scratch for output and file reads */
   struct agent_ignored ignored[AGENT_MAX_IGNORED];
   size_t n_ignored;
+  bool setup_failed; /* the last SETUP (or HELLO's) failed: requests are refused */
   struct exec_state exec;
   struct files_state files;
   struct tree_state trees;

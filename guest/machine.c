@@ -4,9 +4,11 @@
  * SETUP exists for clones of a warm VM snapshot: every clone wakes with the
  * snapshot's clock and the same RNG state, so the host pushes fresh entropy
  * (added with RNDADDENTROPY, then RNDRESEEDCRNG so the CRNG uses it at once),
- * the time, and the clone's own hostname and machine id.  In the namespace
- * sandbox these need privileges the agent has dropped, so they fail with
- * EPERM there, which the host expects. */
+ * the time, and the clone's own hostname and machine id.  The same TLVs may
+ * come in HELLO (a session's first request): they are set before HELLO is
+ * answered, so before anything the session runs, at no extra round trip.
+ * In the namespace sandbox these need privileges the agent has dropped, so
+ * they fail with EPERM there, which the host expects. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/random.h>
@@ -205,10 +207,10 @@ static void setup_note(char *msg, size_t size, int *first_err, const char *what,
     *first_err = -r;
 }
 
-void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len) {
+int machine_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len) {
   struct setup_request r;
   if (setup_parse(a, id, payload, len, &r) < 0)
-    return;
+    return -EINVAL;
 
   /* Apply everything that was asked even when one part fails, so that one
    * missing privilege does not leave the rest undone. */
@@ -228,7 +230,8 @@ void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, 
                machine_write_machine_id(r.machine_id));
   if (first_err) {
     agent_send_error(a, id, first_err, "SETUP failed: %s", msg);
-    return;
+    return -first_err;
   }
-  agent_send_empty(a, PROTO_OK, id);
+  return 0;
 }
+

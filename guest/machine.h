@@ -13,4 +13,7 @@ int machine_loopback_up(void);
  * /etc/hosts with the localhost lines, each unless the tree has one.  Best
  * effort: a failure is logged. */
 void machine_name_files(void);
-void machine_handle_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len);
+/* Sets what a SETUP's TLVs in PAYLOAD ask (HELLO may carry them too; none
+ * is nothing to do): 0, or a negative errno once an ERROR for ID was sent
+ * (the caller answers OK). */
+int machine_setup(struct agent *a, uint32_t id, const uint8_t *payload, size_t len);

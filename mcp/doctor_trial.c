@@ -36,7 +36,7 @@ void doctor_check_sandbox(struct report *r, bool parts_ok) {
   struct agent_exec_res res = {0};
   int rc = sandbox_ns_ops.create(&sc, "doctor", &sb, &err);
   if (rc == 0)
-    rc = agent_conn_open(sb->fd, 30000, &conn, &err);
+    rc = sandbox_connect(sb, 30000, &conn, &err);
   if (rc == 0)
     rc = sb->ops->ready(sb, conn, &err);
   if (rc == 0) {

@@ -186,6 +186,11 @@ void agent_conn_free(struct agent_conn *c) {
 }
 
 int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char **ret_err) {
+  return agent_conn_open_setup(fd, timeout_ms, NULL, ret, ret_err);
+}
+
+int agent_conn_open_setup(int fd, uint32_t timeout_ms, const struct agent_setup_req *setup,
+                          struct agent_conn **ret, char **ret_err) {
   int type = 0;
   socklen_t tlen = sizeof type;
   if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) < 0 || type != SOCK_STREAM) {
@@ -241,7 +246,7 @@ int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char *
   }
   c->writer_started = true;
 
-  int r = client_hello(c, timeout_ms, ret_err);
+  int r = client_hello(c, timeout_ms, setup, ret_err);
   if (r < 0) {
     agent_conn_free(c);
     return r;

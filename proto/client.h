@@ -66,9 +66,24 @@ void agent_exec_res_free(struct agent_exec_res *r);
  * with more waits (cancellable) for the writer to make room. */
 #define AGENT_QUEUE_MAX (4u * (64u * 1024u + 12u))
 
+/* What a SETUP sets in the sandbox; each part is optional (NULL, 0, false:
+ * left as it is).  HELLO may carry it too: the agent then sets it before it
+ * answers, so nothing the session runs can come before it. */
+struct agent_setup_req {
+  const void *entropy;       /* added to the guest's pool, then the CRNG reseeded */
+  size_t entropy_len;
+  bool clock;                /* the host's CLOCK_REALTIME, read as the frame is made */
+  const char *hostname;
+  const char *machine_id;    /* 32 lowercase hex characters */
+};
+
 /* Takes ownership of FD (a connected stream socket to an agent), says HELLO
  * and waits up to TIMEOUT_MS for the answer.  On failure *ret_err explains. */
 int agent_conn_open(int fd, uint32_t timeout_ms, struct agent_conn **ret, char **ret_err);
+/* The same, with SETUP (may be NULL) in the HELLO: the connection comes up
+ * only once the agent has set it. */
+int agent_conn_open_setup(int fd, uint32_t timeout_ms, const struct agent_setup_req *setup,
+                          struct agent_conn **ret, char **ret_err);
 /* The write deadline (AGENT_WRITE_DEADLINE_MS unless set, e.g. by tests). */
 void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms);
 /* Ends the connection: every waiting call fails with -EPIPE.  Idempotent. */
@@ -102,6 +117,11 @@ int agent_write_file(struct agent_conn *c, const char *path, uint32_t mode, cons
 int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uint64_t max,
                     const struct agent_ctl *ctl, void **ret_data, size_t *ret_len,
                     uint64_t *ret_size, bool *ret_eof, char **ret_err);
+/* SETUP sent and not waited for (its answer is dropped): for what must come
+ * before the next request at no round trip of its own.  Frames go out in
+ * order, and an agent whose SETUP failed refuses every request after it
+ * (EAGAIN) until one succeeds, so nothing sent later runs without it. */
+int agent_setup_send(struct agent_conn *c, const struct agent_setup_req *req, char **ret_err);
 /* SETUP: entropy (may be NULL), realtime ns (0: skip), hostname and
  * machine id (NULL: skip). */
 int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, uint64_t time_ns,

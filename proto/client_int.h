@@ -209,8 +209,10 @@ char *client_end_with_error(struct pending *p, const uint8_t *payload, size_t le
 
 /* ---- client_request.c ---------------------------------------------------- */
 
-/* HELLO and its answer within TIMEOUT_MS (agent_conn_open). */
-int client_hello(struct agent_conn *c, uint32_t timeout_ms, char **ret_err);
+/* HELLO, with SETUP's TLVs when SETUP is given, and its answer within
+ * TIMEOUT_MS (agent_conn_open_setup). */
+int client_hello(struct agent_conn *c, uint32_t timeout_ms, const struct agent_setup_req *setup,
+                 char **ret_err);
 /* Hands a frame that answers a call (an id without PROTO_AGENT_ID) to it;
  * from the reader thread, with c->lock held.  NULL, or what broke the
  * protocol. */

@@ -302,7 +302,21 @@ static int empty_request(struct agent_conn *c, uint8_t type, uint32_t timeout_ms
   return send_and_wait(c, &b, p, NULL, timeout_ms);
 }
 
-int client_hello(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
+/* SETUP's TLVs (in SETUP, or in HELLO). */
+static void put_setup(struct proto_buf *b, const void *entropy, size_t entropy_len,
+                      uint64_t time_ns, const char *hostname, const char *machine_id) {
+  if (entropy)
+    proto_put_bytes(b, TAG_ENTROPY, entropy, entropy_len);
+  if (time_ns)
+    proto_put_u64(b, TAG_TIME_NS, time_ns);
+  if (hostname)
+    proto_put_str(b, TAG_HOSTNAME, hostname);
+  if (machine_id)
+    proto_put_str(b, TAG_MACHINE_ID, machine_id);
+}
+
+int client_hello(struct agent_conn *c, uint32_t timeout_ms, const struct agent_setup_req *setup,
+                 char **ret_err) {
   struct pending p = {0};
   int r = client_register_pending(c, &p, PROTO_HELLO);
   if (r < 0) {
@@ -312,6 +326,9 @@ int client_hello(struct agent_conn *c, uint32_t timeout_ms, char **ret_err) {
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_HELLO, p.id);
   proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+  if (setup)
+    put_setup(&b, setup->entropy, setup->entropy_len,
+              setup->clock ? now_ns(CLOCK_REALTIME) : 0, setup->hostname, setup->machine_id);
   r = client_enqueue(c, &b, true, NULL, 0, NULL);
   proto_buf_free(&b);
   pthread_mutex_lock(&c->lock);
@@ -489,6 +506,24 @@ int agent_read_file(struct agent_conn *c, const char *path, uint64_t offset, uin
   return 0;
 }
 
+int agent_setup_send(struct agent_conn *c, const struct agent_setup_req *req, char **ret_err) {
+  /* Registered only for an id no other call has. */
+  struct pending p = {0};
+  if (client_register_pending(c, &p, PROTO_SETUP) < 0)
+    return client_dead_error(c, ret_err);
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_SETUP, p.id);
+  put_setup(&b, req->entropy, req->entropy_len, req->clock ? now_ns(CLOCK_REALTIME) : 0,
+            req->hostname, req->machine_id);
+  int r = client_enqueue(c, &b, true, NULL, 0, NULL);
+  proto_buf_free(&b);
+  client_unregister_pending(c, &p); /* its answer is dropped as a late one */
+  free(p.err_msg);
+  if (r < 0)
+    return client_dead_error(c, ret_err);
+  return 0;
+}
+
 int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, uint64_t time_ns,
                 const char *hostname, const char *machine_id, char **ret_err) {
   struct pending p = {0};
@@ -496,14 +531,7 @@ int agent_setup(struct agent_conn *c, const void *entropy, size_t entropy_len, u
     return client_dead_error(c, ret_err);
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_SETUP, p.id);
-  if (entropy)
-    proto_put_bytes(&b, TAG_ENTROPY, entropy, entropy_len);
-  if (time_ns)
-    proto_put_u64(&b, TAG_TIME_NS, time_ns);
-  if (hostname)
-    proto_put_str(&b, TAG_HOSTNAME, hostname);
-  if (machine_id)
-    proto_put_str(&b, TAG_MACHINE_ID, machine_id);
+  put_setup(&b, entropy, entropy_len, time_ns, hostname, machine_id);
   int r = send_and_wait(c, &b, &p, NULL, 10000);
   return client_finish_call(c, &p, r, ret_err);
 }

@@ -21,7 +21,9 @@
  * terminating NUL).  Data frames (STDIN, STDOUT, STDERR, DATA) carry raw bytes.
  *
  * Flows:
- *   HELLO{VERSION}                    -> HELLO_OK{VERSION,INFO} | ERROR
+ *   HELLO{VERSION,ENTROPY?,TIME_NS?,HOSTNAME?,MACHINE_ID?}
+ *                                     -> HELLO_OK{VERSION,INFO} | ERROR
+ *     (SETUP's TLVs, set before the answer: a clone's first request)
  *   PING                              -> PONG
  *   EXEC{COMMAND,CWD?,ENV*,TIMEOUT_MS,HAS_STDIN}
  *     [STDIN* STDIN_END when HAS_STDIN=1]
@@ -99,7 +101,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PROTO_VERSION 2u
+/* 3: HELLO carries SETUP's TLVs (an agent of 2 would ignore them, and a
+ * clone would run with the RNG state of its siblings). */
+#define PROTO_VERSION 3u
 #define PROTO_HEADER_SIZE 12u
 /* Largest payload either side accepts.  Output and file data are chunked to
  * PROTO_CHUNK, so every buffer on both sides stays bounded. */

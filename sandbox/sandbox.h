@@ -95,12 +95,32 @@ struct sandbox {
   const char *isolation;    /* "namespace", "microvm/kvm", "microvm/tcg" */
   char limits[192];         /* human summary of the limits in force */
   json_t *info;             /* extra open_session fields (path, phases), or NULL */
+  /* What the agent's HELLO sets before it answers (vm: the clock, fresh
+   * entropy, and the identity of a clone that has none yet), set by create;
+   * zero: nothing (ns). */
+  struct agent_setup_req hello;
+  /* A connection to the agent its backend opened already (a vm pool
+   * clone's, opened as the clone was filled), or NULL: sandbox_connect
+   * hands it over. */
+  struct agent_conn *conn;
   /* The inputs id (ops->inputs_id) of what this sandbox was made from, set
    * by create: a stage committed from it records this one, not whatever the
    * backend's inputs are by then.  Empty: the session layer asks
    * ops->inputs_id. */
   char inputs_id[24];
 };
+
+/* The connection to SB's agent: the one its backend opened (taken from
+ * sb->conn), else one opened over sb->fd, whose HELLO carries sb->hello. */
+static inline int sandbox_connect(struct sandbox *sb, uint32_t timeout_ms,
+                                  struct agent_conn **ret, char **ret_err) {
+  if (sb->conn) {
+    *ret = sb->conn;
+    sb->conn = NULL;
+    return 0;
+  }
+  return agent_conn_open_setup(sb->fd, timeout_ms, &sb->hello, ret, ret_err);
+}
 
 extern const struct sandbox_ops sandbox_ns_ops;
 

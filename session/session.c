@@ -79,7 +79,7 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
     sb->ops->kill(sb);
   session_table_unlock();
   struct agent_conn *conn = NULL;
-  r = agent_conn_open(sb->fd, HELLO_TIMEOUT_MS, &conn, &err);
+  r = sandbox_connect(sb, HELLO_TIMEOUT_MS, &conn, &err);
   if (r == 0)
     r = sb->ops->ready(sb, conn, &err);
   pthread_mutex_lock(&session_lock);

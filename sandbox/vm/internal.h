@@ -69,7 +69,14 @@ struct vm {
   char *ram;                /* the RAM file it maps (a spare fits only its base) */
   dev_t ram_dev;            /* ... and that file's identity when it started: a base */
   ino_t ram_ino;            /* made again at the same path is another file */
-  uint64_t t_spawn_us, t_restore_us, t_cont_us;
+  uint64_t t_spawn_us, t_restore_us, t_cont_us, t_created_us;
+  /* Who the guest is (its hostname and /etc/machine-id), made once per
+   * clone: set in the guest as the pool fills it (identity_set), else by the
+   * HELLO at hand-out.  ENTROPY: fresh bytes for that HELLO, wiped once the
+   * agent answered. */
+  char hostname[64], machine_id[33];
+  bool identity_set;
+  uint8_t entropy[32];
   /* QMP is spoken by one thread at a time (a snapshot runs on the calling
    * session's thread while others may ask about the VM). */
   pthread_mutex_t qmp_lock;
@@ -96,6 +103,9 @@ struct vm_state {
   char *base_dir;           /* the current base, or NULL */
   struct vm *ready, *spares;
   unsigned n_ready, n_spares;
+  /* The clone the pool thread is filling: shutdown kills its QEMU, so that
+   * the fill ends at once and the clone is destroyed before the server is. */
+  struct vm *filling;
   unsigned seq;
   gid_t kvm_gid;
   int base_lock_fd;         /* shared flock on the base in use */
@@ -131,8 +141,13 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
 int vm_restore(struct vm *v, const char *base_dir, char **ret_err);
 /* The same from the state file open as STATE_FD (taken: closed here). */
 int vm_restore_fd(struct vm *v, int state_fd, char **ret_err);
-/* Runs a clone once (HELLO, SETUP, `true`) before the pool stops it. */
-int vm_warm_clone(int fd, uint32_t timeout_ms, char **ret_err);
+/* Runs a clone once before the pool stops it: opens its agent connection
+ * (v->base.conn) with a HELLO that sets its identity, and runs `true`. */
+int vm_warm_clone(struct vm *v, uint32_t timeout_ms, char **ret_err);
+/* vm.c: makes V's identity (hostname, machine id) and fills v->entropy with
+ * fresh bytes: 0, or -EIO with *ret_err. */
+int vm_new_identity(struct vm *v, char **ret_err);
+int vm_fresh_entropy(struct vm *v, char **ret_err);
 /* Streams SRC (running) live into LOADER (a VM_LOADER waiting): SRC's RAM
  * lands in LOADER's RAM file.  SRC is continued the moment the migration
  * completes, and runs again when it fails.  *RET_PAUSED_US: how long SRC was

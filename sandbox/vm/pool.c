@@ -97,14 +97,32 @@ int vm_new_clone(const char *base, bool warm, struct vm **ret, char **ret_err) {
     if (r < 0)
       return r;
   }
+  if (warm) {
+    pthread_mutex_lock(&vmb.lock);
+    vmb.filling = v;
+    if (vmb.stopping)
+      sandbox_proc_kill(&v->proc);
+    pthread_mutex_unlock(&vmb.lock);
+  }
   r = vm_restore(v, base_dir, ret_err);
   if (r == 0 && warm) {
-    /* Run it once so TCG has translated the agent's path, then stop it. */
-    r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    /* Give it its identity and run it once, so TCG has translated the
+     * agent's path, then stop it. */
+    r = vm_new_identity(v, ret_err);
     if (r == 0)
-      r = vm_warm_clone(v->agent_fd, RESTORE_TIMEOUT_MS, ret_err);
+      r = vm_fresh_entropy(v, ret_err);
+    if (r == 0)
+      r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    if (r == 0)
+      r = vm_warm_clone(v, RESTORE_TIMEOUT_MS, ret_err);
     if (r == 0)
       r = qmp_command(v->qmp, "stop", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
+    v->identity_set = r == 0;
+  }
+  if (warm) {
+    pthread_mutex_lock(&vmb.lock);
+    vmb.filling = NULL;
+    pthread_mutex_unlock(&vmb.lock);
   }
   if (r < 0) {
     vm_add_log_tail(v, ret_err);
@@ -211,6 +229,11 @@ void *vm_pool_loop(void) {
       continue;
     }
     if (r < 0) {
+      pthread_mutex_lock(&vmb.lock);
+      stopping = vmb.stopping;
+      pthread_mutex_unlock(&vmb.lock);
+      if (stopping)
+        return NULL; /* killed by shutdown (vm_backend_shutdown) */
       log_warn("refilling the VM pool failed: %s", err);
       /* Do not spin on a persistent failure. */
       usleep(failures < 10 ? 200000u << (failures / 3) : 5000000u);

@@ -15,11 +15,16 @@
  * with share=off (MAP_PRIVATE: writes stay private), -incoming defer, then
  * migrate-incoming from the state file.  The pool keeps IGN_MCP_POOL clones
  * restored, run once (so TCG has translated the agent's path) and stopped
- * (no CPU), plus IGN_MCP_SPARES QEMUs waiting for a restore.  Handing out a
- * pool clone is a QMP cont; the session layer then says HELLO and ready()
- * sends SETUP: fresh entropy, the host's clock, a hostname and a machine id,
- * before the session is returned.  A clone is taken off the pool list under
- * its lock, so it is handed out once.
+ * (no CPU), plus IGN_MCP_SPARES QEMUs waiting for a restore.  Each pool
+ * clone is given its identity as it is filled (a hostname, a machine id, and
+ * entropy of its own with the CRNG reseeded), so no two are alike.  Handing
+ * one out is a QMP cont; the session layer's HELLO, its first request, then
+ * carries what must be fresh at that moment: the host's clock (the guest's
+ * stood still in the pool) and more entropy (what the clone's RNG held was
+ * fixed when it was filled), set by the agent before it answers, so before
+ * anything the session runs.  A clone that has no identity yet (restored on
+ * demand, from a stage, cold-booted) gets it in that same HELLO.  A clone is
+ * taken off the pool list under its lock, so it is handed out once.
  *
  * KVM is used when /dev/kvm works; "works" is decided by booting the golden
  * VM under it (a host can open /dev/kvm and still fail to run guests), with
@@ -341,6 +346,10 @@ void vm_backend_shutdown(void) {
   pthread_mutex_lock(&vmb.lock);
   vmb.stopping = true;
   pthread_cond_broadcast(&vmb.cond);
+  /* A clone being filled ends now (its QEMU killed: every wait on it fails
+   * at once), not after its fill's own deadlines. */
+  if (vmb.filling)
+    sandbox_proc_kill(&vmb.filling->proc);
   /* Let the pool thread finish (and destroy) the VM it may be making. */
   uint64_t deadline = mono_ms() + 5000;
   while (vmb.pool_running && mono_ms() < deadline) {
@@ -509,15 +518,38 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   r = sc->stage ? clone_from_stage(sc->stage, &v, ret_err) : clone_from_base(&v, ret_err);
   if (r < 0)
     return r;
-  if (strcmp(v->path, "cold") != 0) {
+  if (!v->identity_set)
+    r = vm_new_identity(v, ret_err);
+  if (r == 0)
+    r = vm_fresh_entropy(v, ret_err);
+  if (r == 0 && strcmp(v->path, "cold") != 0) {
     uint64_t tc = mono_us();
     r = qmp_command(v->qmp, "cont", NULL, QMP_TIMEOUT_MS, NULL, ret_err);
     v->t_cont_us = mono_us() - tc;
-    if (r < 0) {
-      vm_free(v);
-      return r;
-    }
   }
+  /* A pool clone's connection is open: the clock and the entropy go ahead
+   * of the session's first request, unanswered (the agent refuses that
+   * request if they failed). */
+  if (r == 0 && v->base.conn) {
+    struct agent_setup_req now = {
+        .entropy = v->entropy, .entropy_len = sizeof v->entropy, .clock = true};
+    r = agent_setup_send(v->base.conn, &now, ret_err);
+    explicit_bzero(v->entropy, sizeof v->entropy);
+  }
+  if (r < 0) {
+    vm_free(v);
+    return r;
+  }
+  /* Else the clock, the entropy and (unless it has one) the identity ride
+   * in the HELLO of the connection the session layer opens. */
+  if (!v->base.conn)
+    v->base.hello = (struct agent_setup_req){
+        .entropy = v->entropy,
+        .entropy_len = sizeof v->entropy,
+        .clock = true,
+        .hostname = v->identity_set ? NULL : v->hostname,
+        .machine_id = v->identity_set ? NULL : v->machine_id,
+    };
   v->base.ops = &sandbox_vm_ops;
   /* What it was made from: a stage records this, not the inputs of later. */
   if (sc->stage && sc->stage->inputs_id) {
@@ -536,33 +568,45 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
            vm_guest_overlay_mb() < cfg.overlay_mb ? " (at most half the guest RAM)" : "");
   if (strcmp(v->path, "pool") == 0)
     v->t_spawn_us = v->t_restore_us = 0; /* done before the call, not during it */
+  v->t_created_us = mono_us();
   *ret = &v->base;
   return 0;
 }
 
-static int vm_ready(struct sandbox *sb, struct agent_conn *conn, char **ret_err) {
-  struct vm *v = (struct vm *)sb;
-  uint8_t entropy[32];
+int vm_new_identity(struct vm *v, char **ret_err) {
   uint8_t idb[16];
-  if (getrandom(entropy, sizeof entropy, 0) != sizeof entropy ||
-      getrandom(idb, sizeof idb, 0) != sizeof idb) {
-    *ret_err = strdup("getrandom failed");
+  if (getrandom(idb, sizeof idb, 0) != sizeof idb) {
+    *ret_err = xasprintf("cannot make the guest's machine id: getrandom failed: %s",
+                         strerror(errno));
     return -EIO;
   }
-  char machine_id[33];
-  for (int i = 0; i < 16; i++)
-    snprintf(machine_id + 2 * i, 3, "%02x", idb[i]);
-  _cleanup_free_ char *hostname = xasprintf("ign-%s", v->dir ? strrchr(v->dir, '/') + 1 : "vm");
-  uint64_t t0 = mono_us();
-  int r = agent_setup(conn, entropy, sizeof entropy, now_ns(CLOCK_REALTIME), hostname, machine_id,
-                      ret_err);
-  explicit_bzero(entropy, sizeof entropy);
-  if (r < 0)
-    return r;
+  for (size_t i = 0; i < sizeof idb; i++)
+    snprintf(v->machine_id + 2 * i, 3, "%02x", idb[i]);
+  snprintf(v->hostname, sizeof v->hostname, "ign-%s", v->dir ? strrchr(v->dir, '/') + 1 : "vm");
+  return 0;
+}
+
+int vm_fresh_entropy(struct vm *v, char **ret_err) {
+  if (getrandom(v->entropy, sizeof v->entropy, 0) != sizeof v->entropy) {
+    *ret_err = xasprintf("cannot draw entropy for the guest: getrandom failed: %s",
+                         strerror(errno));
+    return -EIO;
+  }
+  return 0;
+}
+
+/* The agent has answered the HELLO that set the clock, the entropy and (for
+ * a clone without one) the identity. */
+static int vm_ready(struct sandbox *sb, struct agent_conn *conn, char **ret_err) {
+  (void)conn;
+  (void)ret_err;
+  struct vm *v = (struct vm *)sb;
+  explicit_bzero(v->entropy, sizeof v->entropy);
+  v->identity_set = true;
   json_t *info = json_pack("{s:s, s:s, s:{s:f, s:f, s:f, s:f}}", "path", v->path, "accel",
                            vmb.accel, "phases_ms", "spawn", v->t_spawn_us / 1000.0, "restore",
-                           v->t_restore_us / 1000.0, "cont", v->t_cont_us / 1000.0, "setup",
-                           (mono_us() - t0) / 1000.0);
+                           v->t_restore_us / 1000.0, "cont", v->t_cont_us / 1000.0, "hello",
+                           (mono_us() - v->t_created_us) / 1000.0);
   /* The guest's serial console: QEMU writes it, bounded by RLIMIT_FSIZE. */
   if (info && v->dir)
     json_object_set_new(info, "serial_log_path", json_sprintf("%s/qemu.log", v->dir));

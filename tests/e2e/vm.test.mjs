@@ -198,7 +198,7 @@ describe('how a clone was made', () => {
     assert.equal(o.path, 'pool');
     assert.equal(o.phases_ms.spawn, 0);
     assert.equal(o.phases_ms.restore, 0);
-    for (const k of ['cont', 'setup']) assert.equal(typeof o.phases_ms[k], 'number', k);
+    for (const k of ['cont', 'hello']) assert.equal(typeof o.phases_ms[k], 'number', k);
     assert.equal(typeof o.open_ms, 'number');
     assert.equal(o.rootfs, 'small');
     assert.equal(await sh(s.client, o.session_id, 'echo pooled'), 'pooled\n');

@@ -302,6 +302,27 @@ static int ac_hello(int fd, uint32_t id, uint32_t version, struct ac_result *r, 
   return 0;
 }
 
+/* HELLO carrying one of SETUP's string TLVs (TAG = VALUE); R holds the answer. */
+static int ac_hello_with(int fd, uint32_t id, uint16_t tag, const char *value,
+                         struct ac_result *r) {
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_HELLO, id);
+  proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
+  proto_put_str(&b, tag, value);
+  int k = ac_send(fd, &b);
+  return k < 0 ? k : ac_collect(fd, id, r);
+}
+
+/* An empty SETUP (nothing to set), answered OK: what lets an agent whose
+ * last SETUP failed serve requests again. */
+static bool ac_empty_setup_ok(int fd, uint32_t id) {
+  struct ac_result r = {0};
+  bool ok = ac_send_raw(fd, PROTO_SETUP, id, NULL, 0) == 0 && ac_collect(fd, id, &r) == 0 &&
+            r.terminal == PROTO_OK;
+  ac_result_free(&r);
+  return ok;
+}
+
 /* PING and expect PONG as the very next frame: proves that the agent is
  * alive and sent nothing stray before it. */
 static bool ac_ping_ok(int fd, uint32_t id) {

@@ -154,6 +154,21 @@ static void test_ns_hello(void) {
   CHECK_EQ_INT(r.terminal, PROTO_HELLO_OK);
   CHECK(strstr(info, "mode=ns") != NULL);
   ac_result_free(&r);
+
+  /* A HELLO that carries SETUP's TLVs sets them before it answers: here
+   * the hostname, which an ns agent may not set (EPERM, not HELLO_OK). */
+  CHECK_EQ_INT(ac_hello_with(s.fd, 2, TAG_HOSTNAME, "other", &r), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_ERROR);
+  CHECK_EQ_INT(r.error, EPERM);
+  CHECK(r.message && strstr(r.message, "HOSTNAME") != NULL);
+  ac_result_free(&r);
+  /* Nothing runs after a setup that failed, until one succeeds. */
+  CHECK_EQ_INT(ac_sh(s.fd, 3, "echo ran", &r), 0);
+  CHECK_EQ_INT(r.terminal, PROTO_ERROR);
+  CHECK_EQ_INT(r.error, EAGAIN);
+  ac_result_free(&r);
+  CHECK(ac_empty_setup_ok(s.fd, 4));
+  expect_sh(&s, "hostname", NS_HOSTNAME "\n");
   STOP(s);
 }
 

@@ -45,6 +45,10 @@ struct peer {
   uint32_t seen_id[4096];
   _Atomic size_t n_seen; /* published after its entry is written */
   uint64_t data_bytes;
+  /* What the host's HELLO carries (SETUP, NULL: none) and what came. */
+  const struct agent_setup_req *setup;
+  uint8_t hello[512];
+  size_t hello_len;
   /* HELLO_OK's EGRESS_ERROR (NULL: none), egress_error_len bytes. */
   const char *egress_error;
   size_t egress_error_len;
@@ -132,6 +136,8 @@ static void *peer_main(void *arg) {
   struct proto_header h;
   while (proto_read_frame(pe->fd, &h, payload) == 0) {
     if (h.type == PROTO_HELLO) {
+      pe->hello_len = h.len < sizeof pe->hello ? h.len : sizeof pe->hello;
+      memcpy(pe->hello, payload, pe->hello_len);
       struct proto_buf b = {0};
       proto_frame_begin(&b, PROTO_HELLO_OK, h.id);
       proto_put_u32(&b, TAG_VERSION, PROTO_VERSION);
@@ -190,7 +196,7 @@ static int peer_start_r(struct peer *pe, script_fn script, uint64_t arg, struct 
   pe->script = script;
   pe->arg = arg;
   pthread_create(&pe->thread, NULL, peer_main, pe);
-  return agent_conn_open(sv[0], 5000, ret, ret_err);
+  return agent_conn_open_setup(sv[0], 5000, pe->setup, ret, ret_err);
 }
 
 static struct agent_conn *peer_start(struct peer *pe, script_fn script, uint64_t arg) {
@@ -1635,7 +1641,39 @@ static void egress_error_is_checked(void) {
   }
 }
 
-TEST_MAIN(TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
+/* A clone's clock and entropy (and identity) ride in its HELLO: set
+ * before the agent answers, at no round trip of their own. */
+static void hello_carries_the_setup(void) {
+  uint8_t entropy[32];
+  memset(entropy, 0xa5, sizeof entropy);
+  struct agent_setup_req req = {
+      .entropy = entropy, .entropy_len = sizeof entropy, .clock = true, .hostname = "ign-x"};
+  struct peer pe = {.setup = &req};
+  uint64_t t0 = now_ns(CLOCK_REALTIME);
+  struct agent_conn *c = peer_start(&pe, NULL, 0);
+  uint64_t t1 = now_ns(CLOCK_REALTIME), t = 0;
+  const uint8_t *v;
+  uint32_t n;
+  CHECK(proto_find(pe.hello, pe.hello_len, TAG_ENTROPY, &v, &n) == 1 && n == sizeof entropy &&
+        memcmp(v, entropy, n) == 0);
+  CHECK(proto_find(pe.hello, pe.hello_len, TAG_TIME_NS, &v, &n) == 1 &&
+        proto_val_u64(v, n, &t) == 0);
+  CHECK(t >= t0 && t <= t1);
+  CHECK(proto_find(pe.hello, pe.hello_len, TAG_HOSTNAME, &v, &n) == 1 && n == 5 &&
+        memcmp(v, "ign-x", 5) == 0);
+  CHECK_EQ_INT(proto_find(pe.hello, pe.hello_len, TAG_MACHINE_ID, &v, &n), 0);
+  peer_stop(&pe, c);
+
+  /* Without one: VERSION alone. */
+  struct peer pe2 = {0};
+  c = peer_start(&pe2, NULL, 0);
+  CHECK_EQ_INT(proto_find(pe2.hello, pe2.hello_len, TAG_VERSION, &v, &n), 1);
+  CHECK_EQ_INT(proto_find(pe2.hello, pe2.hello_len, TAG_ENTROPY, &v, &n), 0);
+  CHECK_EQ_INT(proto_find(pe2.hello, pe2.hello_len, TAG_TIME_NS, &v, &n), 0);
+  peer_stop(&pe2, c);
+}
+
+TEST_MAIN(TEST(hello_carries_the_setup), TEST(exit_fields_are_range_checked), TEST(read_end_fields_are_range_checked),
           TEST(guest_errno_is_not_a_host_error),
           TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),

@@ -49,7 +49,7 @@ static bool box_open(const struct stage *st, struct box *b) {
   uint64_t t0 = mono_us();
   int r = sandbox_vm_ops.create(&sc, "test", &b->sb, &err);
   if (r == 0) {
-    r = agent_conn_open(b->sb->fd, 20000, &b->conn, &err);
+    r = sandbox_connect(b->sb, 20000, &b->conn, &err);
     b->sb->fd = -1;
   }
   if (r == 0)
