@@ -38,7 +38,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  AGENT, CBENCH, REPO, SERVER, VM_DIR, cbench, cgroupChargeKiB, descendants, killTree, log, machineInfo,
+  AGENT, CBENCH, REPO, SERVER, VM_DIR, cbench, cbenchServe, cgroupChargeKiB, descendants, killTree, log, machineInfo,
   msSince, nowNs, nsToMs, pssKiB, reapRecords, runChild, serverEnv, setSection, sleep, startRawServer,
   startServer, track, tscKhz, untrack, MODERN_META, startHttpServer, httpClient, rssKiB,
 } from './lib.mjs';
@@ -222,6 +222,14 @@ function findVmImages() {
     : { kernel, initrd, rootfs };
 }
 
+/* The protocol version the agent speaks, from proto/proto.h (a HELLO with
+ * any other is answered with an ERROR frame). */
+function protoVersion() {
+  const m = /#define PROTO_VERSION (\d+)u/.exec(fs.readFileSync(path.join(REPO, 'proto/proto.h'), 'utf8'));
+  if (!m) throw new Error('PROTO_VERSION not found in proto/proto.h');
+  return Number(m[1]);
+}
+
 function helloFrame() {
   const b = Buffer.alloc(12 + 10);
   b.writeUInt32LE(10, 0); // payload length
@@ -229,15 +237,20 @@ function helloFrame() {
   b.writeUInt32LE(1, 8); // request id
   b.writeUInt16LE(1, 12); // TAG_VERSION
   b.writeUInt32LE(4, 14);
-  b.writeUInt32LE(1, 18); // PROTO_VERSION
+  b.writeUInt32LE(protoVersion(), 18);
   return b;
 }
+
+/* The printable bytes of a frame's payload (an ERROR's message), for a
+ * failure that says what the agent said. */
+const payloadText = (buf) => buf.subarray(12, 12 + Math.min(buf.readUInt32LE(0), 400)).toString('latin1').replace(/[^\x20-\x7e]+/g, ' ').trim();
 
 async function bareQemuBoot(img, accel, dir) {
   const sock = path.join(dir, `agent-${crypto.randomBytes(4).toString('hex')}.sock`);
   const serial = path.join(dir, 'serial.log');
   const khz = tscKhz();
-  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 ign.fstype=erofs`;
+  // The guest command line of the server's cold boot (sandbox/vm/qemu.c).
+  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 reboot=t${accel === 'tcg' ? ' norandmaps' : ''} ign.fstype=erofs`;
   const argv = [
     '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off',
     '-accel', accel, '-cpu', accel === 'kvm' ? 'host,-arch-capabilities' : 'qemu64', '-smp', '1', '-m', '256M',
@@ -272,11 +285,11 @@ async function bareQemuBoot(img, accel, dir) {
       const timer = setTimeout(() => reject(new Error('the agent did not answer HELLO within 120 s')), 120000);
       s.on('data', (d) => {
         buf = Buffer.concat([buf, d]);
-        if (buf.length >= 12) {
+        if (buf.length >= 12 && buf.length >= 12 + buf.readUInt32LE(0)) {
           clearTimeout(timer);
           const type = buf.readUInt8(4);
           if (type === 2) resolve(msSince(t));
-          else reject(new Error(`the agent answered HELLO with frame type ${type}`));
+          else reject(new Error(`the agent answered HELLO with frame type ${type}${type === 3 ? ` (ERROR: ${payloadText(buf)})` : ''}`));
         }
       });
       s.on('close', () => reject(new Error('the agent channel closed before HELLO_OK')));
@@ -375,120 +388,147 @@ async function sectionStart() {
 
   notes.push('Wall time of the open_session call as the client sees it; each session is closed (untimed) before the next open. 3 untimed warm-up opens per server.');
   notes.push(`Pool hit: IGN_MCP_POOL=${POOL_SIZE}, ${POOL_REFILL_MS} ms pause after each close for the pool to refill. Cold boot: IGN_MCP_BASE=none, so every session boots the guest from scratch.`);
-  if (!img.missing) notes.push('The bare QEMU boot uses the microvm flags of QEMU-FACTS.md with build/vm/vmlinux, the initramfs and rootfs-tools.erofs; timed from spawn to the HELLO_OK frame on the virtio-serial socket.');
+  if (!img.missing) notes.push(`The bare QEMU boot uses the microvm flags of QEMU-FACTS.md and the guest command line of the server's cold boot, with build/vm/vmlinux, the initramfs and rootfs-tools.erofs, without the server's -sandbox and bind mounts; timed from spawn to the HELLO_OK frame on the virtio-serial socket.`);
   return { id: 'start', title: '1. Session start', unit: 'ms', baseline: rows[0].label, rows, notes };
 }
 
 // ---------------------------------------------------------------- 2. exec
 
-/* The exec rows are measured in rounds, each row taking its share of the
- * samples in every round, so that a noisy spell of the machine (see the
- * notes) lands on all rows alike rather than on whichever ran then. */
+/* The exec rows are measured in one interleaved loop: every iteration takes
+ * one sample of every row (the host, the agent, the session layers, the MCP
+ * servers), in an order that rotates, so that a noisy spell of the machine
+ * (see the notes) lands on all rows alike, and the cost of each layer can be
+ * read from differences taken within one iteration. */
 async function sectionExec() {
-  const rounds = QUICK ? 3 : 5;
-  const per = Math.ceil(N.exec / rounds);
+  const n = N.exec;
   const CMDS = ['true', 'echo hello'];
-  const samples = new Map(); // row label -> ms samples
+  const samples = new Map(); // row label -> ms samples, index = iteration
   const failed = new Map(); // row label -> why
-  const push = (label, arr) => samples.set(label, (samples.get(label) || []).concat(arr));
   const order = [];
-  const layer = (label) => {
-    for (const c of CMDS) order.push(`${label}: ${c}`);
-  };
+  const layers = []; // {label, run(cmd) -> ms}
   const fail = (label, why) => {
     for (const c of CMDS) failed.set(`${label}: ${c}`, why);
   };
-
-  // Host and agent rows run through build/ign-bench, once per round.
-  const cRows = [
-    ['agent protocol, no sandbox', ['agent', 'fd'], BACKENDS.ns],
-    ['ns: session layer, no MCP', ['agent', 'session'], BACKENDS.ns],
-    ['vm: session layer, no MCP', ['agent', 'session'], BACKENDS.vm],
-  ];
-  for (const c of CMDS) order.push(`host: sh -c '${c}'`);
-  for (const [label] of cRows) layer(label);
-  if (vmError) fail('vm: session layer, no MCP', vmError);
-
-  // MCP rows: servers and sessions that stay up for all rounds.
-  const mcp = [];
+  const closers = [];
   try {
+    // Host and agent rows: build/ign-bench processes that serve one command
+    // per line (the time is taken in C, around the run alone).
+    for (const [label, args] of [['host', []], ['host, posix_spawn', ['--posix-spawn']]]) {
+      const host = cbenchServe(['spawn-serve', ...args]);
+      closers.push(() => host.close());
+      const rowOf = (c) => `${label}: sh -c '${c}'`;
+      for (const c of CMDS) order.push(rowOf(c));
+      layers.push({ label, rowOf, run: async (c) => (await host.run(c)) / 1e6 });
+    }
+    const cRows = [
+      ['agent protocol, no sandbox', ['agent', 'fd', '--serve'], BACKENDS.ns],
+      ['ns: session layer, no MCP', ['agent', 'session', '--serve'], BACKENDS.ns],
+      ['vm: session layer, no MCP', ['agent', 'session', '--serve'], BACKENDS.vm],
+    ];
+    for (const [label, args, env] of cRows) {
+      for (const c of CMDS) order.push(`${label}: ${c}`);
+      if (label.startsWith('vm') && vmError) {
+        fail(label, vmError);
+        continue;
+      }
+      const srv = cbenchServe(args, { env: serverEnv(env) });
+      closers.push(() => srv.close());
+      layers.push({ label, run: async (c) => (await srv.run(c)) / 1e6 });
+    }
+    // MCP rows: servers and sessions that stay up for the whole loop.
     for (const backend of ['ns', 'vm']) {
       for (const [client, starter] of [['SDK client', startServer], ['raw JSON-RPC client', startRawServer]]) {
         const label = `${backend}: MCP run, ${client}`;
-        layer(label);
+        for (const c of CMDS) order.push(`${label}: ${c}`);
         if (backend === 'vm' && vmError) {
           fail(label, vmError);
           continue;
         }
         try {
           const srv = await starter(BACKENDS[backend]);
-          mcp.push({ label, srv });
+          closers.push(() => srv.close());
           const { session_id } = await srv.tool('open_session', {});
-          mcp[mcp.length - 1].sid = session_id;
           for (const c of CMDS) for (let i = 0; i < 20; i++) await srv.tool('run', { session_id, command: c });
+          layers.push({
+            label,
+            run: async (c) => {
+              const t = nowNs();
+              const x = await srv.tool('run', { session_id, command: c });
+              const ms = msSince(t);
+              if (x.exit_code !== 0) throw new Error(`${c} exited ${x.exit_code}`);
+              return ms;
+            },
+          });
         } catch (e) {
           fail(label, firstLine(e.message));
         }
       }
     }
-    for (let r = 0; r < rounds; r++) {
-      log(`round ${r + 1}/${rounds}: ${per} of each row`);
+    const rowOf = (l, c) => (l.rowOf ? l.rowOf(c) : `${l.label}: ${c}`);
+    const live = () => layers.filter((l) => !failed.has(rowOf(l, CMDS[0])));
+    const WARMUP = 3;
+    for (let i = -WARMUP; i < n; i++) {
+      if (i >= 0 && i % Math.max(1, Math.round(n / 5)) === 0) log(`iteration ${i + 1}/${n}: one sample of each row`);
       for (const c of CMDS) {
-        const j = await cbench(['spawn', per, 'sh', '-c', c]);
-        if (j.error) failed.set(`host: sh -c '${c}'`, j.error);
-        else push(`host: sh -c '${c}'`, nsToMs(j.ns));
-      }
-      for (const [label, args, env] of cRows) {
-        if (failed.has(`${label}: true`)) continue;
-        const j = await cbench([...args, '--exec', per], { env: serverEnv(env) });
-        if (j.error) fail(label, j.error);
-        else for (const c of CMDS) push(`${label}: ${c}`, nsToMs(j.exec[c]));
-      }
-      for (const m of mcp) {
-        if (failed.has(`${m.label}: true`)) continue;
-        try {
-          for (const c of CMDS) {
-            push(`${m.label}: ${c}`, await timeN(per, async () => {
-              const x = await m.srv.tool('run', { session_id: m.sid, command: c });
-              if (x.exit_code !== 0) throw new Error(`${c} exited ${x.exit_code}`);
-            }, { warmup: 0 }));
+        const ls = live();
+        for (let k = 0; k < ls.length; k++) {
+          const l = ls[(k + Math.max(i, 0)) % ls.length];
+          try {
+            const ms = await l.run(c);
+            if (i >= 0) samples.set(rowOf(l, c), (samples.get(rowOf(l, c)) || []).concat(ms));
+          } catch (e) {
+            const why = firstLine(e.message);
+            for (const cc of CMDS) failed.set(rowOf(l, cc), why);
           }
-        } catch (e) {
-          fail(m.label, firstLine(e.message));
         }
       }
     }
   } finally {
-    for (const m of mcp) await m.srv.close();
+    for (const close of closers.reverse()) await close().catch(() => {});
   }
   const rows = order.map((l) => (failed.has(l) ? notMeasured(l, failed.get(l)) : row(l, samples.get(l) || [])));
   for (const r of rows) if (!r.notMeasured && r.label.endsWith(': true')) doneLine(r.label, r.samples);
   const notes = [
-    `One live session per row; \`run\` returns only when the command has exited and its output is in. The rows are measured in ${rounds} interleaved rounds of ${per} samples each; untimed warm-up calls first (3 per ign-bench process, 20 per MCP server, where the Node client warms up too).`,
-    '"host" is fork+execvp+waitpid of `sh -c CMD` from a C loop (build/ign-bench). "agent protocol, no sandbox" is `ign-agent --serve-fd 3` on a socketpair driven by the server\'s own protocol client (proto/client.c), no namespaces. "session layer, no MCP" is the server\'s session and backend code in-process (session_open, then a lease and agent_exec per call, as the run tool does), without JSON-RPC. "MCP" is the real server over stdio, through the official SDK client or a hand-written JSON-RPC client.',
+    `One live session per row; \`run\` returns only when the command has exited and its output is in. The rows are measured in one interleaved loop of ${n} iterations: each iteration takes one sample of every row, for \`true\` then \`echo hello\`, starting at a row that rotates; untimed warm-up calls first (3 iterations of the loop, and 20 calls per MCP server, where the Node client warms up too).`,
+    '"host" is fork+execvp+waitpid of `sh -c CMD` from a C loop (build/ign-bench spawn-serve); "host, posix_spawn" the same with posix_spawnp (glibc: clone(CLONE_VM|CLONE_VFORK)), which is how the agent starts commands (clone(CLONE_VM), no page tables copied), and so the base the agent layer is measured from. "agent protocol, no sandbox" is `ign-agent --serve-fd 3` on a socketpair driven by the server\'s own protocol client (proto/client.c), no namespaces. "session layer, no MCP" is the server\'s session and backend code in-process (session_open, then a lease and agent_exec per call, as the run tool does), without JSON-RPC. The C rows are timed in C around the run alone (build/ign-bench ... --serve, one command per line). "MCP" is the real server over stdio, through the official SDK client or a hand-written JSON-RPC client.',
     'On a virtual machine whose host is shared, waking a thread on the other vCPU can wait for the host\'s scheduler tick: samples then come in steps of about 4 ms above the usual value. Medians are robust to it; p90 and p99 are not.',
   ];
   return { id: 'exec', title: '2. Exec round trip', unit: 'ms', baseline: "host: sh -c 'true'", rows, notes, layers: execLayers(rows) };
 }
 
-/* Median cost added by each layer of the ns exec path for `true`. */
+/* The cost each layer of the ns exec path adds to `true`, from paired
+ * samples: the k-th sample of every row comes from the same iteration of the
+ * loop, so a layer's cost is the median of the differences to the layer
+ * below it within each iteration (and p25..p75 of them, the range). Where
+ * that range holds 0 the layer's cost is within the noise: it is reported
+ * as such, not as a (possibly negative) figure. */
 function execLayers(rows) {
-  const m = (l) => {
+  const s = (l) => {
     const r = rows.find((x) => x.label === l);
-    return r && r.samples.length ? median(r.samples) : null;
+    return r && !r.notMeasured && r.samples.length ? r.samples : null;
+  };
+  const q = (a, p) => {
+    const b = [...a].sort((x, y) => x - y);
+    return b[Math.floor(p * (b.length - 1))]; // the rows' median at p = 0.5
   };
   const steps = [
-    ['host fork+exec of sh', null, "host: sh -c 'true'"],
-    ['agent + protocol (socketpair)', "host: sh -c 'true'", 'agent protocol, no sandbox: true'],
+    ['host posix_spawn+exec of sh', null, "host, posix_spawn: sh -c 'true'"],
+    ['agent + protocol (socketpair)', "host, posix_spawn: sh -c 'true'", 'agent protocol, no sandbox: true'],
     ['ns sandbox + session layer', 'agent protocol, no sandbox: true', 'ns: session layer, no MCP: true'],
     ['MCP server (JSON-RPC, tool, stdio) + raw client', 'ns: session layer, no MCP: true', 'ns: MCP run, raw JSON-RPC client: true'],
     ['official SDK client (Node)', 'ns: MCP run, raw JSON-RPC client: true', 'ns: MCP run, SDK client: true'],
   ];
   const out = [];
   for (const [what, from, to] of steps) {
-    const b = from ? m(from) : 0;
-    const t = m(to);
-    if (b != null && t != null) out.push({ layer: what, ms: t - b });
+    const t = s(to);
+    const b = from ? s(from) : null;
+    if (!t || (from && (!b || b.length !== t.length))) continue;
+    const d = b ? t.map((x, i) => x - b[i]) : t;
+    const median = q(d, 0.5);
+    const lo = q(d, 0.25);
+    const hi = q(d, 0.75);
+    const noise = lo <= 0 && hi >= 0;
+    out.push({ layer: what, ms: noise ? 0 : median, median, lo, hi, noise, n: d.length });
   }
   return out;
 }

@@ -5,6 +5,12 @@
  *
  *   spawn N ARGV...         N runs of ARGV on the host, one after another
  *                           (fork, execvp, waitpid): the host baselines
+ *   spawn-serve [--posix-spawn]
+ *                           for each line CMD read on stdin, one run of
+ *                           `sh -c CMD` on the host (fork, or posix_spawn:
+ *                           clone(CLONE_VM|CLONE_VFORK), as the agent starts
+ *                           commands); answers one line {"ns": N} each (the
+ *                           paired exec loop)
  *   spawn-par P N ARGV...   P processes at once, each running ARGV N times
  *                           in a row: the host baseline for throughput
  *   host-files SIZE:N,...   write and read a SIZE-byte file N times on the
@@ -19,7 +25,10 @@
  *
  * tasks: --open N (open and close N times), --exec N (run `true` and
  * `echo hello` N times each in one sandbox), --files SIZE:N,... (write_file
- * and read_file of SIZE bytes, N times each).
+ * and read_file of SIZE bytes, N times each), --serve (in one sandbox, for
+ * each line CMD read on stdin, one run of CMD answered with a line
+ * {"ns": N}, until EOF: the harness interleaves the layers of the exec
+ * path sample by sample with it).
  *
  * Output: one JSON object on stdout, every duration in nanoseconds; errors
  * as {"error": "..."} with exit status 1; progress lines on stderr.
@@ -32,6 +41,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +113,15 @@ static unsigned parse_count(const char *s, const char *what) {
 
 /* ---- host processes ----------------------------------------------------- */
 
+/* Waits for PID; returns its wait status (or -1). */
+static int wait_status(pid_t pid) {
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR)
+      return -1;
+  return st;
+}
+
 /* Runs argv once and waits; returns its wait status (or -1). */
 static int run_once(char **argv, int null_fd) {
   pid_t pid = fork();
@@ -114,11 +133,7 @@ static int run_once(char **argv, int null_fd) {
     execvp(argv[0], argv);
     _exit(127);
   }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  return st;
+  return wait_status(pid);
 }
 
 static int cmd_spawn(int argc, char **argv) {
@@ -139,6 +154,58 @@ static int cmd_spawn(int argc, char **argv) {
   json_t *o = json_pack("{s:o}", "ns", s);
   json_dumpf(o, stdout, JSON_COMPACT);
   fputc('\n', stdout);
+  return 0;
+}
+
+/* Writes one answer line of a serving loop. */
+static void serve_answer(uint64_t ns) {
+  printf("{\"ns\":%llu}\n", (unsigned long long)ns);
+  fflush(stdout);
+}
+
+/* Reads one command line of a serving loop into BUF; false at EOF. */
+static bool serve_read(char *buf, size_t size) {
+  if (!fgets(buf, (int)size, stdin))
+    return false;
+  size_t n = strlen(buf);
+  if (n && buf[n - 1] == '\n')
+    buf[--n] = '\0';
+  else if (n == size - 1)
+    fail("a command line longer than %zu bytes", size - 2);
+  return true;
+}
+
+/* Runs argv once with posix_spawnp (stdin and stdout on NULL_FD) and waits;
+ * returns its wait status (or -1). */
+static int run_once_spawn(char **argv, int null_fd) {
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa) != 0)
+    return -1;
+  posix_spawn_file_actions_adddup2(&fa, null_fd, 0);
+  posix_spawn_file_actions_adddup2(&fa, null_fd, 1);
+  pid_t pid;
+  int r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (r != 0)
+    return -1;
+  return wait_status(pid);
+}
+
+static int cmd_spawn_serve(int argc, char **argv) {
+  bool use_spawn = argc == 1 && strcmp(argv[0], "--posix-spawn") == 0;
+  if (argc != 0 && !use_spawn)
+    fail("usage: spawn-serve [--posix-spawn] (commands on stdin, one a line)");
+  int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  char line[4096];
+  while (serve_read(line, sizeof line)) {
+    char *cmd[] = {"sh", "-c", line, NULL};
+    uint64_t t0 = now();
+    int st = use_spawn ? run_once_spawn(cmd, null_fd) : run_once(cmd, null_fd);
+    uint64_t dt = now() - t0;
+    if (st != 0)
+      fail("`sh -c %s` failed (wait status %d)", line, st);
+    serve_answer(dt);
+  }
   return 0;
 }
 
@@ -414,26 +481,33 @@ static void call_end(struct target *t, struct call *c) {
     session_release(&c->l);
 }
 
+/* One run of COMMAND as the run tool does it: a lease, agent_exec, the
+ * release.  Returns the nanoseconds it took. */
+static uint64_t exec_once(struct target *t, const char *command) {
+  uint64_t t0 = now();
+  struct call c;
+  _cleanup_free_ char *err = NULL;
+  if (call_begin(t, &c, &err) < 0)
+    fail("lease for `%s`: %s", command, err ? err : "failed");
+  struct agent_exec_req req = {
+      .command = command, .timeout_ms = 30000, .out_cap = t->session ? cfg.output_cap : 65536,
+  };
+  struct agent_exec_res res;
+  int r = agent_exec(c.conn, &req, NULL, &res, &err);
+  call_end(t, &c);
+  uint64_t dt = now() - t0;
+  if (r < 0)
+    fail("`%s`: %s", command, err ? err : strerror(-r));
+  bool ok = res.exit_code == 0 && res.signal == 0;
+  agent_exec_res_free(&res);
+  if (!ok)
+    fail("`%s` did not exit 0", command);
+  return dt;
+}
+
 static void do_exec(struct target *t, const char *command, json_t *samples, unsigned n) {
   for (unsigned i = 0; i < n + WARMUP; i++) {
-    uint64_t t0 = now();
-    struct call c;
-    _cleanup_free_ char *err = NULL;
-    if (call_begin(t, &c, &err) < 0)
-      fail("lease for `%s`: %s", command, err ? err : "failed");
-    struct agent_exec_req req = {
-        .command = command, .timeout_ms = 30000, .out_cap = t->session ? cfg.output_cap : 65536,
-    };
-    struct agent_exec_res res;
-    int r = agent_exec(c.conn, &req, NULL, &res, &err);
-    call_end(t, &c);
-    uint64_t dt = now() - t0;
-    if (r < 0)
-      fail("`%s`: %s", command, err ? err : strerror(-r));
-    bool ok = res.exit_code == 0 && res.signal == 0;
-    agent_exec_res_free(&res);
-    if (!ok)
-      fail("`%s` did not exit 0", command);
+    uint64_t dt = exec_once(t, command);
     if (i >= WARMUP)
       sample_add(samples, dt);
   }
@@ -482,12 +556,17 @@ static void do_files(struct target *t, const struct file_task *task, json_t *fil
 
 static int cmd_agent(int argc, char **argv) {
   if (argc < 1 || (strcmp(argv[0], "fd") != 0 && strcmp(argv[0], "session") != 0))
-    fail("usage: agent fd|session [--open N] [--exec N] [--files SIZE:N,...]");
+    fail("usage: agent fd|session [--open N] [--exec N] [--files SIZE:N,...] [--serve]");
   struct target t = {.session = strcmp(argv[0], "session") == 0, .pid = -1};
   unsigned n_open = 0, n_exec = 0;
+  bool serve = false;
   struct file_task tasks[8];
   size_t nt = 0;
   for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--serve") == 0) {
+      serve = true;
+      continue;
+    }
     if (i + 1 >= argc)
       fail("%s wants a value", argv[i]);
     if (strcmp(argv[i], "--open") == 0)
@@ -556,7 +635,7 @@ static int cmd_agent(int argc, char **argv) {
                                                "open_ms", info_ms));
   }
 
-  if (n_exec || nt) {
+  if (n_exec || nt || serve) {
     json_t *info = NULL;
     free(err);
     err = NULL;
@@ -579,6 +658,12 @@ static int cmd_agent(int argc, char **argv) {
         do_files(&t, &tasks[k], files);
       }
       json_object_set_new(out, "files", files);
+    }
+    if (serve) {
+      progress("%s: serving commands from stdin", argv[0]);
+      char line[4096];
+      while (serve_read(line, sizeof line))
+        serve_answer(exec_once(&t, line));
     }
     if (t.session) {
       if (session_close(t.id, "", &err) < 0)
@@ -606,11 +691,13 @@ static int cmd_agent(int argc, char **argv) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: ign-bench spawn|spawn-par|host-files|agent ... (see bench/ign-bench.c)\n");
+    fprintf(stderr, "usage: ign-bench spawn|spawn-serve|spawn-par|host-files|agent ... (see bench/ign-bench.c)\n");
     return 2;
   }
   if (strcmp(argv[1], "spawn") == 0)
     return cmd_spawn(argc - 2, argv + 2);
+  if (strcmp(argv[1], "spawn-serve") == 0)
+    return cmd_spawn_serve(argc - 2, argv + 2);
   if (strcmp(argv[1], "spawn-par") == 0)
     return cmd_spawn_par(argc - 2, argv + 2);
   if (strcmp(argv[1], "host-files") == 0)

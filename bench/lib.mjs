@@ -8,6 +8,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
+import readline from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -255,6 +256,54 @@ export async function cbench(args, { env } = {}) {
 }
 
 export const nsToMs = (a) => a.map((x) => x / 1e6);
+
+/* build/ign-bench in a serving mode (spawn-serve, agent ... --serve): one
+ * process that stays up; run(cmd) sends one command line and resolves the
+ * nanoseconds the C side measured for it (the pipe round trip is outside
+ * that time). close() ends it (EOF) and waits for it. */
+export function cbenchServe(args, { env } = {}) {
+  const child = spawn(CBENCH, args.map(String), { env: env ?? process.env, stdio: ['pipe', 'pipe', 'pipe'] });
+  track(child.pid, 'ign-bench (serve)');
+  let stderr = '';
+  let exited = null;
+  const waiting = [];
+  const failAll = (why) => {
+    while (waiting.length) waiting.shift().reject(new Error(why));
+  };
+  readline.createInterface({ input: child.stdout }).on('line', (line) => {
+    let j;
+    try {
+      j = JSON.parse(line);
+    } catch {
+      return;
+    }
+    if (j.error) failAll(`ign-bench ${args[0]}: ${j.error}`);
+    else if (typeof j.ns === 'number' && waiting.length) waiting.shift().resolve(j.ns);
+  });
+  child.stderr.on('data', (d) => (stderr = (stderr + d).slice(-4000)));
+  const done = new Promise((resolve) => child.on('close', (code) => {
+    untrack(child.pid);
+    exited = code;
+    failAll(`ign-bench ${args[0]} exited ${code}: ${stderr.trim().split('\n').pop() || 'no output'}`);
+    resolve(code);
+  }));
+  child.on('error', (e) => failAll(String(e.message)));
+  return {
+    run(cmd) {
+      if (exited !== null) return Promise.reject(new Error(`ign-bench ${args[0]} is not running (exit ${exited})`));
+      return new Promise((resolve, reject) => {
+        waiting.push({ resolve, reject });
+        child.stdin.write(`${cmd}\n`);
+      });
+    },
+    async close() {
+      child.stdin.end();
+      const t = setTimeout(() => child.kill('SIGTERM'), 30000);
+      await done;
+      clearTimeout(t);
+    },
+  };
+}
 
 // ---------------------------------------------------------------- environment
 

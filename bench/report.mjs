@@ -64,6 +64,11 @@ function tableFor(section, rows) {
   return lines.join('\n');
 }
 
+/* A layer's cost as printed: within the noise (its p25..p75 holds 0), or
+ * the median of its paired differences.  Layers from a run before the
+ * pairing carry only `ms`. */
+const layerCost = (l) => (l.noise ? 'within the noise' : fmt(l.ms, 'ms'));
+
 function sectionMd(section) {
   const out = [`## ${section.title}`, ''];
   if (section.kept_from) out.push(`(Not measured again in this run: kept from the run of ${section.kept_from}.)`, '');
@@ -82,9 +87,13 @@ function sectionMd(section) {
     out.push(tableFor(section, section.rows), '');
   }
   if (section.layers?.length) {
-    out.push('Cost added by each layer of the ns exec path (differences of the `true` medians above):', '');
-    out.push('| layer | adds (ms, median) |', '|---|---:|');
-    for (const l of section.layers) out.push(`| ${l.layer} | ${fmt(l.ms, 'ms')} |`);
+    if (section.layers.some((l) => l.lo != null)) {
+      out.push('Cost added by each layer of the ns exec path for `true`, from paired samples: within each iteration of the loop, the layer\'s sample minus the sample of the layer below it; the median of those differences and their middle half (p25 to p75). A layer whose middle half holds 0 costs less than the noise can show.', '');
+    } else {
+      out.push('Cost added by each layer of the ns exec path (differences of the `true` medians above):', '');
+    }
+    out.push('| layer | adds (ms, median of differences) | p25 … p75 |', '|---|---:|---:|');
+    for (const l of section.layers) out.push(`| ${l.layer} | ${layerCost(l)} | ${l.lo == null ? '' : `${fmt(l.lo, 'ms')} … ${fmt(l.hi, 'ms')}`} |`);
     out.push('');
   }
   for (const n of section.notes || []) out.push(`- ${n}`);
@@ -162,7 +171,8 @@ function headline(results) {
   if (exec?.layers?.length > 1) {
     const [proc, ...ours] = exec.layers;
     const sum = ours.reduce((a, l) => a + l.ms, 0);
-    out.push(`- Exec path of ns run('true'), median cost per layer: ${exec.layers.map((l) => `${l.layer} ${fmt(l.ms, 'ms')} ms`).join('; ')}.`);
+    const how = exec.layers.some((l) => l.lo != null) ? 'median of paired differences' : 'differences of medians';
+    out.push(`- Exec path of ns run('true'), cost per layer (${how}): ${exec.layers.map((l) => `${l.layer} ${l.noise ? 'within the noise' : `${fmt(l.ms, 'ms')} ms`}`).join('; ')}.`);
     /* The two MCP rows (server, SDK) are one layer for the verdict: each
      * alone is a difference of ~0.1 ms, within the noise between runs. */
     const groups = [
@@ -171,7 +181,8 @@ function headline(results) {
       ['MCP over stdio (the server\'s JSON-RPC and tool layer, and the client)', ours.filter((l) => /MCP|SDK/.test(l.layer))],
     ].map(([name, ls]) => ({ name, ms: ls.reduce((a, l) => a + l.ms, 0) }));
     const worst = groups.sort((a, b) => b.ms - a.ms)[0];
-    out.push(`- The slowest layer ignition-mcp adds to exec is **${worst.name}** (+${fmt(worst.ms, 'ms')} ms); all its layers together add ${fmt(sum, 'ms')} ms to the ${fmt(proc.ms, 'ms')} ms the process start itself costs. Differences under ~0.1 ms are within the noise between runs.`);
+    if (!(worst.ms > 0)) out.push(`- Every layer ignition-mcp adds to exec is within the noise of this run, next to the ${fmt(proc.ms, 'ms')} ms the process start itself costs.`);
+    else out.push(`- The slowest layer ignition-mcp adds to exec is **${worst.name}** (+${fmt(worst.ms, 'ms')} ms); all its layers together add ${fmt(sum, 'ms')} ms to the ${fmt(proc.ms, 'ms')} ms the process start itself costs (a layer within the noise counted as 0).`);
   }
   const srt = findRow(results, 'peer', "srt (sandbox-runtime library): wrapWithSandbox('true') + spawn");
   const ours = findRow(results, 'peer', "ignition-mcp ns: run('true') through MCP (SDK client), live session");

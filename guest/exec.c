@@ -3,6 +3,13 @@
  * and stdout/stderr on two pipes whose output is forwarded in chunks as it
  * arrives.
  *
+ * The shell is started with clone(CLONE_VM), not fork(): the child runs on
+ * a stack of its own in the agent's memory until its execve, and the agent
+ * waits for that (the EOF of a close-on-exec pipe) before it goes on.  No
+ * page table is copied and no page made copy-on-write, which under TCG is
+ * what a fork costs.  The agent is not dumpable, so a command cannot open
+ * the memory such a child shares with it.
+ *
  * A command ends when its shell exits, not when its pipes close: a
  * background process (`server &`) may hold the write ends for hours.  At the
  * shell's exit we read what is already in the pipes, send EXIT, and keep the
@@ -13,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +88,14 @@ static void exec_cmd_reset(struct exec_cmd *c) {
 
 void exec_init(struct exec_state *e) {
   memset(e, 0, sizeof *e);
+  /* Between clone() and execve() a child shares the agent's memory, and
+   * from exec_child_drop_ptrace() on its capabilities are a command's: a
+   * command could ptrace it (or read /proc/PID/mem) and so write into the
+   * agent.  Not dumpable, the memory can be reached only with
+   * CAP_SYS_PTRACE, which commands lack.  (The namespace sandbox's
+   * confinement sets it again; execve gives each command a dumpable memory
+   * of its own, as before.) */
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   for (size_t i = 0; i < EXEC_MAX_RUNNING; i++)
     e->cmds[i] = (struct exec_cmd){.state = EXEC_FREE, .stdin_fd = -1, .out_fd = -1, .err_fd = -1};
 }
@@ -166,7 +182,7 @@ static void exec_child_say(const char *what, int err) {
  * bounding set too (so no setuid program gives it back), and keep the rest
  * (tracing their own children still works).  Where the agent holds no
  * capability (ns) there is nothing to drop and the calls change nothing.
- * Raw system calls only: this runs between fork() and execve(). */
+ * Raw system calls only: this runs between clone() and execve(). */
 static void exec_child_drop_ptrace(void) {
   syscall(SYS_prctl, PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0);
   struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
@@ -183,13 +199,28 @@ static void exec_child_drop_ptrace(void) {
   syscall(SYS_capset, &hdr, data);
 }
 
-/* Between fork() and execve() only async-signal-safe calls. */
-__attribute__((noreturn)) static void exec_child(int in, int out, int err, const char *cwd,
-                                                 char *const argv[], char *const env[]) {
+/* What the child needs, all of it prepared before clone(): it runs in the
+ * agent's memory, on a stack of its own, and may not allocate. */
+struct exec_child_args {
+  int in, out, err;
+  int done; /* write end of the CLOEXEC pipe whose EOF says the child is gone */
+  const char *cwd;
+  char *const *argv;
+  char *const *env;
+};
+
+/* The child shares the agent's memory (CLONE_VM), so between clone() and
+ * execve() only async-signal-safe calls that touch nothing but its own
+ * stack and the (read-only) args.  errno is the agent's too: the agent makes
+ * no call that can fail until the child is gone. */
+__attribute__((noreturn)) static int exec_child(void *arg) {
+  const struct exec_child_args *ca = arg;
   setpgid(0, 0);
   exec_child_drop_ptrace();
-  /* The agent ignores SIGPIPE and blocks SIGCHLD; commands must not
-   * inherit either (ignored dispositions and the mask survive execve). */
+  /* The agent ignores SIGPIPE and blocks SIGCHLD (and exec_start() blocked
+   * every signal around the clone, so that no handler runs here); commands
+   * must not inherit either (ignored dispositions and the mask survive
+   * execve). */
   struct sigaction dfl = {.sa_handler = SIG_DFL};
   for (int sig = 1; sig < NSIG; sig++)
     sigaction(sig, &dfl, NULL);
@@ -198,21 +229,96 @@ __attribute__((noreturn)) static void exec_child(int in, int out, int err, const
   sigprocmask(SIG_SETMASK, &none, NULL);
   /* fds 0-2 of the agent are always open, so in/out/err are >= 3 and dup2
    * clears their close-on-exec flag on the copies. */
-  if (dup2(in, STDIN_FILENO) < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(err, STDERR_FILENO) < 0)
+  if (dup2(ca->in, STDIN_FILENO) < 0 || dup2(ca->out, STDOUT_FILENO) < 0 ||
+      dup2(ca->err, STDERR_FILENO) < 0)
     _exit(127);
-  if (chdir(cwd) < 0) {
+  if (chdir(ca->cwd) < 0) {
     exec_child_say("cannot enter the working directory", errno);
     _exit(127);
   }
   /* Every agent fd is close-on-exec already; this also covers fds a
-   * library might have opened without it. */
-  close_range(3, ~0u, 0);
-  execve("/bin/sh", argv, env);
+   * library might have opened without it.  The done pipe stays open (it
+   * is close-on-exec): the exec closes it, or _exit does. */
+  close_range(3, (unsigned)ca->done - 1, 0);
+  close_range((unsigned)ca->done + 1, ~0u, 0);
+  execve("/bin/sh", ca->argv, ca->env);
   exec_child_say("cannot run /bin/sh", errno);
   _exit(127);
 }
 
 /* ---- starting ----------------------------------------------------------- */
+
+/* The child's stack, mapped once, with a guard page below it. */
+static void *exec_child_stack(struct exec_state *e) {
+  if (!e->child_stack) {
+    void *p = mmap(NULL, EXEC_CHILD_STACK + EXEC_CHILD_GUARD, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED)
+      return NULL;
+    if (mprotect(p, EXEC_CHILD_GUARD, PROT_NONE) < 0) {
+      munmap(p, EXEC_CHILD_STACK + EXEC_CHILD_GUARD);
+      return NULL;
+    }
+    e->child_stack = p;
+  }
+  return (uint8_t *)e->child_stack + EXEC_CHILD_GUARD + EXEC_CHILD_STACK;
+}
+
+/* Waits until the child has exec'd or exited: the done pipe's write end,
+ * close-on-exec, is then closed.  A child stopped on the way (a command may
+ * SIGSTOP every process it can) must not hold the agent: after
+ * EXEC_CHILD_START_MS it is killed, and its end is reported as for any
+ * command killed by a signal. */
+static void exec_wait_started(int done, pid_t pid) {
+  struct pollfd p = {.fd = done, .events = POLLIN};
+  if (poll(&p, 1, EXEC_CHILD_START_MS) == 0) {
+    agent_log("command %d did not reach execve within %u ms (stopped?); killing it", (int)pid,
+              EXEC_CHILD_START_MS);
+    kill(pid, SIGKILL);
+  }
+  /* EOF only: the child writes nothing.  Blocks until the exec or the exit
+   * has closed the last write end. */
+  char c;
+  while (read(done, &c, 1) < 0 && errno == EINTR)
+    ;
+}
+
+/* Starts the shell with clone(CLONE_VM) rather than fork(): fork copies the
+ * agent's page tables and makes every page copy-on-write, which under TCG
+ * costs more than the exec itself.  The agent waits for the child to exec
+ * (or exit) before it touches anything the child reads. */
+static pid_t exec_spawn(struct exec_state *e, const struct exec_child_args *ca_in, int *ret_errno) {
+  void *stack = exec_child_stack(e);
+  if (!stack) {
+    *ret_errno = errno;
+    return -1;
+  }
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) {
+    *ret_errno = errno;
+    return -1;
+  }
+  struct exec_child_args ca = *ca_in;
+  ca.done = p[1];
+  /* Every signal blocked across the clone: a handler must not run in the
+   * child, on the agent's memory.  The child unblocks them itself. */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, &old);
+  pid_t pid = clone(exec_child, stack, CLONE_VM | SIGCHLD, &ca);
+  int err = errno;
+  close(p[1]);
+  if (pid > 0) {
+    /* Also here, so the group exists before any kill(-pid) of ours. */
+    setpgid(pid, pid);
+    exec_wait_started(p[0], pid);
+  }
+  close(p[0]);
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  if (pid < 0)
+    *ret_errno = err;
+  return pid;
+}
 
 static int exec_start(struct agent *a, struct exec_cmd *c) {
   _cleanup_close_ int in = -1, out_r = -1, out_w = -1, err_r = -1, err_w = -1;
@@ -240,19 +346,22 @@ static int exec_start(struct agent *a, struct exec_cmd *c) {
     goto fail;
 
   char *argv[] = {"sh", "-c", c->command, NULL};
-  pid_t pid = fork();
-  if (pid < 0)
+  struct exec_child_args ca = {
+      .in = in, .out = out_w, .err = err_w, .cwd = c->cwd, .argv = argv, .env = c->env,
+  };
+  int spawn_err = 0;
+  uint64_t started_us = mono_us();
+  pid_t pid = exec_spawn(agent_exec(a), &ca, &spawn_err);
+  if (pid < 0) {
+    errno = spawn_err;
     goto fail;
-  if (pid == 0)
-    exec_child(in, out_w, err_w, c->cwd, argv, c->env);
-  /* Also here, so the group exists before any kill(-pid) of ours. */
-  setpgid(pid, pid);
+  }
 
   c->state = EXEC_RUNNING;
   c->pid = pid;
   c->out_fd = steal_fd(out_r);
   c->err_fd = steal_fd(err_r);
-  c->started_us = mono_us();
+  c->started_us = started_us;
   c->deadline_ms = c->timeout_ms ? mono_ms() + c->timeout_ms : 0;
   free(steal_ptr(c->command));
   free(steal_ptr(c->cwd));
@@ -725,4 +834,7 @@ void exec_shutdown(struct exec_state *e) {
   for (size_t i = 0; i < e->n_drain; i++)
     close(e->drain[i]);
   e->n_drain = 0;
+  if (e->child_stack)
+    munmap(e->child_stack, EXEC_CHILD_STACK + EXEC_CHILD_GUARD);
+  e->child_stack = NULL;
 }

@@ -18,16 +18,22 @@
 #define EXEC_MAX_GROUPS 256u           /* process groups remembered for shutdown */
 #define EXEC_POLL_MAX (2u * EXEC_MAX_RUNNING + EXEC_MAX_DRAIN)
 
+/* The shell is started with clone(CLONE_VM) on a stack of its own (exec.c). */
+#define EXEC_CHILD_STACK (64u << 10)
+#define EXEC_CHILD_GUARD 4096u
+/* How long the agent waits for a child to reach execve before killing it. */
+#define EXEC_CHILD_START_MS 10000u
+
 enum exec_state_kind {
   EXEC_FREE = 0,
   EXEC_WAITING_STDIN, /* EXEC with HAS_STDIN=1 received, collecting STDIN */
-  EXEC_RUNNING,       /* the shell has been forked */
+  EXEC_RUNNING,       /* the shell has been started */
 };
 
 struct exec_cmd {
   enum exec_state_kind state;
   uint32_t id;
-  /* Owned until the shell is forked. */
+  /* Owned until the shell is started. */
   char *command;
   char *cwd;
   char **env;
@@ -51,6 +57,9 @@ struct exec_state {
   /* Process groups started, so that shutdown can kill what is left. */
   pid_t groups[EXEC_MAX_GROUPS];
   size_t n_groups;
+  /* The children's stack (EXEC_CHILD_GUARD + EXEC_CHILD_STACK bytes), mapped
+   * at the first command; one child at a time uses it. */
+  void *child_stack;
 };
 
 /* agent.c: the agent's one exec_state. */

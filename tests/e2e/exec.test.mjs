@@ -5,7 +5,7 @@ import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, textOf,
+  findProcs, uniqueSleepSecs, IS_NS, textOf, SOAK,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
@@ -222,6 +222,51 @@ describe('commands cannot reach into the agent', () => {
     assert.deepEqual(lines.slice(3), ['exe-denied', 'fd-denied', 'mem-denied'], r.stdout);
     // The command itself still runs, as root where it did.
     assert.equal(await sh(s.client, sid, 'id -u'), '0\n');
+  });
+
+  /* The agent starts a command with clone(CLONE_VM): until its execve the
+   * child shares the agent's memory, and from the capability drop on it
+   * holds no more than a command does. A racer in the sandbox looks for such
+   * children (the agent's name, not PID 1) and tries to open their memory
+   * for writing; the agent is not dumpable, so it must never succeed. It
+   * catches a window only now and then (a few in a thousand starts): the
+   * soak starts enough commands to be sure it tried. */
+  test('a command still being started (sharing the agent\'s memory) cannot be opened', { timeout: SOAK ? 600_000 : 60_000 }, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    // Shell builtins only (no fork per probe): the small rootfs has no
+    // python. The open with <> asks for write access, as ptrace's would;
+    // on `true`, not `:`, whose failed redirection would end the shell.
+    // execve gives the child a memory of its own a moment before its name
+    // changes: an open that lands there (its exe is then the shell's, or
+    // gone with the process) is the command's own memory, not the agent's,
+    // and does not count.
+    const racer = [
+      'read -r l < /proc/1/stat; a=${l#*(}; a=${a%%)*}; seen=0; opened=0; me=$(readlink /proc/$$/exe)',
+      'while [ ! -e /root/racer.stop ]; do',
+      '  for d in /proc/[0-9]*; do',
+      '    [ "$d" = /proc/1 ] && continue',
+      '    { read -r l < $d/stat; } 2>/dev/null || continue',
+      '    case "$l" in *" ($a) "*) ;; *) continue ;; esac',
+      '    seen=$((seen + 1))',
+      '    { true 3<>$d/mem; } 2>/dev/null || continue',
+      '    x=$(readlink $d/exe)',
+      '    [ -n "$x" ] && [ "$x" != "$me" ] && opened=$((opened + 1))',
+      '  done',
+      'done',
+      'echo $seen $opened',
+    ].join('\n');
+    await run(s.client, sid, 'cat > /root/racer.sh', { stdin: racer });
+    await run(s.client, sid, 'sh /root/racer.sh > /root/racer.out 2>/dev/null &');
+    const starts = SOAK ? 3000 : 150;
+    for (let i = 0; i < starts; i++) await run(s.client, sid, 'true');
+    const out = await sh(s.client, sid, 'touch /root/racer.stop; for i in $(seq 300); do [ -s /root/racer.out ] && break; sleep 0.1; done; cat /root/racer.out');
+    const [seen, opened] = out.trim().split(' ').map(Number);
+    assert.ok(Number.isInteger(seen) && Number.isInteger(opened), `the racer said: ${out}`);
+    t.diagnostic(`the racer caught ${seen} of ${starts} commands before their execve`);
+    assert.equal(opened, 0, `${opened} of the ${seen} commands caught before their execve had the agent's memory opened for writing`);
+    if (SOAK) assert.ok(seen > 0, `the racer caught none of ${starts} commands before their execve: it tried nothing`);
   });
 });
 
