@@ -74,12 +74,57 @@ elif ! command -v npm >/dev/null; then
 	packages+=(npm)
 fi
 
+# QEMU comes from Debian's bookworm-backports, pinned to QEMU and the
+# firmware it needs alone: QEMU 10 snapshots a running session live (it is
+# stopped only for the last dirty pages; 7.2's TCG loses pages that way) and
+# maps the warm base's and stages' RAM from read-only files (8.2 and later).
+# The README's "QEMU" section has the figures.  IGN_SETUP_QEMU=bookworm keeps
+# Debian 12's own QEMU 7.2 (the server still works with it: snapshots stop
+# the session, RAM files are opened read-write).
+qemu_suite=${IGN_SETUP_QEMU:-backports}
+qemu_want=1:10.0
+bpo_sources=/etc/apt/sources.list.d/ignition-mcp-bookworm-backports.sources
+bpo_pin=/etc/apt/preferences.d/ignition-mcp-qemu
+step="adding bookworm-backports for QEMU"
+if [[ $qemu_suite == backports ]]; then
+	want_sources='Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg'
+	want_pin='# QEMU from bookworm-backports (scripts/setup.sh of ignition-mcp); nothing else.
+Package: qemu-* seabios ipxe-qemu
+Pin: release n=bookworm-backports
+Pin-Priority: 990'
+	if [[ ! -f $bpo_sources || $(<"$bpo_sources") != "$want_sources" || ! -f $bpo_pin || $(<"$bpo_pin") != "$want_pin" ]]; then
+		printf '%s\n' "$want_sources" >"$bpo_sources"
+		printf '%s\n' "$want_pin" >"$bpo_pin"
+		say "added $bpo_sources and $bpo_pin (QEMU from bookworm-backports)"
+	fi
+else
+	[[ $qemu_suite == bookworm ]] || die "IGN_SETUP_QEMU=$qemu_suite: say backports (the default) or bookworm"
+	rm -f "$bpo_sources" "$bpo_pin"
+	qemu_want=1:7.2
+fi
+
 step="installing Debian packages"
 missing=()
 for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
 	[[ $status == ii* ]] || missing+=("$p")
 done
+# An installed QEMU of the other suite is changed too.
+qemu_have=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
+if [[ -n $qemu_have && $qemu_have != "$qemu_want"* && " ${missing[*]} " != *" qemu-system-x86 "* ]]; then
+	say "QEMU $qemu_have is installed; this setup wants $qemu_want"
+	if [[ $qemu_suite == backports ]]; then
+		missing+=(qemu-system-x86 qemu-utils)
+	else
+		# Back to Debian 12's own: every package the backports brought.
+		missing+=(qemu-system-x86/bookworm qemu-system-common/bookworm qemu-system-data/bookworm
+			qemu-utils/bookworm seabios/bookworm --allow-downgrades)
+	fi
+fi
 if ((${#missing[@]} == 0)); then
 	say "Debian packages: all ${#packages[@]} installed"
 else

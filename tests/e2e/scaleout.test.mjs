@@ -373,6 +373,10 @@ class World {
         left.push(e.message);
       }
     }
+    // A veth pair goes with its host end at once; deleting only the
+    // namespace leaves the host end until the kernel's namespace cleanup
+    // runs, which a busy host puts off past the check below.
+    for (const l of this.links) ip(['link', 'del', l], { ok: false });
     for (const ns of this.netns) ip(['netns', 'del', ns], { ok: false });
     fs.rmSync(this.dir, { recursive: true, force: true });
     process.off('exit', this.onExit);
