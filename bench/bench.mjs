@@ -250,9 +250,9 @@ async function bareQemuBoot(img, accel, dir) {
   const serial = path.join(dir, 'serial.log');
   const khz = tscKhz();
   // The guest command line of the server's cold boot (sandbox/vm/qemu.c).
-  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 reboot=t${accel === 'tcg' ? ' norandmaps' : ''} ign.fstype=erofs`;
+  const append = `console=ttyS0 quiet ${khz ? `tsc_early_khz=${khz} ` : ''}nokaslr no_timer_check mitigations=off i8042.noaux i8042.nokbd i8042.nopnp cryptomgr.notests panic=-1 reboot=t${accel === 'tcg' ? ' norandmaps tsc=reliable' : ''} ign.fstype=erofs`;
   const argv = [
-    '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off',
+    '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off', '-bios', 'qboot.rom',
     '-accel', accel, '-cpu', accel === 'kvm' ? 'host,-arch-capabilities' : 'qemu64', '-smp', '1', '-m', '256M',
     '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot', '-serial', `file:${serial}`,
     '-kernel', img.kernel, '-initrd', img.initrd, '-append', append,

@@ -350,6 +350,7 @@ class VM:
         self.argv = [
             A.qemu,
             '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on,pic=off,pit=off,memory-backend=mem',
+            '-bios', 'qboot.rom',
             '-accel', acc, '-cpu', cpu, '-smp', '1', '-m', '%dM' % self.mem,
             '-object', 'memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s%s'
                        % (self.mem, self.ram, 'on' if share else 'off',

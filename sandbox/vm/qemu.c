@@ -190,8 +190,13 @@ int vm_start(enum vm_kind kind, const char *accel, const char *ram_file, const c
   _cleanup_free_ char *append = cmdline(accel);
   const char *argv[64];
   int n = 0;
-  args_add(argv, &n, "qemu-system-x86_64", "-M", machine, "-accel", accel_arg, "-cpu",
-           kvm ? "host" : "qemu64", "-smp", "1", "-m", mem, NULL);
+  /* The firmware is qboot, named: it loads -kernel itself (x-option-roms=off).
+   * Debian's QEMU 7.2 makes it microvm's default (bios-microvm.bin), but
+   * QEMU 10 from bookworm-backports takes SeaBIOS's, which boots a kernel
+   * only through an option ROM: with x-option-roms=off the guest never
+   * printed a line. */
+  args_add(argv, &n, "qemu-system-x86_64", "-M", machine, "-bios", "qboot.rom", "-accel",
+           accel_arg, "-cpu", kvm ? "host" : "qemu64", "-smp", "1", "-m", mem, NULL);
   if (backend)
     args_add(argv, &n, "-object", backend, NULL);
   args_add(argv, &n, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
