@@ -76,3 +76,18 @@ void exec_reap(struct agent *a);
 int exec_poll_timeout(const struct exec_state *e);
 void exec_check_timeouts(struct agent *a);
 void exec_shutdown(struct exec_state *e);
+
+/* What the child needs, all of it prepared before clone(): it runs in the
+ * agent's memory, on a stack of its own, and may not allocate. */
+struct exec_child_args {
+  int in, out, err;
+  int done; /* write end of the CLOEXEC pipe whose EOF says the child is gone */
+  const char *cwd;
+  char *const *argv;
+  char *const *env;
+};
+
+/* exec_spawn.c: starts the shell of CA (fds, cwd, argv, env) in a process
+ * group of its own and returns once it has exec'd or exited: its pid, or -1
+ * with *RET_ERRNO set. */
+pid_t exec_spawn(struct exec_state *e, const struct exec_child_args *ca, int *ret_errno);

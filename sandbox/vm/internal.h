@@ -209,6 +209,10 @@ int vm_stage_file_create(const char *path, uint64_t size, mode_t mode, int *ret_
 /* Punches the zero 4 KiB pages of the RAM file FD out as holes (the file
  * keeps its size and content); *RET_PUNCHED: the bytes punched. */
 int vm_punch_zero_pages(int fd, uint64_t *ret_punched, char **ret_err);
+struct stage;
+/* Refuses stage ST when its files (FDS: "ram", "state") are not whole: a
+ * RAM file of another size than the guest's memory, an empty state. */
+int vm_stage_files_check(const struct stage *st, const int fds[2], char **ret_err);
 
 /* pool.c */
 struct vm *vm_pop(struct vm **list, unsigned *n);

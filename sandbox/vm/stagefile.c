@@ -1,8 +1,10 @@
 /* stagefile.c: the files of a vm stage's snapshot (and of a loader's RAM
  * file, made the same way): created owned and moded as a base's files, and
  * the RAM file made sparse again once written, its zero pages punched out
- * as holes. */
+ * as holes; and the check that a stage's files are whole before a QEMU
+ * maps them. */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,7 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/util.h"
+#include "sandbox/stage.h"
 #include "sandbox/vm/internal.h"
 
 int vm_stage_file_create(const char *path, uint64_t size, mode_t mode, int *ret_fd,
@@ -98,5 +102,34 @@ int vm_punch_zero_pages(int fd, uint64_t *ret_punched, char **ret_err) {
     off = hole;
   }
   *ret_punched = punched;
+  return 0;
+}
+
+/* The stage's files must be whole before a QEMU maps them: QEMU would
+ * extend a short RAM file with zeros (a guest that hangs or crashes), and a
+ * missing one would be created empty.  FDS are its "ram" and "state". */
+int vm_stage_files_check(const struct stage *st, const int fds[2], char **ret_err) {
+  static const char *const files[] = {"ram", "state"};
+  uint64_t want = (uint64_t)cfg.vm_memory_mb << 20;
+  for (size_t i = 0; i < ARRAY_SIZE(files); i++) {
+    struct stat sb;
+    const char *what = NULL;
+    _cleanup_free_ char *size_text = NULL;
+    if (fstat(fds[i], &sb) < 0)
+      what = strerror(errno);
+    else if (!S_ISREG(sb.st_mode))
+      what = "not a regular file";
+    else if (i == 0 && (uint64_t)sb.st_size != want)
+      what = size_text = xasprintf("%lld bytes instead of %" PRIu64 " (%u MiB of guest RAM)",
+                                   (long long)sb.st_size, want, cfg.vm_memory_mb);
+    else if (i == 1 && sb.st_size == 0)
+      what = "empty";
+    if (what) {
+      *ret_err = xasprintf("the stage %s cannot be started: its file %s/%s is %s; remove it "
+                           "(stage_rm) and commit it again from a session",
+                           st->name ? st->name : "(a fork's)", st->dir, files[i], what);
+      return -EBADMSG;
+    }
+  }
   return 0;
 }

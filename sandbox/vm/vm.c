@@ -404,35 +404,6 @@ static int wait_ready(char **ret_err) {
   return 0;
 }
 
-/* The stage's files must be whole before a QEMU maps them: QEMU would
- * extend a short RAM file with zeros (a guest that hangs or crashes), and a
- * missing one would be created empty.  FDS are its "ram" and "state". */
-static int check_stage_files(const struct stage *st, const int fds[2], char **ret_err) {
-  static const char *const files[] = {"ram", "state"};
-  uint64_t want = (uint64_t)cfg.vm_memory_mb << 20;
-  for (size_t i = 0; i < ARRAY_SIZE(files); i++) {
-    struct stat sb;
-    const char *what = NULL;
-    _cleanup_free_ char *size_text = NULL;
-    if (fstat(fds[i], &sb) < 0)
-      what = strerror(errno);
-    else if (!S_ISREG(sb.st_mode))
-      what = "not a regular file";
-    else if (i == 0 && (uint64_t)sb.st_size != want)
-      what = size_text = xasprintf("%lld bytes instead of %" PRIu64 " (%u MiB of guest RAM)",
-                                   (long long)sb.st_size, want, cfg.vm_memory_mb);
-    else if (i == 1 && sb.st_size == 0)
-      what = "empty";
-    if (what) {
-      *ret_err = xasprintf("the stage %s cannot be started: its file %s/%s is %s; remove it "
-                           "(stage_rm) and commit it again from a session",
-                           st->name ? st->name : "(a fork's)", st->dir, files[i], what);
-      return -EBADMSG;
-    }
-  }
-  return 0;
-}
-
 /* A clone restored from stage ST (its ram and state are a base of their
  * own): never a pool clone or a spare of the warm base.  Its files are
  * opened relative to the directory checked when the stage was opened
@@ -446,7 +417,7 @@ static int clone_from_stage(const struct stage *st, struct vm **ret, char **ret_
   if (r == 0)
     r = stage_open_file(st, "state", O_RDONLY | O_NONBLOCK, &state_fd, ret_err);
   if (r == 0)
-    r = check_stage_files(st, (int[]){ram_fd, state_fd}, ret_err);
+    r = vm_stage_files_check(st, (int[]){ram_fd, state_fd}, ret_err);
   if (r < 0)
     return r;
   char ram[64];
