@@ -917,6 +917,26 @@ function baseRamFile(store) {
 
 const PAUSE_TARGET = 'target: ≤ 10 ms at the median, ≤ 50 ms at p99';
 
+/* N forks of session SID (after one untimed), each timed from the fork call
+ * to the answer of run('true') in the fork, which is then closed. */
+async function forkRuns(srv, sid, n) {
+  const forks = [];
+  const pauses = [];
+  const forkMs = [];
+  for (let i = 0; i < n + 1; i++) {
+    const t = nowNs();
+    const f = await srv.tool('fork', { session_id: sid, count: 1 });
+    await srv.run(f.sessions[0].session_id, 'true');
+    const ms = msSince(t);
+    await srv.tool('close', { session_id: f.sessions[0].session_id });
+    if (i === 0) continue; // one untimed warm-up
+    forks.push(ms);
+    pauses.push(f.paused_ms);
+    forkMs.push(f.fork_ms);
+  }
+  return { forks, pauses, forkMs };
+}
+
 /* A vm session whose guest dirties memory all the time (8 MiB of
  * /dev/urandom written over one file again and again, in the background):
  * commits and forks of it, the source's pause and the fork's first run. */
@@ -934,18 +954,7 @@ async function busyRows(srv, n, L, g) {
     rows.push(row(L.busyCommitPause, commits.slice(1).map((c) => c.paused_ms), { group: g, extra: PAUSE_TARGET }));
     doneLine(L.busyCommit, wall);
     log('vm: fork of a busy session to the first run in the fork');
-    const forks = [];
-    const pauses = [];
-    for (let i = 0; i < n + 1; i++) {
-      const t = nowNs();
-      const f = await srv.tool('fork', { session_id: src.session_id, count: 1 });
-      await srv.run(f.sessions[0].session_id, 'true');
-      const ms = msSince(t);
-      await srv.tool('close', { session_id: f.sessions[0].session_id });
-      if (i === 0) continue; // one untimed warm-up
-      forks.push(ms);
-      pauses.push(f.paused_ms);
-    }
+    const { forks, pauses } = await forkRuns(srv, src.session_id, n);
     rows.push(row(L.busyFork, forks, { group: g, baseline: L.base, extra: 'target under TCG: ≤ 300 ms' }));
     rows.push(row(L.busyForkPause, pauses, { group: g, extra: PAUSE_TARGET }));
     doneLine(L.busyFork, forks);
@@ -1023,20 +1032,7 @@ async function stageRows(backend, n) {
       doneLine(L.stage, fromStage);
 
       log(`${backend}: fork to the first run in the fork`);
-      const forks = [];
-      const pauses = [];
-      const forkMs = [];
-      for (let i = 0; i < n + 1; i++) {
-        const t = nowNs();
-        const f = await srv.tool('fork', { session_id: src.session_id, count: 1 });
-        await srv.run(f.sessions[0].session_id, 'true');
-        const ms = msSince(t);
-        await srv.tool('close', { session_id: f.sessions[0].session_id });
-        if (i === 0) continue; // one untimed warm-up
-        forks.push(ms);
-        pauses.push(f.paused_ms);
-        forkMs.push(f.fork_ms);
-      }
+      const { forks, pauses, forkMs } = await forkRuns(srv, src.session_id, n);
       rows.push(row(L.fork, forks, { group: g, baseline: L.base, extra: `${backend === 'vm' ? 'target under TCG: ≤ 300 ms; ' : ''}the server's fork_ms median ${median(forkMs)}` }));
       rows.push(row(L.forkPause, pauses, { group: g, extra: backend === 'vm' ? PAUSE_TARGET : '' }));
       doneLine(L.fork, forks);
