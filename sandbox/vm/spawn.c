@@ -252,6 +252,13 @@ static _Noreturn void spawn_child(const struct spawn_job *cj) {
   struct rlimit rl = {SERIAL_LOG_MAX, SERIAL_LOG_MAX};
   if (j->limit_fsize)
     setrlimit(RLIMIT_FSIZE, &rl);
+  /* QEMU tries a file name (-bios qboot.rom, its default firmware) as a
+   * path relative to its working directory before its data directory: the
+   * server's working directory is the client's, often a project a sandbox
+   * or a stranger wrote, and a qboot.rom there would be the firmware of a
+   * warm base every later session starts from. */
+  if (syscall(SYS_chdir, "/") < 0)
+    child_fail(log_fd, "change QEMU's working directory to", "/", VM_SPAWN_EXIT_EXEC);
   sandbox_child_reset_signals();
   /* Past the limit, writes fail with EFBIG instead of killing QEMU. */
   struct sigaction sa = {.sa_handler = SIG_IGN};

@@ -668,7 +668,7 @@ function fencedServerPid(scriptPid) {
  * then the server's own pid on the host, and fence describes the fence. */
 /* With launcher: [program, args...] the server is started as
  * `program args... SERVER` (a program that execs its last arguments). */
-export async function startServer({ env = {}, tools = false, listTools = true, fence = false, launcher = null } = {}) {
+export async function startServer({ env = {}, tools = false, listTools = true, fence = false, launcher = null, cwd = REPO } = {}) {
   const f = fence ? newFence() : null;
   const wrap = !!f;
   const transport = new StdioClientTransport({
@@ -676,7 +676,7 @@ export async function startServer({ env = {}, tools = false, listTools = true, f
     args: wrap ? [FENCE_SCRIPT, f.name, String(FENCE_PIDS), String(FENCE_MEMORY_MB), '--', SERVER] : launcher ? [...launcher.slice(1), SERVER] : [],
     env: serverEnv({ env, tools }),
     stderr: 'pipe',
-    cwd: REPO,
+    cwd,
   });
   let stderr = '';
   transport.stderr.on('data', (d) => {

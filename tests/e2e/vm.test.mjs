@@ -466,6 +466,22 @@ fi`);
     }
   });
 
+  test('a qboot.rom in the server\'s working directory is not the firmware of the base it makes', T, async (t) => {
+    // QEMU looks for -bios qboot.rom in its working directory first; a
+    // server started in a project holding one must not boot it.
+    const store = tempStore();
+    t.after(() => store.remove());
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-cwd-'));
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    fs.chmodSync(dir, 0o755);
+    fs.writeFileSync(path.join(dir, 'qboot.rom'), Buffer.alloc(65536, 0xf4), { mode: 0o644 }); // hlt, hlt, ...
+    const s = await startServer({ env: { ...NO_POOL, IGN_MCP_STORE: store.dir }, cwd: dir });
+    t.after(() => s.close());
+    const o = await call(s.client, 'open_session', {});
+    assert.equal((await sh(s.client, o.session_id, 'echo booted')).trim(), 'booted');
+    assert.equal(bases(store.dir).length, 1, `no base in ${store.dir}`);
+  });
+
   test('a cold-booted QEMU\'s log is bounded as a clone\'s is', T, async (t) => {
     // Its stdout is qemu.log (the guest's console): without the size limit a
     // guest, or QEMU, fills the state directory's filesystem (/run).
