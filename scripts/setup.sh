@@ -82,7 +82,10 @@ fi
 # Debian 12's own QEMU 7.2 (the server still works with it: snapshots stop
 # the session, RAM files are opened read-write).
 qemu_suite=${IGN_SETUP_QEMU:-backports}
-qemu_want=1:10.0
+if [[ $qemu_suite == backports && ${VERSION_CODENAME:-} != bookworm ]]; then
+	say "warning: not Debian 12 (bookworm): QEMU is not taken from bookworm-backports; install QEMU 10 from this system's own packages if it has one"
+	qemu_suite=system
+fi
 bpo_sources=/etc/apt/sources.list.d/ignition-mcp-bookworm-backports.sources
 bpo_pin=/etc/apt/preferences.d/ignition-mcp-qemu
 step="adding bookworm-backports for QEMU"
@@ -93,18 +96,18 @@ Suites: bookworm-backports
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg'
 	want_pin='# QEMU from bookworm-backports (scripts/setup.sh of ignition-mcp); nothing else.
-Package: qemu-* seabios ipxe-qemu
-Pin: release n=bookworm-backports
+Package: qemu-system-* qemu-utils qemu-block-extra seabios ipxe-qemu
+Pin: release o=Debian Backports,n=bookworm-backports
 Pin-Priority: 990'
 	if [[ ! -f $bpo_sources || $(<"$bpo_sources") != "$want_sources" || ! -f $bpo_pin || $(<"$bpo_pin") != "$want_pin" ]]; then
 		printf '%s\n' "$want_sources" >"$bpo_sources"
 		printf '%s\n' "$want_pin" >"$bpo_pin"
 		say "added $bpo_sources and $bpo_pin (QEMU from bookworm-backports)"
 	fi
-else
-	[[ $qemu_suite == bookworm ]] || die "IGN_SETUP_QEMU=$qemu_suite: say backports (the default) or bookworm"
+elif [[ $qemu_suite == bookworm ]]; then
 	rm -f "$bpo_sources" "$bpo_pin"
-	qemu_want=1:7.2
+elif [[ $qemu_suite != system ]]; then
+	die "IGN_SETUP_QEMU=$qemu_suite: say backports (the default) or bookworm"
 fi
 
 step="installing Debian packages"
@@ -113,16 +116,27 @@ for p in "${packages[@]}"; do
 	status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null || true)
 	[[ $status == ii* ]] || missing+=("$p")
 done
-# An installed QEMU of the other suite is changed too.
-qemu_have=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
-if [[ -n $qemu_have && $qemu_have != "$qemu_want"* && " ${missing[*]} " != *" qemu-system-x86 "* ]]; then
-	say "QEMU $qemu_have is installed; this setup wants $qemu_want"
+# qemu_ok: whether the installed QEMU is the suite's (backports: 10 or
+# later; bookworm: before 8); an installed one of the other suite is changed.
+qemu_ok() {
+	local have
+	have=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null) || return 1
+	case $qemu_suite in
+	backports) dpkg --compare-versions "$have" ge 1:10 ;;
+	bookworm) dpkg --compare-versions "$have" lt 1:8 ;;
+	*) true ;;
+	esac
+}
+apt_opts=()
+if [[ " ${missing[*]} " != *" qemu-system-x86 "* ]] && ! qemu_ok; then
+	say "QEMU $(dpkg-query -W -f='${Version}' qemu-system-x86) is installed; IGN_SETUP_QEMU=$qemu_suite wants another"
 	if [[ $qemu_suite == backports ]]; then
 		missing+=(qemu-system-x86 qemu-utils)
 	else
 		# Back to Debian 12's own: every package the backports brought.
 		missing+=(qemu-system-x86/bookworm qemu-system-common/bookworm qemu-system-data/bookworm
-			qemu-utils/bookworm seabios/bookworm --allow-downgrades)
+			qemu-utils/bookworm seabios/bookworm)
+		apt_opts+=(--allow-downgrades)
 	fi
 fi
 if ((${#missing[@]} == 0)); then
@@ -131,8 +145,11 @@ else
 	say "installing Debian packages: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -q || die "apt-get update failed: is the Debian mirror in /etc/apt/sources.list(.d) reachable?"
-	apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+	apt-get install -y -q --no-install-recommends "${apt_opts[@]}" "${missing[@]}" ||
 		die "apt-get install failed for: ${missing[*]}"
+	# apt-get update succeeds when one source could not be read: a QEMU
+	# left as it was says so here, not at the first snapshot.
+	qemu_ok || die "QEMU $(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null) is installed, not the one IGN_SETUP_QEMU=$qemu_suite wants: is bookworm-backports reachable (apt-get update's warnings above)?"
 	# nginx's package starts its default site on port 80; the tests run
 	# their own nginx, so the service this script just installed is stopped.
 	if [[ " ${missing[*]} " == *" nginx "* ]]; then
