@@ -400,6 +400,7 @@ class World {
         } catch {}
       }
     }
+    for (const l of this.links) spawnSync(IP, ['link', 'del', l]);
     for (const ns of this.netns) spawnSync(IP, ['netns', 'del', ns]);
     fs.rmSync(this.dir, { recursive: true, force: true });
   }
