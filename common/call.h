@@ -6,6 +6,15 @@
 #pragma once
 
 #include <stdatomic.h>
+#include <stdint.h>
+
+/* What a call has done so far. */
+struct call_progress {
+  const char *message; /* the newest output line, or how much was copied */
+  uint64_t elapsed_ms;
+  /* bytes of stdout and stderr so far (a command), or copied and 0 (a copy) */
+  uint64_t bytes, err_bytes;
+};
 
 struct call_ctx {
   /* Set when the client cancels the call or goes away; the call then ends
@@ -15,9 +24,9 @@ struct call_ctx {
    * (IGN_MCP_HTTP_TOKENS), or "" on stdio and on HTTP without tokens.
    * Sessions and stages belong to the owner that made them. */
   const char *owner;
-  /* Reports progress of the call (MESSAGE may be NULL or ""); NULL when the
-   * call asked for no progress. */
-  void (*progress)(struct call_ctx *ctx, const char *message);
+  /* Reports progress of the call (P->message may be NULL or ""); NULL when
+   * nobody asked for its progress. */
+  void (*progress)(struct call_ctx *ctx, const struct call_progress *p);
 };
 
 /* Who made the call (struct call_ctx.owner): its sessions and stages are the

@@ -354,6 +354,8 @@ int config_load(void) {
   U("IGN_MCP_MAX_SESSIONS", 8, 1, 1024, max_sessions);
   U("IGN_MCP_MAX_CALLS", 128, 1, 4096, max_calls);
   U("IGN_MCP_IDLE_SECS", 600, 1, 30 * 24 * 3600, idle_secs);
+  U("IGN_MCP_TASKS_MAX", 64, 1, 4096, tasks_max);
+  U("IGN_MCP_TASK_TTL_S", 3600, 1, 7 * 24 * 3600, task_ttl_s);
   U("IGN_MCP_OUTPUT_CAP", 65536, 0, 16 << 20, output_cap);
   U("IGN_MCP_MAX_MESSAGE", 64 << 20, 4096, 1ull << 30, max_message);
   U("IGN_MCP_MAX_FILE", 32 << 20, 0, 256 << 20, max_file);

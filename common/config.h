@@ -32,6 +32,8 @@ struct config {
   unsigned max_sessions;
   unsigned max_calls;    /* tools/call requests in progress at once */
   unsigned idle_secs;
+  unsigned tasks_max;    /* IGN_MCP_TASKS_MAX: tasks held per owner, running or done */
+  unsigned task_ttl_s;   /* IGN_MCP_TASK_TTL_S: the longest a task's result is kept */
   size_t output_cap;
   size_t max_message;
   size_t max_file;

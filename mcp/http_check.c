@@ -239,6 +239,11 @@ char *http_modern_mismatch(struct MHD_Connection *c, const char *m, json_t *para
       why = header_mismatch(c, "Mcp-Param-Session-Id", json_is_string(sid) ? sid : NULL,
                             "params.arguments.session_id", true);
   }
+  /* The Tasks extension: tasks/get, tasks/update and tasks/cancel name
+   * their task in Mcp-Name. */
+  json_t *tid = json_object_get(params, "taskId");
+  if (!why && strncmp(m, "tasks/", 6) == 0 && json_is_string(tid))
+    why = header_mismatch(c, "Mcp-Name", tid, "params.taskId", true);
   return why;
 }
 

@@ -39,6 +39,7 @@
 #include "common/util.h"
 #include "mcp/framing.h"
 #include "mcp/server_int.h"
+#include "mcp/tasks.h"
 #include "proto/proto.h"
 #include "session/session.h"
 #include "tools/args.h"
@@ -92,6 +93,10 @@ struct call {
   bool modern;  /* a 2026-07-28 request: its result is modern_result() */
   char *owner;  /* ctx.owner's copy */
   char *cancel_scope; /* mcp_req.cancel_scope's copy; NULL: none */
+  /* A call that runs as a task: its result goes to the task, not to OUT,
+   * and neither its client going away nor notifications/cancelled stop it
+   * (tasks/cancel does). */
+  struct task *task;
 };
 static struct call *calls;
 static unsigned n_calls;
@@ -165,7 +170,7 @@ static void send_result(struct mcp_out *out, json_t *id, json_t *result) {
  * (2026-07-28 has no other kind for our methods), names the server in
  * _meta, and a list (CACHEABLE) says how long it may be cached and by whom.
  * Steals RESULT; NULL stays NULL (send_result answers it as an error). */
-static json_t *modern_result(json_t *result, bool cacheable) {
+json_t *mcp_modern_result(json_t *result, bool cacheable) {
   if (!result)
     return NULL;
   json_t *meta = json_object_get(result, "_meta");
@@ -173,7 +178,9 @@ static json_t *modern_result(json_t *result, bool cacheable) {
     meta = json_object();
     json_object_set_new(result, "_meta", meta);
   }
-  if (json_object_set_new(result, "resultType", json_string("complete")) < 0 ||
+  /* A created task says "task"; everything else is complete. */
+  if ((!json_object_get(result, "resultType") &&
+       json_object_set_new(result, "resultType", json_string("complete")) < 0) ||
       json_object_set_new(meta, META_SERVER,
                           json_pack("{s:s, s:s, s:s}", "name", "ignition-mcp", "version",
                                     IGN_VERSION, "title",
@@ -191,20 +198,25 @@ static json_t *modern_result(json_t *result, bool cacheable) {
 
 static void send_reply(struct mcp_out *out, json_t *id, json_t *result, bool modern,
                        bool cacheable) {
-  send_result(out, id, modern ? modern_result(result, cacheable) : result);
+  send_result(out, id, modern ? mcp_modern_result(result, cacheable) : result);
 }
 
 static void send_notification(struct mcp_out *out, const char *method, json_t *params) {
   mcp_send(out, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", method, "params", params));
 }
 
-/* call_ctx.progress of a call that carries a progress token: sends
- * notifications/progress. */
-static void call_progress(struct call_ctx *ctx, const char *message) {
+/* call_ctx.progress of a call that carries a progress token or runs as a
+ * task: the task keeps it for tasks/get; notifications/progress go to a
+ * client that asked (2026-07-28 has no progress on tasks; the progress
+ * token of a 2025-11-25 task stays valid for the task's life). */
+static void call_progress(struct call_ctx *ctx, const struct call_progress *pr) {
   struct call *c = (struct call *)((char *)ctx - offsetof(struct call, ctx));
+  const char *message = pr->message;
+  if (c->task)
+    tasks_progress(c->task, c->tool, pr);
   /* Nothing more is sent for a cancelled call (2026-07-28, transports/stdio:
    * MUST NOT; earlier revisions: SHOULD NOT). */
-  if (!c->progress_token || !c->out || atomic_load(&ctx->cancelled))
+  if (!c->progress_token || !c->out || atomic_load(&ctx->cancelled) || (c->task && c->modern))
     return;
   c->progress += 1;
   json_t *p = json_pack("{s:O, s:f}", "progressToken", c->progress_token, "progress",
@@ -243,6 +255,13 @@ static void call_free(struct call *c) {
 
 static void *call_main(void *arg) {
   struct call *c = arg;
+  /* Closing or resetting a session cancels its tasks, saying so, before
+   * their calls see the sandbox go. */
+  json_t *sid = json_object_get(c->args, "session_id");
+  bool closes = strcmp(c->tool, "close") == 0, resets = strcmp(c->tool, "reset") == 0;
+  if ((closes || resets) && json_is_string(sid) && !has_nul(sid))
+    tasks_cancel_session(c->ctx.owner, json_string_value(sid),
+                         closes ? "was closed" : "was reset");
   json_t *result = tools_call(c->tool, c->args, &c->ctx);
   /* The call's share of the caps is given back before its result goes
    * out: a client that read the result and sends its next call at once
@@ -258,7 +277,9 @@ static void *call_main(void *arg) {
   n_sending++;
   sending_bytes += c->bytes;
   pthread_mutex_unlock(&calls_lock);
-  if (!atomic_load(&c->ctx.cancelled))
+  if (c->task)
+    tasks_finish(c->task, result);
+  else if (!atomic_load(&c->ctx.cancelled))
     send_reply(c->out, c->id, result, c->modern, false);
   else
     json_decref(result);
@@ -294,6 +315,22 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
     send_error(out, id, RPC_INVALID_PARAMS, "tools/call params.arguments must be an object");
     return;
   }
+  /* A task: asked for with params.task (2025-11-25), or for any tool that
+   * can be one when the request declares the Tasks extension (2026-07-28:
+   * the server decides; params.task means nothing there). */
+  json_t *task_param = modern ? NULL : json_object_get(params, "task");
+  if (json_is_null(task_param))
+    task_param = NULL;
+  if (task_param) {
+    _cleanup_free_ char *msg = NULL;
+    int code = tasks_check_param(task_param, json_string_value(name), &msg);
+    if (code) {
+      send_error(out, id, code, msg ? msg : "out of memory");
+      return;
+    }
+  }
+  bool as_task = task_param || (modern && tasks_declared(params) &&
+                                tools_task_support(json_string_value(name)));
   size_t budget = cfg.max_message * 4;
   size_t cost = r->bytes + tools_result_cost(json_string_value(name), args);
   pthread_mutex_lock(&calls_lock);
@@ -350,6 +387,28 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
   }
   c->tool = strdup(json_string_value(name));
   c->args = json_is_object(args) ? json_incref(args) : NULL;
+  if (as_task) {
+    _cleanup_free_ char *msg = NULL;
+    c->task = c->tool ? tasks_new(c->ctx.owner, c->tool, c->args, task_param, modern,
+                                  &c->ctx.cancelled, out, &msg)
+                      : NULL;
+    if (!c->task) {
+      const char *why = msg ? msg : "out of memory for a task; try again";
+      log_warn("%s", why);
+      if (modern)
+        send_reply(out, id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                                      why, "isError", 1),
+                   true, false);
+      else
+        send_error(out, id, RPC_INTERNAL_ERROR, why);
+      call_free(c);
+      return;
+    }
+    c->ctx.progress = call_progress;
+    /* Answered before the call starts: its id resolves from now on, and
+     * nothing of the call can go out before it. */
+    send_reply(out, id, tasks_created(c->task, modern), modern, false);
+  }
 
   pthread_mutex_lock(&calls_lock);
   c->next = calls;
@@ -375,7 +434,12 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
     n_calls--;
     calls_bytes -= c->bytes;
     pthread_mutex_unlock(&calls_lock);
-    send_error(out, id, RPC_INTERNAL_ERROR, "cannot start a thread for this call; try again");
+    if (c->task)
+      tasks_finish(c->task, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                                      "cannot start a thread for this call; try again", "isError",
+                                      1));
+    else
+      send_error(out, id, RPC_INTERNAL_ERROR, "cannot start a thread for this call; try again");
     call_free(c);
   }
 }
@@ -389,7 +453,7 @@ static void cancel_call(json_t *params, const char *owner, const char *scope) {
     return;
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (json_equal(c->id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
+    if (!c->task && json_equal(c->id, rid) && strcmp(c->ctx.owner, owner) == 0 && c->cancel_scope &&
         strcmp(c->cancel_scope, scope) == 0) {
       atomic_store(&c->ctx.cancelled, true);
       log_info("call %s cancelled by the client", c->tool);
@@ -400,9 +464,11 @@ static void cancel_call(json_t *params, const char *owner, const char *scope) {
 void mcp_cancel_out(struct mcp_out *out) {
   pthread_mutex_lock(&calls_lock);
   for (struct call *c = calls; c; c = c->next)
-    if (c->out == out && !atomic_exchange(&c->ctx.cancelled, true))
+    if (c->out == out && !c->task && !atomic_exchange(&c->ctx.cancelled, true))
       log_info("call %s cancelled: its client closed the connection", c->tool);
   pthread_mutex_unlock(&calls_lock);
+  /* A task outlives its connection; a tasks/result waiting on it does not. */
+  tasks_drop_out(out);
 }
 
 /* ---- methods ---- */
@@ -414,8 +480,9 @@ static void do_initialize(struct mcp_out *out, json_t *id, json_t *params) {
     for (size_t i = 0; i < ARRAY_SIZE(mcp_supported_versions); i++)
       if (strcmp(json_string_value(v), mcp_supported_versions[i]) == 0)
         version = mcp_supported_versions[i];
-  send_result(out, id, json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion",
-                            version, "capabilities", "tools", "listChanged", 0, "logging",
+  send_result(out, id, json_pack("{s:s, s:{s:{s:b}, s:{}, s:{s:{}, s:{}, s:{s:{s:{}}}}}, s:{s:s, s:s, s:s}, s:s}",
+                            "protocolVersion", version, "capabilities", "tools", "listChanged", 0,
+                            "logging", "tasks", "list", "cancel", "requests", "tools", "call",
                             "serverInfo", "name", "ignition-mcp", "version", IGN_VERSION, "title",
                             "ignition-mcp: a sandbox per session", "instructions", instructions));
 }
@@ -437,8 +504,9 @@ static void do_set_level(struct mcp_out *out, json_t *id, json_t *params) {
 static json_t *discover_result(void) {
   /* No logging capability: logging is deprecated in 2026-07-28 and this
    * server keeps it for legacy clients only. */
-  return json_pack("{s:[s], s:{s:{s:b}}, s:s}", "supportedVersions", MODERN_VERSION,
-                   "capabilities", "tools", "listChanged", 0, "instructions", instructions);
+  return json_pack("{s:[s], s:{s:{s:b}, s:{s:{}}}, s:s}", "supportedVersions", MODERN_VERSION,
+                   "capabilities", "tools", "listChanged", 0, "extensions", TASKS_EXTENSION,
+                   "instructions", instructions);
 }
 
 /* A modern request: its envelope decides whether it is served at all; the
@@ -456,15 +524,16 @@ static void handle_modern(const struct mcp_req *r, json_t *id, const char *m, js
   if (strcmp(m, "server/discover") == 0)
     send_reply(out, id, discover_result(), true, true);
   else if (strcmp(m, "tools/list") == 0)
-    send_reply(out, id, json_pack("{s:o}", "tools", tools_list()), true, true);
+    send_reply(out, id, json_pack("{s:o}", "tools", tools_list(false)), true, true);
   else if (strcmp(m, "tools/call") == 0)
     start_call(r, id, params, true);
-  else {
+  else if (!tasks_handle(r, id, m, params, true)) {
     bool removed = strcmp(m, "initialize") == 0 || strcmp(m, "ping") == 0 ||
                    strcmp(m, "logging/setLevel") == 0;
     _cleanup_free_ char *msg2 = xasprintf(
-        "method '%.100s' %s; under %s this server implements server/discover, tools/list and "
-        "tools/call (initialize, ping and logging/setLevel are for clients of 2025-11-25 and "
+        "method '%.100s' %s; under %s this server implements server/discover, tools/list, "
+        "tools/call, and with the " TASKS_EXTENSION " extension tasks/get, tasks/cancel and "
+        "tasks/update (initialize, ping and logging/setLevel are for clients of 2025-11-25 and "
         "earlier, sent without the io.modelcontextprotocol/ _meta)",
         m, removed ? "is not part of protocol " MODERN_VERSION : "not found", MODERN_VERSION);
     send_error(out, id, RPC_METHOD_NOT_FOUND, msg2);
@@ -530,15 +599,15 @@ void mcp_handle_message(const struct mcp_req *r, json_t *msg) {
   else if (strcmp(m, "ping") == 0)
     send_result(out, id, json_object());
   else if (strcmp(m, "tools/list") == 0)
-    send_result(out, id, json_pack("{s:o}", "tools", tools_list()));
+    send_result(out, id, json_pack("{s:o}", "tools", tools_list(true)));
   else if (strcmp(m, "tools/call") == 0)
     start_call(r, id, params, false);
   else if (strcmp(m, "logging/setLevel") == 0)
     do_set_level(out, id, params);
-  else {
+  else if (!tasks_handle(r, id, m, params, false)) {
     _cleanup_free_ char *msg2 = xasprintf(
         "method '%.100s' not found; this server implements initialize, ping, tools/list, "
-        "tools/call and logging/setLevel%s",
+        "tools/call, logging/setLevel, tasks/get, tasks/result, tasks/list and tasks/cancel%s",
         m,
         strcmp(m, "server/discover") == 0
             ? " (server/discover is a " MODERN_VERSION " method: send it with params._meta "

@@ -20,6 +20,11 @@
 #define META_LOG_LEVEL "io.modelcontextprotocol/logLevel"
 #define META_SERVER "io.modelcontextprotocol/serverInfo"
 
+/* A result for a modern request (resultType, the server's identity in
+ * _meta, for a CACHEABLE list its cache hints).  Steals RESULT; NULL stays
+ * NULL. */
+json_t *mcp_modern_result(json_t *result, bool cacheable);
+
 /* The versions served after initialize, newest first. */
 extern const char *const mcp_supported_versions[4];
 

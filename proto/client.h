@@ -25,7 +25,11 @@ struct agent_conn;
 /* What a waiting call can be interrupted or informed by. */
 struct agent_ctl {
   atomic_bool *cancelled;    /* set by the MCP layer; the call ends with -ECANCELED */
-  void (*progress)(void *ctx, const char *last_line, uint64_t elapsed_ms);
+  /* Every few seconds while the call waits: the newest output line (or how
+   * much of a tree was copied), the time so far and the bytes so far: of
+   * stdout and stderr for a command, of the tree and 0 for a copy. */
+  void (*progress)(void *ctx, const char *last_line, uint64_t elapsed_ms, uint64_t bytes,
+                   uint64_t err_bytes);
   void *ctx;
 };
 

@@ -95,8 +95,9 @@ int client_wait_pending(struct agent_conn *c, struct pending *p, const struct ag
       char line[256];
       last_line(p, line, sizeof line);
       last_progress = now;
+      uint64_t out_bytes = p->res ? p->res->out_total : 0, err_bytes = p->res ? p->res->err_total : 0;
       pthread_mutex_unlock(&c->lock);
-      ctl->progress(ctl->ctx, line, now - start);
+      ctl->progress(ctl->ctx, line, now - start, out_bytes, err_bytes);
       pthread_mutex_lock(&c->lock);
       continue;
     }

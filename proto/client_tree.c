@@ -240,7 +240,7 @@ static int tree_wait(struct agent_conn *c, struct pending *p, const struct agent
       snprintf(line, sizeof line, "%.1f MiB of the tree copied", (double)moved / 1048576.0);
       last_progress = now;
       pthread_mutex_unlock(&c->lock);
-      ctl->progress(ctl->ctx, line, now - p->start_ms);
+      ctl->progress(ctl->ctx, line, now - p->start_ms, moved, 0);
       pthread_mutex_lock(&c->lock);
       continue;
     }

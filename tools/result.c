@@ -41,12 +41,14 @@ json_t *err_result_free(char *msg) {
   return r;
 }
 
-void on_progress(void *p, const char *last_line, uint64_t elapsed_ms) {
+void on_progress(void *p, const char *last_line, uint64_t elapsed_ms, uint64_t bytes,
+                 uint64_t err_bytes) {
   struct call_ctx *call = p;
-  (void)elapsed_ms;
   _cleanup_free_ char *line = utf8_sanitize(last_line, strlen(last_line), NULL);
+  const struct call_progress pr = {
+      .message = line, .elapsed_ms = elapsed_ms, .bytes = bytes, .err_bytes = err_bytes};
   if (call->progress)
-    call->progress(call, line);
+    call->progress(call, &pr);
 }
 
 char *conn_fault(const char *what_failed, const char *id, const char *why) {

@@ -29,7 +29,8 @@ json_t *err_result(const char *msg);
 json_t *err_result_free(char *msg);
 
 /* agent_ctl.progress for a call's CTX. */
-void on_progress(void *ctx, const char *last_line, uint64_t elapsed_ms);
+void on_progress(void *ctx, const char *last_line, uint64_t elapsed_ms, uint64_t bytes,
+                 uint64_t err_bytes);
 /* A call whose connection the host ended: the session cannot serve any more. */
 char *conn_fault(const char *what_failed, const char *id, const char *why);
 /* "SIGKILL", or "signal N" (malloc'd). */

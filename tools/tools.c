@@ -380,6 +380,33 @@ size_t tools_result_cost(const char *name, json_t *args) {
   return 0;
 }
 
-json_t *tools_list(void) {
-  return tool_definitions(config_net_name(), cfg.output_cap, cfg.max_file, (size_t)read_cap());
+/* The tools whose calls may run as tasks: those that can take minutes. */
+static const char *const task_tools[] = {"run", "sandbox_run", "commit", "fork", "copy_in",
+                                         "copy_out"};
+
+bool tools_task_support(const char *name) {
+  for (size_t i = 0; i < ARRAY_SIZE(task_tools); i++)
+    if (strcmp(name, task_tools[i]) == 0)
+      return true;
+  return false;
+}
+
+const char *tools_task_names(void) { return "run, sandbox_run, commit, fork, copy_in, copy_out"; }
+
+json_t *tools_list(bool legacy) {
+  json_t *list = tool_definitions(config_net_name(), cfg.output_cap, cfg.max_file,
+                                  (size_t)read_cap());
+  /* 2025-11-25 says per tool whether a call may be a task (absent means
+   * forbidden: said anyway); the 2026-07-28 Tool has no such field. */
+  size_t i;
+  json_t *t;
+  if (!legacy)
+    return list;
+  json_array_foreach(list, i, t) {
+    const char *name = json_string_value(json_object_get(t, "name"));
+    json_object_set_new(t, "execution",
+                        json_pack("{s:s}", "taskSupport",
+                                  name && tools_task_support(name) ? "optional" : "forbidden"));
+  }
+  return list;
 }

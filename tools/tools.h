@@ -7,8 +7,13 @@
 
 #include "common/call.h"
 
-/* The array for tools/list (a new reference). */
-json_t *tools_list(void);
+/* The array for tools/list (a new reference); LEGACY (2025-11-25 and
+ * before) adds each tool's execution.taskSupport. */
+json_t *tools_list(bool legacy);
+/* Whether a call of tool NAME may run as a task (MCP Tasks), and the names
+ * of those tools, for messages. */
+bool tools_task_support(const char *name);
+const char *tools_task_names(void);
 bool tools_exists(const char *name);
 /* Runs tool NAME; returns a CallToolResult object.  ARGS may be NULL. */
 json_t *tools_call(const char *name, json_t *args, struct call_ctx *ctx);

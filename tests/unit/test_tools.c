@@ -142,11 +142,32 @@ static void network_arguments_are_checked(void) {
 }
 
 static void sixteen_tools_are_listed(void) {
-  json_t *t = tools_list();
+  json_t *t = tools_list(true);
   CHECK_EQ_INT(json_array_size(t), 16);
   const char *last[] = {"sandbox_run", "copy_in", "copy_out", "network_log"};
   for (size_t i = 0; i < 4; i++)
     CHECK_STREQ(json_string_value(json_object_get(json_array_get(t, 12 + i), "name")), last[i]);
+  /* The long ones may run as tasks (2025-11-25); the others say they may
+   * not, and the 2026-07-28 list has no execution at all. */
+  const char *may[] = {"run", "sandbox_run", "commit", "fork", "copy_in", "copy_out"};
+  size_t optional = 0;
+  for (size_t i = 0; i < json_array_size(t); i++) {
+    json_t *tool = json_array_get(t, i);
+    const char *name = json_string_value(json_object_get(tool, "name"));
+    const char *support =
+        json_string_value(json_object_get(json_object_get(tool, "execution"), "taskSupport"));
+    bool listed = false;
+    for (size_t j = 0; j < ARRAY_SIZE(may); j++)
+      listed = listed || strcmp(name, may[j]) == 0;
+    CHECK_STREQ(support, listed ? "optional" : "forbidden");
+    CHECK(tools_task_support(name) == listed);
+    optional += listed;
+  }
+  CHECK_EQ_INT(optional, ARRAY_SIZE(may));
+  json_decref(t);
+  t = tools_list(false);
+  for (size_t i = 0; i < json_array_size(t); i++)
+    CHECK(json_object_get(json_array_get(t, i), "execution") == NULL);
   json_decref(t);
   CHECK_CALL_ERR("network_log", "{}",
                  "this tool needs the argument 'session_id' (a string: the id open_session "

@@ -1,0 +1,618 @@
+/* tasks.c: the table of MCP tasks and their methods (see tasks.h).
+ *
+ * A task is a tools/call that answered at once with an id: its call runs on
+ * its own thread as any other (server.c) and hands its result here.  A task
+ * belongs to the owner that made it (the HTTP token's name, "" on stdio):
+ * another owner's id is answered exactly as an id nobody made.  It outlives
+ * the request and the connection that made it, not the server.  A finished
+ * task keeps its result for its TTL, counted from its creation (the
+ * client's wish, capped by IGN_MCP_TASK_TTL_S), and at least a minute after
+ * it finished; a running one is never dropped.  An owner holds at most
+ * IGN_MCP_TASKS_MAX tasks, running or finished, and the results kept by all
+ * are bounded in bytes as the calls in progress are.
+ *
+ * The two eras read the same task differently (docs/mcp-tasks.md):
+ * 2025-11-25 says failed for a result with isError and hands the result to
+ * tasks/result, which waits for the end; 2026-07-28 says completed and puts
+ * the result in tasks/get.  A cancelled task is cancelled in both, at once:
+ * its call is told to stop (a command's process group is killed, a copy or
+ * a commit ends as a cancelled call does) and whatever it returns is
+ * dropped. */
+#include "mcp/tasks.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "mcp/server_int.h"
+#include "tools/tools.h"
+
+/* "h1." and "t" and 32 hex digits: 128 random bits, not guessable. */
+#define TASK_ID_MAX (CONFIG_HOST_ID_MAX + 40)
+/* Longer ids are answered as unknown without being quoted. */
+#define TASK_ID_QUOTE 100
+#define POLL_INTERVAL_MS 1000
+/* A finished task is kept at least this long, whatever its TTL. */
+#define KEEP_AFTER_END_MS 60000
+/* tasks/list pages. */
+#define LIST_PAGE 50
+#define META_RELATED "io.modelcontextprotocol/related-task"
+#define META_IMMEDIATE "io.modelcontextprotocol/model-immediate-response"
+#define META_PROGRESS "ignition-mcp/progress"
+
+enum task_state { TASK_WORKING, TASK_DONE, TASK_CANCELLED };
+
+/* A tasks/result request waiting for its task to end. */
+struct waiter {
+  struct waiter *next;
+  json_t *id;
+  struct mcp_out *out;
+};
+
+struct task {
+  struct task *next;
+  char id[TASK_ID_MAX];
+  char *owner;
+  char *session_id; /* the session its call names, or NULL */
+  char *tool;
+  enum task_state state;
+  bool is_error;          /* its result has isError */
+  char *status_message;   /* NULL: none */
+  int64_t created_ms, updated_ms; /* wall clock, for createdAt and lastUpdatedAt */
+  uint64_t created_mono, ended_mono;
+  uint64_t ttl_ms;
+  json_t *result;         /* the CallToolResult, once done */
+  size_t result_bytes;
+  atomic_bool *cancelled; /* its call's flag while the call runs; then NULL */
+  bool running;           /* its call has not ended: T is never freed */
+  struct waiter *waiters;
+  /* Where 2025-11-25 status notifications go: the output the task was made
+   * on when it lives as long as the process (stdio), else NULL. */
+  struct mcp_out *notify;
+  bool modern;
+  /* progress so far */
+  uint64_t bytes, err_bytes, elapsed_ms;
+  bool has_progress;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct task *tasks; /* newest first */
+static size_t result_bytes;
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static json_t *iso_time(int64_t ms) {
+  time_t s = (time_t)(ms / 1000);
+  struct tm tm;
+  char buf[40];
+  gmtime_r(&s, &tm);
+  size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf + n, sizeof buf - n, ".%03dZ", (int)(ms % 1000));
+  return json_string(buf);
+}
+
+static void task_free(struct task *t) {
+  while (t->waiters) {
+    struct waiter *w = t->waiters;
+    t->waiters = w->next;
+    mcp_send_error(w->out, w->id, RPC_INVALID_PARAMS, "Task has expired", NULL);
+    if (w->out->release)
+      w->out->release(w->out);
+    json_decref(w->id);
+    free(w);
+  }
+  result_bytes -= t->result_bytes;
+  json_decref(t->result);
+  free(t->status_message);
+  free(t->owner);
+  free(t->session_id);
+  free(t->tool);
+  free(t);
+}
+
+static bool expired(const struct task *t, uint64_t now) {
+  if (t->running)
+    return false;
+  return now - t->created_mono >= t->ttl_ms && now - t->ended_mono >= KEEP_AFTER_END_MS;
+}
+
+/* Drops the finished tasks past their time.  With the lock held. */
+static void sweep(void) {
+  uint64_t now = mono_ms();
+  for (struct task **pp = &tasks; *pp;) {
+    struct task *t = *pp;
+    if (expired(t, now)) {
+      *pp = t->next;
+      log_info("task %s (%s) expired: its result was not kept longer", t->id, t->tool);
+      task_free(t);
+    } else {
+      pp = &t->next;
+    }
+  }
+}
+
+bool tasks_declared(json_t *params) {
+  json_t *caps = json_object_get(json_object_get(params, "_meta"), META_CAPS);
+  return json_is_object(json_object_get(json_object_get(caps, "extensions"), TASKS_EXTENSION));
+}
+
+int tasks_check_param(json_t *task, const char *tool, char **ret_msg) {
+  if (!tools_task_support(tool)) {
+    *ret_msg = xasprintf("tool '%s' cannot run as a task (its execution.taskSupport is "
+                         "\"forbidden\": it answers at once); call it without params.task. The "
+                         "tools that can: %s",
+                         tool, tools_task_names());
+    return RPC_METHOD_NOT_FOUND;
+  }
+  if (!json_is_object(task)) {
+    *ret_msg = strdup("params.task must be an object, {} or {\"ttl\": milliseconds}");
+    return RPC_INVALID_PARAMS;
+  }
+  json_t *ttl = json_object_get(task, "ttl");
+  if (ttl && !json_is_null(ttl) && !(json_is_integer(ttl) && json_integer_value(ttl) >= 0)) {
+    *ret_msg = strdup("params.task.ttl must be a non-negative integer, in milliseconds (or "
+                       "left out for the server's longest)");
+    return RPC_INVALID_PARAMS;
+  }
+  return 0;
+}
+
+static unsigned owner_count(const char *owner) {
+  unsigned n = 0;
+  for (struct task *t = tasks; t; t = t->next)
+    n += strcmp(t->owner, owner) == 0;
+  return n;
+}
+
+struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t *task_param,
+                       bool modern, atomic_bool *cancelled, struct mcp_out *out, char **ret_msg) {
+  uint64_t cap_ms = (uint64_t)cfg.task_ttl_s * 1000;
+  uint64_t ttl = cap_ms;
+  json_t *asked = task_param ? json_object_get(task_param, "ttl") : NULL;
+  if (json_is_integer(asked) && (uint64_t)json_integer_value(asked) < cap_ms)
+    ttl = (uint64_t)json_integer_value(asked);
+  unsigned char rnd[16];
+  if (getrandom(rnd, sizeof rnd, 0) != sizeof rnd) {
+    *ret_msg = xasprintf("cannot make a task id: getrandom: %s", strerror(errno));
+    return NULL;
+  }
+  struct task *t = calloc(1, sizeof *t);
+  json_t *sid = json_object_get(args, "session_id");
+  if (!t || !(t->owner = strdup(owner)) || !(t->tool = strdup(tool)) ||
+      (json_is_string(sid) && !(t->session_id = strdup(json_string_value(sid))))) {
+    if (t) {
+      free(t->owner);
+      free(t->tool);
+      free(t);
+    }
+    *ret_msg = strdup("out of memory for a task; try again");
+    return NULL;
+  }
+  size_t n = (size_t)snprintf(t->id, sizeof t->id, "%s%st", cfg.host_id, *cfg.host_id ? "." : "");
+  for (size_t i = 0; i < sizeof rnd; i++)
+    n += (size_t)snprintf(t->id + n, sizeof t->id - n, "%02x", rnd[i]);
+  t->created_ms = t->updated_ms = wall_ms();
+  t->created_mono = mono_ms();
+  t->ttl_ms = ttl;
+  t->cancelled = cancelled;
+  t->running = true;
+  t->modern = modern;
+  t->notify = out && !out->hold ? out : NULL;
+  /* The byte budget of kept results: as the calls in progress have. */
+  size_t budget = cfg.max_message * 4;
+  pthread_mutex_lock(&lock);
+  sweep();
+  unsigned held = owner_count(owner);
+  if (held >= cfg.tasks_max || result_bytes >= budget) {
+    size_t bytes = result_bytes;
+    pthread_mutex_unlock(&lock);
+    *ret_msg = held >= cfg.tasks_max
+                   ? xasprintf("too many tasks: this client holds %u, running or finished (at "
+                               "most %u, IGN_MCP_TASKS_MAX); a finished task is kept until its "
+                               "TTL passes: collect results, cancel tasks you no longer need, or "
+                               "call without a task",
+                               held, cfg.tasks_max)
+                   : xasprintf("too many task results kept: %zu bytes (at most %zu, 4 x "
+                               "IGN_MCP_MAX_MESSAGE); let finished tasks expire, or call without "
+                               "a task",
+                               bytes, budget);
+    free(t->owner);
+    free(t->tool);
+    free(t->session_id);
+    free(t);
+    return NULL;
+  }
+  t->next = tasks;
+  tasks = t;
+  pthread_mutex_unlock(&lock);
+  log_info("task %s: %s started as a task", t->id, tool);
+  return t;
+}
+
+/* The Task object of T (with the lock held) as ERA says it: legacy
+ * {taskId, status, statusMessage?, createdAt, lastUpdatedAt, ttl,
+ * pollInterval}; modern the same with ttlMs and pollIntervalMs. */
+static json_t *task_json(const struct task *t, bool modern) {
+  const char *status = t->state == TASK_CANCELLED ? "cancelled"
+                       : t->state == TASK_WORKING ? "working"
+                       : !modern && t->is_error   ? "failed"
+                                                  : "completed";
+  json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:I, s:i}", "taskId", t->id, "status", status,
+                        "createdAt", iso_time(t->created_ms), "lastUpdatedAt",
+                        iso_time(t->updated_ms), modern ? "ttlMs" : "ttl", (json_int_t)t->ttl_ms,
+                        modern ? "pollIntervalMs" : "pollInterval", POLL_INTERVAL_MS);
+  if (o && t->status_message)
+    json_object_set_new(o, "statusMessage", json_string(t->status_message));
+  if (o && t->has_progress && t->state == TASK_WORKING) {
+    bool command = strcmp(t->tool, "run") == 0 || strcmp(t->tool, "sandbox_run") == 0;
+    json_t *p = command ? json_pack("{s:I, s:I, s:I}", "elapsed_ms", (json_int_t)t->elapsed_ms,
+                                    "stdout_bytes", (json_int_t)t->bytes, "stderr_bytes",
+                                    (json_int_t)t->err_bytes)
+                        : json_pack("{s:I, s:I}", "elapsed_ms", (json_int_t)t->elapsed_ms,
+                                    "bytes_copied", (json_int_t)t->bytes);
+    json_object_set_new(o, "_meta", json_pack("{s:o}", META_PROGRESS, p));
+  }
+  return o;
+}
+
+json_t *tasks_created(struct task *t, bool modern) {
+  pthread_mutex_lock(&lock);
+  json_t *o = task_json(t, modern);
+  pthread_mutex_unlock(&lock);
+  if (!o)
+    return NULL;
+  if (modern) {
+    json_object_del(o, "_meta");
+    json_object_set_new(o, "resultType", json_string("task"));
+    return o;
+  }
+  _cleanup_free_ char *say = xasprintf(
+      "%s started as task %s; it runs on while you work. Poll tasks/get, collect its result "
+      "with tasks/result, stop it with tasks/cancel.",
+      t->tool, t->id);
+  return json_pack("{s:o, s:{s:s}}", "task", o, "_meta", META_IMMEDIATE, say);
+}
+
+void tasks_progress(struct task *t, const char *tool, const struct call_progress *p) {
+  bool command = strcmp(tool, "run") == 0 || strcmp(tool, "sandbox_run") == 0;
+  char *msg = command ? xasprintf("running for %" PRIu64 " s; stdout %" PRIu64
+                                  " bytes, stderr %" PRIu64 " bytes%s%s",
+                                  p->elapsed_ms / 1000, p->bytes, p->err_bytes,
+                                  p->message && *p->message ? "; last line: " : "",
+                                  p->message ? p->message : "")
+                      : xasprintf("running for %" PRIu64 " s%s%s", p->elapsed_ms / 1000,
+                                  p->message && *p->message ? "; " : "",
+                                  p->message ? p->message : "");
+  pthread_mutex_lock(&lock);
+  if (t->state == TASK_WORKING) {
+    free(t->status_message);
+    t->status_message = msg;
+    msg = NULL;
+    t->bytes = p->bytes;
+    t->err_bytes = p->err_bytes;
+    t->elapsed_ms = p->elapsed_ms;
+    t->has_progress = true;
+    t->updated_ms = wall_ms();
+  }
+  pthread_mutex_unlock(&lock);
+  free(msg);
+}
+
+/* What tasks/result answers for T, ended (with the lock held): the call's
+ * exact result, or for a cancelled task a tool error saying why, with the
+ * related-task _meta. */
+static json_t *payload(const struct task *t) {
+  json_t *r = t->state == TASK_DONE && t->result
+                  ? json_copy(t->result)
+                  : json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                              t->status_message ? t->status_message : "the task was cancelled",
+                              "isError", 1);
+  if (!r)
+    return NULL;
+  json_t *meta = json_object_get(r, "_meta");
+  meta = json_is_object(meta) ? json_copy(meta) : json_object();
+  json_object_set_new(meta, META_RELATED, json_pack("{s:s}", "taskId", t->id));
+  json_object_set_new(r, "_meta", meta);
+  return r;
+}
+
+static void send_result(struct mcp_out *out, json_t *id, json_t *result, bool modern) {
+  if (modern)
+    result = mcp_modern_result(result, false);
+  if (!result) {
+    mcp_send_error(out, id, RPC_INTERNAL_ERROR, "the result could not be built (out of memory)",
+                   NULL);
+    return;
+  }
+  mcp_send(out, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+}
+
+/* T has ended (with the lock held): the waiting tasks/result requests get
+ * its payload, a stdio client of 2025-11-25 its status notification. */
+static void ended(struct task *t) {
+  t->ended_mono = mono_ms();
+  t->updated_ms = wall_ms();
+  while (t->waiters) {
+    struct waiter *w = t->waiters;
+    t->waiters = w->next;
+    send_result(w->out, w->id, payload(t), false);
+    if (w->out->release)
+      w->out->release(w->out);
+    json_decref(w->id);
+    free(w);
+  }
+  if (t->notify && !t->modern)
+    mcp_send(t->notify, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method",
+                                  "notifications/tasks/status", "params", task_json(t, false)));
+}
+
+static char *first_text(json_t *result) {
+  json_t *text = json_object_get(json_array_get(json_object_get(result, "content"), 0), "text");
+  return json_is_string(text) ? strndup(json_string_value(text), 1000) : NULL;
+}
+
+void tasks_finish(struct task *t, json_t *result) {
+  pthread_mutex_lock(&lock);
+  if (t->state == TASK_WORKING) {
+    t->state = TASK_DONE;
+    if (!result)
+      result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                         "the result could not be built (out of memory)", "isError", 1);
+    t->result = result;
+    result = NULL;
+    t->is_error = json_is_true(json_object_get(t->result, "isError"));
+    free(t->status_message);
+    t->status_message = t->is_error ? first_text(t->result) : NULL;
+    char *s = json_dumps(t->result, JSON_COMPACT | JSON_ENCODE_ANY);
+    t->result_bytes = s ? strlen(s) : 0;
+    result_bytes += t->result_bytes;
+    free(s);
+    log_info("task %s (%s) %s", t->id, t->tool, t->is_error ? "failed" : "completed");
+    ended(t);
+  }
+  t->running = false;
+  t->cancelled = NULL;
+  pthread_mutex_unlock(&lock);
+  json_decref(result);
+}
+
+/* Cancels T (with the lock held); false when it had already ended. */
+static bool cancel(struct task *t, const char *why) {
+  if (t->state != TASK_WORKING)
+    return false;
+  t->state = TASK_CANCELLED;
+  free(t->status_message);
+  t->status_message = strdup(why);
+  /* Its call is still ending: it stays counted among the calls in progress
+   * until it has, and tasks_finish then drops what it returns. */
+  if (t->cancelled)
+    atomic_store(t->cancelled, true);
+  log_info("task %s (%s) %s", t->id, t->tool, why);
+  ended(t);
+  return true;
+}
+
+void tasks_cancel_session(const char *owner, const char *sid, const char *why) {
+  pthread_mutex_lock(&lock);
+  for (struct task *t = tasks; t; t = t->next)
+    if (t->session_id && strcmp(t->session_id, sid) == 0 && strcmp(t->owner, owner) == 0) {
+      _cleanup_free_ char *msg = xasprintf("cancelled: session '%s' %s", sid, why);
+      cancel(t, msg);
+    }
+  pthread_mutex_unlock(&lock);
+}
+
+void tasks_drop_out(struct mcp_out *out) {
+  pthread_mutex_lock(&lock);
+  for (struct task *t = tasks; t; t = t->next) {
+    if (t->notify == out)
+      t->notify = NULL;
+    for (struct waiter **pp = &t->waiters; *pp;) {
+      struct waiter *w = *pp;
+      if (w->out != out) {
+        pp = &w->next;
+        continue;
+      }
+      *pp = w->next;
+      if (out->release)
+        out->release(out);
+      json_decref(w->id);
+      free(w);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- the methods ---- */
+
+/* The task PARAMS.taskId names, of OWNER (with the lock held), or NULL
+ * after answering the request with "not found". */
+static struct task *find(struct mcp_out *out, json_t *id, json_t *params, const char *owner) {
+  json_t *tid = json_object_get(params, "taskId");
+  if (!json_is_string(tid)) {
+    mcp_send_error(out, id, RPC_INVALID_PARAMS,
+                   "params.taskId must be a string, the id tools/call answered with", NULL);
+    return NULL;
+  }
+  sweep();
+  if (!has_nul(tid) && json_string_length(tid) < TASK_ID_MAX)
+    for (struct task *t = tasks; t; t = t->next)
+      if (strcmp(t->id, json_string_value(tid)) == 0 && strcmp(t->owner, owner) == 0)
+        return t;
+  bool quote = !has_nul(tid) && json_string_length(tid) <= TASK_ID_QUOTE;
+  _cleanup_free_ char *msg = xasprintf(
+      "Failed to retrieve task: Task not found: %s%s%s: no task of this client has that id (it "
+      "was never made, belongs to another client, or finished more than its TTL ago)",
+      quote ? "'" : "", quote ? json_string_value(tid) : "(an id no task has)", quote ? "'" : "");
+  mcp_send_error(out, id, RPC_INVALID_PARAMS, msg, NULL);
+  return NULL;
+}
+
+static void do_get(const struct mcp_req *r, json_t *id, json_t *params, bool modern) {
+  pthread_mutex_lock(&lock);
+  struct task *t = find(r->out, id, params, r->owner);
+  json_t *o = t ? task_json(t, modern) : NULL;
+  if (o && modern && t->state == TASK_DONE)
+    json_object_set(o, "result", t->result);
+  pthread_mutex_unlock(&lock);
+  if (t)
+    send_result(r->out, id, o, modern);
+}
+
+static void do_result(const struct mcp_req *r, json_t *id, json_t *params) {
+  pthread_mutex_lock(&lock);
+  struct task *t = find(r->out, id, params, r->owner);
+  if (!t) {
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  if (t->state != TASK_WORKING) {
+    json_t *p = payload(t);
+    pthread_mutex_unlock(&lock);
+    send_result(r->out, id, p, false);
+    return;
+  }
+  /* The answer waits for the end (2025-11-25 MUST), without holding the
+   * thread that reads requests. */
+  struct waiter *w = calloc(1, sizeof *w);
+  if (!w) {
+    pthread_mutex_unlock(&lock);
+    mcp_send_error(r->out, id, RPC_INTERNAL_ERROR, "out of memory; try again", NULL);
+    return;
+  }
+  w->id = json_incref(id);
+  w->out = r->out;
+  if (r->out->hold)
+    r->out->hold(r->out);
+  w->next = t->waiters;
+  t->waiters = w;
+  pthread_mutex_unlock(&lock);
+}
+
+static void do_list(const struct mcp_req *r, json_t *id, json_t *params) {
+  json_t *cursor = json_object_get(params, "cursor");
+  unsigned long skip = 0;
+  if (cursor && !json_is_null(cursor)) {
+    const char *c = json_is_string(cursor) && !has_nul(cursor) ? json_string_value(cursor) : "";
+    char *end;
+    errno = 0;
+    skip = strtoul(c, &end, 10);
+    if (!*c || *end || errno || *c == '-' || skip > 1000000) {
+      mcp_send_error(r->out, id, RPC_INVALID_PARAMS,
+                     "params.cursor is not one this server gave: pass the nextCursor of the "
+                     "previous tasks/list, or none for the first page",
+                     NULL);
+      return;
+    }
+  }
+  json_t *list = json_array();
+  unsigned long seen = 0;
+  bool more = false;
+  pthread_mutex_lock(&lock);
+  sweep();
+  for (struct task *t = tasks; t; t = t->next) {
+    if (strcmp(t->owner, r->owner) != 0)
+      continue;
+    if (seen++ < skip)
+      continue;
+    if (json_array_size(list) == LIST_PAGE) {
+      more = true;
+      break;
+    }
+    json_array_append_new(list, task_json(t, false));
+  }
+  pthread_mutex_unlock(&lock);
+  json_t *res = json_pack("{s:o}", "tasks", list);
+  if (res && more) {
+    char next[24];
+    snprintf(next, sizeof next, "%lu", skip + LIST_PAGE);
+    json_object_set_new(res, "nextCursor", json_string(next));
+  }
+  send_result(r->out, id, res, false);
+}
+
+static void do_cancel(const struct mcp_req *r, json_t *id, json_t *params, bool modern) {
+  pthread_mutex_lock(&lock);
+  struct task *t = find(r->out, id, params, r->owner);
+  if (!t) {
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  bool was_working = cancel(t, "cancelled by tasks/cancel; its work was stopped");
+  if (!was_working && !modern) {
+    const char *status = t->state == TASK_CANCELLED ? "cancelled"
+                         : t->is_error              ? "failed"
+                                                    : "completed";
+    pthread_mutex_unlock(&lock);
+    _cleanup_free_ char *msg =
+        xasprintf("Cannot cancel task: already in terminal status '%s'", status);
+    mcp_send_error(r->out, id, RPC_INVALID_PARAMS, msg, NULL);
+    return;
+  }
+  json_t *o = modern ? json_object() : task_json(t, false);
+  pthread_mutex_unlock(&lock);
+  send_result(r->out, id, o, modern);
+}
+
+/* tasks/update answers the input a task asked for; no tool of this server
+ * ever asks, so a known task gets the empty acknowledgement and its
+ * inputResponses are ignored (what the extension says for keys not
+ * outstanding). */
+static void do_update(const struct mcp_req *r, json_t *id, json_t *params) {
+  pthread_mutex_lock(&lock);
+  struct task *t = find(r->out, id, params, r->owner);
+  pthread_mutex_unlock(&lock);
+  if (t)
+    send_result(r->out, id, json_object(), true);
+}
+
+bool tasks_handle(const struct mcp_req *r, json_t *id, const char *m, json_t *params,
+                  bool modern) {
+  if (strncmp(m, "tasks/", 6) != 0)
+    return false;
+  const char *what = m + 6;
+  if (modern) {
+    if (strcmp(what, "get") != 0 && strcmp(what, "cancel") != 0 && strcmp(what, "update") != 0)
+      return false;
+    if (!tasks_declared(params)) {
+      _cleanup_free_ char *msg = xasprintf(
+          "%s needs the " TASKS_EXTENSION " extension declared in this request's "
+          "params._meta[\"" META_CAPS "\"].extensions",
+          m);
+      mcp_send_error(r->out, id, RPC_MISSING_CAPABILITY, msg,
+                     json_pack("{s:{s:{s:{}}}}", "requiredCapabilities", "extensions",
+                               TASKS_EXTENSION));
+      return true;
+    }
+    if (strcmp(what, "get") == 0)
+      do_get(r, id, params, true);
+    else if (strcmp(what, "cancel") == 0)
+      do_cancel(r, id, params, true);
+    else
+      do_update(r, id, params);
+    return true;
+  }
+  if (strcmp(what, "get") == 0)
+    do_get(r, id, params, false);
+  else if (strcmp(what, "result") == 0)
+    do_result(r, id, params);
+  else if (strcmp(what, "list") == 0)
+    do_list(r, id, params);
+  else if (strcmp(what, "cancel") == 0)
+    do_cancel(r, id, params, false);
+  else
+    return false;
+  return true;
+}
