@@ -242,7 +242,9 @@ char *http_modern_mismatch(struct MHD_Connection *c, const char *m, json_t *para
   /* The Tasks extension: tasks/get, tasks/update and tasks/cancel name
    * their task in Mcp-Name. */
   json_t *tid = json_object_get(params, "taskId");
-  if (!why && strncmp(m, "tasks/", 6) == 0 && json_is_string(tid))
+  bool names_task = strcmp(m, "tasks/get") == 0 || strcmp(m, "tasks/update") == 0 ||
+                    strcmp(m, "tasks/cancel") == 0;
+  if (!why && names_task && json_is_string(tid))
     why = header_mismatch(c, "Mcp-Name", tid, "params.taskId", true);
   return why;
 }

@@ -360,9 +360,13 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
         "IGN_MCP_MAX_MESSAGE); wait for a call to finish, then retry",
         busy_calls, busy_bytes, cost, cfg.max_calls, budget);
     log_warn("%s", msg);
-    send_reply(out, id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text", msg,
-                             "isError", 1),
-               modern, false);
+    /* A legacy client that asked for a task expects a task or an error. */
+    if (task_param)
+      send_error(out, id, RPC_INTERNAL_ERROR, msg);
+    else
+      send_reply(out, id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                                    msg, "isError", 1),
+                 modern, false);
     return;
   }
   struct call *c = calloc(1, sizeof *c);
@@ -392,18 +396,19 @@ static void start_call(const struct mcp_req *r, json_t *id, json_t *params, bool
     c->task = c->tool ? tasks_new(c->ctx.owner, c->tool, c->args, task_param, modern,
                                   &c->ctx.cancelled, out, &msg)
                       : NULL;
-    if (!c->task) {
-      const char *why = msg ? msg : "out of memory for a task; try again";
+    const char *why = msg ? msg : "out of memory for a task; try again";
+    if (!c->task && !modern) {
       log_warn("%s", why);
-      if (modern)
-        send_reply(out, id, json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
-                                      why, "isError", 1),
-                   true, false);
-      else
-        send_error(out, id, RPC_INTERNAL_ERROR, why);
+      send_error(out, id, RPC_INTERNAL_ERROR, why);
       call_free(c);
       return;
     }
+    /* 2026-07-28: the server decides, so past the caps the call is simply
+     * answered when it ends, as without the extension. */
+    if (!c->task)
+      log_info("%s: %s answered without a task", why, c->tool);
+  }
+  if (c->task) {
     c->ctx.progress = call_progress;
     /* Answered before the call starts: its id resolves from now on, and
      * nothing of the call can go out before it. */
@@ -480,11 +485,16 @@ static void do_initialize(struct mcp_out *out, json_t *id, json_t *params) {
     for (size_t i = 0; i < ARRAY_SIZE(mcp_supported_versions); i++)
       if (strcmp(json_string_value(v), mcp_supported_versions[i]) == 0)
         version = mcp_supported_versions[i];
-  send_result(out, id, json_pack("{s:s, s:{s:{s:b}, s:{}, s:{s:{}, s:{}, s:{s:{s:{}}}}}, s:{s:s, s:s, s:s}, s:s}",
-                            "protocolVersion", version, "capabilities", "tools", "listChanged", 0,
-                            "logging", "tasks", "list", "cancel", "requests", "tools", "call",
-                            "serverInfo", "name", "ignition-mcp", "version", IGN_VERSION, "title",
-                            "ignition-mcp: a sandbox per session", "instructions", instructions));
+  json_t *res = json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion",
+                           version, "capabilities", "tools", "listChanged", 0, "logging",
+                           "serverInfo", "name", "ignition-mcp", "version", IGN_VERSION, "title",
+                           "ignition-mcp: a sandbox per session", "instructions", instructions);
+  /* Tasks came with 2025-11-25: older clients are not told of them. */
+  if (res && strcmp(version, LATEST_VERSION) == 0)
+    json_object_set_new(json_object_get(res, "capabilities"), "tasks",
+                        json_pack("{s:{}, s:{}, s:{s:{s:{}}}}", "list", "cancel", "requests",
+                                  "tools", "call"));
+  send_result(out, id, res);
 }
 
 static void do_set_level(struct mcp_out *out, json_t *id, json_t *params) {

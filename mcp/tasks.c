@@ -8,8 +8,11 @@
  * task keeps its result for its TTL, counted from its creation (the
  * client's wish, capped by IGN_MCP_TASK_TTL_S), and at least a minute after
  * it finished; a running one is never dropped.  An owner holds at most
- * IGN_MCP_TASKS_MAX tasks, running or finished, and the results kept by all
- * are bounded in bytes as the calls in progress are.
+ * IGN_MCP_TASKS_MAX tasks, running or finished, and results of at most
+ * 4 x IGN_MCP_MAX_MESSAGE bytes; a finished task whose result was collected
+ * makes room for a new one.  Past the caps, 2025-11-25 (which asked for a
+ * task) gets an error; 2026-07-28 (where the server decides) gets the
+ * synchronous answer.
  *
  * The two eras read the same task differently (docs/mcp-tasks.md):
  * 2025-11-25 says failed for a result with isError and hands the result to
@@ -33,6 +36,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "mcp/server_int.h"
+#include "session/session.h"
 #include "tools/tools.h"
 
 /* "h1." and "t" and 32 hex digits: 128 random bits, not guessable. */
@@ -44,17 +48,30 @@
 #define KEEP_AFTER_END_MS 60000
 /* tasks/list pages. */
 #define LIST_PAGE 50
+/* A tasks/result waiting for its task holds its request id: ids longer than
+ * this are refused, and an owner has at most IGN_MCP_TASKS_MAX waiting. */
+#define WAITER_ID_MAX 256
 #define META_RELATED "io.modelcontextprotocol/related-task"
 #define META_IMMEDIATE "io.modelcontextprotocol/model-immediate-response"
 #define META_PROGRESS "ignition-mcp/progress"
 
 enum task_state { TASK_WORKING, TASK_DONE, TASK_CANCELLED };
 
-/* A tasks/result request waiting for its task to end. */
+/* A tasks/result request waiting for its task to end; also what goes out
+ * once the lock is let go (struct outbox). */
 struct waiter {
   struct waiter *next;
   json_t *id;
   struct mcp_out *out;
+  json_t *msg;  /* in an outbox: the whole message to send */
+  bool release; /* in an outbox: OUT is released once MSG is sent */
+};
+
+/* Messages made with the lock held and sent after it is let go, so that
+ * no output is written to (a stdio pipe the client does not read) while
+ * every task waits. */
+struct outbox {
+  struct waiter *head, **tail;
 };
 
 struct task {
@@ -73,6 +90,8 @@ struct task {
   size_t result_bytes;
   atomic_bool *cancelled; /* its call's flag while the call runs; then NULL */
   bool running;           /* its call has not ended: T is never freed */
+  bool collected;         /* its end was seen by tasks/result or tasks/get */
+  uint64_t seq;           /* creation order: the tasks/list cursor */
   struct waiter *waiters;
   /* Where 2025-11-25 status notifications go: the output the task was made
    * on when it lives as long as the process (stdio), else NULL. */
@@ -85,7 +104,7 @@ struct task {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct task *tasks; /* newest first */
-static size_t result_bytes;
+static uint64_t next_seq = 1;
 
 static int64_t wall_ms(void) {
   struct timespec ts;
@@ -103,17 +122,8 @@ static json_t *iso_time(int64_t ms) {
   return json_string(buf);
 }
 
+/* Only an ended task is freed: its waiters were answered when it ended. */
 static void task_free(struct task *t) {
-  while (t->waiters) {
-    struct waiter *w = t->waiters;
-    t->waiters = w->next;
-    mcp_send_error(w->out, w->id, RPC_INVALID_PARAMS, "Task has expired", NULL);
-    if (w->out->release)
-      w->out->release(w->out);
-    json_decref(w->id);
-    free(w);
-  }
-  result_bytes -= t->result_bytes;
   json_decref(t->result);
   free(t->status_message);
   free(t->owner);
@@ -169,11 +179,38 @@ int tasks_check_param(json_t *task, const char *tool, char **ret_msg) {
   return 0;
 }
 
-static unsigned owner_count(const char *owner) {
-  unsigned n = 0;
+/* What OWNER holds (with the lock held): tasks, bytes of results, waiting
+ * tasks/result requests. */
+struct held {
+  unsigned tasks, waiters;
+  size_t bytes;
+};
+static struct held owner_holds(const char *owner) {
+  struct held h = {0};
   for (struct task *t = tasks; t; t = t->next)
-    n += strcmp(t->owner, owner) == 0;
-  return n;
+    if (strcmp(t->owner, owner) == 0) {
+      h.tasks++;
+      h.bytes += t->result_bytes;
+      for (struct waiter *w = t->waiters; w; w = w->next)
+        h.waiters++;
+    }
+  return h;
+}
+
+/* Makes room for a task of OWNER (with the lock held): drops its oldest
+ * finished task whose end was already collected.  False: none. */
+static bool evict_collected(const char *owner) {
+  struct task **oldest = NULL;
+  for (struct task **pp = &tasks; *pp; pp = &(*pp)->next)
+    if (!(*pp)->running && (*pp)->collected && strcmp((*pp)->owner, owner) == 0)
+      oldest = pp;
+  if (!oldest)
+    return false;
+  struct task *t = *oldest;
+  *oldest = t->next;
+  log_info("task %s (%s) dropped to make room: its result was collected", t->id, t->tool);
+  task_free(t);
+  return true;
 }
 
 struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t *task_param,
@@ -189,9 +226,11 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
     return NULL;
   }
   struct task *t = calloc(1, sizeof *t);
+  /* Only an id a session may have is kept: no other can be closed. */
   json_t *sid = json_object_get(args, "session_id");
+  bool keep_sid = json_is_string(sid) && json_string_length(sid) < SESSION_ID_MAX && !has_nul(sid);
   if (!t || !(t->owner = strdup(owner)) || !(t->tool = strdup(tool)) ||
-      (json_is_string(sid) && !(t->session_id = strdup(json_string_value(sid))))) {
+      (keep_sid && !(t->session_id = strdup(json_string_value(sid))))) {
     if (t) {
       free(t->owner);
       free(t->tool);
@@ -210,30 +249,33 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
   t->running = true;
   t->modern = modern;
   t->notify = out && !out->hold ? out : NULL;
-  /* The byte budget of kept results: as the calls in progress have. */
+  /* Each owner's byte budget of kept results: as the calls in progress
+   * have. */
   size_t budget = cfg.max_message * 4;
   pthread_mutex_lock(&lock);
   sweep();
-  unsigned held = owner_count(owner);
-  if (held >= cfg.tasks_max || result_bytes >= budget) {
-    size_t bytes = result_bytes;
+  struct held h = owner_holds(owner);
+  while ((h.tasks >= cfg.tasks_max || h.bytes >= budget) && evict_collected(owner))
+    h = owner_holds(owner);
+  if (h.tasks >= cfg.tasks_max || h.bytes >= budget) {
     pthread_mutex_unlock(&lock);
-    *ret_msg = held >= cfg.tasks_max
+    *ret_msg = h.tasks >= cfg.tasks_max
                    ? xasprintf("too many tasks: this client holds %u, running or finished (at "
                                "most %u, IGN_MCP_TASKS_MAX); a finished task is kept until its "
-                               "TTL passes: collect results, cancel tasks you no longer need, or "
-                               "call without a task",
-                               held, cfg.tasks_max)
-                   : xasprintf("too many task results kept: %zu bytes (at most %zu, 4 x "
-                               "IGN_MCP_MAX_MESSAGE); let finished tasks expire, or call without "
-                               "a task",
-                               bytes, budget);
+                               "result is collected (tasks/result) or its TTL passes: collect "
+                               "results, or call without a task",
+                               h.tasks, cfg.tasks_max)
+                   : xasprintf("too many task results kept: this client's finished tasks hold "
+                               "%zu bytes (at most %zu, 4 x IGN_MCP_MAX_MESSAGE); collect them "
+                               "with tasks/result, or call without a task",
+                               h.bytes, budget);
     free(t->owner);
     free(t->tool);
     free(t->session_id);
     free(t);
     return NULL;
   }
+  t->seq = next_seq++;
   t->next = tasks;
   tasks = t;
   pthread_mutex_unlock(&lock);
@@ -328,34 +370,74 @@ static json_t *payload(const struct task *t) {
   return r;
 }
 
-static void send_result(struct mcp_out *out, json_t *id, json_t *result, bool modern) {
+/* The response to request ID: RESULT (stolen), or an error when it could
+ * not be built. */
+static json_t *response(json_t *id, json_t *result, bool modern) {
   if (modern)
     result = mcp_modern_result(result, false);
-  if (!result) {
-    mcp_send_error(out, id, RPC_INTERNAL_ERROR, "the result could not be built (out of memory)",
-                   NULL);
-    return;
-  }
-  mcp_send(out, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+  if (!result)
+    return json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error", "code",
+                     RPC_INTERNAL_ERROR, "message",
+                     "the result could not be built (out of memory); try again");
+  return json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result);
 }
 
-/* T has ended (with the lock held): the waiting tasks/result requests get
- * its payload, a stdio client of 2025-11-25 its status notification. */
-static void ended(struct task *t) {
+static void send_result(struct mcp_out *out, json_t *id, json_t *result, bool modern) {
+  mcp_send(out, response(id, result, modern));
+}
+
+/* Queues MSG (stolen) for OUT in BOX; W (may be NULL) is reused. */
+static void post(struct outbox *box, struct waiter *w, struct mcp_out *out, json_t *msg,
+                 bool release) {
+  if (!w && !(w = calloc(1, sizeof *w))) {
+    json_decref(msg);
+    if (release && out->release)
+      out->release(out);
+    return;
+  }
+  json_decref(w->id);
+  w->id = NULL;
+  w->out = out;
+  w->msg = msg;
+  w->release = release;
+  w->next = NULL;
+  *box->tail = w;
+  box->tail = &w->next;
+}
+
+/* Sends what BOX holds, the lock let go. */
+static void flush(struct outbox *box) {
+  while (box->head) {
+    struct waiter *w = box->head;
+    box->head = w->next;
+    if (w->msg)
+      mcp_send(w->out, w->msg);
+    if (w->release && w->out->release)
+      w->out->release(w->out);
+    free(w);
+  }
+  box->tail = &box->head;
+}
+
+/* T has ended (with the lock held): a stdio client of 2025-11-25 gets its
+ * status notification, then the waiting tasks/result requests its payload
+ * (which collects it), all from BOX once the lock is let go. */
+static void ended(struct task *t, struct outbox *box) {
   t->ended_mono = mono_ms();
   t->updated_ms = wall_ms();
+  if (t->notify && !t->modern)
+    post(box, NULL, t->notify,
+         json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", "notifications/tasks/status",
+                   "params", task_json(t, false)),
+         false);
   while (t->waiters) {
     struct waiter *w = t->waiters;
     t->waiters = w->next;
-    send_result(w->out, w->id, payload(t), false);
-    if (w->out->release)
-      w->out->release(w->out);
-    json_decref(w->id);
-    free(w);
+    json_t *id = json_incref(w->id);
+    post(box, w, w->out, response(id, payload(t), false), true);
+    json_decref(id);
+    t->collected = true;
   }
-  if (t->notify && !t->modern)
-    mcp_send(t->notify, json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method",
-                                  "notifications/tasks/status", "params", task_json(t, false)));
 }
 
 static char *first_text(json_t *result) {
@@ -364,32 +446,39 @@ static char *first_text(json_t *result) {
 }
 
 void tasks_finish(struct task *t, json_t *result) {
+  if (!result)
+    result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
+                       "the result could not be built (out of memory)", "isError", 1);
+  /* Measured, and its error text taken, before the lock. */
+  char *s = result ? json_dumps(result, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  size_t bytes = s ? strlen(s) : 0;
+  free(s);
+  bool is_error = json_is_true(json_object_get(result, "isError"));
+  char *text = is_error ? first_text(result) : NULL;
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
   if (t->state == TASK_WORKING) {
     t->state = TASK_DONE;
-    if (!result)
-      result = json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
-                         "the result could not be built (out of memory)", "isError", 1);
     t->result = result;
     result = NULL;
-    t->is_error = json_is_true(json_object_get(t->result, "isError"));
+    t->result_bytes = bytes;
+    t->is_error = is_error;
     free(t->status_message);
-    t->status_message = t->is_error ? first_text(t->result) : NULL;
-    char *s = json_dumps(t->result, JSON_COMPACT | JSON_ENCODE_ANY);
-    t->result_bytes = s ? strlen(s) : 0;
-    result_bytes += t->result_bytes;
-    free(s);
+    t->status_message = text;
+    text = NULL;
     log_info("task %s (%s) %s", t->id, t->tool, t->is_error ? "failed" : "completed");
-    ended(t);
+    ended(t, &box);
   }
   t->running = false;
   t->cancelled = NULL;
   pthread_mutex_unlock(&lock);
+  flush(&box);
+  free(text);
   json_decref(result);
 }
 
 /* Cancels T (with the lock held); false when it had already ended. */
-static bool cancel(struct task *t, const char *why) {
+static bool cancel(struct task *t, const char *why, struct outbox *box) {
   if (t->state != TASK_WORKING)
     return false;
   t->state = TASK_CANCELLED;
@@ -400,21 +489,24 @@ static bool cancel(struct task *t, const char *why) {
   if (t->cancelled)
     atomic_store(t->cancelled, true);
   log_info("task %s (%s) %s", t->id, t->tool, why);
-  ended(t);
+  ended(t, box);
   return true;
 }
 
 void tasks_cancel_session(const char *owner, const char *sid, const char *why) {
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
   for (struct task *t = tasks; t; t = t->next)
     if (t->session_id && strcmp(t->session_id, sid) == 0 && strcmp(t->owner, owner) == 0) {
       _cleanup_free_ char *msg = xasprintf("cancelled: session '%s' %s", sid, why);
-      cancel(t, msg);
+      cancel(t, msg, &box);
     }
   pthread_mutex_unlock(&lock);
+  flush(&box);
 }
 
 void tasks_drop_out(struct mcp_out *out) {
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
   for (struct task *t = tasks; t; t = t->next) {
     if (t->notify == out)
@@ -426,13 +518,13 @@ void tasks_drop_out(struct mcp_out *out) {
         continue;
       }
       *pp = w->next;
-      if (out->release)
-        out->release(out);
       json_decref(w->id);
-      free(w);
+      w->id = NULL;
+      post(&box, w, out, NULL, true);
     }
   }
   pthread_mutex_unlock(&lock);
+  flush(&box);
 }
 
 /* ---- the methods ---- */
@@ -464,8 +556,10 @@ static void do_get(const struct mcp_req *r, json_t *id, json_t *params, bool mod
   pthread_mutex_lock(&lock);
   struct task *t = find(r->out, id, params, r->owner);
   json_t *o = t ? task_json(t, modern) : NULL;
-  if (o && modern && t->state == TASK_DONE)
+  if (o && modern && t->state == TASK_DONE) {
     json_object_set(o, "result", t->result);
+    t->collected = true;
+  }
   pthread_mutex_unlock(&lock);
   if (t)
     send_result(r->out, id, o, modern);
@@ -480,8 +574,23 @@ static void do_result(const struct mcp_req *r, json_t *id, json_t *params) {
   }
   if (t->state != TASK_WORKING) {
     json_t *p = payload(t);
+    t->collected = true;
     pthread_mutex_unlock(&lock);
     send_result(r->out, id, p, false);
+    return;
+  }
+  struct held h = owner_holds(r->owner);
+  if (h.waiters >= cfg.tasks_max || (json_is_string(id) && json_string_length(id) > WAITER_ID_MAX)) {
+    pthread_mutex_unlock(&lock);
+    _cleanup_free_ char *msg =
+        h.waiters >= cfg.tasks_max
+            ? xasprintf("too many tasks/result requests waiting: this client has %u (at most %u, "
+                        "IGN_MCP_TASKS_MAX); poll with tasks/get instead",
+                        h.waiters, cfg.tasks_max)
+            : xasprintf("a tasks/result that waits keeps its request id: use an id of at most %d "
+                        "characters",
+                        WAITER_ID_MAX);
+    mcp_send_error(r->out, id, RPC_INVALID_PARAMS, msg, NULL);
     return;
   }
   /* The answer waits for the end (2025-11-25 MUST), without holding the
@@ -501,15 +610,18 @@ static void do_result(const struct mcp_req *r, json_t *id, json_t *params) {
   pthread_mutex_unlock(&lock);
 }
 
+/* Newest first, LIST_PAGE at a time; the cursor is the creation number of
+ * the last task given, so tasks made or dropped between pages neither
+ * repeat nor push others out. */
 static void do_list(const struct mcp_req *r, json_t *id, json_t *params) {
   json_t *cursor = json_object_get(params, "cursor");
-  unsigned long skip = 0;
+  unsigned long long below = UINT64_MAX;
   if (cursor && !json_is_null(cursor)) {
     const char *c = json_is_string(cursor) && !has_nul(cursor) ? json_string_value(cursor) : "";
     char *end;
     errno = 0;
-    skip = strtoul(c, &end, 10);
-    if (!*c || *end || errno || *c == '-' || skip > 1000000) {
+    below = strtoull(c, &end, 10);
+    if (!ascii_is_digit((unsigned char)*c) || *end || errno || below == 0) {
       mcp_send_error(r->out, id, RPC_INVALID_PARAMS,
                      "params.cursor is not one this server gave: pass the nextCursor of the "
                      "previous tasks/list, or none for the first page",
@@ -518,26 +630,25 @@ static void do_list(const struct mcp_req *r, json_t *id, json_t *params) {
     }
   }
   json_t *list = json_array();
-  unsigned long seen = 0;
+  uint64_t last = 0;
   bool more = false;
   pthread_mutex_lock(&lock);
   sweep();
   for (struct task *t = tasks; t; t = t->next) {
-    if (strcmp(t->owner, r->owner) != 0)
-      continue;
-    if (seen++ < skip)
+    if (strcmp(t->owner, r->owner) != 0 || t->seq >= below)
       continue;
     if (json_array_size(list) == LIST_PAGE) {
       more = true;
       break;
     }
     json_array_append_new(list, task_json(t, false));
+    last = t->seq;
   }
   pthread_mutex_unlock(&lock);
   json_t *res = json_pack("{s:o}", "tasks", list);
   if (res && more) {
     char next[24];
-    snprintf(next, sizeof next, "%lu", skip + LIST_PAGE);
+    snprintf(next, sizeof next, "%" PRIu64, last);
     json_object_set_new(res, "nextCursor", json_string(next));
   }
   send_result(r->out, id, res, false);
@@ -550,8 +661,10 @@ static void do_cancel(const struct mcp_req *r, json_t *id, json_t *params, bool 
     pthread_mutex_unlock(&lock);
     return;
   }
-  bool was_working = cancel(t, "cancelled by tasks/cancel; its work was stopped");
+  struct outbox box = {.tail = &box.head};
+  bool was_working = cancel(t, "cancelled by tasks/cancel; its work was stopped", &box);
   if (!was_working && !modern) {
+    flush(&box);
     const char *status = t->state == TASK_CANCELLED ? "cancelled"
                          : t->is_error              ? "failed"
                                                     : "completed";
@@ -563,6 +676,7 @@ static void do_cancel(const struct mcp_req *r, json_t *id, json_t *params, bool 
   }
   json_t *o = modern ? json_object() : task_json(t, false);
   pthread_mutex_unlock(&lock);
+  flush(&box);
   send_result(r->out, id, o, modern);
 }
 

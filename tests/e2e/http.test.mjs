@@ -208,6 +208,7 @@ function modernHeaders(msg, token) {
     'MCP-Protocol-Version': msg.params?._meta?.['io.modelcontextprotocol/protocolVersion'] ?? V,
     'Mcp-Method': msg.method,
   };
+  if (msg.method.startsWith('tasks/') && typeof msg.params?.taskId === 'string') h['Mcp-Name'] = msg.params.taskId;
   if (msg.method === 'tools/call') {
     h['Mcp-Name'] = msg.params.name;
     const sid = msg.params.arguments?.session_id;
@@ -463,6 +464,80 @@ describe('the 1.x SDK client, legacy era, over HTTP', () => {
     await transport.terminateSession();
     const r = await legacy(srv, sid, { jsonrpc: '2.0', id: nextId++, method: 'tools/list', params: {} }, { token });
     assert.equal(r.status, 404, r.text);
+  });
+});
+
+describe('tasks over HTTP: they belong to a token and outlive the connection that made them', () => {
+  const EXT = 'io.modelcontextprotocol/tasks';
+  const withTasks = { 'io.modelcontextprotocol/clientCapabilities': { extensions: { [EXT]: {} } } };
+  let srv, dir, tokA, tokB;
+  const v1 = async (token) => {
+    const client = new Client1({ name: 'ign-e2e-http-tasks', version: '0.0.1' }, { capabilities: {} });
+    await client.connect(new HttpTransport1(new URL(srv.url), { requestInit: { headers: { Authorization: `Bearer ${token}` } } }));
+    return client;
+  };
+  before(async () => {
+    dir = tempDir('tasks');
+    tokA = newToken();
+    tokB = newToken();
+    srv = await startHttp({ tokens: { alice: tokA, bob: tokB }, cwd: dir });
+  });
+  after(async () => {
+    await srv?.close();
+  });
+
+  test('2025-11-25: a client that disconnects after the task is made collects its result on a new connection; another token\'s client finds no such task', T, async () => {
+    const a1 = await v1(tokA);
+    const sid = (await a1.callTool({ name: 'open_session', arguments: {} })).structuredContent.session_id;
+    const { CallToolResultSchema } = await import('@modelcontextprotocol/sdk/types.js');
+    let id;
+    const stream = a1.experimental.tasks.callToolStream({ name: 'run', arguments: { session_id: sid, command: 'sleep 3; echo collected' } }, CallToolResultSchema, { task: {} });
+    for await (const m of stream) {
+      if (m.type === 'taskCreated') {
+        id = m.task.taskId;
+        break;
+      }
+    }
+    assert.match(id ?? '', /^t[0-9a-f]{32}$/);
+    await a1.close();
+    const b = await v1(tokB);
+    const ofB = await b.experimental.tasks.getTask(id).then(() => null, (e) => e);
+    const nobody = await b.experimental.tasks.getTask('t' + 'f'.repeat(32)).then(() => null, (e) => e);
+    assert.equal(ofB?.code, -32602);
+    assert.equal(ofB.message.replace(id, 'ID'), nobody.message.replace('t' + 'f'.repeat(32), 'ID'), 'another token\'s task must read as an id nobody made');
+    await assert.rejects(b.experimental.tasks.cancelTask(id), (e) => e.code === -32602);
+    assert.deepEqual((await b.experimental.tasks.listTasks()).tasks, []);
+    await b.close();
+    const a2 = await v1(tokA);
+    const r = await a2.experimental.tasks.getTaskResult(id, CallToolResultSchema);
+    assert.equal(r.structuredContent.stdout, 'collected\n');
+    assert.equal(r._meta['io.modelcontextprotocol/related-task'].taskId, id);
+    await a2.callTool({ name: 'close', arguments: { session_id: sid } });
+    await a2.close();
+  });
+
+  test('2026-07-28: Mcp-Name must carry the taskId of tasks/get and tasks/cancel; a tasks/get of another token is unknown', T, async () => {
+    const sid = await rawTool(srv, tokA, 'open_session', {}).then((s) => s.session_id);
+    const made = rpcOf(await modern(srv, callMsg('run', { session_id: sid, command: 'sleep 2; echo modern' }, withTasks), { token: tokA }));
+    assert.equal(made.result.resultType, 'task', JSON.stringify(made));
+    const id = made.result.taskId;
+    const get = (token, headers = {}) => modern(srv, modernMsg('tasks/get', { taskId: id }, withTasks), { token, headers });
+    const wrong = await get(tokA, { 'Mcp-Name': 'tother' });
+    assert.equal(wrong.status, 400, wrong.text);
+    assert.equal(rpcOf(wrong)?.error?.code, -32020);
+    assert.match(rpcOf(wrong).error.message, /Mcp-Name header value 'tother' does not match body value '.*' \(params\.taskId\)/);
+    const missing = await get(tokA, { 'Mcp-Name': undefined });
+    assert.equal(rpcOf(missing)?.error?.code, -32020);
+    const other = rpcOf(await get(tokB));
+    assert.equal(other?.error?.code, -32602);
+    assert.match(other.error.message, /Task not found/);
+    const done = await waitUntil(async () => {
+      const g = rpcOf(await get(tokA));
+      return g?.result?.status === 'completed' ? g : null;
+    }, { timeoutMs: 30_000, intervalMs: 500 });
+    assert.ok(done, 'the task never completed');
+    assert.equal(done.result.result.structuredContent.stdout, 'modern\n');
+    await rawTool(srv, tokA, 'close', { session_id: sid });
   });
 });
 
