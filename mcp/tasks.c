@@ -6,8 +6,8 @@
  * another owner's id is answered exactly as an id nobody made.  It outlives
  * the request and the connection that made it, not the server.  A finished
  * task keeps its result for its TTL, counted from its creation (the
- * client's wish, capped by IGN_MCP_TASK_TTL_S), and at least a minute after
- * it finished; a running one is never dropped.  An owner holds at most
+ * client's wish, capped by IGN_MCP_TASK_TTL_S), and at least as long again
+ * after it finished, up to a minute; a running one is never dropped.  An owner holds at most
  * IGN_MCP_TASKS_MAX tasks, running or finished, and results of at most
  * 4 x IGN_MCP_MAX_MESSAGE bytes; a finished task whose result was collected
  * makes room for a new one.  Past the caps, 2025-11-25 (which asked for a
@@ -44,7 +44,8 @@
 /* Longer ids are answered as unknown without being quoted. */
 #define TASK_ID_QUOTE 100
 #define POLL_INTERVAL_MS 1000
-/* A finished task is kept at least this long, whatever its TTL. */
+/* A finished task is kept at least this long after its end (or its TTL,
+ * when shorter), so a call that outlived its TTL can still be collected. */
 #define KEEP_AFTER_END_MS 60000
 /* tasks/list pages. */
 #define LIST_PAGE 50
@@ -135,7 +136,8 @@ static void task_free(struct task *t) {
 static bool expired(const struct task *t, uint64_t now) {
   if (t->running)
     return false;
-  return now - t->created_mono >= t->ttl_ms && now - t->ended_mono >= KEEP_AFTER_END_MS;
+  uint64_t keep = t->ttl_ms < KEEP_AFTER_END_MS ? t->ttl_ms : KEEP_AFTER_END_MS;
+  return now - t->created_mono >= t->ttl_ms && now - t->ended_mono >= keep;
 }
 
 /* Drops the finished tasks past their time.  With the lock held. */

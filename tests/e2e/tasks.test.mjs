@@ -358,6 +358,27 @@ describe('tasks at their cap (IGN_MCP_TASKS_MAX)', () => {
   });
 });
 
+describe('a task past its TTL', () => {
+  test('is gone: tasks/get answers as for an id nobody made', T, async () => {
+    const raw = startRaw();
+    try {
+      await raw.initialize();
+      const sid = (await raw.tool('open_session', {})).session_id;
+      const c = await raw.request('tools/call', { name: 'run', arguments: { session_id: sid, command: 'echo short' }, task: { ttl: 800 } }, { timeoutMs: 60_000 });
+      const id = c.result.task.taskId;
+      assert.equal(c.result.task.ttl, 800);
+      const done = await waitUntil(async () => (await raw.request('tasks/get', { taskId: id })).result?.status === 'completed', { timeoutMs: 20_000, intervalMs: 100 });
+      assert.ok(done, 'the task never completed');
+      const gone = await waitUntil(async () => (await raw.request('tasks/get', { taskId: id })).error, { timeoutMs: 10_000, intervalMs: 200 });
+      assert.equal(gone?.code, -32602);
+      assert.match(gone.message, /Task not found/);
+      assert.ok(Date.now() - Date.parse(c.result.task.createdAt) >= 800);
+    } finally {
+      await raw.close();
+    }
+  });
+});
+
 describe('a tasks/result that waits', () => {
   test('waits for the end without holding other requests; a status notification follows on stdio', T, async () => {
     const raw = startRaw();
