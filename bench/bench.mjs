@@ -1515,6 +1515,78 @@ async function sectionEgress() {
   return { id: 'egress', title: '11. Egress through the broker', unit: 'ms', rows, notes, grouped: true };
 }
 
+// ---------------------------------------------------------------- 12. tasks
+
+/* MCP Tasks (2025-11-25, params.task) against the same call answered
+ * synchronously, on one ns session through the raw client: what making a
+ * call a task costs, and how long a long call holds the client's turn. */
+async function sectionTasks() {
+  const n = QUICK ? 40 : 150;
+  const nLong = QUICK ? 4 : 8;
+  const sync = "ns: run('true'), synchronous";
+  const made = "ns: run('true') as a task: until the task is made (CreateTaskResult)";
+  const round = "ns: run('true') as a task: made, then tasks/result (the whole result)";
+  const longSync = "ns: run('sleep 1'), synchronous: the client's turn is held";
+  const longTask = "ns: run('sleep 1') as a task: the client's turn is held (until the task is made)";
+  const order = [sync, made, round];
+  const samples = new Map(order.map((l) => [l, []]));
+  const longRows = new Map([[longSync, []], [longTask, []]]);
+  const srv = await startRawServer(BACKENDS.ns);
+  try {
+    const { session_id } = await srv.tool('open_session', {});
+    const asTask = (command) => srv.request('tools/call', { name: 'run', arguments: { session_id, command }, task: {} });
+    const collect = (taskId) => srv.request('tasks/result', { taskId });
+    const once = {
+      [sync]: async () => {
+        const t = nowNs();
+        await srv.tool('run', { session_id, command: 'true' });
+        return msSince(t);
+      },
+      [made]: async () => {
+        const t = nowNs();
+        const r = await asTask('true');
+        const ms = msSince(t);
+        await collect(r.task.taskId);
+        return ms;
+      },
+      [round]: async () => {
+        const t = nowNs();
+        const r = await asTask('true');
+        const res = await collect(r.task.taskId);
+        const ms = msSince(t);
+        if (res.structuredContent?.exit_code !== 0) throw new Error(`a task's run failed: ${textOf(res)}`);
+        return ms;
+      },
+    };
+    for (let i = 0; i < 10; i++) for (const l of order) await once[l]();
+    for (let i = 0; i < n; i++) for (let k = 0; k < order.length; k++) {
+      const l = order[(i + k) % order.length];
+      samples.get(l).push(await once[l]());
+    }
+    for (let i = 0; i < nLong; i++) {
+      let t = nowNs();
+      await srv.tool('run', { session_id, command: 'sleep 1' });
+      longRows.get(longSync).push(msSince(t));
+      t = nowNs();
+      const r = await asTask('sleep 1');
+      longRows.get(longTask).push(msSince(t));
+      await collect(r.task.taskId);
+    }
+  } finally {
+    await srv.close();
+  }
+  const rows = [
+    ...order.map((l) => row(l, samples.get(l), { group: 'a quick command', baseline: sync })),
+    ...[...longRows].map(([l, v]) => row(l, v, { group: 'a command of one second', baseline: longSync })),
+  ];
+  const notes = [
+    `One ns session, the raw JSON-RPC client on stdio (2025-11-25); ${n} samples of each quick row, taken in one interleaved loop whose order rotates, after 10 untimed rounds; ${nLong} of each one-second row.`,
+    '"until the task is made": from sending the tools/call with params.task to its CreateTaskResult; the command then runs on, and its result is collected (untimed) before the next sample. "made, then tasks/result": to the whole result, tasks/result waiting for the end.',
+    'The one-second rows are what a client that cannot go on while a call is open waits for: the whole call, or only until the task is made.',
+  ];
+  return { id: 'tasks', title: '12. Long calls as tasks', unit: 'ms', rows, notes, grouped: true };
+}
+
 // ---------------------------------------------------------------- main
 
 async function main() {
@@ -1531,7 +1603,7 @@ async function main() {
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
     [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages], [9, sectionOneShot],
-    [10, sectionHttp], [11, sectionEgress],
+    [10, sectionHttp], [11, sectionEgress], [12, sectionTasks],
   ];
   // With --only, the sections not run are kept from the last run's
   // bench/results.json (each says so), so that BENCHMARKS.md stays whole.
