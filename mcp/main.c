@@ -15,6 +15,7 @@
 #include "mcp/doctor.h"
 #include "mcp/http.h"
 #include "mcp/server.h"
+#include "mcp/tasks.h"
 #include "sandbox/vm.h"
 #include "session/session.h"
 
@@ -214,6 +215,9 @@ int main(int argc, char **argv) {
     if (hostio_init(cfg.host_io_root, cfg.copy_out, &herr) < 0)
       log_warn("%s; stdin_file, copy_in and copy_out will fail until it is fixed", herr);
   }
+  /* Closing or resetting a session cancels its tasks, saying so, before
+   * their calls see the sandbox go. */
+  sessions_set_on_end(tasks_cancel_session);
   if (sessions_init(&err) < 0) {
     /* Still serve: the client connects, lists the tools, and every
      * open_session says what is missing and how to fix it. */

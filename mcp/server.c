@@ -255,13 +255,6 @@ static void call_free(struct call *c) {
 
 static void *call_main(void *arg) {
   struct call *c = arg;
-  /* Closing or resetting a session cancels its tasks, saying so, before
-   * their calls see the sandbox go. */
-  json_t *sid = json_object_get(c->args, "session_id");
-  bool closes = strcmp(c->tool, "close") == 0, resets = strcmp(c->tool, "reset") == 0;
-  if ((closes || resets) && json_is_string(sid) && !has_nul(sid))
-    tasks_cancel_session(c->ctx.owner, json_string_value(sid),
-                         closes ? "was closed" : "was reset");
   json_t *result = tools_call(c->tool, c->args, &c->ctx);
   /* The call's share of the caps is given back before its result goes
    * out: a client that read the result and sends its next call at once

@@ -495,7 +495,7 @@ static bool cancel(struct task *t, const char *why, struct outbox *box) {
   return true;
 }
 
-void tasks_cancel_session(const char *owner, const char *sid, const char *why) {
+void tasks_cancel_session(const char *sid, const char *owner, const char *why) {
   struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
   for (struct task *t = tasks; t; t = t->next)

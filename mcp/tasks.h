@@ -42,8 +42,8 @@ void tasks_progress(struct task *t, const char *tool, const struct call_progress
  * no longer exists after this. */
 void tasks_finish(struct task *t, json_t *result);
 /* Cancels the tasks of OWNER whose call names session SID, WHY saying why
- * (the session was closed, reset). */
-void tasks_cancel_session(const char *owner, const char *sid, const char *why);
+ * ("was closed", "was reset"): sessions_set_on_end's hook. */
+void tasks_cancel_session(const char *sid, const char *owner, const char *why);
 /* Whether METHOD is a task method this era has; handles it if so. */
 bool tasks_handle(const struct mcp_req *r, json_t *id, const char *method, json_t *params,
                   bool modern);

@@ -314,6 +314,12 @@ void session_kill_starting(const struct lease *l) {
   session_table_unlock();
 }
 
+static void (*on_end)(const char *id, const char *owner, const char *why);
+
+void sessions_set_on_end(void (*fn)(const char *id, const char *owner, const char *why)) {
+  on_end = fn;
+}
+
 int session_reset(const char *id, const char *owner, const char *stage_name, json_t **ret,
                   char **ret_err) {
   /* An id that is not the caller's is refused before anything else: an
@@ -335,6 +341,8 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
     *ret_err = m;
     return sr;
   }
+  if (on_end)
+    on_end(id, owner, "was reset");
   pthread_mutex_lock(&session_lock);
   struct session *s = session_find_locked(id, owner);
   if (s)
@@ -405,6 +413,13 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
 int session_close(const char *id, const char *owner, char **ret_err) {
   pthread_mutex_lock(&session_lock);
   struct session *s = session_find_locked(id, owner);
+  bool known = s && !s->removed;
+  session_table_unlock();
+  if (known && on_end)
+    on_end(id, owner, "was closed");
+  /* Found again: it may have gone meanwhile. */
+  pthread_mutex_lock(&session_lock);
+  s = known ? session_find_locked(id, owner) : NULL;
   if (!s || s->removed) {
     session_table_unlock();
     *ret_err = session_unknown_id(id);

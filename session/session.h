@@ -38,6 +38,12 @@ int sessions_init(char **ret_err);
  * open_session that needs it, one call at a time, and kept for a few seconds,
  * so it says how things stand now; call this before serving. */
 void sessions_set_unavailable_help(char *(*explain)(void));
+/* FN is called by close and reset once the session is known to be the
+ * caller's and the call goes ahead, before its sandbox goes, from the
+ * calling thread with no lock held: the session's ID and OWNER, and WHY
+ * ("was closed", "was reset").  The protocol layer cancels the session's
+ * tasks there.  Set before serving. */
+void sessions_set_on_end(void (*fn)(const char *id, const char *owner, const char *why));
 /* "ns" or "vm" (or "none"). */
 const char *sessions_backend(void);
 

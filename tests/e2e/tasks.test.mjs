@@ -159,6 +159,10 @@ describe('tasks, 2025-11-25 era (1.x SDK, stdio)', () => {
         id = t.taskId;
       });
       await waitUntil(() => id, { timeoutMs: 10_000 });
+      // A close or reset that is refused cancels nothing.
+      const refused = await c.callTool({ name: what, arguments: { session_id: s2, ...(what === 'reset' ? { stage: 'no-such-stage' } : { bogus: 1 }) } });
+      assert.equal(refused.isError, true, JSON.stringify(refused).slice(0, 300));
+      assert.equal((await c.experimental.tasks.getTask(id)).status, 'working');
       await call(c, what, { session_id: s2 });
       const g = await c.experimental.tasks.getTask(id);
       assert.equal(g.status, 'cancelled', JSON.stringify(g));
