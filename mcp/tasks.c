@@ -66,11 +66,12 @@ struct waiter {
   struct mcp_out *out;
   json_t *msg;  /* in an outbox: the whole message to send */
   bool release; /* in an outbox: OUT is released once MSG is sent */
+  char *log;    /* in an outbox: a line to log (then OUT is NULL) */
 };
 
-/* Messages made with the lock held and sent after it is let go, so that
- * no output is written to (a stdio pipe the client does not read) while
- * every task waits. */
+/* Messages and log lines made with the lock held and sent after it is let
+ * go, so that no output is written to (a stdio pipe the client does not
+ * read, where the log goes too) while every task waits. */
 struct outbox {
   struct waiter *head, **tail;
 };
@@ -92,6 +93,10 @@ struct task {
   atomic_bool *cancelled; /* its call's flag while the call runs; then NULL */
   bool running;           /* its call has not ended: T is never freed */
   bool collected;         /* its end was seen by tasks/result or tasks/get */
+  /* Cancelled, but its call had done its work by then: RESULT is what it
+   * returned, and 2026-07-28 (where a cancel is eventually consistent)
+   * reads the task as completed. */
+  bool done_anyway;
   uint64_t seq;           /* creation order: the tasks/list cursor */
   struct waiter *waiters;
   /* Where 2025-11-25 status notifications go: the output the task was made
@@ -133,6 +138,70 @@ static void task_free(struct task *t) {
   free(t);
 }
 
+/* The response to request ID: RESULT (stolen), or an error when it could
+ * not be built. */
+static json_t *response(json_t *id, json_t *result, bool modern) {
+  if (modern)
+    result = mcp_modern_result(result, false);
+  if (!result)
+    return json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error", "code",
+                     RPC_INTERNAL_ERROR, "message",
+                     "the result could not be built (out of memory); try again");
+  return json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result);
+}
+
+static void send_result(struct mcp_out *out, json_t *id, json_t *result, bool modern) {
+  mcp_send(out, response(id, result, modern));
+}
+
+/* Queues MSG (stolen) for OUT in BOX; W (may be NULL) is reused. */
+static void post(struct outbox *box, struct waiter *w, struct mcp_out *out, json_t *msg,
+                 bool release) {
+  if (!w && !(w = calloc(1, sizeof *w))) {
+    json_decref(msg);
+    if (release && out->release)
+      out->release(out);
+    return;
+  }
+  json_decref(w->id);
+  w->id = NULL;
+  w->out = out;
+  w->msg = msg;
+  w->release = release;
+  w->next = NULL;
+  *box->tail = w;
+  box->tail = &w->next;
+}
+
+/* Logs LINE (malloc'd; NULL: nothing) from BOX. */
+static void note(struct outbox *box, char *line) {
+  struct waiter *w = line ? calloc(1, sizeof *w) : NULL;
+  if (!w) {
+    free(line);
+    return;
+  }
+  w->log = line;
+  *box->tail = w;
+  box->tail = &w->next;
+}
+
+/* Sends what BOX holds, the lock let go. */
+static void flush(struct outbox *box) {
+  while (box->head) {
+    struct waiter *w = box->head;
+    box->head = w->next;
+    if (w->msg)
+      mcp_send(w->out, w->msg);
+    if (w->release && w->out->release)
+      w->out->release(w->out);
+    if (w->log)
+      log_info("%s", w->log);
+    free(w->log);
+    free(w);
+  }
+  box->tail = &box->head;
+}
+
 static bool expired(const struct task *t, uint64_t now) {
   if (t->running)
     return false;
@@ -141,13 +210,13 @@ static bool expired(const struct task *t, uint64_t now) {
 }
 
 /* Drops the finished tasks past their time.  With the lock held. */
-static void sweep(void) {
+static void sweep(struct outbox *box) {
   uint64_t now = mono_ms();
   for (struct task **pp = &tasks; *pp;) {
     struct task *t = *pp;
     if (expired(t, now)) {
       *pp = t->next;
-      log_info("task %s (%s) expired: its result was not kept longer", t->id, t->tool);
+      note(box, xasprintf("task %s (%s) expired: its result was not kept longer", t->id, t->tool));
       task_free(t);
     } else {
       pp = &t->next;
@@ -201,7 +270,7 @@ static struct held owner_holds(const char *owner) {
 
 /* Makes room for a task of OWNER (with the lock held): drops its oldest
  * finished task whose end was already collected.  False: none. */
-static bool evict_collected(const char *owner) {
+static bool evict_collected(const char *owner, struct outbox *box) {
   struct task **oldest = NULL;
   for (struct task **pp = &tasks; *pp; pp = &(*pp)->next)
     if (!(*pp)->running && (*pp)->collected && strcmp((*pp)->owner, owner) == 0)
@@ -210,7 +279,7 @@ static bool evict_collected(const char *owner) {
     return false;
   struct task *t = *oldest;
   *oldest = t->next;
-  log_info("task %s (%s) dropped to make room: its result was collected", t->id, t->tool);
+  note(box, xasprintf("task %s (%s) dropped to make room: its result was collected", t->id, t->tool));
   task_free(t);
   return true;
 }
@@ -254,13 +323,15 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
   /* Each owner's byte budget of kept results: as the calls in progress
    * have. */
   size_t budget = cfg.max_message * 4;
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
-  sweep();
+  sweep(&box);
   struct held h = owner_holds(owner);
-  while ((h.tasks >= cfg.tasks_max || h.bytes >= budget) && evict_collected(owner))
+  while ((h.tasks >= cfg.tasks_max || h.bytes >= budget) && evict_collected(owner, &box))
     h = owner_holds(owner);
   if (h.tasks >= cfg.tasks_max || h.bytes >= budget) {
     pthread_mutex_unlock(&lock);
+    flush(&box);
     *ret_msg = h.tasks >= cfg.tasks_max
                    ? xasprintf("too many tasks: this client holds %u, running or finished (at "
                                "most %u, IGN_MCP_TASKS_MAX); a finished task is kept until its "
@@ -281,6 +352,7 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
   t->next = tasks;
   tasks = t;
   pthread_mutex_unlock(&lock);
+  flush(&box);
   log_info("task %s: %s started as a task", t->id, tool);
   return t;
 }
@@ -289,10 +361,10 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
  * {taskId, status, statusMessage?, createdAt, lastUpdatedAt, ttl,
  * pollInterval}; modern the same with ttlMs and pollIntervalMs. */
 static json_t *task_json(const struct task *t, bool modern) {
-  const char *status = t->state == TASK_CANCELLED ? "cancelled"
-                       : t->state == TASK_WORKING ? "working"
-                       : !modern && t->is_error   ? "failed"
-                                                  : "completed";
+  const char *status = t->state == TASK_CANCELLED && !(modern && t->done_anyway) ? "cancelled"
+                       : t->state == TASK_WORKING                             ? "working"
+                       : !modern && t->is_error                               ? "failed"
+                                                                              : "completed";
   json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:I, s:i}", "taskId", t->id, "status", status,
                         "createdAt", iso_time(t->created_ms), "lastUpdatedAt",
                         iso_time(t->updated_ms), modern ? "ttlMs" : "ttl", (json_int_t)t->ttl_ms,
@@ -358,7 +430,7 @@ void tasks_progress(struct task *t, const char *tool, const struct call_progress
  * exact result, or for a cancelled task a tool error saying why, with the
  * related-task _meta. */
 static json_t *payload(const struct task *t) {
-  json_t *r = t->state == TASK_DONE && t->result
+  json_t *r = t->result
                   ? json_copy(t->result)
                   : json_pack("{s:[{s:s, s:s}], s:b}", "content", "type", "text", "text",
                               t->status_message ? t->status_message : "the task was cancelled",
@@ -370,55 +442,6 @@ static json_t *payload(const struct task *t) {
   json_object_set_new(meta, META_RELATED, json_pack("{s:s}", "taskId", t->id));
   json_object_set_new(r, "_meta", meta);
   return r;
-}
-
-/* The response to request ID: RESULT (stolen), or an error when it could
- * not be built. */
-static json_t *response(json_t *id, json_t *result, bool modern) {
-  if (modern)
-    result = mcp_modern_result(result, false);
-  if (!result)
-    return json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error", "code",
-                     RPC_INTERNAL_ERROR, "message",
-                     "the result could not be built (out of memory); try again");
-  return json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result);
-}
-
-static void send_result(struct mcp_out *out, json_t *id, json_t *result, bool modern) {
-  mcp_send(out, response(id, result, modern));
-}
-
-/* Queues MSG (stolen) for OUT in BOX; W (may be NULL) is reused. */
-static void post(struct outbox *box, struct waiter *w, struct mcp_out *out, json_t *msg,
-                 bool release) {
-  if (!w && !(w = calloc(1, sizeof *w))) {
-    json_decref(msg);
-    if (release && out->release)
-      out->release(out);
-    return;
-  }
-  json_decref(w->id);
-  w->id = NULL;
-  w->out = out;
-  w->msg = msg;
-  w->release = release;
-  w->next = NULL;
-  *box->tail = w;
-  box->tail = &w->next;
-}
-
-/* Sends what BOX holds, the lock let go. */
-static void flush(struct outbox *box) {
-  while (box->head) {
-    struct waiter *w = box->head;
-    box->head = w->next;
-    if (w->msg)
-      mcp_send(w->out, w->msg);
-    if (w->release && w->out->release)
-      w->out->release(w->out);
-    free(w);
-  }
-  box->tail = &box->head;
 }
 
 /* T has ended (with the lock held): a stdio client of 2025-11-25 gets its
@@ -442,9 +465,18 @@ static void ended(struct task *t, struct outbox *box) {
   }
 }
 
+/* The first 1000 bytes of a result's first text, not cutting a UTF-8
+ * character in two. */
 static char *first_text(json_t *result) {
   json_t *text = json_object_get(json_array_get(json_object_get(result, "content"), 0), "text");
-  return json_is_string(text) ? strndup(json_string_value(text), 1000) : NULL;
+  if (!json_is_string(text))
+    return NULL;
+  const char *s = json_string_value(text);
+  size_t n = strnlen(s, 1000);
+  if (n == 1000)
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+      n--;
+  return strndup(s, n);
 }
 
 void tasks_finish(struct task *t, json_t *result) {
@@ -468,8 +500,25 @@ void tasks_finish(struct task *t, json_t *result) {
     free(t->status_message);
     t->status_message = text;
     text = NULL;
-    log_info("task %s (%s) %s", t->id, t->tool, t->is_error ? "failed" : "completed");
+    note(&box, xasprintf("task %s (%s) %s", t->id, t->tool, t->is_error ? "failed" : "completed"));
     ended(t, &box);
+  } else if (t->state == TASK_CANCELLED && result && !is_error) {
+    /* The cancel came too late to stop the work (a commit already saved,
+     * a fork already made, a copy already in place): say so, and keep what
+     * the call returned rather than hide it. */
+    t->done_anyway = true;
+    t->result = result;
+    result = NULL;
+    t->result_bytes = bytes;
+    char *m = xasprintf("%s, but the call had already done its work: tasks/result returns what "
+                        "it did",
+                        t->status_message ? t->status_message : "cancelled");
+    if (m) {
+      free(t->status_message);
+      t->status_message = m;
+    }
+    t->updated_ms = wall_ms();
+    note(&box, xasprintf("task %s (%s) was cancelled after its work was done", t->id, t->tool));
   }
   t->running = false;
   t->cancelled = NULL;
@@ -490,7 +539,7 @@ static bool cancel(struct task *t, const char *why, struct outbox *box) {
    * until it has, and tasks_finish then drops what it returns. */
   if (t->cancelled)
     atomic_store(t->cancelled, true);
-  log_info("task %s (%s) %s", t->id, t->tool, why);
+  note(box, xasprintf("task %s (%s) %s", t->id, t->tool, why));
   ended(t, box);
   return true;
 }
@@ -533,14 +582,22 @@ void tasks_drop_out(struct mcp_out *out) {
 
 /* The task PARAMS.taskId names, of OWNER (with the lock held), or NULL
  * after answering the request with "not found". */
-static struct task *find(struct mcp_out *out, json_t *id, json_t *params, const char *owner) {
+static json_t *error_msg(json_t *id, int code, const char *msg) {
+  return json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error", "code", code,
+                   "message", msg);
+}
+
+static struct task *find(struct mcp_out *out, json_t *id, json_t *params, const char *owner,
+                         struct outbox *box) {
   json_t *tid = json_object_get(params, "taskId");
   if (!json_is_string(tid)) {
-    mcp_send_error(out, id, RPC_INVALID_PARAMS,
-                   "params.taskId must be a string, the id tools/call answered with", NULL);
+    post(box, NULL, out,
+         error_msg(id, RPC_INVALID_PARAMS,
+                   "params.taskId must be a string, the id tools/call answered with"),
+         false);
     return NULL;
   }
-  sweep();
+  sweep(box);
   if (!has_nul(tid) && json_string_length(tid) < TASK_ID_MAX)
     for (struct task *t = tasks; t; t = t->next)
       if (strcmp(t->id, json_string_value(tid)) == 0 && strcmp(t->owner, owner) == 0)
@@ -550,66 +607,63 @@ static struct task *find(struct mcp_out *out, json_t *id, json_t *params, const 
       "Failed to retrieve task: Task not found: %s%s%s: no task of this client has that id (it "
       "was never made, belongs to another client, or finished more than its TTL ago)",
       quote ? "'" : "", quote ? json_string_value(tid) : "(an id no task has)", quote ? "'" : "");
-  mcp_send_error(out, id, RPC_INVALID_PARAMS, msg, NULL);
+  post(box, NULL, out, error_msg(id, RPC_INVALID_PARAMS, msg ? msg : "Task not found"), false);
   return NULL;
 }
 
 static void do_get(const struct mcp_req *r, json_t *id, json_t *params, bool modern) {
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
-  struct task *t = find(r->out, id, params, r->owner);
+  struct task *t = find(r->out, id, params, r->owner, &box);
   json_t *o = t ? task_json(t, modern) : NULL;
-  if (o && modern && t->state == TASK_DONE) {
+  if (o && modern && (t->state == TASK_DONE || t->done_anyway)) {
     json_object_set(o, "result", t->result);
     t->collected = true;
   }
   pthread_mutex_unlock(&lock);
+  flush(&box);
   if (t)
     send_result(r->out, id, o, modern);
 }
 
 static void do_result(const struct mcp_req *r, json_t *id, json_t *params) {
+  struct outbox box = {.tail = &box.head};
+  json_t *answer = NULL;
   pthread_mutex_lock(&lock);
-  struct task *t = find(r->out, id, params, r->owner);
+  struct task *t = find(r->out, id, params, r->owner, &box);
+  struct held h = t ? owner_holds(r->owner) : (struct held){0};
+  struct waiter *w = NULL;
   if (!t) {
-    pthread_mutex_unlock(&lock);
-    return;
-  }
-  if (t->state != TASK_WORKING) {
-    json_t *p = payload(t);
+    /* answered by find() */
+  } else if (t->state != TASK_WORKING) {
+    answer = response(id, payload(t), false);
     t->collected = true;
-    pthread_mutex_unlock(&lock);
-    send_result(r->out, id, p, false);
-    return;
+  } else if (h.waiters >= cfg.tasks_max) {
+    _cleanup_free_ char *msg = xasprintf(
+        "too many tasks/result requests waiting: this client has %u (at most %u, "
+        "IGN_MCP_TASKS_MAX); poll with tasks/get instead",
+        h.waiters, cfg.tasks_max);
+    answer = error_msg(id, RPC_INVALID_PARAMS, msg ? msg : "too many tasks/result requests");
+  } else if (json_is_string(id) && json_string_length(id) > WAITER_ID_MAX) {
+    answer = error_msg(id, RPC_INVALID_PARAMS,
+                       "a tasks/result that waits keeps its request id: use an id of at most "
+                       "256 characters");
+  } else if (!(w = calloc(1, sizeof *w))) {
+    answer = error_msg(id, RPC_INTERNAL_ERROR, "out of memory; try again");
+  } else {
+    /* The answer waits for the end (2025-11-25 MUST), without holding the
+     * thread that reads requests. */
+    w->id = json_incref(id);
+    w->out = r->out;
+    if (r->out->hold)
+      r->out->hold(r->out);
+    w->next = t->waiters;
+    t->waiters = w;
   }
-  struct held h = owner_holds(r->owner);
-  if (h.waiters >= cfg.tasks_max || (json_is_string(id) && json_string_length(id) > WAITER_ID_MAX)) {
-    pthread_mutex_unlock(&lock);
-    _cleanup_free_ char *msg =
-        h.waiters >= cfg.tasks_max
-            ? xasprintf("too many tasks/result requests waiting: this client has %u (at most %u, "
-                        "IGN_MCP_TASKS_MAX); poll with tasks/get instead",
-                        h.waiters, cfg.tasks_max)
-            : xasprintf("a tasks/result that waits keeps its request id: use an id of at most %d "
-                        "characters",
-                        WAITER_ID_MAX);
-    mcp_send_error(r->out, id, RPC_INVALID_PARAMS, msg, NULL);
-    return;
-  }
-  /* The answer waits for the end (2025-11-25 MUST), without holding the
-   * thread that reads requests. */
-  struct waiter *w = calloc(1, sizeof *w);
-  if (!w) {
-    pthread_mutex_unlock(&lock);
-    mcp_send_error(r->out, id, RPC_INTERNAL_ERROR, "out of memory; try again", NULL);
-    return;
-  }
-  w->id = json_incref(id);
-  w->out = r->out;
-  if (r->out->hold)
-    r->out->hold(r->out);
-  w->next = t->waiters;
-  t->waiters = w;
   pthread_mutex_unlock(&lock);
+  flush(&box);
+  if (answer)
+    mcp_send(r->out, answer);
 }
 
 /* Newest first, LIST_PAGE at a time; the cursor is the creation number of
@@ -634,8 +688,9 @@ static void do_list(const struct mcp_req *r, json_t *id, json_t *params) {
   json_t *list = json_array();
   uint64_t last = 0;
   bool more = false;
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
-  sweep();
+  sweep(&box);
   for (struct task *t = tasks; t; t = t->next) {
     if (strcmp(t->owner, r->owner) != 0 || t->seq >= below)
       continue;
@@ -647,6 +702,7 @@ static void do_list(const struct mcp_req *r, json_t *id, json_t *params) {
     last = t->seq;
   }
   pthread_mutex_unlock(&lock);
+  flush(&box);
   json_t *res = json_pack("{s:o}", "tasks", list);
   if (res && more) {
     char next[24];
@@ -657,29 +713,27 @@ static void do_list(const struct mcp_req *r, json_t *id, json_t *params) {
 }
 
 static void do_cancel(const struct mcp_req *r, json_t *id, json_t *params, bool modern) {
-  pthread_mutex_lock(&lock);
-  struct task *t = find(r->out, id, params, r->owner);
-  if (!t) {
-    pthread_mutex_unlock(&lock);
-    return;
-  }
   struct outbox box = {.tail = &box.head};
-  bool was_working = cancel(t, "cancelled by tasks/cancel; its work was stopped", &box);
-  if (!was_working && !modern) {
-    flush(&box);
-    const char *status = t->state == TASK_CANCELLED ? "cancelled"
-                         : t->is_error              ? "failed"
-                                                    : "completed";
-    pthread_mutex_unlock(&lock);
-    _cleanup_free_ char *msg =
-        xasprintf("Cannot cancel task: already in terminal status '%s'", status);
-    mcp_send_error(r->out, id, RPC_INVALID_PARAMS, msg, NULL);
-    return;
+  json_t *answer = NULL;
+  pthread_mutex_lock(&lock);
+  struct task *t = find(r->out, id, params, r->owner, &box);
+  if (t) {
+    bool was_working = cancel(t, "cancelled by tasks/cancel; its work was stopped", &box);
+    if (!was_working && !modern) {
+      const char *status = t->state == TASK_CANCELLED ? "cancelled"
+                           : t->is_error              ? "failed"
+                                                      : "completed";
+      _cleanup_free_ char *msg =
+          xasprintf("Cannot cancel task: already in terminal status '%s'", status);
+      answer = error_msg(id, RPC_INVALID_PARAMS, msg ? msg : "Cannot cancel task");
+    } else {
+      answer = response(id, modern ? json_object() : task_json(t, false), modern);
+    }
   }
-  json_t *o = modern ? json_object() : task_json(t, false);
   pthread_mutex_unlock(&lock);
   flush(&box);
-  send_result(r->out, id, o, modern);
+  if (answer)
+    mcp_send(r->out, answer);
 }
 
 /* tasks/update answers the input a task asked for; no tool of this server
@@ -687,9 +741,11 @@ static void do_cancel(const struct mcp_req *r, json_t *id, json_t *params, bool 
  * inputResponses are ignored (what the extension says for keys not
  * outstanding). */
 static void do_update(const struct mcp_req *r, json_t *id, json_t *params) {
+  struct outbox box = {.tail = &box.head};
   pthread_mutex_lock(&lock);
-  struct task *t = find(r->out, id, params, r->owner);
+  struct task *t = find(r->out, id, params, r->owner, &box);
   pthread_mutex_unlock(&lock);
+  flush(&box);
   if (t)
     send_result(r->out, id, json_object(), true);
 }

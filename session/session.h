@@ -106,9 +106,11 @@ char *lease_failure(const struct lease *l, const char *what_failed);
 int session_reset(const char *id, const char *owner, const char *stage, json_t **ret,
                   char **ret_err);
 /* Saves session ID as stage NAME (replacing one only when REPLACE); *ret:
- * {stage, stage_id, parent, carries, bytes, commit_ms, paused_ms}. */
-int session_commit(const char *id, const char *owner, const char *name, bool replace, json_t **ret,
-                   char **ret_err);
+ * {stage, stage_id, parent, carries, bytes, commit_ms, paused_ms}.  STOP
+ * (may be NULL): -ECANCELED, nothing saved, when it says the caller gave up
+ * before the stage was put in place. */
+int session_commit(const char *id, const char *owner, const char *name, bool replace,
+                   const struct commit_stop *stop, json_t **ret, char **ret_err);
 /* COUNT new sessions, each a copy of session ID as it is now; *ret:
  * {sessions: [{session_id, isolation, open_ms}], fork_ms, paused_ms, carries}.
  * Each new session gets a copy of ID's network policy with an empty record. */

@@ -103,8 +103,8 @@ static int commit_lease(const struct lease *l, const char *name, bool replace,
   return 0;
 }
 
-int session_commit(const char *id, const char *owner, const char *name, bool replace, json_t **ret,
-                   char **ret_err) {
+int session_commit(const char *id, const char *owner, const char *name, bool replace,
+                   const struct commit_stop *stop, json_t **ret, char **ret_err) {
   int r = stage_name_check(name, ret_err);
   if (r < 0)
     return r;
@@ -114,7 +114,7 @@ int session_commit(const char *id, const char *owner, const char *name, bool rep
   struct lease l;
   if ((r = session_quiet_begin(id, owner, "commit", &l, ret_err)) < 0)
     return r;
-  r = commit_lease(&l, name, replace, NULL, t0, ret, ret_err);
+  r = commit_lease(&l, name, replace, stop, t0, ret, ret_err);
   session_quiet_end(&l);
   return r;
 }

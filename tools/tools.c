@@ -263,6 +263,9 @@ static json_t *tool_network_log(json_t *args, struct call_ctx *ctx) {
   return rep ? ok_result(rep) : err_result(NULL);
 }
 
+/* commit_stop.gave_up of a call: it was cancelled. */
+static bool call_gave_up(void *ctx) { return atomic_load(&((struct call_ctx *)ctx)->cancelled); }
+
 static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *id, *name;
@@ -273,7 +276,10 @@ static json_t *tool_commit(json_t *args, struct call_ctx *ctx) {
       arg_bool(args, "commit", "replace", &replace, &err) < 0)
     return err_result_free(err);
   json_t *info;
-  if (session_commit(id, call_owner(ctx), name, replace, &info, &err) < 0)
+  /* A cancelled commit saves nothing, unless the stage was already in
+   * place. */
+  const struct commit_stop stop = {.gave_up = call_gave_up, .ctx = ctx};
+  if (session_commit(id, call_owner(ctx), name, replace, &stop, &info, &err) < 0)
     return err_result_free(err);
   return ok_result(info);
 }

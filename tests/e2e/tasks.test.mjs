@@ -150,6 +150,42 @@ describe('tasks, 2025-11-25 era (1.x SDK, stdio)', () => {
     assert.match(textOf(res), /cancelled by tasks\/cancel/);
   });
 
+  test('a cancelled commit or fork tells the truth: nothing was done, or the task says it was done and returns it', T, async () => {
+    const stage = `task-cancel-${process.pid}`;
+    for (const [name, args] of [['commit', { session_id: sid, name: stage, replace: true }], ['fork', { session_id: sid, count: 1 }]]) {
+      const before = (await call(c, 'list_sessions', {})).sessions.map((s) => s.session_id);
+      let id;
+      const seen = drain(c.experimental.tasks.callToolStream({ name, arguments: args }, CallToolResultSchema, { task: {} }), async (t) => {
+        id = t.taskId;
+        await c.experimental.tasks.cancelTask(id);
+      });
+      await seen.catch(() => {});
+      await waitUntil(() => id, { timeoutMs: 10_000 });
+      // The call ends soon after the cancel; then what the task says is final.
+      const g = await waitUntil(async () => {
+        const x = await c.experimental.tasks.getTask(id);
+        return /already done its work/.test(x.statusMessage ?? '') || x.statusMessage === 'cancelled by tasks/cancel; its work was stopped' ? x : null;
+      }, { timeoutMs: 60_000, intervalMs: 300 });
+      assert.equal(g.status, 'cancelled');
+      await sleep(IS_VM ? 3000 : 1000);
+      const final = await c.experimental.tasks.getTask(id);
+      const res = await c.experimental.tasks.getTaskResult(id, CallToolResultSchema);
+      const after = (await call(c, 'list_sessions', {})).sessions.map((s) => s.session_id);
+      const stages = (await call(c, 'stage_list', {})).stages.map((s) => s.name);
+      if (/already done its work/.test(final.statusMessage)) {
+        assert.equal(res.isError, false, textOf(res));
+        if (name === 'commit') assert.ok(stages.includes(stage), 'the task says the stage was saved, but it is not there');
+        else for (const s of res.structuredContent.sessions) assert.ok(after.includes(s.session_id), `the fork ${s.session_id} the task returned is not open`);
+      } else {
+        assert.equal(res.isError, true);
+        if (name === 'commit') assert.ok(!stages.includes(stage), 'the task says nothing was saved, but the stage is there');
+        else assert.deepEqual(after.sort(), before.sort(), 'the task says the fork was stopped, but new sessions are open');
+      }
+      for (const s of after.filter((x) => !before.includes(x))) await call(c, 'close', { session_id: s });
+      if (stages.includes(stage)) await call(c, 'stage_rm', { name: stage });
+    }
+  });
+
   test('closing or resetting a session cancels its tasks, saying so', T, async () => {
     for (const what of ['close', 'reset']) {
       const s2 = (await call(c, 'open_session', {})).session_id;

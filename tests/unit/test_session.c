@@ -210,7 +210,7 @@ static void owners_are_apart(void) {
   /* A stage argument changes nothing: the id is refused first. */
   CHECK_EQ_INT(session_reset(id, "bob", "no/such", &info, &err), -ENOENT);
   check_unknown(steal_ptr(err), id);
-  CHECK_EQ_INT(session_commit(id, "bob", "own/bob", false, &info, &err), -ENOENT);
+  CHECK_EQ_INT(session_commit(id, "bob", "own/bob", false, NULL, &info, &err), -ENOENT);
   check_unknown(steal_ptr(err), id);
   CHECK_EQ_INT(session_fork(id, "bob", 1, &info, &err), -ENOENT);
   free(err); /* (fork adds its own words to the unknown id's) */
@@ -247,7 +247,7 @@ static void owners_are_apart(void) {
     json_decref(info);
 
     /* Her stage: bob cannot start from it, nor commit under its name. */
-    CHECK_EQ_INT(session_commit(id, "alice", "own/alice", false, &info, &err), 0);
+    CHECK_EQ_INT(session_commit(id, "alice", "own/alice", false, NULL, &info, &err), 0);
     json_decref(info);
     free(err);
     err = NULL;
