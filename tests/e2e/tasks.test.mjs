@@ -130,6 +130,17 @@ describe('tasks, 2025-11-25 era (1.x SDK, stdio)', () => {
     assert.equal(textOf(viaTask), textOf(sync));
   });
 
+  test('a failed task keeps its statusMessage when the error is long and not ASCII (cut on a character boundary)', T, async () => {
+    const args = { session_id: sid, host_path: `no-such-dir-${'é'.repeat(900)}`, guest_path: '/tmp/x' };
+    const seen = await drain(c.experimental.tasks.callToolStream({ name: 'copy_in', arguments: args }, CallToolResultSchema, { task: {} }));
+    const id = seen.find((m) => m.type === 'taskCreated').task.taskId;
+    const g = await c.experimental.tasks.getTask(id);
+    assert.equal(g.status, 'failed');
+    assert.ok(g.statusMessage?.length > 100, JSON.stringify(g).slice(0, 300));
+    assert.ok(Buffer.byteLength(g.statusMessage) <= 1000);
+    assert.ok(!g.statusMessage.includes('\ufffd'), 'a character was cut in two');
+  });
+
   test('tasks/cancel stops the command at once: the task is cancelled, its processes are gone from the sandbox', T, async () => {
     let id;
     const seen = drain(c.experimental.tasks.callToolStream({ name: 'run', arguments: { session_id: sid, command: 'sleep 301 & sleep 302' } },
