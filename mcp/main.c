@@ -48,6 +48,8 @@ static void usage(void) {
          "                        they may hold 4 x IGN_MCP_MAX_MESSAGE bytes of requests\n"
          "                        and results\n"
          "  IGN_MCP_IDLE_SECS     idle seconds before a session is reaped [600]\n"
+         "  IGN_MCP_TASKS_MAX     tasks a client holds at once, running or finished [64]\n"
+         "  IGN_MCP_TASK_TTL_S    longest a finished task's result is kept [3600]\n"
          "  IGN_MCP_HOST_ID       prefix of every session id: h1 gives h1.s3-9f2a [unset]\n"
          "  IGN_MCP_OUTPUT_CAP    inline bytes kept per output stream [65536]\n"
          "  IGN_MCP_MAX_MESSAGE   largest JSON-RPC message in bytes [67108864]\n"

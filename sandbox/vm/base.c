@@ -188,10 +188,38 @@ bool vm_base_complete(const char *dir) {
 
 /* Builds the base for FINGERPRINT in a temporary directory of the store and
  * returns its path; store.c puts it into place (ensure_base_locked). */
-int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
-                  enum base_fault *ret_fault, char **ret_err) {
-  _cleanup_free_ char *final = vm_base_dir_for(fingerprint);
-  _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
+/* Boots of the warm base whose guest timer did not run, tried again. */
+#define TIMER_TRIES 3
+/* How long a 0.1 s sleep in the new guest may take before its timer is
+ * taken for dead. */
+#define TIMER_PROBE_MS 10000
+
+/* Whether the guest's timer interrupts run: a short sleep must end.  A
+ * guest whose local APIC timer was calibrated while the host starved its
+ * vCPU thread can come up with that timer disabled ("APIC frequency too
+ * slow") and, with no PIT on a microVM, no timer at all: nothing that
+ * sleeps ever wakes, and every clone of it would inherit that. */
+static bool guest_timer_runs(struct agent_conn *conn, char **ret_err) {
+  struct agent_exec_req req = {.command = "sleep 0.1", .timeout_ms = TIMER_PROBE_MS, .out_cap = 256};
+  struct agent_exec_res res;
+  _cleanup_free_ char *err = NULL;
+  int r = agent_exec(conn, &req, NULL, &res, &err);
+  bool ok = r == 0 && !res.timed_out && res.exit_code == 0;
+  if (r == 0)
+    agent_exec_res_free(&res);
+  if (!ok)
+    *ret_err = xasprintf("the new guest's timer does not run: `sleep 0.1` did not end within %d "
+                         "ms (%s)",
+                         TIMER_PROBE_MS, r < 0 ? (err ? err : strerror(-r)) : "timed out");
+  return ok;
+}
+
+/* Boots a new guest in TMP and saves it there as the warm base (its RAM
+ * file and device state).  *RET_TIMER_DEAD: it failed because the guest's
+ * timer did not run (worth booting again). */
+static int base_boot(const char *accel, const char *tmp, bool *ret_timer_dead,
+                     enum base_fault *ret_fault, char **ret_err) {
+  *ret_timer_dead = false;
   *ret_fault = BASE_FAULT_STORE;
   fs_remove_tree(tmp);
   int r = fs_mkdir_p(tmp, 0755, 0750);
@@ -200,7 +228,6 @@ int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
                          strerror(-r));
     return r;
   }
-  uint64_t t0 = mono_ms();
   uint64_t avail = vm_store_free(), need = base_space_needed();
   if (avail < need) {
     *ret_err = xasprintf("the store %s is full: %" PRIu64 " MiB free, and a warm base needs up to "
@@ -238,6 +265,10 @@ int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
     if (agent_exec(conn, &req, NULL, &res, &err) == 0)
       agent_exec_res_free(&res);
     free(steal_ptr(err));
+  }
+  if (r == 0 && !guest_timer_runs(conn, &err)) {
+    *ret_timer_dead = true;
+    r = -ETIME;
   }
   if (r == 0) {
     json_t *caps = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared",
@@ -289,8 +320,29 @@ int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
     fs_remove_tree(tmp);
     return r;
   }
-  /* From here on, every failure is the store's. */
   rename(log_src, log_dst);
+  return 0;
+}
+
+int vm_base_build(const char *accel, const char *fingerprint, char **ret_tmp,
+                  enum base_fault *ret_fault, char **ret_err) {
+  _cleanup_free_ char *final = vm_base_dir_for(fingerprint);
+  _cleanup_free_ char *tmp = xasprintf("%s.tmp-%d", final, getpid());
+  uint64_t t0 = mono_ms();
+  int r;
+  for (unsigned tries = 1;; tries++) {
+    bool timer_dead;
+    r = base_boot(accel, tmp, &timer_dead, ret_fault, ret_err);
+    if (r == 0 || !timer_dead || tries == TIMER_TRIES)
+      break;
+    log_warn("%s; booting the warm base again (%u of %d)", *ret_err, tries + 1, TIMER_TRIES);
+    free(steal_ptr(*ret_err));
+  }
+  if (r < 0)
+    return r;
+  _cleanup_free_ char *ram = xasprintf("%s/ram", tmp);
+  _cleanup_free_ char *state = xasprintf("%s/state", tmp);
+  /* From here on, every failure is the store's. */
   static const char *const mount_points[] = {"image", "kernel", "initramfs"};
   for (size_t i = 0; i < ARRAY_SIZE(mount_points); i++) {
     _cleanup_free_ char *mp = xasprintf("%s/%s", tmp, mount_points[i]);

@@ -276,6 +276,30 @@ const ROWS = [
     },
   },
   {
+    row: 'tasks',
+    run: () =>
+      withServer({ IGN_MCP_TASKS_MAX: 2 }, async (c) => {
+        const sid = await openSession(c);
+        const { CallToolResultSchema } = await import('@modelcontextprotocol/sdk/types.js');
+        const start = async () => {
+          for await (const m of c.experimental.tasks.callToolStream({ name: 'run', arguments: { session_id: sid, command: 'sleep 30' } }, CallToolResultSchema, { task: {} })) {
+            if (m.type === 'taskCreated') return m.task.taskId;
+            if (m.type === 'error') throw m.error;
+          }
+          return null;
+        };
+        const a = await start();
+        await start();
+        const e = await start().then(() => null, (x) => x);
+        assert.match(String(e?.message), /too many tasks: this client holds 2, running or finished \(at most 2, IGN_MCP_TASKS_MAX\); a finished task is kept until its result is collected \(tasks\/result\) or its TTL passes/);
+        // A collected task makes room, once its call has ended.
+        await c.experimental.tasks.cancelTask(a);
+        await c.experimental.tasks.getTaskResult(a, CallToolResultSchema);
+        const made = await waitUntil(() => start().catch(() => null), { timeoutMs: 15_000, intervalMs: 200 });
+        assert.match(made ?? '', /^t[0-9a-f]{32}$/);
+      }),
+  },
+  {
     row: 'sessions',
     run: () =>
       withServer({ IGN_MCP_MAX_SESSIONS: 2 }, async (c) => {

@@ -220,7 +220,7 @@ describe('raw lines, modern era', () => {
     assert.ok(d, JSON.stringify(r));
     assert.equal(d.resultType, 'complete');
     assert.deepEqual(d.supportedVersions, [V]);
-    assert.deepEqual(d.capabilities, { tools: { listChanged: false } });
+    assert.deepEqual(d.capabilities, { tools: { listChanged: false }, extensions: { 'io.modelcontextprotocol/tasks': {} } });
     assert.equal(d._meta['io.modelcontextprotocol/serverInfo'].name, 'ignition-mcp');
     assert.equal(typeof d._meta['io.modelcontextprotocol/serverInfo'].version, 'string');
     assert.ok(Number.isInteger(d.ttlMs) && d.ttlMs >= 0);
@@ -228,10 +228,12 @@ describe('raw lines, modern era', () => {
     assert.match(d.instructions, /open_session/);
   });
 
-  test('tools/list is the same list in both eras; the modern one adds resultType and cache hints', T, async () => {
+  test('tools/list is the same list in both eras but for the legacy execution field; the modern one adds resultType and cache hints', T, async () => {
     const m = (await raw.request('tools/list', meta())).result;
     const l = (await raw.request('tools/list', {})).result;
-    assert.deepEqual(m.tools, l.tools);
+    // 2025-11-25 says per tool whether it may run as a task; the 2026 Tool has no such field.
+    for (const t of l.tools) assert.ok(['optional', 'forbidden'].includes(t.execution?.taskSupport), t.name);
+    assert.deepEqual(m.tools, l.tools.map(({ execution, ...t }) => t));
     assert.equal(m.resultType, 'complete');
     assert.equal(m.cacheScope, 'public');
     assert.ok(Number.isInteger(m.ttlMs));
@@ -278,7 +280,7 @@ describe('raw lines, modern era', () => {
     for (const m of ['initialize', 'ping', 'logging/setLevel', 'resources/list', 'foo/bar']) {
       const r = await raw.request(m, meta());
       assert.equal(r.error?.code, -32601, `${m}: ${JSON.stringify(r)}`);
-      assert.match(r.error.message, /server\/discover, tools\/list and tools\/call/);
+      assert.match(r.error.message, /server\/discover, tools\/list, tools\/call, and with the io\.modelcontextprotocol\/tasks extension tasks\/get, tasks\/cancel and tasks\/update/);
     }
   });
 
