@@ -31,7 +31,7 @@ import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
   SERVER, REPO, IS_NS, AS_ROOT, serverEnv, descendants, isAlive, procStart, waitUntil,
-  assertNoSanitizerReport, cgroupIgnDirs, textOf,
+  assertNoSanitizerReport, cgroupIgnDirs, textOf, sleep,
 } from './lib.mjs';
 import { haproxyConfig, errorFiles, errorFile, parseShowStat } from './helpers/haproxy.mjs';
 
@@ -510,6 +510,45 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     t.diagnostic(`h1 said: ${text.slice(0, 240)}`);
     // Through the proxy it is served, by h3, as before.
     assert.equal((await tool(c, 'run', { session_id: s3.sid, command: 'cat /tmp/mark' })).stdout, s3.mark);
+  });
+
+  test('a task (2026-07-28) of an h2 session has an id of h2, and every tasks/get through the proxy reaches h2', T, async (t) => {
+    const s2 = sessions.find((s) => hostOf(s.sid) === 'h2');
+    const EXT = 'io.modelcontextprotocol/tasks';
+    let n = 0;
+    const post = async (method, params, name, sid) => {
+      const body = { jsonrpc: '2.0', id: `task-${++n}`, method, params: { ...params, _meta: {
+        'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+        'io.modelcontextprotocol/clientCapabilities': { extensions: { [EXT]: {} } },
+        'io.modelcontextprotocol/clientInfo': { name: 'e2e-scaleout', version: '0' } } } };
+      const headers = {
+        Authorization: `Bearer ${w.token}`, 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream',
+        'MCP-Protocol-Version': '2026-07-28', 'Mcp-Method': method, 'Mcp-Name': name,
+      };
+      if (sid) headers['Mcp-Param-Session-Id'] = sid;
+      const r = await fetch(w.url, { method: 'POST', headers, body: JSON.stringify(body) });
+      const text = await r.text();
+      assert.equal(r.status, 200, `${method} through the proxy: HTTP ${r.status} ${text.slice(0, 300)}`);
+      return JSON.parse(text);
+    };
+    const before = w.proxyLog().length;
+    const made = await post('tools/call', { name: 'run', arguments: { session_id: s2.sid, command: 'sleep 1; cat /tmp/mark' } }, 'run', s2.sid);
+    assert.equal(made.result?.resultType, 'task', JSON.stringify(made).slice(0, 300));
+    const id = made.result.taskId;
+    assert.match(id, /^h2\.t[0-9a-f]{32}$/);
+    let last;
+    for (let i = 0; i < 6 || last.result?.status === 'working'; i++) {
+      last = await post('tasks/get', { taskId: id }, id);
+      assert.ok(last.result, `tasks/get ${i} through the proxy did not find the task: ${JSON.stringify(last).slice(0, 300)}`);
+      if (i > 60) assert.fail('the task never ended');
+      await sleep(200);
+    }
+    assert.equal(last.result.status, 'completed');
+    assert.equal(last.result.result.structuredContent.stdout, s2.mark);
+    const gets = w.proxyLog().slice(before).filter((l) => !l.sid);
+    assert.ok(gets.length >= 6, `HAProxy logged ${gets.length} tasks/get`);
+    for (const l of gets) assert.equal(`${l.backend}/${l.server}`, 'h2/h2', `a tasks/get of an h2 task went to ${l.backend}/${l.server}`);
+    t.diagnostic(`${gets.length} tasks/get of ${id}, all to h2`);
   });
 
   test('a legacy (2025) client through the proxy stays on the host that gave it its Mcp-Session-Id', T, async (t) => {

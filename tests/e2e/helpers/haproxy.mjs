@@ -98,6 +98,7 @@ export function haproxyConfig({ listen, hosts }) {
     '    http-request capture req.hdr(Mcp-Param-Session-Id) len 80',
   );
   for (const h of hosts) add(`    use_backend ${h.name} if { req.hdr(Mcp-Param-Session-Id) -m beg ${h.name}. }`);
+  for (const h of hosts) add(`    use_backend ${h.name} if { req.hdr(Mcp-Method) -m beg tasks/ } { req.hdr(Mcp-Name) -m beg ${h.name}. }`);
   add(
     '    default_backend any',
     '',
