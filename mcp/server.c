@@ -213,7 +213,7 @@ static void call_progress(struct call_ctx *ctx, const struct call_progress *pr) 
   struct call *c = (struct call *)((char *)ctx - offsetof(struct call, ctx));
   const char *message = pr->message;
   if (c->task)
-    tasks_progress(c->task, c->tool, pr);
+    tasks_progress(c->task, pr);
   /* Nothing more is sent for a cancelled call (2026-07-28, transports/stdio:
    * MUST NOT; earlier revisions: SHOULD NOT). */
   if (!c->progress_token || !c->out || atomic_load(&ctx->cancelled) || (c->task && c->modern))

@@ -82,6 +82,7 @@ struct task {
   char *owner;
   char *session_id; /* the session its call names, or NULL */
   char *tool;
+  bool command;           /* run or sandbox_run: its progress is output, not a copy's bytes */
   enum task_state state;
   bool is_error;          /* its result has isError */
   char *status_message;   /* NULL: none */
@@ -128,7 +129,8 @@ static json_t *iso_time(int64_t ms) {
   return json_string(buf);
 }
 
-/* Only an ended task is freed: its waiters were answered when it ended. */
+/* A task is freed once ended (its waiters were answered then) or before it
+ * was ever in the table. */
 static void task_free(struct task *t) {
   json_decref(t->result);
   free(t->status_message);
@@ -302,11 +304,8 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
   bool keep_sid = json_is_string(sid) && json_string_length(sid) < SESSION_ID_MAX && !has_nul(sid);
   if (!t || !(t->owner = strdup(owner)) || !(t->tool = strdup(tool)) ||
       (keep_sid && !(t->session_id = strdup(json_string_value(sid))))) {
-    if (t) {
-      free(t->owner);
-      free(t->tool);
-      free(t);
-    }
+    if (t)
+      task_free(t);
     *ret_msg = strdup("out of memory for a task; try again");
     return NULL;
   }
@@ -316,6 +315,7 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
   t->created_ms = t->updated_ms = wall_ms();
   t->created_mono = mono_ms();
   t->ttl_ms = ttl;
+  t->command = strcmp(tool, "run") == 0 || strcmp(tool, "sandbox_run") == 0;
   t->cancelled = cancelled;
   t->running = true;
   t->modern = modern;
@@ -342,10 +342,7 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
                                "%zu bytes (at most %zu, 4 x IGN_MCP_MAX_MESSAGE); collect them "
                                "with tasks/result, or call without a task",
                                h.bytes, budget);
-    free(t->owner);
-    free(t->tool);
-    free(t->session_id);
-    free(t);
+    task_free(t);
     return NULL;
   }
   t->seq = next_seq++;
@@ -372,8 +369,7 @@ static json_t *task_json(const struct task *t, bool modern) {
   if (o && t->status_message)
     json_object_set_new(o, "statusMessage", json_string(t->status_message));
   if (o && t->has_progress && t->state == TASK_WORKING) {
-    bool command = strcmp(t->tool, "run") == 0 || strcmp(t->tool, "sandbox_run") == 0;
-    json_t *p = command ? json_pack("{s:I, s:I, s:I}", "elapsed_ms", (json_int_t)t->elapsed_ms,
+    json_t *p = t->command ? json_pack("{s:I, s:I, s:I}", "elapsed_ms", (json_int_t)t->elapsed_ms,
                                     "stdout_bytes", (json_int_t)t->bytes, "stderr_bytes",
                                     (json_int_t)t->err_bytes)
                         : json_pack("{s:I, s:I}", "elapsed_ms", (json_int_t)t->elapsed_ms,
@@ -401,16 +397,15 @@ json_t *tasks_created(struct task *t, bool modern) {
   return json_pack("{s:o, s:{s:s}}", "task", o, "_meta", META_IMMEDIATE, say);
 }
 
-void tasks_progress(struct task *t, const char *tool, const struct call_progress *p) {
-  bool command = strcmp(tool, "run") == 0 || strcmp(tool, "sandbox_run") == 0;
-  char *msg = command ? xasprintf("running for %" PRIu64 " s; stdout %" PRIu64
-                                  " bytes, stderr %" PRIu64 " bytes%s%s",
-                                  p->elapsed_ms / 1000, p->bytes, p->err_bytes,
-                                  p->message && *p->message ? "; last line: " : "",
-                                  p->message ? p->message : "")
-                      : xasprintf("running for %" PRIu64 " s%s%s", p->elapsed_ms / 1000,
-                                  p->message && *p->message ? "; " : "",
-                                  p->message ? p->message : "");
+void tasks_progress(struct task *t, const struct call_progress *p) {
+  /* Made before the lock; T->command never changes. */
+  const char *line = p->message ? p->message : "";
+  char *msg = t->command ? xasprintf("running for %" PRIu64 " s; stdout %" PRIu64
+                                     " bytes, stderr %" PRIu64 " bytes%s%s",
+                                     p->elapsed_ms / 1000, p->bytes, p->err_bytes,
+                                     *line ? "; last line: " : "", line)
+                         : xasprintf("running for %" PRIu64 " s%s%s", p->elapsed_ms / 1000,
+                                     *line ? "; " : "", line);
   pthread_mutex_lock(&lock);
   if (t->state == TASK_WORKING) {
     free(t->status_message);

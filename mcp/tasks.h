@@ -37,7 +37,7 @@ struct task *tasks_new(const char *owner, const char *tool, json_t *args, json_t
  * modern flat with resultType "task"). */
 json_t *tasks_created(struct task *t, bool modern);
 /* The call of T reports progress. */
-void tasks_progress(struct task *t, const char *tool, const struct call_progress *p);
+void tasks_progress(struct task *t, const struct call_progress *p);
 /* The call of T ended with RESULT (stolen; NULL: out of memory).  T's call
  * no longer exists after this. */
 void tasks_finish(struct task *t, json_t *result);

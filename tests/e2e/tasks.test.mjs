@@ -35,6 +35,19 @@ function sameAsSync(r) {
   return s;
 }
 
+/* A raw server (2025-11-25, initialized) with ENV and one open session,
+ * closed after FN(raw, sid). */
+async function withRawSession(env, fn) {
+  if (typeof env === 'function') [env, fn] = [{}, env];
+  const raw = startRaw({ env });
+  try {
+    await raw.initialize();
+    await fn(raw, (await raw.tool('open_session', {})).session_id);
+  } finally {
+    await raw.close();
+  }
+}
+
 /* Drains a callToolStream to its end: the messages it yielded. */
 async function drain(stream, onCreated) {
   const seen = [];
@@ -357,10 +370,7 @@ describe('tasks, 2026-07-28 era with the Tasks extension (raw lines, stdio)', ()
 
 describe('tasks at their cap (IGN_MCP_TASKS_MAX)', () => {
   test('200 tasks at once: 64 are made, the others refused with a clear error; the 64 complete; tasks/list pages them', T, async () => {
-    const raw = startRaw({ env: { IGN_MCP_TASKS_MAX: '64', IGN_MCP_MAX_CALLS: '256' } });
-    try {
-      await raw.initialize();
-      const sid = (await raw.tool('open_session', {})).session_id;
+    await withRawSession({ IGN_MCP_TASKS_MAX: '64', IGN_MCP_MAX_CALLS: '256' }, async (raw, sid) => {
       const from = raw.messages.length;
       const lines = [];
       for (let i = 0; i < 200; i++) lines.push(JSON.stringify({ jsonrpc: '2.0', id: `c${i}`, method: 'tools/call', params: { name: 'run', arguments: { session_id: sid, command: `echo ${i}` }, task: {} } }));
@@ -403,18 +413,13 @@ describe('tasks at their cap (IGN_MCP_TASKS_MAX)', () => {
       assert.equal(sync.result.resultType, 'complete', JSON.stringify(sync).slice(0, 300));
       assert.equal(sync.result.structuredContent.stdout, 'inline\n');
       assert.deepEqual((await raw.request('ping', {})).result, {});
-    } finally {
-      await raw.close();
-    }
+    });
   });
 });
 
 describe('a task past its TTL', () => {
   test('is gone: tasks/get answers as for an id nobody made', T, async () => {
-    const raw = startRaw();
-    try {
-      await raw.initialize();
-      const sid = (await raw.tool('open_session', {})).session_id;
+    await withRawSession(async (raw, sid) => {
       const c = await raw.request('tools/call', { name: 'run', arguments: { session_id: sid, command: 'echo short' }, task: { ttl: 800 } }, { timeoutMs: 60_000 });
       const id = c.result.task.taskId;
       assert.equal(c.result.task.ttl, 800);
@@ -424,18 +429,13 @@ describe('a task past its TTL', () => {
       assert.equal(gone?.code, -32602);
       assert.match(gone.message, /Task not found/);
       assert.ok(Date.now() - Date.parse(c.result.task.createdAt) >= 800);
-    } finally {
-      await raw.close();
-    }
+    });
   });
 });
 
 describe('a tasks/result that waits', () => {
   test('waits for the end without holding other requests; a status notification follows on stdio', T, async () => {
-    const raw = startRaw();
-    try {
-      await raw.initialize();
-      const sid = (await raw.tool('open_session', {})).session_id;
+    await withRawSession(async (raw, sid) => {
       const c = await raw.request('tools/call', { name: 'run', arguments: { session_id: sid, command: 'sleep 2; echo late' }, task: {} }, { timeoutMs: 60_000 });
       const id = c.result.task.taskId;
       const long = await raw.request('tasks/result', { taskId: id }, { id: 'w'.repeat(300), timeoutMs: 5000 });
@@ -452,8 +452,6 @@ describe('a tasks/result that waits', () => {
       const note = raw.since(from).find((m) => m.method === 'notifications/tasks/status');
       assert.equal(note?.params?.taskId, id);
       assert.equal(note.params.status, 'completed');
-    } finally {
-      await raw.close();
-    }
+    });
   });
 });
