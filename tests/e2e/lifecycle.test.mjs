@@ -310,7 +310,10 @@ describe('sandbox processes start with a clean signal state', () => {
     const s = await startServer();
     t.after(() => s.close());
     const sid = await openSession(s.client);
-    const st = await sh(s.client, sid, 'cat /proc/1/status');
+    // The agent blocks every signal while it starts a command, until that
+    // command has exec'd (guest/exec_spawn.c): read its mask once the shell
+    // of this run is well started, not in that window.
+    const st = await sh(s.client, sid, 'sleep 0.3; cat /proc/1/status');
     const { blk, ign } = sigMasks(st);
     t.diagnostic(`agent SigBlk ${blk.toString(16)} SigIgn ${ign.toString(16)}`);
     // Anything else blocked (the server's spawner thread blocks all) would
