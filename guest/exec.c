@@ -88,6 +88,7 @@ void exec_init(struct exec_state *e) {
    * confinement sets it again; execve gives each command a dumpable memory
    * of its own, as before.) */
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  e->cgroup_procs = -1;
   for (size_t i = 0; i < EXEC_MAX_RUNNING; i++)
     e->cmds[i] = (struct exec_cmd){.state = EXEC_FREE, .stdin_fd = -1, .out_fd = -1, .err_fd = -1};
 }
@@ -184,6 +185,7 @@ static int exec_start(struct agent *a, struct exec_cmd *c) {
   char *argv[] = {"sh", "-c", c->command, NULL};
   struct exec_child_args ca = {
       .in = in, .out = out_w, .err = err_w, .cwd = c->cwd, .argv = argv, .env = c->env,
+      .cgroup_procs = agent_exec(a)->cgroup_procs,
   };
   int spawn_err = 0;
   uint64_t started_us = mono_us();

@@ -60,6 +60,9 @@ struct exec_state {
   /* The children's stack (EXEC_CHILD_GUARD + EXEC_CHILD_STACK bytes), mapped
    * at the first command; one child at a time uses it. */
   void *child_stack;
+  /* microVM: cgroup.procs of the cgroup commands run in (vm_init.c), which
+   * each child joins before its execve; -1 elsewhere. */
+  int cgroup_procs;
 };
 
 /* agent.c: the agent's one exec_state. */
@@ -82,6 +85,7 @@ void exec_shutdown(struct exec_state *e);
 struct exec_child_args {
   int in, out, err;
   int done; /* write end of the CLOEXEC pipe whose EOF says the child is gone */
+  int cgroup_procs; /* a cgroup.procs to join, or -1 */
   const char *cwd;
   char *const *argv;
   char *const *env;

@@ -64,6 +64,12 @@ static void exec_child_drop_ptrace(void) {
 __attribute__((noreturn)) static int exec_child(void *arg) {
   const struct exec_child_args *ca = arg;
   setpgid(0, 0);
+  /* Into the commands' cgroup (microVM), so that however many processes a
+   * command makes, they share one small CPU weight against the agent's.  A
+   * failure leaves the command beside the agent; it still runs. */
+  if (ca->cgroup_procs >= 0 && write(ca->cgroup_procs, "0", 1) < 0) {
+    /* nothing to do about it here */
+  }
   exec_child_drop_ptrace();
   /* The agent ignores SIGPIPE and blocks SIGCHLD (and exec_start() blocked
    * every signal around the clone, so that no handler runs here); commands

@@ -10,10 +10,11 @@
  *   3. mount the read-only rootfs disk (/dev/vda), a size-capped tmpfs, and
  *      an overlay of the two, move /dev, /proc and /sys into it and make it
  *      the root (the initramfs stays behind, unreachable);
- *   4. write /etc/resolv.conf and /etc/hosts when the rootfs has none, bring
+ *   4. put commands in a cgroup of their own with a small CPU weight;
+ *   5. write /etc/resolv.conf and /etc/hosts when the rootfs has none, bring
  *      lo up and capture the guest's traffic (egress_nl.c: the guest has no
  *      NIC, only lo; the rules are in RAM when the warm snapshot is taken);
- *   5. open the virtio-serial port named "agent" as the channel.
+ *   6. open the virtio-serial port named "agent" as the channel.
  * Kernel command line options: ign.fstype=erofs|ext4|squashfs (default:
  * try each), ign.overlay_mb=N (default 1024).
  *
@@ -38,6 +39,7 @@
 #include "common/util.h"
 #include "guest/agent_core.h"
 #include "guest/egress_int.h"
+#include "guest/exec_int.h"
 #include "guest/machine.h"
 #include "guest/vm_init.h"
 
@@ -170,6 +172,40 @@ static int mount_root(const char *fstype, unsigned overlay_mb) {
   return 0;
 }
 
+/* The cgroup commands run in: every process of every command shares one
+ * CPU weight of 1 against the agent's 100-odd (the agent stays in the root
+ * cgroup), so a fork bomb or a build on every core still leaves the agent
+ * the CPU to notice a timeout, kill the group and answer the host.  Only the
+ * cpu controller: memory is the guest's, and the kernel never OOM-kills PID
+ * 1.  favordynmods makes joining it (a write per command) cheap; a kernel
+ * without that option mounts without it.  Best effort: a guest without it
+ * still runs commands, next to the agent.  Returns the open cgroup.procs. */
+#define VM_CGROUP "/sys/fs/cgroup"
+#define VM_COMMANDS_CGROUP VM_CGROUP "/commands"
+
+static int write_file(const char *path, const char *text) {
+  _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write(fd, text, strlen(text)) < 0)
+    return -errno;
+  return 0;
+}
+
+static int commands_cgroup(void) {
+  const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  if (mount("cgroup2", VM_CGROUP, "cgroup2", flags, "favordynmods") < 0 &&
+      mount("cgroup2", VM_CGROUP, "cgroup2", flags, NULL) < 0)
+    return -errno;
+  int r;
+  if ((r = write_file(VM_CGROUP "/cgroup.subtree_control", "+cpu")) < 0)
+    return r;
+  if (mkdir(VM_COMMANDS_CGROUP, 0755) < 0 && errno != EEXIST)
+    return -errno;
+  if ((r = write_file(VM_COMMANDS_CGROUP "/cpu.weight", "1")) < 0)
+    return r;
+  int fd = open(VM_COMMANDS_CGROUP "/cgroup.procs", O_WRONLY | O_CLOEXEC);
+  return fd < 0 ? -errno : fd;
+}
+
 /* /dev/vportNpM whose /sys/class/virtio-ports/.../name is "agent". */
 static int open_port(void) {
   uint64_t deadline = mono_ms() + VM_DEVICE_WAIT_MS;
@@ -231,6 +267,12 @@ int vm_setup(struct agent *a, int *ret_chan) {
     return r;
   if ((r = mount_root(fstype, overlay_mb)) < 0)
     return r;
+  r = commands_cgroup();
+  if (r < 0)
+    agent_log("vm setup: commands run beside the agent, without a cgroup of their own: %s",
+              strerror(-r));
+  else
+    agent_exec(a)->cgroup_procs = r;
   machine_name_files();
   machine_set_hostname("ignition", strlen("ignition"));
   r = machine_loopback_up();

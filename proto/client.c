@@ -153,6 +153,12 @@ void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms) {
   pthread_mutex_unlock(&c->lock);
 }
 
+void agent_conn_set_exec_grace(struct agent_conn *c, uint32_t ms) {
+  pthread_mutex_lock(&c->lock);
+  c->exec_grace_ms = ms ? ms : 1;
+  pthread_mutex_unlock(&c->lock);
+}
+
 void agent_conn_shutdown(struct agent_conn *c) {
   pthread_mutex_lock(&c->lock);
   client_mark_dead_locked(c, strdup("the session was closed"), false);
@@ -205,6 +211,7 @@ int agent_conn_open_setup(int fd, uint32_t timeout_ms, const struct agent_setup_
   }
   c->fd = fd;
   c->write_deadline_ms = AGENT_WRITE_DEADLINE_MS;
+  c->exec_grace_ms = AGENT_EXEC_GRACE_MS;
   c->ctl_q.tail = &c->ctl_q.head;
   c->data_q.tail = &c->data_q.head;
   c->stream_q.tail = &c->stream_q.head;

@@ -90,6 +90,11 @@ int agent_conn_open_setup(int fd, uint32_t timeout_ms, const struct agent_setup_
                           struct agent_conn **ret, char **ret_err);
 /* The write deadline (AGENT_WRITE_DEADLINE_MS unless set, e.g. by tests). */
 void agent_conn_set_write_deadline(struct agent_conn *c, uint32_t ms);
+/* How long past a command's timeout the host waits for its EXIT before it
+ * PINGs the agent, and how long the PING may take (AGENT_EXEC_GRACE_MS
+ * unless set, e.g. by tests). */
+#define AGENT_EXEC_GRACE_MS 20000u
+void agent_conn_set_exec_grace(struct agent_conn *c, uint32_t ms);
 /* Ends the connection: every waiting call fails with -EPIPE.  Idempotent. */
 void agent_conn_shutdown(struct agent_conn *c);
 /* Shuts down, joins the reader and frees. */

@@ -130,6 +130,7 @@ struct agent_conn {
   bool stream_turn;           /* the writer takes stream_q next (else data_q) */
   bool writer_polling;        /* the writer waits in poll(): wake it by wake_fd */
   uint32_t write_deadline_ms;
+  uint32_t exec_grace_ms;     /* EXEC_GRACE_MS unless set (tests) */
   int sndbuf;                 /* SO_SNDBUF; 0: SIOCOUTQ does not work on the fd */
   /* Streams: the table (live ones and zombies), counts, the last id the
    * agent opened, refusals the connection queued and the writer has not

@@ -17,9 +17,13 @@
 #include "proto/client_int.h"
 #include "proto/proto.h"
 
-/* How long past a command's own timeout the host waits before declaring the
- * agent unresponsive. */
-#define EXEC_GRACE_MS 20000u
+/* Past a command's own timeout the host waits the connection's grace
+ * (AGENT_EXEC_GRACE_MS) for its EXIT, then asks the agent whether it is still
+ * there (a PING, which may take as long), and waits on while it answers, up
+ * to this far past the timeout: killing thousands of processes in a starved
+ * guest can take longer than the grace, and that is not an agent that
+ * stopped. */
+#define EXEC_MAX_LATE_MS (5u * 60u * 1000u)
 /* Longest HELLO_OK info taken from an agent, and EGRESS_ERROR. */
 #define MAX_INFO 256u
 #define MAX_EGRESS_ERROR 256u
@@ -391,6 +395,45 @@ static int upload(struct agent_conn *c, struct pending *p, enum proto_type data_
   return r;
 }
 
+/* 0 when the agent answers a PING within GRACE_MS, else why not
+ * (-ETIMEDOUT, -ECANCELED, the connection's end).  CTL's cancel only: the
+ * command's progress is not the PING's. */
+static int agent_answers(struct agent_conn *c, const struct agent_ctl *ctl, uint32_t grace_ms) {
+  struct agent_ctl cancel_only = {.cancelled = ctl ? ctl->cancelled : NULL};
+  struct pending q = {0};
+  int r = client_register_pending(c, &q, PROTO_PING);
+  if (r < 0)
+    return r;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_PING, q.id);
+  r = send_and_wait(c, &b, &q, &cancel_only, grace_ms);
+  return client_finish_call(c, &q, r, NULL);
+}
+
+/* Waits for P, a command's answer, until DEADLINE; past it, on while the agent
+ * answers a PING, up to EXEC_MAX_LATE_MS past the command's timeout.  Called
+ * and returns with c->lock held. */
+static int exec_wait(struct agent_conn *c, struct pending *p, const struct agent_ctl *ctl,
+                     uint64_t deadline, uint32_t timeout_ms) {
+  int r = client_wait_pending(c, p, ctl, left_ms(deadline));
+  const uint64_t last = p->start_ms + timeout_ms + EXEC_MAX_LATE_MS;
+  const uint32_t grace_ms = c->exec_grace_ms;
+  while (r == -ETIMEDOUT && deadline && mono_ms() < last) {
+    pthread_mutex_unlock(&c->lock);
+    int alive = agent_answers(c, ctl, grace_ms);
+    pthread_mutex_lock(&c->lock);
+    if (p->done)
+      return p->result;
+    if (alive < 0)
+      return alive == -ECANCELED ? alive : c->dead ? client_dead_code(c) : -ETIMEDOUT;
+    deadline = mono_ms() + grace_ms;
+    if (deadline > last)
+      deadline = last;
+    r = client_wait_pending(c, p, ctl, left_ms(deadline));
+  }
+  return r;
+}
+
 int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const struct agent_ctl *ctl,
                struct agent_exec_res *ret, char **ret_err) {
   struct agent_exec_res res = {.exit_code = -1};
@@ -409,7 +452,9 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
   proto_put_u32(&b, TAG_TIMEOUT_MS, req->timeout_ms);
   proto_put_u32(&b, TAG_HAS_STDIN, req->stdin_data != NULL);
   /* The agent's timer starts when it gets EXEC: the host's, too. */
-  uint64_t deadline = req->timeout_ms ? p.start_ms + req->timeout_ms + EXEC_GRACE_MS : 0;
+  pthread_mutex_lock(&c->lock);
+  uint64_t deadline = req->timeout_ms ? p.start_ms + req->timeout_ms + c->exec_grace_ms : 0;
+  pthread_mutex_unlock(&c->lock);
   int r = client_enqueue(c, &b, true, ctl, 0, NULL);
   proto_buf_free(&b);
   if (r == -EMSGSIZE) {
@@ -427,7 +472,7 @@ int agent_exec(struct agent_conn *c, const struct agent_exec_req *req, const str
 
   pthread_mutex_lock(&c->lock);
   if (r == 0)
-    r = client_wait_pending(c, &p, ctl, left_ms(deadline));
+    r = exec_wait(c, &p, ctl, deadline, req->timeout_ms);
   if (r < 0 && sent && !p.done) {
     /* Kill the command's process group; its EXIT will find no one waiting. */
     pthread_mutex_unlock(&c->lock);

@@ -118,6 +118,24 @@ describe('clones of one snapshot', () => {
   }
 });
 
+describe('the agent\'s share of the guest', () => {
+  test('commands run in a cgroup of their own with CPU weight 1, the agent (PID 1) in the root one, also in background processes and after a reset', T, async (t) => {
+    const s = await startServer();
+    t.after(() => s.close());
+    const c = s.client;
+    const sid = await openSession(c);
+    const look = 'cat /proc/self/cgroup; cat /proc/1/cgroup; cat /sys/fs/cgroup/commands/cpu.weight; (sh -c "cat /proc/self/cgroup" &); wait; sleep 0.2';
+    for (const when of ['a clone', 'after a reset']) {
+      const [self, agent, weight, bg] = (await sh(c, sid, look)).trim().split('\n');
+      assert.equal(self, '0::/commands', `${when}: a command's cgroup`);
+      assert.equal(agent, '0::/', `${when}: the agent's cgroup`);
+      assert.equal(weight, '1', `${when}: the commands' cpu.weight`);
+      assert.equal(bg, '0::/commands', `${when}: a background process's cgroup`);
+      await call(c, 'reset', { session_id: sid });
+    }
+  });
+});
+
 describe('clock', () => {
   test('a clone of an older snapshot has the host clock (restored on demand, and from the pool)', T, async (t) => {
     const store = tempStore();

@@ -60,6 +60,9 @@ struct peer {
   _Atomic uint32_t accept_window, shuts, resets, lookup_ends, reset_errno, lookup_addrs, lookup_ttl;
   _Atomic int lookup_rcode;
   char reset_msg[300];
+  /* answer_exit_late: the EXEC's id and the PINGs answered. */
+  uint32_t exec_id;
+  _Atomic unsigned pings;
   pthread_t thread;
 };
 
@@ -713,6 +716,67 @@ static void answer_ping(struct peer *pe, const struct proto_header *h, const uin
   struct proto_buf b = {0};
   proto_frame_begin(&b, PROTO_PONG, h->id);
   send_frame(pe->fd, &b);
+}
+
+static bool peer_saw(struct peer *pe, uint8_t type);
+
+/* An agent killing a command that takes long to die: EXEC is answered only
+ * once pe->arg PINGs have been (each with a PONG); pe->arg 0: an agent that
+ * stopped, answering neither. */
+static void answer_exit_late(struct peer *pe, const struct proto_header *h,
+                             const uint8_t *payload) {
+  (void)payload;
+  if (h->type == PROTO_EXEC)
+    pe->exec_id = h->id;
+  if (h->type != PROTO_PING || !pe->arg)
+    return;
+  struct proto_buf b = {0};
+  proto_frame_begin(&b, PROTO_PONG, h->id);
+  send_frame(pe->fd, &b);
+  if (++pe->pings != pe->arg)
+    return;
+  proto_frame_begin(&b, PROTO_EXIT, pe->exec_id);
+  proto_put_u32(&b, TAG_EXIT_CODE, (uint32_t)-1);
+  proto_put_u32(&b, TAG_SIGNAL, 9);
+  proto_put_u32(&b, TAG_TIMED_OUT, 1);
+  proto_put_u64(&b, TAG_DURATION_US, 1000);
+  send_frame(pe->fd, &b);
+}
+
+/* Past a command's timeout and the grace the host PINGs the agent and waits
+ * on while it answers: a guest slow to tear down a fork bomb is not an agent
+ * that stopped.  One that answers no PING is. */
+static void late_exit_waits_while_the_agent_answers(void) {
+  const struct agent_exec_req req = {.command = "bomb", .timeout_ms = 100, .out_cap = 1024};
+  for (uint64_t pings = 0; pings <= 3; pings += 3) {
+    struct peer pe = {0};
+    struct agent_conn *c = peer_start(&pe, answer_exit_late, pings);
+    agent_conn_set_exec_grace(c, 200);
+    struct agent_exec_res res = {0};
+    char *err = NULL;
+    uint64_t t0 = mono_ms();
+    int r = agent_exec(c, &req, NULL, &res, &err);
+    uint64_t took = mono_ms() - t0;
+    if (pings) {
+      /* 100 + 200, then three PINGs 200 ms apart, the third with the EXIT. */
+      CHECK_EQ_INT(r, 0);
+      CHECK(res.timed_out && res.signal == 9);
+      CHECK_EQ_INT((int)pe.pings, 3);
+      CHECK(took >= 700);
+    } else {
+      /* 100 + 200, then a PING unanswered for 200: given up. */
+      CHECK_EQ_INT(r, -ETIMEDOUT);
+      CHECK(err && strstr(err, "stopped answering"));
+      CHECK(took >= 500 && took < 5000);
+      /* The KILL is queued as the call returns; the peer reads it soon after. */
+      for (int i = 0; i < 200 && !peer_saw(&pe, PROTO_KILL); i++)
+        usleep(10000);
+      CHECK(peer_saw(&pe, PROTO_PING) && peer_saw(&pe, PROTO_KILL));
+    }
+    agent_exec_res_free(&res);
+    free(err);
+    peer_stop(&pe, c);
+  }
 }
 
 struct ping_call {
@@ -1677,7 +1741,8 @@ TEST_MAIN(TEST(hello_carries_the_setup), TEST(exit_fields_are_range_checked), TE
           TEST(guest_errno_is_not_a_host_error),
           TEST(agent_farewell_is_the_agents), TEST(answers_must_fit_the_request),
           TEST(stalled_write_hits_its_deadline), TEST(trickled_write_hits_its_deadline),
-          TEST(slow_stdin_hits_the_call_deadline), TEST(exited_command_drops_its_stdin),
+          TEST(slow_stdin_hits_the_call_deadline), TEST(late_exit_waits_while_the_agent_answers),
+          TEST(exited_command_drops_its_stdin),
           TEST(cancel_returns_while_the_peer_does_not_read),
           TEST(control_frames_go_before_queued_data),
           TEST(pack_window_is_what_was_sent), TEST(unpack_eof_after_a_stop_is_no_end),
