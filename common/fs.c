@@ -134,6 +134,39 @@ int fs_mkdir_p(const char *path, mode_t parents_mode, mode_t mode) {
   return 0;
 }
 
+int fs_own_dir(const char *d, const char *what, mode_t max, char **ret_err) {
+  int r = fs_mkdir_p(d, 0755, 0700);
+  if (r < 0) {
+    *ret_err = xasprintf("cannot make the %s %s: %s (IGN_MCP_STORE must be a writable directory)",
+                         what, d, strerror(-r));
+    return r;
+  }
+  struct stat st;
+  if (lstat(d, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    *ret_err = xasprintf("%s is not a directory (a link?): move it away so that the server can "
+                         "make its %s there",
+                         d, what);
+    return -ENOTDIR;
+  }
+  /* Whoever may write in it may plant entries, swap one for a link while a
+   * server checks, deletes or uses it, or rename what a server is about to
+   * delete: only the server's own uid, never a group. */
+  if (st.st_uid != geteuid()) {
+    *ret_err = xasprintf("%s belongs to uid %u, not to the server's uid %u: whoever owns it can "
+                         "plant or swap what the server keeps there; move it away (or chown it to "
+                         "uid %u) and try again",
+                         d, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
+    return -EPERM;
+  }
+  if ((st.st_mode & 0777 & ~max) && chmod(d, st.st_mode & max) < 0) {
+    r = -errno;
+    *ret_err = xasprintf("%s is writable by its group or open to others, and its mode cannot be "
+                         "narrowed (%s): chmod 0700 it and try again",
+                         d, strerror(errno));
+    return r;
+  }
+  return 0;
+}
 
 int fs_open_one_name(int dir_fd, const char *name, uid_t owner, int *ret_fd, char **ret_why) {
   _cleanup_close_ int fd =

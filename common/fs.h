@@ -12,6 +12,11 @@ void fs_remove_tree(const char *dir);
 /* mkdir -p: the parents it makes with PARENTS_MODE, PATH itself with MODE.
  * 0 or -errno. */
 int fs_mkdir_p(const char *path, mode_t parents_mode, mode_t mode);
+/* A directory of the server's own, made (parents 0755, itself 0700) when
+ * missing: never a link, owned by the server's uid, and no mode bit beyond
+ * MAX (narrowed when it has more).  WHAT names it in *ret_err ("stage
+ * directory").  0 or -errno. */
+int fs_own_dir(const char *dir, const char *what, mode_t max, char **ret_err);
 /* Opens NAME in directory DIR_FD to read it where another uid may have put
  * something in its place (a QEMU's state directory, which belongs to the
  * QEMU's uid): without following a link, without blocking on a FIFO, and

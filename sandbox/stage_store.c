@@ -48,39 +48,7 @@ char *stage_store_dir(void) { return xasprintf("%s/stages", cfg.store); }
  * reach a stage's files as they reach a base's) are kept. */
 int stage_store_ensure(char **ret_err) {
   _cleanup_free_ char *d = stage_store_dir();
-  int r = fs_mkdir_p(d, 0755, 0700);
-  if (r < 0) {
-    *ret_err = xasprintf("cannot make the stage directory %s: %s (IGN_MCP_STORE must be a "
-                         "writable directory)",
-                         d, strerror(-r));
-    return r;
-  }
-  struct stat st;
-  if (lstat(d, &st) < 0 || !S_ISDIR(st.st_mode)) {
-    *ret_err = xasprintf("%s is not a directory (a link?): move it away so that the server can "
-                         "make its stage directory there",
-                         d);
-    return -ENOTDIR;
-  }
-  /* Whoever may write in stages/ may plant a stage, swap one for a link
-   * while a server checks, deletes or lays it, or rename what a server is
-   * about to delete: only the server's own uid, never a group (QEMU's
-   * group needs to reach a vm stage's files, never to make entries). */
-  if (st.st_uid != geteuid()) {
-    *ret_err = xasprintf("%s belongs to uid %u, not to the server's uid %u: whoever owns it can "
-                         "plant or swap stages; move it away (or chown it to uid %u) and try "
-                         "again",
-                         d, (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
-    return -EPERM;
-  }
-  if ((st.st_mode & 027) && chmod(d, st.st_mode & 0750) < 0) {
-    int r = -errno;
-    *ret_err = xasprintf("%s is writable by its group or open to others, and its mode cannot be "
-                         "narrowed (%s): chmod 0700 it and try again",
-                         d, strerror(errno));
-    return r;
-  }
-  return 0;
+  return fs_own_dir(d, "stage directory", 0750, ret_err);
 }
 
 /* The directory of named stage NAME (already checked). */

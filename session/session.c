@@ -222,15 +222,19 @@ static int open_taking(const char *owner, const char *stage_name, struct egress 
     return -EUSERS;
   }
   session_count++;
-  unsigned seq = ++session_next_seq;
   session_table_unlock();
 
   /* The stage is checked (and verified, the first time) before anything
-   * starts, without the table's lock. */
+   * starts, and the id recorded on the store, without the table's lock. */
   struct stage *stage = NULL;
   int r = open_stage(stage_name, owner, &stage, ret_err);
+  struct session *s = r < 0 ? NULL : session_new(owner, lease ? 'r' : 's',
+                                                 session_records_next_seq());
+  if (s) {
+    s->ephemeral = lease != NULL;
+    session_record_add(s);
+  }
   pthread_mutex_lock(&session_lock);
-  struct session *s = r < 0 ? NULL : session_new(owner, lease ? 'r' : 's', seq);
   if (!s) {
     session_count--;
     session_table_unlock();
@@ -238,7 +242,6 @@ static int open_taking(const char *owner, const char *stage_name, struct egress 
       stage_unref(stage);
     return r < 0 ? r : -ENOMEM;
   }
-  s->ephemeral = lease != NULL;
   s->egress = steal_ptr(*egress);
   if (s->egress)
     egress_set_session(s->egress, s->id, s->owner);
@@ -328,7 +331,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   bool known = session_find_locked(id, owner) != NULL;
   session_table_unlock();
   if (!known) {
-    *ret_err = session_unknown_id(id);
+    *ret_err = session_unknown_id(id, owner);
     return -ENOENT;
   }
   /* A stage that cannot be used is refused before the sandbox is thrown
@@ -348,7 +351,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   if (s)
     session_wait_reset_locked(s);
   if (!s || s->removed) {
-    *ret_err = s ? session_removed_while_waiting(s) : session_unknown_id(id);
+    *ret_err = s ? session_removed_while_waiting(s) : session_unknown_id(id, owner);
     if (s)
       session_unref_locked(s);
     session_table_unlock();
@@ -422,7 +425,7 @@ int session_close(const char *id, const char *owner, char **ret_err) {
   s = known ? session_find_locked(id, owner) : NULL;
   if (!s || s->removed) {
     session_table_unlock();
-    *ret_err = session_unknown_id(id);
+    *ret_err = session_unknown_id(id, owner);
     return -ENOENT;
   }
   /* A reset in progress notices removal and discards its new sandbox. */

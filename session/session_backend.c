@@ -105,6 +105,7 @@ int sessions_init(char **ret_err) {
     }
   }
 started:
+  session_records_init();
   if (cfg.host_id[0])
     log_info("host id %s (IGN_MCP_HOST_ID): every session id starts with '%s.'", cfg.host_id,
              cfg.host_id);

@@ -48,6 +48,7 @@ struct session {
   struct egress *egress;    /* owned; NULL only for the bench's sessions */
   int busy;
   uint64_t created_ms, last_used_ms;
+  int record_fd;            /* its record's live lock (session_record.c), or -1 */
 };
 
 /* ---- the table (session_table.c) ---- */
@@ -83,8 +84,27 @@ void session_remove_locked(struct session *s, const char *why);
 /* Removes S from the table and retires its handle.  Called with the lock;
  * returns a handle to free once the lock is dropped. */
 struct handle *session_close_locked(struct session *s, const char *why);
-/* For an id no session of the caller has (malloc'd). */
-char *session_unknown_id(const char *id);
+/* For an id no session of OWNER has (malloc'd): what the store knows of it
+ * (another server holds it, or it was lost with its server), else that
+ * nobody opened it. */
+char *session_unknown_id(const char *id, const char *owner);
+
+/* ---- records on the store (session_record.c) ---- */
+
+/* Makes IGN_MCP_STORE/sessions/ and removes what dead servers left there;
+ * without it, ids are unique to this server only (a warning says why). */
+void session_records_init(void);
+/* The sequence number of a new id: the store's, given once across servers
+ * and their lifetimes on it; without records, this server's. */
+unsigned session_records_next_seq(void);
+/* S's record (not for an ephemeral session): sessions/<id>/, locked while
+ * S lives.  0 or -errno (logged: S then has none). */
+int session_record_add(struct session *s);
+/* Removes S's record and drops its lock (session_free). */
+void session_record_remove(struct session *s);
+/* What the store knows of ID for OWNER, as the sentence for a call
+ * (malloc'd), or NULL when nothing. */
+char *session_record_whereabouts(const char *id, const char *owner);
 
 /* ---- the backend (session_backend.c) ---- */
 

@@ -44,7 +44,7 @@ static struct session *find_serving_locked(const char *id, const char *owner, ch
   if (s)
     session_wait_reset_locked(s);
   if (!s || s->removed || !s->h) {
-    *ret_err = s && s->removed ? session_removed_while_waiting(s) : session_unknown_id(id);
+    *ret_err = s && s->removed ? session_removed_while_waiting(s) : session_unknown_id(id, owner);
     if (s)
       session_unref_locked(s);
     return NULL;

@@ -197,15 +197,13 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
   struct fork_job jobs[SESSION_FORK_MAX] = {0};
   unsigned made = 0;
   for (unsigned i = 0; r == 0 && i < count; i++, made++) {
-    pthread_mutex_lock(&session_lock);
-    unsigned seq = ++session_next_seq;
-    session_table_unlock();
     /* The forks are the caller's, as the session they copy is. */
-    struct session *s = session_new(owner, 's', seq);
+    struct session *s = session_new(owner, 's', session_records_next_seq());
     if (!s) {
       r = -ENOMEM;
       break;
     }
+    session_record_add(s);
     s->egress = steal_ptr(clones[i]);
     if (s->egress)
       egress_set_session(s->egress, s->id, s->owner);

@@ -66,6 +66,7 @@ void handle_retire(struct handle *h, const char *why) {
 void session_free(struct session *s) {
   if (!s)
     return;
+  session_record_remove(s);
   if (s->egress)
     egress_free(s->egress);
   free(s->owner);
@@ -112,6 +113,7 @@ struct session *session_new(const char *owner, char kind, unsigned seq) {
   snprintf(s->id, sizeof s->id, "%s%s%c%u-%04x", cfg.host_id, cfg.host_id[0] ? "." : "", kind,
            seq, rnd);
   s->refs = 1;
+  s->record_fd = -1;
   return s;
 }
 
@@ -161,11 +163,15 @@ char *session_id_elsewhere(const char *id) {
 }
 
 /* For an id no session of the caller has.  The same words whether nobody
- * opened it or another owner did: that is not the caller's to know. */
-char *session_unknown_id(const char *id) {
+ * opened it or another owner did: that is not the caller's to know (the
+ * store's record of it is read for its owner only). */
+char *session_unknown_id(const char *id, const char *owner) {
   char *elsewhere = session_id_elsewhere(id);
   if (elsewhere)
     return elsewhere;
+  char *known = session_record_whereabouts(id, owner);
+  if (known)
+    return known;
   return xasprintf("unknown session_id '%s': no open session has this id (it was never opened, "
                    "or it was closed, or reaped after %u s idle). Call open_session to get a new "
                    "one; list_sessions shows the open ones.",

@@ -850,6 +850,20 @@ describe('raw HTTP: status codes, headers, tokens', () => {
     await rawTool(srv, alice, 'stage_rm', { name: stage });
   });
 
+  test("a session lost with its killed server is lost to its token only: to another, on the next server, its id is unknown", T, async (t) => {
+    const first = await startHttp({ tokens: { alice, bob }, env: NO_POOL });
+    const sid = (await rawTool(first, alice, 'open_session')).session_id;
+    hardKill(first.pid);
+    await waitUntil(() => first.exited(), { timeoutMs: 10000 });
+    const next = await startHttp({ tokens: { alice, bob }, env: NO_POOL });
+    t.after(() => next.close());
+    const ours = await rawToolErr(next, alice, 'run', { session_id: sid, command: 'true' });
+    assert.match(ours, new RegExp(`session '${sid}' was lost: its server \\(pid ${first.pid}\\)`), ours);
+    const theirs = await rawToolErr(next, bob, 'run', { session_id: sid, command: 'true' });
+    const nobody = await rawToolErr(next, bob, 'run', { session_id: 's4000000000-0000', command: 'true' });
+    assert.equal(theirs.replaceAll(sid, 'ID'), nobody.replaceAll('s4000000000-0000', 'ID'), 'bob learns that alice had a session');
+  });
+
   test("a legacy Mcp-Session-Id of one token is unknown (404) to another", T, async () => {
     const sid = await legacyInit(srv, alice);
     const r = await legacy(srv, sid, { jsonrpc: '2.0', id: nextId++, method: 'tools/list', params: {} }, { token: bob });

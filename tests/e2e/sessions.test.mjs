@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
-  findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, NS_ONLY, AGENT, writeFile, textOf, descendants, qemuChildren, isAlive,
+  findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, NS_ONLY, AGENT, writeFile, textOf, descendants, qemuChildren, isAlive, hardKill,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
@@ -58,6 +58,42 @@ describe('session cap and ids', () => {
       const e = await callErr(s.client, 'run', { session_id: id, command: 'true' });
       assert.ok(e.includes(id), e);
     }
+  });
+
+  test('ids are never reused across servers on one store; a killed server\'s session is answered as lost, a live one\'s as held by that server', T, async (t) => {
+    const a = await startServer();
+    t.after(() => a.close());
+    const b = await startServer();
+    t.after(() => b.close());
+    const seq = (id) => Number(/s(\d+)-[0-9a-f]{4}$/.exec(id)[1]);
+    const idA = await openSession(a.client);
+    const idB = await openSession(b.client);
+    assert.ok(seq(idB) > seq(idA), `${idB} after ${idA}: the store's counter did not move on`);
+    // A's session, asked of B while A holds it.
+    const held = await callErr(b.client, 'run', { session_id: idA, command: 'true' });
+    assert.match(held, new RegExp(`^session '${idA}' is held by another server on this store \\(pid ${a.pid}\\), not by this one`), held);
+    // A closed session's record goes with it: unknown, as before.
+    const closed = await openSession(a.client);
+    await call(a.client, 'close', { session_id: closed });
+    assert.match(await callErr(b.client, 'run', { session_id: closed, command: 'true' }), /unknown session_id/);
+    // A killed: its session is lost, and says so to every later server.
+    hardKill(a.pid);
+    await waitUntil(() => !isAlive(a.pid), { timeoutMs: 10000 });
+    const lost = await callErr(b.client, 'run', { session_id: idA, command: 'true' });
+    assert.match(lost, new RegExp(`session '${idA}' was lost: its server \\(pid ${a.pid}\\), where it was opened at \\d{4}-\\d\\d-\\d\\dT[0-9:]+Z, ended without closing it \\(it was killed, or crashed\\)`), lost);
+    for (const tool of ['read_file', 'close', 'reset']) {
+      const args = tool === 'read_file' ? { session_id: idA, path: '/etc/hostname' } : { session_id: idA };
+      assert.match(await callErr(b.client, tool, args), /was lost: its server/, tool);
+    }
+    const c = await startServer();
+    t.after(() => c.close());
+    assert.match(await callErr(c.client, 'run', { session_id: idA, command: 'true' }), /was lost: its server/);
+    const idC = await openSession(c.client);
+    assert.ok(seq(idC) > seq(idB), `${idC} after ${idB}`);
+    assert.equal(await sh(c.client, idC, 'echo ok'), 'ok\n');
+    // B's own session is still B's, and a fresh id nobody opened is unknown.
+    assert.equal(await sh(b.client, idB, 'echo ok'), 'ok\n');
+    assert.match(await callErr(c.client, 'run', { session_id: `s${seq(idC) + 1000}-0000`, command: 'true' }), /unknown session_id/);
   });
 
   test('list_sessions follows opens and closes', T, async (t) => {

@@ -1,0 +1,310 @@
+/* session_record.c: what the store keeps of each open session, so that
+ * session ids are never given twice on one store, across servers and their
+ * lifetimes, and an id whose server was killed is answered as lost, not as
+ * an id nobody opened.
+ *
+ * Layout under IGN_MCP_STORE/sessions/ (mode 0700, the server's uid):
+ *   .seq                 the last sequence number given (decimal text),
+ *                        changed under an flock LOCK_EX on the file
+ *   .new-<pid>-<n>/      a record being made; renamed to its id when whole
+ *   <id>/meta.json       {id, owner, pid, host, server, opened_at}
+ *   <id>/live            flock LOCK_EX by the server that holds the session,
+ *                        from before the record is visible until it is gone
+ *   <id>/lost_at         written by the first server that finds the lock
+ *                        free: the session's server ended without closing it
+ * A closed session's record is removed (the id is then unknown again, as
+ * before).  The kernel drops the flock however its server dies, so a record
+ * whose lock can be taken is a session that was lost with its server: the
+ * next server on the store says so, and removes the record a week later.
+ *
+ * Without the directory (a store that cannot hold it) ids are unique per
+ * server only, as they were before records, and a warning says why. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "session/session_int.h"
+
+#define RECORD_META_MAX 4096
+/* How long a lost session's record is kept, counted from when a server
+ * first found it lost. */
+#define RECORD_LOST_KEEP_S (7 * 24 * 3600)
+/* A .new- directory this old was left by a server that died making it. */
+#define RECORD_NEW_STALE_S 60
+
+static char *records_dir; /* NULL: no records */
+static char server_token[17]; /* this process's, in each meta.json it writes */
+static _Atomic unsigned new_seq;
+
+static char *record_path(const char *id, const char *file) {
+  return file ? xasprintf("%s/%s/%s", records_dir, id, file) : xasprintf("%s/%s", records_dir, id);
+}
+
+/* An id as session_new makes them: "[<host>.]" 's' digits '-' hex, and
+ * nothing that could be a path. */
+static bool record_id_ok(const char *id) {
+  size_t n = strlen(id);
+  if (n == 0 || n >= SESSION_ID_MAX || id[0] == '.')
+    return false;
+  for (const char *p = id; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+          *p == '-' || *p == '.' || *p == '_'))
+      return false;
+  return !strstr(id, "..");
+}
+
+/* ---- what a record says ---- */
+
+struct record_meta {
+  char owner[256];
+  char host[CONFIG_HOST_ID_MAX + 1];
+  char server[sizeof server_token];
+  long long pid, opened_at;
+};
+
+static int meta_read(int dir_fd, struct record_meta *m) {
+  _cleanup_close_ int fd = openat(dir_fd, "meta.json", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  char buf[RECORD_META_MAX];
+  ssize_t n = read(fd, buf, sizeof buf);
+  if (n <= 0)
+    return n < 0 ? -errno : -EINVAL;
+  json_error_t e;
+  json_t *j = json_loadb(buf, (size_t)n, JSON_REJECT_DUPLICATES, &e);
+  const char *owner = NULL, *host = "", *server = "";
+  json_int_t pid = 0, at = 0;
+  int r = j && json_unpack(j, "{s:s, s?s, s?s, s:I, s:I}", "owner", &owner, "host", &host, "server",
+                           &server, "pid", &pid, "opened_at", &at) == 0
+              ? 0
+              : -EINVAL;
+  if (r == 0) {
+    snprintf(m->owner, sizeof m->owner, "%s", owner);
+    snprintf(m->host, sizeof m->host, "%s", host);
+    snprintf(m->server, sizeof m->server, "%s", server);
+    m->pid = pid;
+    m->opened_at = at;
+  }
+  json_decref(j);
+  return r;
+}
+
+/* Whether the record in DIR_FD is held by a live server: 1 held, 0 free
+ * (its server is gone), -errno when it cannot be told. */
+static int record_held(int dir_fd) {
+  _cleanup_close_ int fd = openat(dir_fd, "live", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0)
+    return 0; /* dropped with the fd */
+  return errno == EWOULDBLOCK ? 1 : -errno;
+}
+
+/* Notes, once, when the record in DIR_FD was first found lost; returns that
+ * time. */
+static time_t record_lost_at(int dir_fd) {
+  time_t now = time(NULL);
+  _cleanup_close_ int fd =
+      openat(dir_fd, "lost_at", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    dprintf(fd, "%lld\n", (long long)now);
+    return now;
+  }
+  struct stat st;
+  return fstatat(dir_fd, "lost_at", &st, AT_SYMLINK_NOFOLLOW) == 0 ? st.st_mtime : now;
+}
+
+/* ---- the directory and the counter ---- */
+
+/* Removes what dead servers left: half-made records, and lost ones past
+ * RECORD_LOST_KEEP_S. */
+static void records_sweep(void) {
+  DIR *d = opendir(records_dir);
+  if (!d)
+    return;
+  time_t now = time(NULL);
+  struct dirent *e;
+  unsigned lost = 0, removed = 0;
+  while ((e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+        strcmp(e->d_name, ".seq") == 0)
+      continue;
+    _cleanup_free_ char *p = record_path(e->d_name, NULL);
+    _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+      continue;
+    bool gone;
+    if (strncmp(e->d_name, ".new-", 5) == 0)
+      gone = record_held(fd) != 1 && now - st.st_mtime > RECORD_NEW_STALE_S;
+    else if (record_held(fd) == 0) {
+      lost++;
+      gone = now - record_lost_at(fd) > RECORD_LOST_KEEP_S;
+    } else
+      gone = false;
+    if (gone) {
+      fs_remove_tree(p);
+      removed++;
+    }
+  }
+  closedir(d);
+  if (lost)
+    log_info("session records: %u session%s lost with a server that ended without closing them "
+             "(their ids answer so); %u record%s removed",
+             lost, lost == 1 ? "" : "s", removed, removed == 1 ? "" : "s");
+}
+
+void session_records_init(void) {
+  uint64_t tok = 0;
+  if (getrandom(&tok, sizeof tok, 0) != sizeof tok)
+    tok = mono_us() ^ ((uint64_t)getpid() << 32);
+  snprintf(server_token, sizeof server_token, "%016" PRIx64, tok);
+  _cleanup_free_ char *d = xasprintf("%s/sessions", cfg.store);
+  _cleanup_free_ char *err = NULL;
+  if (fs_own_dir(d, "session directory", 0700, &err) < 0) {
+    log_warn("session ids are unique to this server only, not across servers and restarts on "
+             "the store: %s",
+             err);
+    return;
+  }
+  records_dir = steal_ptr(d);
+  records_sweep();
+}
+
+/* The store's counter, moved on by one under its lock; 0 when it cannot be. */
+static unsigned records_seq(void) {
+  _cleanup_free_ char *p = xasprintf("%s/.seq", records_dir);
+  _cleanup_close_ int fd = open(p, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX) < 0)
+    return 0;
+  char buf[32] = "";
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  unsigned long long v = n > 0 ? strtoull(buf, NULL, 10) : 0;
+  v = v >= UINT32_MAX ? 1 : v + 1;
+  int len = snprintf(buf, sizeof buf, "%llu\n", v);
+  if (pwrite(fd, buf, (size_t)len, 0) != len || ftruncate(fd, len) < 0)
+    return 0;
+  return (unsigned)v;
+}
+
+unsigned session_records_next_seq(void) {
+  unsigned v = records_dir ? records_seq() : 0;
+  if (v)
+    return v;
+  pthread_mutex_lock(&session_lock);
+  v = ++session_next_seq;
+  pthread_mutex_unlock(&session_lock);
+  return v;
+}
+
+/* ---- a session's record ---- */
+
+/* Takes a record whose server is gone out of the way of ID, which is to be
+ * given again (the counter was reset): 0 when there is none now. */
+static int record_clear_lost(const char *id) {
+  _cleanup_free_ char *p = record_path(id, NULL);
+  _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? 0 : -errno;
+  if (record_held(fd) != 0)
+    return -EEXIST;
+  fs_remove_tree(p);
+  return 0;
+}
+
+int session_record_add(struct session *s) {
+  if (!records_dir || s->ephemeral)
+    return 0;
+  if (!record_id_ok(s->id))
+    return -EINVAL;
+  _cleanup_free_ char *tmp =
+      xasprintf("%s/.new-%d-%u", records_dir, (int)getpid(), ++new_seq);
+  if (mkdir(tmp, 0700) < 0)
+    return -errno;
+  int r = 0;
+  _cleanup_free_ char *live = xasprintf("%s/live", tmp), *meta = xasprintf("%s/meta.json", tmp);
+  int fd = open(live, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
+    r = -errno;
+  json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "id", s->id, "owner", s->owner, "pid",
+                        (json_int_t)getpid(), "host", cfg.host_id, "server", server_token,
+                        "opened_at", (json_int_t)time(NULL));
+  if (r == 0 && (!j || json_dump_file(j, meta, JSON_COMPACT) < 0))
+    r = -EIO;
+  json_decref(j);
+  _cleanup_free_ char *final = record_path(s->id, NULL);
+  if (r == 0 && rename(tmp, final) < 0) {
+    r = -errno;
+    if ((r == -EEXIST || r == -ENOTEMPTY) && record_clear_lost(s->id) == 0)
+      r = rename(tmp, final) < 0 ? -errno : 0;
+  }
+  if (r < 0) {
+    if (fd >= 0)
+      close(fd);
+    fs_remove_tree(tmp);
+    log_warn("session %s has no record on the store (%s): if this server is killed, its id "
+             "will read as unknown rather than lost",
+             s->id, strerror(-r));
+    return r;
+  }
+  s->record_fd = fd;
+  return 0;
+}
+
+void session_record_remove(struct session *s) {
+  if (s->record_fd < 0)
+    return;
+  _cleanup_free_ char *p = record_path(s->id, NULL);
+  /* The lock is held until the record is gone: no server reads it as lost. */
+  fs_remove_tree(p);
+  close(s->record_fd);
+  s->record_fd = -1;
+}
+
+char *session_record_whereabouts(const char *id, const char *owner) {
+  if (!records_dir || !record_id_ok(id))
+    return NULL;
+  _cleanup_free_ char *p = record_path(id, NULL);
+  _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct record_meta m = {0};
+  if (fd < 0 || meta_read(fd, &m) < 0 || strcmp(m.owner, owner) != 0)
+    return NULL;
+  /* This server's own: closed, and going as its last call ends. */
+  if (strcmp(m.server, server_token) == 0)
+    return NULL;
+  char opened[32] = "";
+  time_t at = (time_t)m.opened_at;
+  struct tm tm;
+  if (gmtime_r(&at, &tm))
+    strftime(opened, sizeof opened, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  _cleanup_free_ char *server =
+      m.host[0] ? xasprintf("host '%s', pid %lld", m.host, m.pid) : xasprintf("pid %lld", m.pid);
+  int held = record_held(fd);
+  if (held == 1)
+    return xasprintf("session '%s' is held by another server on this store (%s), not by this "
+                     "one: send calls for it to that server (its client), or call open_session "
+                     "here for a new one",
+                     id, server);
+  if (held < 0)
+    return NULL;
+  record_lost_at(fd);
+  return xasprintf("session '%s' was lost: its server (%s), where it was opened at %s, ended "
+                   "without closing it (it was killed, or crashed), and its sandbox ended with "
+                   "it. Call open_session for a new session; what was in the old one is gone.",
+                   id, server, opened);
+}
