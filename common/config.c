@@ -219,6 +219,21 @@ static int load_host_io(void) {
   return 0;
 }
 
+/* IGN_MCP_IDLE_ACTION: what the idle reaper does with an idle session. */
+static int load_idle_action(void) {
+  const char *a = getenv("IGN_MCP_IDLE_ACTION");
+  if (!a || !*a || strcmp(a, "hibernate") == 0)
+    cfg.idle_hibernate = true;
+  else if (strcmp(a, "close") == 0)
+    cfg.idle_hibernate = false;
+  else {
+    fprintf(stderr, "ignition-mcp: IGN_MCP_IDLE_ACTION=%s is invalid: use hibernate or close\n",
+            a);
+    return -EINVAL;
+  }
+  return 0;
+}
+
 /* IGN_MCP_LOG_DIR, else $XDG_STATE_HOME/ignition-mcp/logs, else
  * ~/.local/state/ignition-mcp/logs, else /tmp/ignition-mcp-<uid>/logs.  Made
  * (0700) when the first log is written. */
@@ -354,6 +369,8 @@ int config_load(void) {
   U("IGN_MCP_MAX_SESSIONS", 8, 1, 1024, max_sessions);
   U("IGN_MCP_MAX_CALLS", 128, 1, 4096, max_calls);
   U("IGN_MCP_IDLE_SECS", 600, 1, 30 * 24 * 3600, idle_secs);
+  U("IGN_MCP_HIBERNATE_MAX_MB", 10240, 0, 1u << 30, hibernate_max_mb);
+  U("IGN_MCP_HIBERNATE_KEEP_SECS", 86400, 1, 365 * 24 * 3600, hibernate_keep_secs);
   U("IGN_MCP_TASKS_MAX", 64, 1, 4096, tasks_max);
   U("IGN_MCP_TASK_TTL_S", 3600, 1, 7 * 24 * 3600, task_ttl_s);
   U("IGN_MCP_OUTPUT_CAP", 65536, 0, 16 << 20, output_cap);
@@ -390,7 +407,8 @@ int config_load(void) {
   if (r < 0)
     return r;
 
-  if (load_net() < 0 || load_host_io() < 0 || load_log_dir() < 0 || load_http() < 0)
+  if (load_net() < 0 || load_host_io() < 0 || load_log_dir() < 0 || load_http() < 0 ||
+      load_idle_action() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");

@@ -32,6 +32,9 @@ struct config {
   unsigned max_sessions;
   unsigned max_calls;    /* tools/call requests in progress at once */
   unsigned idle_secs;
+  bool idle_hibernate;   /* IGN_MCP_IDLE_ACTION=hibernate (default) or close */
+  unsigned hibernate_max_mb;   /* IGN_MCP_HIBERNATE_MAX_MB: an owner's hibernations; 0: none */
+  unsigned hibernate_keep_secs; /* IGN_MCP_HIBERNATE_KEEP_SECS: then a hibernated one is closed */
   unsigned tasks_max;    /* IGN_MCP_TASKS_MAX: tasks held per owner, running or done */
   unsigned task_ttl_s;   /* IGN_MCP_TASK_TTL_S: the longest a task's result is kept */
   size_t output_cap;

@@ -35,6 +35,10 @@ struct sandbox_config {
    * base.  The session layer holds a reference to it for as long as the
    * sandbox lives, so a backend may keep this pointer. */
   const struct stage *stage;
+  /* A hibernated session resumed from STAGE: the sandbox keeps the identity
+   * (hostname, machine id) the stage's memory holds, and gets only fresh
+   * entropy and the clock. */
+  bool keep_identity;
 };
 
 /* What ops->snapshot reports. */

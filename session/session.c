@@ -61,13 +61,14 @@ static int sandbox_egress_counters(void *ctx, uint64_t ret[3], char **ret_err) {
  * NULL) to the connection.  M, already counted in session_n_making by the caller
  * (under the lock), is listed for shutdown. */
 static int make_handle_listed(struct making *m, const char *id, struct stage *stage,
-                              struct egress *egress, struct handle **ret, uint64_t *ret_ms,
-                              char **ret_err) {
+                              bool keep_identity, struct egress *egress, struct handle **ret,
+                              uint64_t *ret_ms, char **ret_err) {
   uint64_t t0 = mono_us();
   struct sandbox *sb = NULL;
   _cleanup_free_ char *err = NULL;
   struct sandbox_config sc = session_sb_cfg;
   sc.stage = stage;
+  sc.keep_identity = keep_identity;
   int r = session_ops->create(&sc, id, &sb, &err);
   if (r < 0) {
     *ret_err = xasprintf("cannot start a sandbox: %s", err ? err : strerror(-r));
@@ -128,14 +129,14 @@ static int make_handle_listed(struct making *m, const char *id, struct stage *st
 /* make_handle_listed for a caller that holds the lock and has checked that
  * the server is not shutting down; returns with the lock held again, and on
  * success the server is still not shutting down. */
-int session_make_handle_locked(const char *id, struct stage *stage, struct egress *egress,
-                               const void *owner, struct handle **ret, uint64_t *ret_ms,
-                               char **ret_err) {
+static int make_handle_locked(const char *id, struct stage *stage, bool keep_identity,
+                              struct egress *egress, const void *owner, struct handle **ret,
+                              uint64_t *ret_ms, char **ret_err) {
   struct making m = {.owner = owner};
   making_add_locked(&m);
   session_table_unlock();
   struct handle *h = NULL;
-  int r = make_handle_listed(&m, id, stage, egress, &h, ret_ms, ret_err);
+  int r = make_handle_listed(&m, id, stage, keep_identity, egress, &h, ret_ms, ret_err);
   pthread_mutex_lock(&session_lock);
   if (r == 0 && session_shutting_down) {
     /* Shutdown began after the last look: it is still waiting for this one
@@ -151,6 +152,17 @@ int session_make_handle_locked(const char *id, struct stage *stage, struct egres
   if (r == 0)
     *ret = h;
   return r;
+}
+
+int session_make_handle_locked(const char *id, struct stage *stage, struct egress *egress,
+                               const void *owner, struct handle **ret, uint64_t *ret_ms,
+                               char **ret_err) {
+  return make_handle_locked(id, stage, false, egress, owner, ret, ret_ms, ret_err);
+}
+
+int session_make_handle_kept_locked(const char *id, struct stage *stage, struct egress *egress,
+                                    struct handle **ret, uint64_t *ret_ms, char **ret_err) {
+  return make_handle_locked(id, stage, true, egress, NULL, ret, ret_ms, ret_err);
 }
 
 static json_t *describe(const struct session *s, uint64_t open_ms) {
@@ -269,6 +281,7 @@ static int open_taking(const char *owner, const char *stage_name, struct egress 
     s->h->refs++;
     lease->s = s;
     lease->h = s->h;
+    lease->resumed_ms = 0;
   }
   session_table_unlock();
   if (stage)
@@ -359,13 +372,34 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
       stage_unref(stage);
     return -ENOENT;
   }
+  struct stage *hibernated = NULL;
+  if (s->hibernated) {
+    /* A reset of a hibernated session starts it afresh: it takes a place
+     * among the running ones again, and what it was is dropped. */
+    if (session_count >= cfg.max_sessions) {
+      *ret_err = xasprintf("cannot reset session '%s': it is hibernated, and the limit of %u "
+                           "running sessions is reached (IGN_MCP_MAX_SESSIONS). Close one, then "
+                           "call again.",
+                           id, cfg.max_sessions);
+      session_unref_locked(s);
+      session_table_unlock();
+      if (stage)
+        stage_unref(stage);
+      return -EUSERS;
+    }
+    session_count++;
+    hibernated = steal_ptr(s->hibernated);
+  }
   /* The reference taken while waiting is the reset's. */
   s->resetting = true;
   struct handle *old = steal_ptr(s->h), *dead = NULL;
-  handle_retire(old, "reset");
-  handle_unref_locked(old, &dead);
+  if (old) {
+    handle_retire(old, "reset");
+    handle_unref_locked(old, &dead);
+  }
   session_table_unlock();
   handle_free(dead);
+  stage_unref(hibernated);
 
   struct handle *h = NULL;
   uint64_t ms;

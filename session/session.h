@@ -28,6 +28,7 @@ struct egress;
 struct lease {
   struct session *s;
   struct handle *h;
+  uint64_t resumed_ms; /* this call resumed the session, in that many ms (0: it did not) */
 };
 
 /* Picks the backend and starts the reaper.  *ret_err explains when no
@@ -116,6 +117,11 @@ int session_commit(const char *id, const char *owner, const char *name, bool rep
  * Each new session gets a copy of ID's network policy with an empty record. */
 #define SESSION_FORK_MAX 8
 int session_fork(const char *id, const char *owner, unsigned count, json_t **ret, char **ret_err);
+/* Hibernates session ID: saved as it is (vm: memory; ns: files), its sandbox
+ * gone, its id kept; the next call that names it resumes it.  *ret:
+ * {session_id, state, carries, bytes, hibernate_ms, paused_ms,
+ * hibernated_at}. */
+int session_hibernate(const char *id, const char *owner, json_t **ret, char **ret_err);
 int session_close(const char *id, const char *owner, char **ret_err);
 /* OWNER's sessions (ephemeral ones too); the cap and idle time. */
 json_t *session_list(const char *owner);

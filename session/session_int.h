@@ -49,6 +49,15 @@ struct session {
   int busy;
   uint64_t created_ms, last_used_ms;
   int record_fd;            /* its record's live lock (session_record.c), or -1 */
+  /* Hibernated (session_hibernate.c): no handle, what it was is this stage
+   * (a reference), since hibernated_at (Unix time); carries "memory" or
+   * "files".  resumed_ms: how long the last resume took, for the call that
+   * made it (taken by its lease). */
+  struct stage *hibernated;
+  int64_t hibernated_at;
+  const char *carries;
+  const char *isolation;    /* what it ran in (the backend's string, static) */
+  uint64_t resumed_ms;
 };
 
 /* ---- the table (session_table.c) ---- */
@@ -139,6 +148,32 @@ extern unsigned session_n_making;
 int session_make_handle_locked(const char *id, struct stage *stage, struct egress *egress,
                                const void *owner, struct handle **ret, uint64_t *ret_ms,
                                char **ret_err);
+/* The same for a resume: the sandbox keeps the identity STAGE's memory
+ * holds (sandbox_config.keep_identity). */
+int session_make_handle_kept_locked(const char *id, struct stage *stage, struct egress *egress,
+                                    struct handle **ret, uint64_t *ret_ms, char **ret_err);
+
+/* ---- commit and fork (session_snapshot.c) ---- */
+
+/* Saves the quiet session of L as stage NAME (NULL: anonymous); STOP (may
+ * be NULL) is asked last whether the caller gave up. */
+int session_snapshot_lease(const struct lease *l, const char *name, bool replace,
+                           const struct commit_stop *stop, struct stage **ret,
+                           struct sandbox_snapshot *ret_snap, char **ret_err);
+
+/* ---- hibernate and resume (session_hibernate.c) ---- */
+
+/* Resumes hibernated session S, found in the table (under the lock, which
+ * is dropped while its sandbox starts): 0, or -errno and *ret_err with S
+ * still hibernated (or removed meanwhile). */
+int session_resume_locked(struct session *s, char **ret_err);
+/* Closes one session hibernated for IGN_MCP_HIBERNATE_KEEP_SECS; true when
+ * it did (call again). */
+bool session_expire_hibernated_locked(void);
+/* What OWNER's hibernated sessions take, and the sessions of OWNER closed
+ * to make room or after being kept (for list_sessions). */
+uint64_t session_hibernated_bytes_locked(const char *owner);
+json_t *session_recently_closed_locked(const char *owner);
 
 /* ---- leases (session_lease.c) ---- */
 

@@ -43,6 +43,13 @@ static struct session *find_serving_locked(const char *id, const char *owner, ch
   struct session *s = session_find_locked(id, owner);
   if (s)
     session_wait_reset_locked(s);
+  /* Hibernated: this call resumes it (others wait, as for a reset). */
+  if (s && !s->removed && !s->h && s->hibernated && session_resume_locked(s, ret_err) < 0) {
+    if (s->removed && !*ret_err)
+      *ret_err = session_removed_while_waiting(s);
+    session_unref_locked(s);
+    return NULL;
+  }
   if (!s || s->removed || !s->h) {
     *ret_err = s && s->removed ? session_removed_while_waiting(s) : session_unknown_id(id, owner);
     if (s)
@@ -65,6 +72,8 @@ int session_acquire(const char *id, const char *owner, struct lease *ret, char *
   s->h->refs++;
   ret->s = s;
   ret->h = s->h;
+  ret->resumed_ms = s->resumed_ms;
+  s->resumed_ms = 0;
   session_table_unlock();
   return 0;
 }
@@ -154,6 +163,8 @@ int session_quiet_begin(const char *id, const char *owner, const char *what, str
   s->h->refs++;
   ret->s = s;
   ret->h = s->h;
+  ret->resumed_ms = s->resumed_ms;
+  s->resumed_ms = 0;
   session_table_unlock();
   return 0;
 }

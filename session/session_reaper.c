@@ -1,10 +1,13 @@
 /* session_reaper.c: the idle reaper.  A thread that wakes a few times per
- * IGN_MCP_IDLE_SECS and closes each session no call has used for that long
- * (none busy, resetting or without a sandbox).  This is where an idle
- * session ends. */
+ * IGN_MCP_IDLE_SECS and hibernates (IGN_MCP_IDLE_ACTION=hibernate, where the
+ * backend can save sessions) or closes each session no call has used for
+ * that long (none busy, resetting, being saved or without a sandbox), and
+ * closes what has been hibernated for IGN_MCP_HIBERNATE_KEEP_SECS. */
 #include "session/session.h"
 
+#include <jansson.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,6 +16,34 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "session/session_int.h"
+
+/* Hibernates idle session ID of OWNER (the lock not held); when that
+ * fails, closes it, unless a call has used it since USED_MS. */
+static void hibernate_idle(const char *id, const char *owner, uint64_t used_ms) {
+  json_t *info = NULL;
+  _cleanup_free_ char *err = NULL;
+  if (session_hibernate(id, owner, &info, &err) == 0) {
+    json_decref(info);
+    log_info("session %s hibernated after %u s idle", id, cfg.idle_secs);
+    return;
+  }
+  pthread_mutex_lock(&session_lock);
+  struct session *s = session_find_locked(id, owner);
+  struct handle *dead = NULL;
+  bool close_it = s && !s->removed && !s->busy && !s->resetting && !s->snapshotting && s->h &&
+                  s->last_used_ms == used_ms;
+  if (close_it) {
+    dead = session_close_locked(s, "reaped after being idle (it could not be hibernated)");
+    pthread_cond_broadcast(&session_cond);
+  }
+  session_table_unlock();
+  handle_free(dead);
+  if (close_it)
+    log_warn("session %s reaped after %u s idle: it could not be hibernated: %s", id,
+             cfg.idle_secs, err ? err : "?");
+  else
+    log_info("session %s was not hibernated (%s); it is in use again", id, err ? err : "?");
+}
 
 static void *reaper_main(void *unused) {
   (void)unused;
@@ -29,10 +60,15 @@ static void *reaper_main(void *unused) {
         session_table_unlock();
         return NULL;
       }
+      if (session_expire_hibernated_locked()) {
+        pthread_cond_broadcast(&session_cond);
+        session_table_unlock();
+        continue;
+      }
       uint64_t now = mono_ms();
       struct session *victim = NULL;
       for (struct session *s = session_table; s; s = s->next)
-        if (!s->busy && !s->resetting && s->h &&
+        if (!s->busy && !s->resetting && !s->snapshotting && s->h && !s->ephemeral &&
             now - s->last_used_ms >= (uint64_t)cfg.idle_secs * 1000) {
           victim = s;
           break;
@@ -43,6 +79,15 @@ static void *reaper_main(void *unused) {
       }
       char id[SESSION_ID_MAX];
       memcpy(id, victim->id, sizeof id);
+      if (cfg.idle_hibernate && cfg.hibernate_max_mb && session_ops && session_ops->snapshot) {
+        /* Not picked again while it is being hibernated: it counts as used now. */
+        victim->last_used_ms = now;
+        _cleanup_free_ char *owner = strdup(victim->owner);
+        session_table_unlock();
+        if (owner)
+          hibernate_idle(id, owner, now);
+        continue;
+      }
       struct handle *dead = session_close_locked(victim, "reaped after being idle");
       pthread_cond_broadcast(&session_cond);
       session_table_unlock();

@@ -27,10 +27,9 @@ static uint64_t stage_need(void) {
   return (uint64_t)sandbox_overlay_mb(cfg.memory_mb, cfg.overlay_mb) << 20;
 }
 
-/* Saves the quiet session of L as stage NAME (NULL: anonymous). */
-static int snapshot_lease(const struct lease *l, const char *name, bool replace,
-                          const struct commit_stop *stop, struct stage **ret,
-                          struct sandbox_snapshot *ret_snap, char **ret_err) {
+int session_snapshot_lease(const struct lease *l, const char *name, bool replace,
+                           const struct commit_stop *stop, struct stage **ret,
+                           struct sandbox_snapshot *ret_snap, char **ret_err) {
   struct sandbox *sb = l->h->sb;
   if (!agent_conn_alive(l->h->conn)) {
     *ret_err = lease_failure(l, "cannot save it");
@@ -87,7 +86,7 @@ static int commit_lease(const struct lease *l, const char *name, bool replace,
                         const struct commit_stop *stop, uint64_t t0, json_t **ret, char **ret_err) {
   struct stage *st = NULL;
   struct sandbox_snapshot snap = {0};
-  int r = snapshot_lease(l, name, replace, stop, &st, &snap, ret_err);
+  int r = session_snapshot_lease(l, name, replace, stop, &st, &snap, ret_err);
   if (r < 0)
     return r;
   const struct stage *parent = l->h->stage;
@@ -191,7 +190,7 @@ int session_fork(const char *id, const char *owner, unsigned count, json_t **ret
       *ret_err = xasprintf("fork of session '%s' failed: its network policy could not be "
                            "copied (%s)", id, strerror(-r));
   if (r == 0)
-    r = snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
+    r = session_snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
   if (l.s)
     session_quiet_end(&l);
   struct fork_job jobs[SESSION_FORK_MAX] = {0};

@@ -67,6 +67,7 @@ void session_free(struct session *s) {
   if (!s)
     return;
   session_record_remove(s);
+  stage_unref(s->hibernated);
   if (s->egress)
     egress_free(s->egress);
   free(s->owner);
@@ -138,7 +139,10 @@ void session_remove_locked(struct session *s, const char *why) {
     }
   s->removed = true;
   s->removed_why = why;
-  session_count--;
+  /* A hibernated session gave its place back when it was hibernated (a
+   * resume under way takes it again, and gives it back if it fails). */
+  if (!s->hibernated)
+    session_count--;
 }
 
 bool session_id_host(const char *id, char ret_host[static CONFIG_HOST_ID_MAX + 1]) {
@@ -198,7 +202,9 @@ json_t *session_list(const char *owner) {
     if (strcmp(s->owner, owner) != 0)
       continue;
     json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:b, s:o}", "session_id", s->id, "isolation",
-                          s->h ? s->h->sb->isolation : "(resetting)", "age_s",
+                          s->h ? s->h->sb->isolation
+                          : s->hibernated && s->isolation ? s->isolation
+                                                          : "(resetting)", "age_s",
                           (json_int_t)((now - s->created_ms) / 1000), "idle_s",
                           (json_int_t)(s->busy ? 0 : (now - s->last_used_ms) / 1000), "busy",
                           s->busy > 0, "alive", s->h && agent_conn_alive(s->h->conn), "stage",
@@ -206,9 +212,20 @@ json_t *session_list(const char *owner) {
                                                                    : json_null());
     if (s->ephemeral)
       json_object_set_new(o, "ephemeral", json_true());
+    json_object_set_new(o, "state", json_string(s->hibernated && !s->resetting ? "hibernated"
+                                                                               : "running"));
+    if (s->hibernated) {
+      json_object_set_new(o, "bytes", json_integer((json_int_t)s->hibernated->bytes));
+      json_object_set_new(o, "hibernated_at", json_integer((json_int_t)s->hibernated_at));
+      json_object_set_new(o, "carries", json_string(s->carries));
+    }
     json_array_append_new(arr, o);
   }
+  json_t *closed = session_recently_closed_locked(owner);
+  uint64_t hib = session_hibernated_bytes_locked(owner);
   session_table_unlock();
-  return json_pack("{s:o, s:i, s:i}", "sessions", arr, "max_sessions", (int)cfg.max_sessions,
-                   "idle_secs", (int)cfg.idle_secs);
+  return json_pack("{s:o, s:i, s:i, s:I, s:i, s:o}", "sessions", arr, "max_sessions",
+                   (int)cfg.max_sessions, "idle_secs", (int)cfg.idle_secs, "hibernated_bytes",
+                   (json_int_t)hib, "hibernate_max_mb", (int)cfg.hibernate_max_mb,
+                   "recently_closed", closed);
 }

@@ -129,10 +129,27 @@ static const char list_out[] =
     "\"isolation\":{\"type\":\"string\"},\"age_s\":{\"type\":\"integer\"},"
     "\"idle_s\":{\"type\":\"integer\"},\"busy\":{\"type\":\"boolean\"},"
     "\"alive\":{\"type\":\"boolean\"},"
-    "\"stage\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
-    "\"required\":[\"session_id\",\"isolation\"]}},"
-    "\"max_sessions\":{\"type\":\"integer\"},\"idle_secs\":{\"type\":\"integer\"}},"
+    "\"stage\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+    "\"state\":{\"type\":\"string\",\"enum\":[\"running\",\"hibernated\"]},"
+    "\"bytes\":{\"type\":\"integer\",\"description\":\"Disk a hibernated session takes.\"},"
+    "\"hibernated_at\":{\"type\":\"integer\",\"description\":\"Unix time.\"},"
+    "\"carries\":{\"type\":\"string\"}},"
+    "\"required\":[\"session_id\",\"isolation\",\"state\"]}},"
+    "\"max_sessions\":{\"type\":\"integer\"},\"idle_secs\":{\"type\":\"integer\"},"
+    "\"hibernated_bytes\":{\"type\":\"integer\"},\"hibernate_max_mb\":{\"type\":\"integer\"},"
+    "\"recently_closed\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{"
+    "\"session_id\":{\"type\":\"string\"},\"why\":{\"type\":\"string\"},"
+    "\"at\":{\"type\":\"integer\"}}}}},"
     "\"required\":[\"sessions\",\"max_sessions\"]}";
+
+static const char hibernate_out[] =
+    "{\"type\":\"object\",\"properties\":{\"session_id\":{\"type\":\"string\"},"
+    "\"state\":{\"type\":\"string\"},"
+    "\"carries\":{\"type\":\"string\",\"description\":\"memory: processes, RAM and files go "
+    "on after resume; files: only the files (processes end).\"},"
+    "\"bytes\":{\"type\":\"integer\"},\"hibernate_ms\":{\"type\":\"integer\"},"
+    "\"paused_ms\":{\"type\":\"number\"},\"hibernated_at\":{\"type\":\"integer\"}},"
+    "\"required\":[\"session_id\",\"state\",\"carries\",\"bytes\"]}";
 
 static const char stage_name_schema[] =
     "{\"type\":\"string\",\"pattern\":\"^[a-z0-9][a-z0-9._/-]{0,127}$\",\"description\":\"A "
@@ -376,6 +393,18 @@ json_t *tool_definitions(const char *net, size_t output_cap, size_t max_file, si
            input(json_pack("{s:o}", "session_id", parse(session_id_schema)),
                  (const char *[]){"session_id", NULL}),
            close_out, false, true, false, false));
+  json_array_append_new(
+      tools,
+      tool("hibernate", "Hibernate a session",
+           "Save a session you will come back to and free what it holds while it waits: its "
+           "sandbox stops and it costs disk only. It keeps its id; the next call that names it "
+           "(run, read_file, ...) resumes it, and that call's result has resumed_ms. On a "
+           "microVM it carries memory: running processes go on after resume; on a namespace "
+           "sandbox it carries files only. Idle sessions are hibernated by the server, not "
+           "closed. list_sessions shows hibernated ones; close removes one without resuming it.",
+           input(json_pack("{s:o}", "session_id", parse(session_id_schema)),
+                 (const char *[]){"session_id", NULL}),
+           hibernate_out, false, false, true, false));
   json_array_append_new(
       tools,
       tool("list_sessions", "List sessions",

@@ -44,6 +44,13 @@ static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   return ok_result(info);
 }
 
+/* O with resumed_ms when the call resumed its hibernated session. */
+static json_t *note_resumed(json_t *o, const struct lease *l) {
+  if (o && l->resumed_ms)
+    json_object_set_new(o, "resumed_ms", json_integer((json_int_t)l->resumed_ms));
+  return o;
+}
+
 static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   if (args_check(args, "run",
@@ -109,9 +116,10 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   }
   /* What the command tried to reach, since the previous run's report. */
   json_t *egress = lease_egress(&l) ? egress_report(lease_egress(&l), true) : NULL;
+  const struct lease resumed = {.resumed_ms = l.resumed_ms};
   session_release(&l);
 
-  json_t *o = exec_result_json(&res);
+  json_t *o = note_resumed(exec_result_json(&res), &resumed);
   agent_exec_res_free(&res);
   if (!o) {
     json_decref(egress);
@@ -167,7 +175,8 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
   else if (r < 0)
     out = err_result_free(xasprintf("write_file failed: %s", err ? err : strerror(-r)));
   else
-    out = ok_result(json_pack("{s:b, s:s, s:I}", "ok", 1, "path", path, "bytes", (json_int_t)len));
+    out = ok_result(note_resumed(
+        json_pack("{s:b, s:s, s:I}", "ok", 1, "path", path, "bytes", (json_int_t)len), &l));
   free(err);
   session_release(&l);
   return out;
@@ -207,8 +216,10 @@ static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
     out = err_result_free(xasprintf("read_file failed: %s", err ? err : strerror(-r)));
   } else {
     _cleanup_free_ char *b64 = base64_encode(data, len);
-    out = b64 ? ok_result(json_pack("{s:s, s:I, s:I, s:b}", "content_base64", b64, "bytes",
-                                    (json_int_t)len, "size", (json_int_t)size, "eof", eof))
+    out = b64 ? ok_result(note_resumed(json_pack("{s:s, s:I, s:I, s:b}", "content_base64", b64,
+                                                 "bytes", (json_int_t)len, "size",
+                                                 (json_int_t)size, "eof", eof),
+                                       &l))
               : err_result("out of memory encoding the file; read it in smaller pieces");
   }
   free(data);
@@ -240,6 +251,18 @@ static json_t *tool_close(json_t *args, struct call_ctx *ctx) {
   if (session_close(id, call_owner(ctx), &err) < 0)
     return err_result_free(err);
   return ok_result(json_pack("{s:b, s:s}", "ok", 1, "session_id", id));
+}
+
+static json_t *tool_hibernate(json_t *args, struct call_ctx *ctx) {
+  char *err = NULL;
+  const char *id;
+  if (args_check(args, "hibernate", (const char *[]){"session_id", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0)
+    return err_result_free(err);
+  json_t *info;
+  if (session_hibernate(id, call_owner(ctx), &info, &err) < 0)
+    return err_result_free(err);
+  return ok_result(info);
 }
 
 static json_t *tool_list_sessions(json_t *args, struct call_ctx *ctx) {
@@ -341,6 +364,7 @@ static const struct tool tools[] = {
     {"open_session", tool_open_session}, {"run", tool_run},
     {"write_file", tool_write_file},     {"read_file", tool_read_file},
     {"reset", tool_reset},               {"close", tool_close},
+    {"hibernate", tool_hibernate},
     {"list_sessions", tool_list_sessions}, {"commit", tool_commit},
     {"fork", tool_fork},                 {"stage_list", tool_stage_list},
     {"stage_info", tool_stage_info},     {"stage_rm", tool_stage_rm},

@@ -489,6 +489,8 @@ static int vm_create(const struct sandbox_config *sc, const char *session_id,
   r = sc->stage ? clone_from_stage(sc->stage, &v, ret_err) : clone_from_base(&v, ret_err);
   if (r < 0)
     return r;
+  if (sc->keep_identity)
+    v->identity_set = true;
   if (!v->identity_set)
     r = vm_new_identity(v, ret_err);
   if (r == 0)

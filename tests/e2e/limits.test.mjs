@@ -407,17 +407,34 @@ const ROWS = [
       }),
   },
   {
+    row: 'hibernated sessions',
+    run: () =>
+      withServer({ IGN_MCP_HIBERNATE_MAX_MB: 1 }, async (c) => {
+        const sid = await openSession(c);
+        await sh(c, sid, 'head -c 2000000 /dev/urandom > /root/blob');
+        const e = await callErr(c, 'hibernate', { session_id: sid });
+        assert.match(e, new RegExp(`^session '${sid}' takes \\d+ bytes hibernated, more than IGN_MCP_HIBERNATE_MAX_MB \\(1 MiB\\) allows; it was not hibernated and goes on running$`), e);
+        assert.equal(await sh(c, sid, 'wc -c < /root/blob'), '2000000\n');
+        // The eviction of the owner's oldest: hibernate.test.mjs 'IGN_MCP_HIBERNATE_MAX_MB: ...' (ns).
+      }),
+  },
+  {
     row: 'idle sessions',
     run: () =>
       withServer({ IGN_MCP_IDLE_SECS: 2 }, async (c) => {
         const sid = await openSession(c);
         await sleep(1000);
         assert.equal(await sh(c, sid, 'echo used'), 'used\n', 'a session used within IGN_MCP_IDLE_SECS lives');
-        const reaped = await waitUntil(async () => !(await call(c, 'list_sessions', {})).sessions.some((s) => s.session_id === sid), { timeoutMs: 15_000, intervalMs: 500 });
-        assert.ok(reaped, 'the idle session was not reaped');
-        const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
-        assert.match(e, new RegExp(`^unknown session_id '${sid}': .*reaped after 2 s idle\\)\\. Call open_session`));
-      }),
+        const state = async () => (await call(c, 'list_sessions', {})).sessions.find((s) => s.session_id === sid)?.state;
+        assert.ok(await waitUntil(async () => (await state()) === 'hibernated', { timeoutMs: 15_000, intervalMs: 500 }), 'the idle session was not hibernated');
+      }).then(() =>
+        withServer({ IGN_MCP_IDLE_SECS: 2, IGN_MCP_IDLE_ACTION: 'close' }, async (c) => {
+          const sid = await openSession(c);
+          const reaped = await waitUntil(async () => !(await call(c, 'list_sessions', {})).sessions.some((s) => s.session_id === sid), { timeoutMs: 15_000, intervalMs: 500 });
+          assert.ok(reaped, 'the idle session was not reaped');
+          const e = await callErr(c, 'run', { session_id: sid, command: 'true' });
+          assert.match(e, new RegExp(`^unknown session_id '${sid}': .*reaped after 2 s idle\\)\\. Call open_session`));
+        })),
   },
   {
     row: 'commands at once',

@@ -28,6 +28,7 @@ const BY_ID = [
   ['read_file', { path: '/etc/hostname' }],
   ['reset', {}],
   ['close', {}],
+  ['hibernate', {}],
   ['commit', { name: 'owner-test/x' }],
   ['fork', {}],
   ['copy_in', { host_path: 'README.md', guest_path: '/tmp/r' }],
@@ -156,7 +157,15 @@ describe('owners: two bearer tokens on one server', { skip: NO_HTTP }, () => {
     }
     const bl = await call(bob, 'list_sessions', {});
     assert.ok(!bl.sessions.some((x) => x.session_id === a), JSON.stringify(bl));
-    /* Alice's session is untouched by all that. */
+    /* Hibernated, it is as much alice's: bob neither resumes nor closes it. */
+    await call(alice, 'hibernate', { session_id: a });
+    for (const [tool, args] of BY_ID) {
+      const e = await callErr(bob, tool, { session_id: a, ...args });
+      assert.match(e, /unknown session_id/, `hibernated, ${tool}: ${e}`);
+    }
+    assert.equal((await call(alice, 'list_sessions', {})).sessions.find((x) => x.session_id === a)?.state, 'hibernated');
+    assert.ok(!(await call(bob, 'list_sessions', {})).sessions.some((x) => x.session_id === a));
+    /* Alice's session is untouched by all that (and resumes for her). */
     assert.equal((await sh(alice, a, 'cat /root/note')).trim(), 'secret');
     const al = await call(alice, 'list_sessions', {});
     assert.ok(al.sessions.some((x) => x.session_id === a));

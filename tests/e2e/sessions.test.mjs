@@ -240,8 +240,8 @@ describe('reset and close', () => {
 });
 
 describe('idle reaper', () => {
-  test('IGN_MCP_IDLE_SECS=2 reaps an idle session but not a busy one', T, async (t) => {
-    const s = await startServer({ env: { IGN_MCP_IDLE_SECS: 2 } });
+  test('IGN_MCP_IDLE_SECS=2 with IGN_MCP_IDLE_ACTION=close reaps an idle session but not a busy one (hibernate.test.mjs: the default, hibernate)', T, async (t) => {
+    const s = await startServer({ env: { IGN_MCP_IDLE_SECS: 2, IGN_MCP_IDLE_ACTION: 'close' } });
     t.after(() => s.close());
     const c = s.client;
     const idle = await openSession(c);

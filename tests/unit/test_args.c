@@ -132,7 +132,7 @@ static void definitions_are_complete(void) {
               {"open", "[\"none\", \"allow\", \"open\"]"}};
   for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
     json_t *tools = tool_definitions(rows[r].net, 65536, 1 << 20, 1 << 20);
-    CHECK_EQ_INT(json_array_size(tools), 16);
+    CHECK_EQ_INT(json_array_size(tools), 17);
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -156,7 +156,7 @@ static void definitions_are_complete(void) {
         json_decref(want);
       }
     }
-    CHECK_STREQ(json_string_value(json_object_get(json_array_get(tools, 15), "name")),
+    CHECK_STREQ(json_string_value(json_object_get(json_array_get(tools, 16), "name")),
                 "network_log");
     json_decref(tools);
   }
