@@ -1587,6 +1587,101 @@ async function sectionTasks() {
   return { id: 'tasks', title: '12. Long calls as tasks', unit: 'ms', rows, notes, grouped: true };
 }
 
+// ---------------------------------------------------------------- 13. hibernate
+
+/* Hibernate and resume on one backend, one server with a store of the
+ * section's own (IGN_MCP_POOL=0, IGN_MCP_SPARES=0): the baseline is
+ * open_session(stage) of the same session committed, to its first
+ * run('true'); against it, a resume: run('true') on the hibernated session,
+ * to its answer. Then what a hibernation costs: the hibernate call, the bytes
+ * on disk (vm: against the warm base's RAM file). */
+async function hibernateRows(backend, n) {
+  const g = backend === 'vm' ? 'vm (QEMU microVMs, IGN_MCP_POOL=0)' : 'ns (namespaces)';
+  const L = {
+    stage: `${backend}: open_session(stage) to its first run('true') answering`,
+    resume: `${backend}: resume: run('true') on a hibernated session, to its answer`,
+    resumedMs: `${backend}: resume: resumed_ms (server)`,
+    hib: `${backend}: hibernate of an idle session (wall)`,
+    hibBusy: 'vm: hibernate of a busy session (wall)',
+    baseBytes: `${backend}: warm base RAM file, allocated (MiB)`,
+    bytes: `${backend}: a hibernated idle session on disk (MiB)`,
+  };
+  const rows = [];
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), `ign-bench-hib-${backend}.`));
+  fs.chmodSync(store, 0o755);
+  const env = { ...BACKENDS[backend], IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store };
+  try {
+    await withServer(env, async (srv) => {
+      const src = await srv.open();
+      await srv.run(src.session_id, 'echo ready > /root/mark');
+      await srv.tool('commit', { session_id: src.session_id, name: 'bench/hib' });
+      log(`${backend}: open_session(stage) to its first run (baseline)`);
+      const fromStage = await timeN(n, async () => {
+        const s = await srv.tool('open_session', { stage: 'bench/hib' });
+        await srv.run(s.session_id, 'true');
+        await srv.tool('close', { session_id: s.session_id });
+      }, { warmup: 2, label: L.stage });
+      rows.push(row(L.stage, fromStage, { group: g, baseline: L.stage }));
+      doneLine(L.stage, fromStage);
+
+      log(`${backend}: hibernate, then resume by a run`);
+      const hib = [], resume = [], resumedMs = [], bytes = [];
+      for (let i = 0; i < n + 1; i++) {
+        let t = nowNs();
+        const h = await srv.tool('hibernate', { session_id: src.session_id });
+        const hMs = msSince(t);
+        t = nowNs();
+        const r = await srv.tool('run', { session_id: src.session_id, command: 'true' });
+        const rMs = msSince(t);
+        if (i === 0) continue; // one untimed warm-up
+        hib.push(hMs);
+        resume.push(rMs);
+        resumedMs.push(r.resumed_ms);
+        bytes.push(h.bytes / MiB);
+      }
+      rows.push(row(L.resume, resume, { group: g, baseline: L.stage, extra: 'target: ≤ 1.2× open_session(stage)' }));
+      rows.push(row(L.resumedMs, resumedMs, { group: g, baseline: L.stage }));
+      rows.push(row(L.hib, hib, { group: g, baseline: L.stage }));
+      doneLine(L.resume, resume);
+      const ram = backend === 'vm' ? baseRamFile(store) : null;
+      if (ram) rows.push(row(L.baseBytes, [allocatedBytes(ram) / MiB], { group: g, unit: 'MiB', baseline: L.baseBytes }));
+      rows.push(row(L.bytes, bytes, { group: g, unit: 'MiB', baseline: ram ? L.baseBytes : undefined, extra: ram ? '' : 'the files the session wrote' }));
+      if (backend === 'vm') {
+        await srv.run(src.session_id, "nohup sh -c 'while :; do head -c 8M /dev/urandom > /tmp/w; done' >/dev/null 2>&1 &");
+        const busy = await timeN(Math.max(3, Math.floor(n / 2)), async () => {
+          await srv.tool('hibernate', { session_id: src.session_id });
+          await srv.run(src.session_id, 'true');
+        }, { warmup: 1, label: L.hibBusy });
+        rows.push(row(L.hibBusy, busy, { group: g, baseline: L.stage, extra: 'with its resume (a run) after each' }));
+      }
+      await srv.tool('stage_rm', { name: 'bench/hib' });
+    });
+  } catch (e) {
+    for (const l of Object.values(L)) if (!rows.some((r) => r.label === l) && (backend === 'vm' || !l.startsWith('vm:'))) rows.push(notMeasured(l, firstLine(e.message), { group: g }));
+  } finally {
+    fs.rmSync(store, { recursive: true, force: true });
+  }
+  return rows;
+}
+
+async function sectionHibernate() {
+  const rows = [];
+  for (const backend of ['vm', 'ns']) {
+    if (backend === 'vm' && vmError) {
+      rows.push(notMeasured('vm: hibernate and resume', vmError, { group: 'vm (QEMU microVMs, IGN_MCP_POOL=0)' }));
+      continue;
+    }
+    rows.push(...(await hibernateRows(backend, backend === 'vm' ? N.stageVm : N.stage)));
+  }
+  const notes = [
+    'One server per backend with a store of the section\'s own (made fresh, removed after), IGN_MCP_POOL=0 and IGN_MCP_SPARES=0: a resume and the baseline take the same path, a new QEMU restored from a RAM file and a device state (vm), a new namespace sandbox over a layer (ns).',
+    'Baseline: open_session(stage) of the session committed, then run(\'true\') in it, to its answer (the close untimed). Resume: the session hibernated (untimed in that row), then run(\'true\') on it, to its answer; resumed_ms is the part the server reports for the resume. Hibernate: the wall time of the call on an idle session (vm: the RAM streamed to a file, then the QEMU stopped); in the busy row (vm) the guest rewrites 8 MiB of /dev/urandom in a loop, and each sample is a hibernate and its resume.',
+    'Bytes: what the hibernate call reported (allocated blocks of the saved state), against the blocks allocated to the warm base\'s RAM file in the same store.',
+    'Not measured yet: density (hundreds of hibernated sessions held with RAM for a few), and resume in another server (not built).',
+  ];
+  return { id: 'hibernate', title: '13. Hibernate and resume', unit: 'ms', rows, notes, grouped: true };
+}
+
 // ---------------------------------------------------------------- main
 
 async function main() {
@@ -1603,7 +1698,7 @@ async function main() {
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
     [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages], [9, sectionOneShot],
-    [10, sectionHttp], [11, sectionEgress], [12, sectionTasks],
+    [10, sectionHttp], [11, sectionEgress], [12, sectionTasks], [13, sectionHibernate],
   ];
   // With --only, the sections not run are kept from the last run's
   // bench/results.json (each says so), so that BENCHMARKS.md stays whole.

@@ -317,6 +317,11 @@ void cgroup_destroy(struct cgroup *cg) {
 
 bool cgroup_can_freeze(const struct cgroup *cg) { return cg && cg->freezer; }
 
+void cgroup_thaw_now(struct cgroup *cg) {
+  if (cg && cg->freezer)
+    write_file(cg->freezer, cg->v2 ? "cgroup.freeze" : "freezer.state", cg->v2 ? "0" : "THAWED");
+}
+
 /* Reads NAME of the freezer group into BUF (NUL-terminated). */
 static int read_small(const char *dir, const char *name, char *buf, size_t size) {
   char path[4096];

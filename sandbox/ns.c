@@ -194,6 +194,9 @@ static void ns_kill(struct sandbox *base) {
 
 static void ns_destroy(struct sandbox *base) {
   struct ns_sandbox *sb = (struct ns_sandbox *)base;
+  /* Killed while a final snapshot left it frozen: thawed, so that its
+   * processes can die and be reaped. */
+  cgroup_thaw_now(sb->cg);
   sandbox_proc_fini(&sb->proc);
   cgroup_destroy(sb->cg);
   if (sb->err_fd >= 0)
@@ -250,5 +253,6 @@ const struct sandbox_ops sandbox_ns_ops = {
     .death_reason = ns_death_reason,
     .inputs_id = ns_inputs_id,
     .snapshot = ns_snapshot,
+    .unpause = ns_unpause,
     .egress_counters = ns_egress_counters,
 };

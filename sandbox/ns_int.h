@@ -81,6 +81,8 @@ int ns_create(const struct sandbox_config *cfg, const char *session_id, struct s
 
 int ns_snapshot(struct sandbox *base, const char *dir, struct sandbox_snapshot *ret,
                 char **ret_err);
+/* Thaws a sandbox a final ns_snapshot left frozen. */
+int ns_unpause(struct sandbox *base, char **ret_err);
 /* What a sandbox from the base is made of (the agent's and the rootfs's
  * contents): the id stages are keyed by, and its text for humans. */
 int ns_inputs_id(char **ret_id, char **ret_text, char **ret_err);

@@ -160,13 +160,16 @@ int ns_snapshot(struct sandbox *base, const char *dir, struct sandbox_snapshot *
   _cleanup_free_ char *err = NULL;
   r = ns_copy_layer(sb, state, layer, &frozen, &t0, &st, &err);
   uint64_t paused = 0;
-  if (frozen) {
+  /* A final snapshot that succeeded stays frozen: the caller ends the
+   * sandbox (or calls ns_unpause).  Every other path thaws: a sandbox left
+   * frozen would hang every call. */
+  if (frozen && !(ret->final && r == 0)) {
     _cleanup_free_ char *thaw_err = NULL;
-    /* Every path thaws: a sandbox left frozen would hang every call. */
     if (cgroup_freeze(sb->cg, false, NS_FREEZE_TIMEOUT_MS, &thaw_err) < 0)
       log_warn("session %s: %s", sb->session_id, thaw_err);
-    paused = mono_us() - t0;
   }
+  if (frozen)
+    paused = mono_us() - t0;
   if (r < 0) {
     *ret_err = xasprintf("cannot save the files of session %s: %s", sb->session_id,
                          err ? err : strerror(-r));
@@ -192,6 +195,13 @@ int ns_snapshot(struct sandbox *base, const char *dir, struct sandbox_snapshot *
   ret->carries = "files";
   ret->paused_us = paused;
   return 0;
+}
+
+int ns_unpause(struct sandbox *base, char **ret_err) {
+  struct ns_sandbox *sb = (struct ns_sandbox *)base;
+  if (!cgroup_can_freeze(sb->cg))
+    return 0;
+  return cgroup_freeze(sb->cg, false, NS_FREEZE_TIMEOUT_MS, ret_err);
 }
 
 /* What the agent binary is: XXH3-64 of its content, computed once per

@@ -43,8 +43,13 @@ struct sandbox_config {
 
 /* What ops->snapshot reports. */
 struct sandbox_snapshot {
+  /* In: the last snapshot of this sandbox (hibernate): on success its
+   * processes stay stopped (vm: the guest; ns: the frozen cgroup, where
+   * there is one), so nothing it does after the snapshot is lost or done
+   * twice; the caller then destroys it, or calls ops->unpause. */
+  bool final;
   const char *carries;      /* "memory" (vm: RAM, processes, files) or "files" (ns) */
-  uint64_t paused_us;       /* how long the sandbox's processes were stopped */
+  uint64_t paused_us;       /* how long the sandbox's processes were stopped (final: so far) */
 };
 
 struct sandbox;
@@ -82,6 +87,9 @@ struct sandbox_ops {
    * by the caller). */
   int (*snapshot)(struct sandbox *sb, const char *dir, struct sandbox_snapshot *ret,
                   char **ret_err);
+  /* Lets a sandbox left stopped by a final snapshot run on (the save failed
+   * after it); 0, or a negative errno with *ret_err. */
+  int (*unpause)(struct sandbox *sb, char **ret_err);
   /* Optional: the capture's refusal counters (UDP, ICMP, other; enum
    * egress_refused_kind of common/nft_counters.h) read by the backend
    * itself, for a sandbox whose agent cannot (ns: it has no capabilities;
@@ -210,6 +218,9 @@ void cgroup_destroy(struct cgroup *cg);
 void cgroup_cleanup_stale(void);
 /* Does CG (or NULL) have a freezer (v2 cgroup.freeze, v1 freezer.state)? */
 bool cgroup_can_freeze(const struct cgroup *cg);
+/* Thaws CG's processes without waiting (a killed sandbox a final snapshot
+ * left frozen: v1 frozen tasks do not die until thawed). */
+void cgroup_thaw_now(struct cgroup *cg);
 /* Stops (FROZEN) or resumes every process of CG and waits up to TIMEOUT_MS
  * until the kernel says it is done.  0, or a negative errno with *ret_err. */
 int cgroup_freeze(struct cgroup *cg, bool frozen, unsigned timeout_ms, char **ret_err);

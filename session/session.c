@@ -364,10 +364,13 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   if (s)
     session_wait_reset_locked(s);
   if (!s || s->removed) {
-    *ret_err = s ? session_removed_while_waiting(s) : session_unknown_id(id, owner);
-    if (s)
+    if (s) {
+      *ret_err = session_removed_while_waiting(s);
       session_unref_locked(s);
+    }
     session_table_unlock();
+    if (!s)
+      *ret_err = session_unknown_id(id, owner);
     if (stage)
       stage_unref(stage);
     return -ENOENT;

@@ -62,13 +62,27 @@ json_t *session_recently_closed_locked(const char *owner) {
   return a;
 }
 
+/* Hibernated sessions that are not being resumed. */
+static bool kept_locked(const struct session *s) { return s->hibernated && !s->resetting; }
+
 uint64_t session_hibernated_bytes_locked(const char *owner) {
   uint64_t sum = 0;
   for (struct session *s = session_table; s; s = s->next)
-    if (s->hibernated && strcmp(s->owner, owner) == 0)
+    if (kept_locked(s) && strcmp(s->owner, owner) == 0)
       sum += s->hibernated->bytes;
   return sum;
 }
+
+static unsigned hibernated_count_locked(void) {
+  unsigned n = 0;
+  for (struct session *s = session_table; s; s = s->next)
+    n += kept_locked(s);
+  return n;
+}
+
+/* How many hibernated sessions a server holds at most, all owners together:
+ * each holds a few descriptors and its place in the table. */
+static unsigned hibernated_max(void) { return 8 * cfg.max_sessions; }
 
 /* Closes hibernated session S (under the lock), noting WHY for list_sessions;
  * the stage it held goes when S is freed. */
@@ -79,31 +93,66 @@ static void close_hibernated_locked(struct session *s, const char *why) {
   log_info("session %s (hibernated) closed: %s", s->id, why);
 }
 
-/* Makes room for BYTES more of OWNER's hibernations: closes that owner's
- * oldest hibernated sessions (never S itself) until they fit.  False when
- * even without any they would not. */
-static bool make_room_locked(const char *owner, const struct session *self, uint64_t bytes) {
-  const uint64_t max = (uint64_t)cfg.hibernate_max_mb << 20;
-  if (bytes > max)
-    return false;
-  while (session_hibernated_bytes_locked(owner) + bytes > max) {
-    struct session *oldest = NULL;
-    for (struct session *s = session_table; s; s = s->next)
-      if (s != self && s->hibernated && strcmp(s->owner, owner) == 0 &&
-          (!oldest || s->hibernated_at < oldest->hibernated_at))
-        oldest = s;
-    if (!oldest)
-      return false;
-    _cleanup_free_ char *why =
-        xasprintf("closed to make room for the hibernation of session %s "
-                  "(IGN_MCP_HIBERNATE_MAX_MB=%u)",
-                  self->id, cfg.hibernate_max_mb);
-    close_hibernated_locked(oldest, why);
-  }
-  return true;
+/* OWNER's oldest hibernated session other than SELF, or NULL. */
+static struct session *oldest_locked(const char *owner, const struct session *self) {
+  struct session *oldest = NULL;
+  for (struct session *s = session_table; s; s = s->next)
+    if (s != self && kept_locked(s) && strcmp(s->owner, owner) == 0 &&
+        (!oldest || s->hibernated_seq < oldest->hibernated_seq))
+      oldest = s;
+  return oldest;
 }
 
-int session_hibernate(const char *id, const char *owner, json_t **ret, char **ret_err) {
+/* Makes room for one more hibernation of OWNER taking BYTES: closes that
+ * owner's oldest hibernated sessions (never another owner's, never SELF)
+ * until its bytes fit IGN_MCP_HIBERNATE_MAX_MB and the server's count
+ * hibernated_max().  False (*ret_why says which) when they cannot. */
+static bool make_room_locked(const char *owner, const struct session *self, uint64_t bytes,
+                             const char **ret_why) {
+  const uint64_t max = (uint64_t)cfg.hibernate_max_mb << 20;
+  if (bytes > max) {
+    *ret_why = "bytes";
+    return false;
+  }
+  for (;;) {
+    bool over_bytes = session_hibernated_bytes_locked(owner) + bytes > max;
+    bool over_count = hibernated_count_locked() + 1 > hibernated_max();
+    if (!over_bytes && !over_count)
+      return true;
+    struct session *oldest = oldest_locked(owner, self);
+    if (!oldest) {
+      *ret_why = over_bytes ? "bytes" : "count";
+      return false;
+    }
+    _cleanup_free_ char *why =
+        over_bytes ? xasprintf("closed to make room for the hibernation of session %s "
+                               "(IGN_MCP_HIBERNATE_MAX_MB=%u)",
+                               self->id, cfg.hibernate_max_mb)
+                   : xasprintf("closed to make room for the hibernation of session %s (at most "
+                               "%u hibernated sessions, 8 x IGN_MCP_MAX_SESSIONS)",
+                               self->id, hibernated_max());
+    close_hibernated_locked(oldest, why);
+  }
+}
+
+/* What an already hibernated session of OWNER says; -ENOENT when ID is not one. */
+static int already_locked(const char *id, const char *owner, json_t **ret) {
+  struct session *s = session_find_locked(id, owner);
+  if (!s || s->removed || !kept_locked(s))
+    return -ENOENT;
+  *ret = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b}", "session_id", id, "state", "hibernated",
+                   "carries", s->carries, "bytes", (json_int_t)s->hibernated->bytes,
+                   "hibernate_ms", (json_int_t)0, "hibernated_at", (json_int_t)s->hibernated_at,
+                   "already", 1);
+  return 0;
+}
+
+/* Hibernates session ID of OWNER.  IDLE_SINCE (the reaper's): the session
+ * is taken only if no call runs in it nor has used it since that moment,
+ * and if it cannot be saved it is closed instead, unless a call came
+ * meanwhile (-EBUSY: left as it is). */
+static int hibernate(const char *id, const char *owner, const uint64_t *idle_since, json_t **ret,
+                     char **ret_err) {
   if (!session_stages_supported(ret_err))
     return -EOPNOTSUPP;
   if (cfg.hibernate_max_mb == 0) {
@@ -111,45 +160,52 @@ int session_hibernate(const char *id, const char *owner, json_t **ret, char **re
                       "the session instead, or ask for a server with room for hibernations");
     return -EOPNOTSUPP;
   }
-  /* Hibernated already: said so, not resumed to be saved again. */
-  pthread_mutex_lock(&session_lock);
-  struct session *was = session_find_locked(id, owner);
-  if (was && !was->removed && was->hibernated && !was->resetting) {
-    *ret = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b}", "session_id", id, "state",
-                     "hibernated", "carries", was->carries, "bytes",
-                     (json_int_t)was->hibernated->bytes, "hibernate_ms", (json_int_t)0,
-                     "hibernated_at", (json_int_t)was->hibernated_at, "already", 1);
-    session_table_unlock();
-    return 0;
-  }
-  session_table_unlock();
   uint64_t t0 = mono_us();
   struct lease l;
-  int r = session_quiet_begin(id, owner, "hibernate", &l, ret_err);
+  int r = session_quiet_take(id, owner, "hibernate", idle_since ? 0 : SESSION_QUIET_WAIT_MS,
+                             false, &l, ret_err);
+  if (r == -EALREADY) {
+    /* Hibernated already (by another call, or meanwhile): said so. */
+    pthread_mutex_lock(&session_lock);
+    r = already_locked(id, owner, ret);
+    session_table_unlock();
+    if (r < 0)
+      *ret_err = session_unknown_id(id, owner);
+    return r;
+  }
   if (r < 0)
     return r;
-  if (l.s->ephemeral) {
-    session_quiet_end(&l);
-    *ret_err = strdup("a sandbox_run sandbox cannot be hibernated");
-    return -EINVAL;
+  struct session *s = l.s;
+  if (idle_since) {
+    pthread_mutex_lock(&session_lock);
+    bool used = s->last_used_ms != *idle_since;
+    session_table_unlock();
+    if (used) {
+      session_quiet_end(&l);
+      *ret_err = strdup("a call used it meanwhile");
+      return -EBUSY;
+    }
   }
   struct stage *st = NULL;
-  struct sandbox_snapshot snap = {0};
+  /* Final: its processes stay stopped from the snapshot on, so that
+   * nothing they do afterwards is lost, or done twice after the resume. */
+  struct sandbox_snapshot snap = {.final = true};
   r = session_snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
-  if (r < 0) {
-    session_quiet_end(&l);
-    return r;
-  }
   pthread_mutex_lock(&session_lock);
-  struct session *s = l.s;
-  if (s->removed) {
+  const char *full = NULL;
+  if (r == 0 && s->removed) {
     *ret_err = session_removed_while_waiting(s);
     r = -ENOENT;
-  } else if (!make_room_locked(owner, s, st->bytes)) {
-    *ret_err = xasprintf("session '%s' takes %" PRIu64 " bytes hibernated, more than "
-                         "IGN_MCP_HIBERNATE_MAX_MB (%u MiB) allows; it was not hibernated and "
-                         "goes on running",
-                         id, st->bytes, cfg.hibernate_max_mb);
+  } else if (r == 0 && !make_room_locked(owner, s, st->bytes, &full)) {
+    *ret_err = strcmp(full, "bytes") == 0
+                   ? xasprintf("session '%s' takes %" PRIu64 " bytes hibernated, more than "
+                               "IGN_MCP_HIBERNATE_MAX_MB (%u MiB) allows; it was not "
+                               "hibernated and goes on running",
+                               id, st->bytes, cfg.hibernate_max_mb)
+                   : xasprintf("this server holds %u hibernated sessions, its most (8 x "
+                               "IGN_MCP_MAX_SESSIONS), none of them this client's; session '%s' "
+                               "was not hibernated and goes on running",
+                               hibernated_max(), id);
     r = -ENOSPC;
   }
   struct handle *dead = NULL;
@@ -159,30 +215,51 @@ int session_hibernate(const char *id, const char *owner, json_t **ret, char **re
     s->isolation = h->sb->isolation;
     handle_retire(h, "hibernated");
     handle_unref_locked(h, &dead);
-    s->hibernated = st;
-    st = NULL;
+    s->hibernated = steal_ptr(st);
     s->hibernated_at = (int64_t)time(NULL);
+    static uint64_t order;
+    s->hibernated_seq = ++order; /* under the lock */
     s->carries = snap.carries;
     session_count--; /* a hibernated session holds no sandbox */
+    *ret = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:I}", "session_id", id, "state",
+                     "hibernated", "carries", s->carries, "bytes",
+                     (json_int_t)s->hibernated->bytes, "hibernate_ms",
+                     (json_int_t)((mono_us() - t0) / 1000), "paused_ms", snap.paused_us / 1000.0,
+                     "hibernated_at", (json_int_t)s->hibernated_at);
+  } else if (idle_since && !s->removed && s->refs == 2) {
+    /* The reaper's, and no call waits for it (the table's reference and
+     * the quiet lease's are all): it is closed, as an idle session was
+     * before hibernation. */
+    dead = session_close_locked(s, "reaped after being idle (it could not be hibernated)");
+    r = -ECANCELED;
   }
+  bool gone = s->removed;
+  pthread_cond_broadcast(&session_cond);
   session_table_unlock();
   handle_free(dead);
-  if (r < 0) {
+  if (r < 0 && st) {
+    /* Saved, then refused: it runs on, unless it is gone. */
+    if (!gone)
+      session_snapshot_unpause(&l, &snap);
     stage_unref(st);
-    session_quiet_end(&l);
-    return r;
   }
-  pthread_mutex_lock(&session_lock);
-  *ret = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:I}", "session_id", id, "state", "hibernated",
-                   "carries", s->carries, "bytes", (json_int_t)s->hibernated->bytes,
-                   "hibernate_ms", (json_int_t)((mono_us() - t0) / 1000), "paused_ms",
-                   snap.paused_us / 1000.0, "hibernated_at", (json_int_t)s->hibernated_at);
-  uint64_t bytes = s->hibernated->bytes;
-  session_table_unlock();
   session_quiet_end(&l);
-  log_info("session %s hibernated (%s, %" PRIu64 " bytes, %" PRIu64 " ms)", id, snap.carries,
-           bytes, (mono_us() - t0) / 1000);
-  return 0;
+  if (r == 0)
+    log_info("session %s hibernated (%s, %" PRIu64 " ms)", id, snap.carries,
+             (mono_us() - t0) / 1000);
+  return r;
+}
+
+int session_hibernate(const char *id, const char *owner, json_t **ret, char **ret_err) {
+  return hibernate(id, owner, NULL, ret, ret_err);
+}
+
+int session_hibernate_idle(const char *id, const char *owner, uint64_t idle_since,
+                           char **ret_err) {
+  json_t *info = NULL;
+  int r = hibernate(id, owner, &idle_since, &info, ret_err);
+  json_decref(info);
+  return r;
 }
 
 int session_resume_locked(struct session *s, char **ret_err) {

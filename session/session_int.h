@@ -55,6 +55,7 @@ struct session {
    * made it (taken by its lease). */
   struct stage *hibernated;
   int64_t hibernated_at;
+  uint64_t hibernated_seq;  /* the order of hibernations (the oldest goes first) */
   const char *carries;
   const char *isolation;    /* what it ran in (the backend's string, static) */
   uint64_t resumed_ms;
@@ -161,12 +162,23 @@ int session_snapshot_lease(const struct lease *l, const char *name, bool replace
                            const struct commit_stop *stop, struct stage **ret,
                            struct sandbox_snapshot *ret_snap, char **ret_err);
 
+/* After a final snapshot (SNAP->final) whose save then failed: lets the
+ * sandbox of L run on. */
+void session_snapshot_unpause(const struct lease *l, const struct sandbox_snapshot *snap);
+
 /* ---- hibernate and resume (session_hibernate.c) ---- */
 
 /* Resumes hibernated session S, found in the table (under the lock, which
  * is dropped while its sandbox starts): 0, or -errno and *ret_err with S
  * still hibernated (or removed meanwhile). */
 int session_resume_locked(struct session *s, char **ret_err);
+/* The idle reaper's hibernation of session ID of OWNER, idle since
+ * IDLE_SINCE (its last_used_ms, which the reaper set): 0 hibernated;
+ * -EBUSY a call came meanwhile (left as it is); -ECANCELED it could not be
+ * hibernated and was closed (*ret_err says why); else it could not be
+ * hibernated and a call waits for it (left as it is). */
+int session_hibernate_idle(const char *id, const char *owner, uint64_t idle_since,
+                           char **ret_err);
 /* Closes one session hibernated for IGN_MCP_HIBERNATE_KEEP_SECS; true when
  * it did (call again). */
 bool session_expire_hibernated_locked(void);
@@ -189,6 +201,13 @@ struct session *session_wait_reset_locked(struct session *s);
 int session_quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
                         char **ret_err);
 void session_quiet_end(struct lease *l);
+/* How long commit, fork and hibernate wait for the calls running on a
+ * session to end. */
+#define SESSION_QUIET_WAIT_MS 10000u
+/* session_quiet_begin waiting at most WAIT_MS for the calls running; with
+ * !RESUME, a hibernated session is left so: -EALREADY. */
+int session_quiet_take(const char *id, const char *owner, const char *what, uint32_t wait_ms,
+                       bool resume, struct lease *ret, char **ret_err);
 
 /* ---- the idle reaper (session_reaper.c) ---- */
 

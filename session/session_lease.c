@@ -17,7 +17,7 @@
 #include "session/session_int.h"
 
 /* How long commit and fork wait for the calls running on a session to end. */
-#define QUIET_WAIT_MS 10000u
+#define QUIET_WAIT_MS SESSION_QUIET_WAIT_MS
 
 char *session_removed_while_waiting(const struct session *s) {
   return xasprintf("session '%s' was %s while this call waited for its reset. Call open_session "
@@ -37,21 +37,33 @@ struct session *session_wait_reset_locked(struct session *s) {
 }
 
 /* Session ID once no reset or snapshot is under way on it, with a reference
- * for the caller; NULL and *ret_err when there is none or it has no
- * sandbox (under the lock). */
-static struct session *find_serving_locked(const char *id, const char *owner, char **ret_err) {
+ * for the caller (under the lock); a hibernated one is resumed first, unless
+ * !RESUME (then NULL with *ret_err NULL and *ret_hibernated set).  NULL and
+ * *ret_err when it has no sandbox; NULL and *ret_err NULL when the table has
+ * no such session: the caller says so with session_unknown_id once the lock
+ * is dropped (it reads the store). */
+static struct session *find_serving_locked(const char *id, const char *owner, bool resume,
+                                           bool *ret_hibernated, char **ret_err) {
   struct session *s = session_find_locked(id, owner);
   if (s)
     session_wait_reset_locked(s);
-  /* Hibernated: this call resumes it (others wait, as for a reset). */
-  if (s && !s->removed && !s->h && s->hibernated && session_resume_locked(s, ret_err) < 0) {
-    if (s->removed && !*ret_err)
-      *ret_err = session_removed_while_waiting(s);
-    session_unref_locked(s);
-    return NULL;
+  if (s && !s->removed && !s->h && s->hibernated) {
+    if (!resume) {
+      *ret_hibernated = true;
+      session_unref_locked(s);
+      return NULL;
+    }
+    /* This call resumes it (others wait, as for a reset). */
+    if (session_resume_locked(s, ret_err) < 0) {
+      if (s->removed && !*ret_err)
+        *ret_err = session_removed_while_waiting(s);
+      session_unref_locked(s);
+      return NULL;
+    }
   }
   if (!s || s->removed || !s->h) {
-    *ret_err = s && s->removed ? session_removed_while_waiting(s) : session_unknown_id(id, owner);
+    if (s && s->removed)
+      *ret_err = session_removed_while_waiting(s);
     if (s)
       session_unref_locked(s);
     return NULL;
@@ -59,11 +71,20 @@ static struct session *find_serving_locked(const char *id, const char *owner, ch
   return s;
 }
 
+/* After find_serving_locked failed and the lock was dropped: the words for
+ * an id the table did not have. */
+static void unknown_unless_said(const char *id, const char *owner, char **ret_err) {
+  if (!*ret_err)
+    *ret_err = session_unknown_id(id, owner);
+}
+
 int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&session_lock);
-  struct session *s = find_serving_locked(id, owner, ret_err);
+  bool hibernated = false;
+  struct session *s = find_serving_locked(id, owner, true, &hibernated, ret_err);
   if (!s) {
     session_table_unlock();
+    unknown_unless_said(id, owner, ret_err);
     return -ENOENT;
   }
   /* The reference taken while waiting is the lease's. */
@@ -133,16 +154,20 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
  * waits up to QUIET_WAIT_MS for the calls running on it to end, so that its
  * agent is idle when it is saved.  On success *ret is a lease (the reaper
  * skips the session) to give back with session_quiet_end. */
-int session_quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
-                        char **ret_err) {
+int session_quiet_take(const char *id, const char *owner, const char *what, uint32_t wait_ms,
+                       bool resume, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&session_lock);
-  struct session *s = find_serving_locked(id, owner, ret_err);
+  bool hibernated = false;
+  struct session *s = find_serving_locked(id, owner, resume, &hibernated, ret_err);
   if (!s) {
     session_table_unlock();
+    if (hibernated)
+      return -EALREADY;
+    unknown_unless_said(id, owner, ret_err);
     return -ENOENT;
   }
   s->snapshotting = true;
-  uint64_t deadline = mono_ms() + QUIET_WAIT_MS;
+  uint64_t deadline = mono_ms() + wait_ms;
   while (s->busy > 0 && !s->removed && mono_ms() < deadline) {
     struct timespec ts = timespec_in(CLOCK_REALTIME, 100);
     pthread_cond_timedwait(&session_cond, &session_lock, &ts);
@@ -152,7 +177,7 @@ int session_quiet_begin(const char *id, const char *owner, const char *what, str
                           : xasprintf("cannot %s session '%s': %d call(s) still run in it after "
                                       "%u s. A session is saved only while no call runs in it: "
                                       "wait for them to end (or cancel them), then call %s again.",
-                                      what, id, s->busy, QUIET_WAIT_MS / 1000, what);
+                                      what, id, s->busy, wait_ms / 1000, what);
     s->snapshotting = false;
     pthread_cond_broadcast(&session_cond);
     session_unref_locked(s);
@@ -167,6 +192,11 @@ int session_quiet_begin(const char *id, const char *owner, const char *what, str
   s->resumed_ms = 0;
   session_table_unlock();
   return 0;
+}
+
+int session_quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
+                        char **ret_err) {
+  return session_quiet_take(id, owner, what, QUIET_WAIT_MS, true, ret, ret_err);
 }
 
 void session_quiet_end(struct lease *l) {

@@ -5,6 +5,7 @@
  * closes what has been hibernated for IGN_MCP_HIBERNATE_KEEP_SECS. */
 #include "session/session.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,28 +18,15 @@
 #include "common/util.h"
 #include "session/session_int.h"
 
-/* Hibernates idle session ID of OWNER (the lock not held); when that
- * fails, closes it, unless a call has used it since USED_MS. */
+/* Hibernates idle session ID of OWNER (the lock not held), whose
+ * last_used_ms the reaper set to USED_MS; one that cannot be is closed
+ * (session_hibernate_idle), unless a call came for it meanwhile. */
 static void hibernate_idle(const char *id, const char *owner, uint64_t used_ms) {
-  json_t *info = NULL;
   _cleanup_free_ char *err = NULL;
-  if (session_hibernate(id, owner, &info, &err) == 0) {
-    json_decref(info);
+  int r = session_hibernate_idle(id, owner, used_ms, &err);
+  if (r == 0)
     log_info("session %s hibernated after %u s idle", id, cfg.idle_secs);
-    return;
-  }
-  pthread_mutex_lock(&session_lock);
-  struct session *s = session_find_locked(id, owner);
-  struct handle *dead = NULL;
-  bool close_it = s && !s->removed && !s->busy && !s->resetting && !s->snapshotting && s->h &&
-                  s->last_used_ms == used_ms;
-  if (close_it) {
-    dead = session_close_locked(s, "reaped after being idle (it could not be hibernated)");
-    pthread_cond_broadcast(&session_cond);
-  }
-  session_table_unlock();
-  handle_free(dead);
-  if (close_it)
+  else if (r == -ECANCELED)
     log_warn("session %s reaped after %u s idle: it could not be hibernated: %s", id,
              cfg.idle_secs, err ? err : "?");
   else

@@ -71,7 +71,7 @@ static bool record_id_ok(const char *id) {
 /* ---- what a record says ---- */
 
 struct record_meta {
-  char owner[256];
+  char *owner; /* malloc'd: compared whole */
   char host[CONFIG_HOST_ID_MAX + 1];
   char server[sizeof server_token];
   long long pid, opened_at;
@@ -94,7 +94,7 @@ static int meta_read(int dir_fd, struct record_meta *m) {
               ? 0
               : -EINVAL;
   if (r == 0) {
-    snprintf(m->owner, sizeof m->owner, "%s", owner);
+    m->owner = strdup(owner);
     snprintf(m->host, sizeof m->host, "%s", host);
     snprintf(m->server, sizeof m->server, "%s", server);
     m->pid = pid;
@@ -151,7 +151,8 @@ static void records_sweep(void) {
       continue;
     bool gone;
     if (strncmp(e->d_name, ".new-", 5) == 0)
-      gone = record_held(fd) != 1 && now - st.st_mtime > RECORD_NEW_STALE_S;
+      /* Old first: a young one's maker may be about to lock it. */
+      gone = now - st.st_mtime > RECORD_NEW_STALE_S && record_held(fd) != 1;
     else if (record_held(fd) == 0) {
       lost++;
       gone = now - record_lost_at(fd) > RECORD_LOST_KEEP_S;
@@ -190,7 +191,10 @@ void session_records_init(void) {
 static unsigned records_seq(void) {
   _cleanup_free_ char *p = xasprintf("%s/.seq", records_dir);
   _cleanup_close_ int fd = open(p, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0 || flock(fd, LOCK_EX) < 0)
+  int r;
+  while ((r = fd < 0 ? -1 : flock(fd, LOCK_EX)) < 0 && fd >= 0 && errno == EINTR)
+    ;
+  if (r < 0)
     return 0;
   char buf[32] = "";
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
@@ -206,6 +210,13 @@ unsigned session_records_next_seq(void) {
   unsigned v = records_dir ? records_seq() : 0;
   if (v)
     return v;
+  if (records_dir) {
+    static atomic_bool said;
+    if (!atomic_exchange(&said, true))
+      log_warn("the store's session counter %s/.seq cannot be read or moved on (%s): ids come "
+               "from this server's own count until it can, and may repeat ones of before",
+               records_dir, strerror(errno));
+  }
   pthread_mutex_lock(&session_lock);
   v = ++session_next_seq;
   pthread_mutex_unlock(&session_lock);
@@ -232,14 +243,23 @@ int session_record_add(struct session *s) {
     return 0;
   if (!record_id_ok(s->id))
     return -EINVAL;
+  /* The server's token as well as its pid: servers in other pid
+   * namespaces may share the store. */
   _cleanup_free_ char *tmp =
-      xasprintf("%s/.new-%d-%u", records_dir, (int)getpid(), ++new_seq);
-  if (mkdir(tmp, 0700) < 0)
-    return -errno;
+      xasprintf("%s/.new-%s-%d-%u", records_dir, server_token, (int)getpid(), ++new_seq);
+  if (mkdir(tmp, 0700) < 0) {
+    int r = -errno;
+    log_warn("session %s has no record on the store (mkdir %s: %s)", s->id, tmp, strerror(-r));
+    return r;
+  }
   int r = 0;
   _cleanup_free_ char *live = xasprintf("%s/live", tmp), *meta = xasprintf("%s/meta.json", tmp);
   int fd = open(live, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
+  /* Blocking: the file is new, and a sweep's probe lets go at once. */
+  int locked = -1;
+  while (fd >= 0 && (locked = flock(fd, LOCK_EX)) < 0 && errno == EINTR)
+    ;
+  if (fd < 0 || locked < 0)
     r = -errno;
   json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "id", s->id, "owner", s->owner, "pid",
                         (json_int_t)getpid(), "host", cfg.host_id, "server", server_token,
@@ -282,7 +302,9 @@ char *session_record_whereabouts(const char *id, const char *owner) {
   _cleanup_free_ char *p = record_path(id, NULL);
   _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct record_meta m = {0};
-  if (fd < 0 || meta_read(fd, &m) < 0 || strcmp(m.owner, owner) != 0)
+  bool theirs = fd >= 0 && meta_read(fd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  free(m.owner);
+  if (!theirs)
     return NULL;
   /* This server's own: closed, and going as its last call ends. */
   if (strcmp(m.server, server_token) == 0)

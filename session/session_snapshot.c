@@ -58,8 +58,9 @@ int session_snapshot_lease(const struct lease *l, const char *name, bool replace
     return r;
   }
   /* A guest stopped for the snapshot (vm) has a clock that stood still
-   * meanwhile: set it to the host's again, as for a clone. */
-  if (ret_snap->carries && strcmp(ret_snap->carries, "memory") == 0) {
+   * meanwhile: set it to the host's again, as for a clone (not one that
+   * stays stopped: it is about to end). */
+  if (!ret_snap->final && ret_snap->carries && strcmp(ret_snap->carries, "memory") == 0) {
     _cleanup_free_ char *clock_err = NULL;
     if (agent_setup(l->h->conn, NULL, 0, now_ns(CLOCK_REALTIME), NULL, NULL, &clock_err) < 0)
       log_warn("session %s: its clock could not be set after the snapshot: %s", l->s->id,
@@ -72,13 +73,26 @@ int session_snapshot_lease(const struct lease *l, const char *name, bool replace
   log_info("session %s: saving stage %s", l->s->id, name ? name : "(a fork's)");
   if (stop && stop->gave_up(stop->ctx)) {
     stage_abort(dir);
+    session_snapshot_unpause(l, ret_snap);
     *ret_err = strdup("the call ended before the stage was saved, so nothing was saved");
     return -ECANCELED;
   }
   struct stage_new in = {.backend = session_ops->name, .inputs_id = inputs,
                          .carries = ret_snap->carries, .parent = l->h->stage,
                          .owner = l->s->owner};
-  return stage_finish(dir, name, replace, &in, ret, ret_err);
+  r = stage_finish(dir, name, replace, &in, ret, ret_err);
+  if (r < 0)
+    session_snapshot_unpause(l, ret_snap);
+  return r;
+}
+
+void session_snapshot_unpause(const struct lease *l, const struct sandbox_snapshot *snap) {
+  if (!snap->final || !l->h->sb->ops->unpause)
+    return;
+  _cleanup_free_ char *err = NULL;
+  if (l->h->sb->ops->unpause(l->h->sb, &err) < 0)
+    log_warn("session %s: it stays stopped after a save that failed: %s", l->s->id,
+             err ? err : "?");
 }
 
 /* Saves the quiet session of L as stage NAME; *ret as session_commit's. */

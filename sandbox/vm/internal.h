@@ -152,7 +152,10 @@ int vm_fresh_entropy(struct vm *v, char **ret_err);
  * lands in LOADER's RAM file.  SRC is continued the moment the migration
  * completes, and runs again when it fails.  *RET_PAUSED_US: how long SRC was
  * stopped (an upper bound). */
-int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, char **ret_err);
+int vm_migrate_live(struct vm *src, struct vm *loader, bool keep_stopped, uint64_t *ret_paused_us,
+                    char **ret_err);
+/* Continues SRC, left stopped by vm_migrate_live(KEEP_STOPPED). */
+int vm_cont_migrated(struct vm *src, char **ret_err);
 /* Writes V's device state (with x-ignore-shared: not its share=on RAM) to FD. */
 int vm_save_state(struct vm *v, int fd, char **ret_err);
 /* Ends *ERR with what QEMU last said, when it said anything. */

@@ -570,8 +570,8 @@ static int cont_migrated(struct vm *src, char **ret_err) {
  * plus, as an upper bound of the time between completion and cont, the
  * time from the previous poll (which saw it still going) to the cont's
  * answer. */
-static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *t_stop_us,
-                                 uint64_t *ret_paused_us, char **ret_err) {
+static int finish_live_migration(struct vm *src, uint32_t timeout_ms, bool keep_stopped,
+                                 uint64_t *t_stop_us, uint64_t *ret_paused_us, char **ret_err) {
   uint64_t t0 = mono_ms(), deadline = t0 + timeout_ms;
   uint64_t t_prev = mono_us();
   /* A stream that stalls (a loader that hangs) ends after MIGRATE_STALL_MS
@@ -598,7 +598,8 @@ static int finish_live_migration(struct vm *src, uint32_t timeout_ms, uint64_t *
       log_debug("a snapshot's stream completed: %" PRId64 " bytes, %" PRId64
                 " passes, downtime %" PRId64 " ms, %s", (int64_t)now_sent, (int64_t)passes,
                 (int64_t)downtime_ms, *t_stop_us ? "source stopped" : "live");
-      r = cont_migrated(src, ret_err);
+      /* A final snapshot leaves it stopped: the caller ends it. */
+      r = keep_stopped ? 0 : cont_migrated(src, ret_err);
       if (r < 0)
         return r;
       *ret_paused_us = *t_stop_us ? mono_us() - *t_stop_us
@@ -651,7 +652,15 @@ static bool streams_live(struct vm *src) {
   return major >= SNAPSHOT_LIVE_QEMU;
 }
 
-int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, char **ret_err) {
+int vm_cont_migrated(struct vm *src, char **ret_err) {
+  pthread_mutex_lock(&src->qmp_lock);
+  int r = cont_migrated(src, ret_err);
+  pthread_mutex_unlock(&src->qmp_lock);
+  return r;
+}
+
+int vm_migrate_live(struct vm *src, struct vm *loader, bool keep_stopped, uint64_t *ret_paused_us,
+                    char **ret_err) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
     *ret_err = xasprintf("socketpair for the migration stream: %s", strerror(errno));
@@ -695,7 +704,8 @@ int vm_migrate_live(struct vm *src, struct vm *loader, uint64_t *ret_paused_us, 
     started = started || r == 0; /* stopped, or migrating: continued on failure */
   }
   if (r == 0)
-    r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, &t_stop, ret_paused_us, ret_err);
+    r = finish_live_migration(src, MIGRATE_TIMEOUT_MS, keep_stopped, &t_stop, ret_paused_us,
+                              ret_err);
   if (r < 0 && started)
     resume_source(src);
   pthread_mutex_unlock(&src->qmp_lock);

@@ -722,7 +722,7 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
   t_loader = mono_us();
   if (r == 0) {
     step = "streaming its RAM";
-    r = vm_migrate_live(src, s.loader, &paused_us, ret_err);
+    r = vm_migrate_live(src, s.loader, ret->final, &paused_us, ret_err);
   }
   t_stream = mono_us();
   if (r == 0) {
@@ -761,6 +761,10 @@ static int vm_snapshot(struct sandbox *sb, const char *dir, struct sandbox_snaps
   return 0;
 }
 
+static int vm_unpause(struct sandbox *sb, char **ret_err) {
+  return vm_cont_migrated((struct vm *)sb, ret_err);
+}
+
 const struct sandbox_ops sandbox_vm_ops = {
     .name = "vm",
     .create = vm_create,
@@ -770,5 +774,6 @@ const struct sandbox_ops sandbox_vm_ops = {
     .death_reason = vm_death_reason,
     .inputs_id = vm_inputs_id,
     .snapshot = vm_snapshot,
+    .unpause = vm_unpause,
 };
 

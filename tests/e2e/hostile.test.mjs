@@ -427,6 +427,7 @@ const BASE = {
   read_file: { session_id: SID, path: '/root/hostile.txt' },
   reset: { session_id: SID },
   close: { session_id: SID },
+  hibernate: { session_id: SID },
   commit: { session_id: SID, name: 'hostile/never' },
   fork: { session_id: SID },
   stage_list: {},

@@ -325,6 +325,11 @@ async function everyTool(listed, callTool, dir) {
   const nl = await ok('network_log', { session_id: sid });
   assert.equal(nl.mode, 'none');
   assert.deepEqual([nl.allowed, nl.denied], [[], []]);
+  const h = await ok('hibernate', { session_id: sid });
+  assert.equal(h.state, 'hibernated');
+  const back = await ok('read_file', { session_id: sid, path: '/root/a.bin' });
+  assert.deepEqual(Buffer.from(back.content_base64, 'base64'), data, 'the file after a resume');
+  assert.equal(typeof back.resumed_ms, 'number');
 
   const marker = crypto.randomBytes(8).toString('hex');
   fs.mkdirSync(path.join(dir, 'in/sub'), { recursive: true });
