@@ -93,20 +93,23 @@ static void close_hibernated_locked(struct session *s, const char *why) {
   log_info("session %s (hibernated) closed: %s", s->id, why);
 }
 
-/* OWNER's oldest hibernated session other than SELF, or NULL. */
+/* OWNER's (NULL: anyone's) oldest hibernated session other than SELF, or
+ * NULL. */
 static struct session *oldest_locked(const char *owner, const struct session *self) {
   struct session *oldest = NULL;
   for (struct session *s = session_table; s; s = s->next)
-    if (s != self && kept_locked(s) && strcmp(s->owner, owner) == 0 &&
+    if (s != self && kept_locked(s) && (!owner || strcmp(s->owner, owner) == 0) &&
         (!oldest || s->hibernated_seq < oldest->hibernated_seq))
       oldest = s;
   return oldest;
 }
 
 /* Makes room for one more hibernation of OWNER taking BYTES: closes that
- * owner's oldest hibernated sessions (never another owner's, never SELF)
- * until its bytes fit IGN_MCP_HIBERNATE_MAX_MB and the server's count
- * hibernated_max().  False (*ret_why says which) when they cannot. */
+ * owner's oldest hibernated sessions until its bytes fit
+ * IGN_MCP_HIBERNATE_MAX_MB (never another owner's), then the server's
+ * oldest, whoever's, until its count fits hibernated_max() (so that no
+ * owner can fill the server's count and leave another none; never SELF).
+ * False (*ret_why says which) when they cannot. */
 static bool make_room_locked(const char *owner, const struct session *self, uint64_t bytes,
                              const char **ret_why) {
   const uint64_t max = (uint64_t)cfg.hibernate_max_mb << 20;
@@ -119,7 +122,7 @@ static bool make_room_locked(const char *owner, const struct session *self, uint
     bool over_count = hibernated_count_locked() + 1 > hibernated_max();
     if (!over_bytes && !over_count)
       return true;
-    struct session *oldest = oldest_locked(owner, self);
+    struct session *oldest = oldest_locked(over_bytes ? owner : NULL, self);
     if (!oldest) {
       *ret_why = over_bytes ? "bytes" : "count";
       return false;
@@ -128,9 +131,11 @@ static bool make_room_locked(const char *owner, const struct session *self, uint
         over_bytes ? xasprintf("closed to make room for the hibernation of session %s "
                                "(IGN_MCP_HIBERNATE_MAX_MB=%u)",
                                self->id, cfg.hibernate_max_mb)
-                   : xasprintf("closed to make room for the hibernation of session %s (at most "
-                               "%u hibernated sessions, 8 x IGN_MCP_MAX_SESSIONS)",
-                               self->id, hibernated_max());
+                   /* Maybe another owner's: not named. */
+                   : xasprintf("closed to make room for a newer hibernation (this server "
+                               "holds at most %u hibernated sessions, 8 x "
+                               "IGN_MCP_MAX_SESSIONS; the oldest goes first)",
+                               hibernated_max());
     close_hibernated_locked(oldest, why);
   }
 }
@@ -202,10 +207,10 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
                                "IGN_MCP_HIBERNATE_MAX_MB (%u MiB) allows; it was not "
                                "hibernated and goes on running",
                                id, st->bytes, cfg.hibernate_max_mb)
-                   : xasprintf("this server holds %u hibernated sessions, its most (8 x "
-                               "IGN_MCP_MAX_SESSIONS), none of them this client's; session '%s' "
-                               "was not hibernated and goes on running",
-                               hibernated_max(), id);
+                   : xasprintf("this server can hold no more hibernated sessions (8 x "
+                               "IGN_MCP_MAX_SESSIONS); session '%s' was not hibernated and goes "
+                               "on running",
+                               id);
     r = -ENOSPC;
   }
   struct handle *dead = NULL;

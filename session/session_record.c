@@ -47,7 +47,13 @@
 /* A .new- directory this old was left by a server that died making it. */
 #define RECORD_NEW_STALE_S 60
 
-static char *records_dir; /* NULL: no records */
+/* The directory, as /proc/self/fd/N of the descriptor opened (and checked)
+ * at startup: every path below it goes through that descriptor, so a
+ * sessions/ renamed or replaced later (by whoever may write in the store)
+ * is never followed.  NULL: no records.  records_shown: its name, for
+ * messages. */
+static char *records_dir;
+static char *records_shown;
 static char server_token[17]; /* this process's, in each meta.json it writes */
 static _Atomic unsigned new_seq;
 
@@ -77,8 +83,21 @@ struct record_meta {
   long long pid, opened_at;
 };
 
+/* Opens NAME in DIR_FD to read: a regular file only, never a link, and
+ * without blocking on a FIFO planted there. */
+static int open_regular(int dir_fd, const char *name) {
+  int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+    close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  return fd;
+}
+
 static int meta_read(int dir_fd, struct record_meta *m) {
-  _cleanup_close_ int fd = openat(dir_fd, "meta.json", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  _cleanup_close_ int fd = open_regular(dir_fd, "meta.json");
   if (fd < 0)
     return -errno;
   char buf[RECORD_META_MAX];
@@ -107,7 +126,7 @@ static int meta_read(int dir_fd, struct record_meta *m) {
 /* Whether the record in DIR_FD is held by a live server: 1 held, 0 free
  * (its server is gone), -errno when it cannot be told. */
 static int record_held(int dir_fd) {
-  _cleanup_close_ int fd = openat(dir_fd, "live", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  _cleanup_close_ int fd = open_regular(dir_fd, "live");
   if (fd < 0)
     return -errno;
   if (flock(fd, LOCK_SH | LOCK_NB) == 0)
@@ -177,13 +196,27 @@ void session_records_init(void) {
   snprintf(server_token, sizeof server_token, "%016" PRIx64, tok);
   _cleanup_free_ char *d = xasprintf("%s/sessions", cfg.store);
   _cleanup_free_ char *err = NULL;
-  if (fs_own_dir(d, "session directory", 0700, &err) < 0) {
+  int fd = -1;
+  struct stat st;
+  if (fs_own_dir(d, "session directory", 0700, &err) == 0) {
+    /* Checked again through the descriptor kept: the name may have been
+     * swapped since. */
+    fd = open(d, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+      err = xasprintf("cannot open %s: %s", d, strerror(errno));
+    else if (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+      err = xasprintf("%s changed under the server (another owner or mode now)", d);
+      closep(&fd);
+    }
+  }
+  if (fd < 0) {
     log_warn("session ids are unique to this server only, not across servers and restarts on "
              "the store: %s",
              err);
     return;
   }
-  records_dir = steal_ptr(d);
+  records_dir = xasprintf("/proc/self/fd/%d", fd);
+  records_shown = steal_ptr(d);
   records_sweep();
 }
 
@@ -215,7 +248,7 @@ unsigned session_records_next_seq(void) {
     if (!atomic_exchange(&said, true))
       log_warn("the store's session counter %s/.seq cannot be read or moved on (%s): ids come "
                "from this server's own count until it can, and may repeat ones of before",
-               records_dir, strerror(errno));
+               records_shown, strerror(errno));
   }
   pthread_mutex_lock(&session_lock);
   v = ++session_next_seq;
@@ -249,7 +282,8 @@ int session_record_add(struct session *s) {
       xasprintf("%s/.new-%s-%d-%u", records_dir, server_token, (int)getpid(), ++new_seq);
   if (mkdir(tmp, 0700) < 0) {
     int r = -errno;
-    log_warn("session %s has no record on the store (mkdir %s: %s)", s->id, tmp, strerror(-r));
+    log_warn("session %s has no record on the store (mkdir in %s: %s)", s->id, records_shown,
+             strerror(-r));
     return r;
   }
   int r = 0;

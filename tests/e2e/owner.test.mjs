@@ -15,7 +15,7 @@ import path from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
-  startServer, call, callErr, openSession, sh, serverEnv, uniq, SERVER, REPO,
+  startServer, call, callErr, openSession, sh, serverEnv, uniq, SERVER, REPO, NS_ONLY,
 } from './lib.mjs';
 import { startHttp } from './helpers/http.mjs';
 
@@ -175,6 +175,29 @@ describe('owners: two bearer tokens on one server', { skip: NO_HTTP }, () => {
     await call(bob, 'close', { session_id: b });
     await call(alice, 'close', { session_id: a });
     assert.match(srv.stderrText(), new RegExp(`session ${a.replace('.', '\\.')} opened for token alice`));
+  });
+
+  test('a token that fills the server\'s count of hibernated sessions does not keep another from hibernating; the one closed is the server\'s oldest (the filler\'s), and nobody learns the other\'s ids', { ...T, skip: NS_ONLY('sixteen hibernations are quick on ns') }, async (t) => {
+    const srv = await startOwners(t, TOKENS, { IGN_MCP_MAX_SESSIONS: 1 });
+    const alice = await clientFor(srv, TOKENS.alice);
+    const bob = await clientFor(srv, TOKENS.bob);
+    const bobs = [];
+    for (let i = 0; i < 8; i++) {
+      const b = await openSession(bob);
+      bobs.push(b);
+      await call(bob, 'hibernate', { session_id: b });
+    }
+    const a = await openSession(alice);
+    assert.equal((await call(alice, 'hibernate', { session_id: a })).state, 'hibernated');
+    const bl = await call(bob, 'list_sessions', {});
+    assert.deepEqual(bl.sessions.map((x) => x.session_id).sort(), bobs.slice(1).sort());
+    const gone = bl.recently_closed.find((x) => x.session_id === bobs[0]);
+    assert.match(gone?.why ?? '', /^closed to make room for a newer hibernation \(this server holds at most 8 hibernated sessions/, JSON.stringify(bl));
+    assert.ok(!JSON.stringify(bl).includes(a), 'bob learns alice\'s id');
+    const al = await call(alice, 'list_sessions', {});
+    assert.deepEqual(al.recently_closed, []);
+    assert.ok(!bobs.some((b) => JSON.stringify(al).includes(b)), 'alice learns bob\'s ids');
+    assert.equal(await sh(alice, a, 'echo back'), 'back\n');
   });
 
   test('a token cannot see, open, reset to, remove or take the name of another token\'s stage', T, async (t) => {

@@ -3,8 +3,9 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
@@ -97,6 +98,30 @@ describe('session cap and ids', () => {
     // B's own session is still B's, and a fresh id nobody opened is unknown.
     assert.equal(await sh(b.client, idB, 'echo ok'), 'ok\n');
     assert.match(await callErr(c.client, 'run', { session_id: `s${seq(idC) + 1000}-0000`, command: 'true' }), /unknown session_id/);
+  });
+
+  test('records planted in the store (a FIFO, a link, a file of another owner) hang nothing and are read as no record', { ...T, skip: NS_ONLY('the records are the same on both backends; a fresh vm store would make a base') }, async (t) => {
+    const store = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-records-'));
+    t.after(() => fs.rmSync(store, { recursive: true, force: true }));
+    const dir = path.join(store, 'sessions');
+    fs.mkdirSync(path.join(dir, 's1-0000'), { recursive: true, mode: 0o700 });
+    execFileSync('mkfifo', [path.join(dir, 's1-0000', 'live'), path.join(dir, 's1-0000', 'meta.json')]);
+    fs.mkdirSync(path.join(dir, 's2-0000'), { mode: 0o700 });
+    fs.symlinkSync('/etc/passwd', path.join(dir, 's2-0000', 'meta.json'));
+    fs.symlinkSync('/etc/hostname', path.join(dir, 's2-0000', 'live'));
+    const s = await startServer({ env: { IGN_MCP_STORE: store } });
+    t.after(() => s.close());
+    const sid = await openSession(s.client);
+    assert.equal(await sh(s.client, sid, 'echo ok'), 'ok\n');
+    for (const id of ['s1-0000', 's2-0000']) assert.match(await callErr(s.client, 'run', { session_id: id, command: 'true' }), /unknown session_id/, id);
+    // A sessions/ swapped for a link after the server started is not followed.
+    const elsewhere = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-records-elsewhere-'));
+    t.after(() => fs.rmSync(elsewhere, { recursive: true, force: true }));
+    fs.renameSync(dir, `${dir}.old`);
+    fs.symlinkSync(elsewhere, dir);
+    const sid2 = await openSession(s.client);
+    assert.deepEqual(fs.readdirSync(elsewhere), [], 'a record went through the swapped link');
+    assert.ok(fs.existsSync(path.join(`${dir}.old`, sid2, 'meta.json')), 'the record is not in the directory opened at startup');
   });
 
   test('list_sessions follows opens and closes', T, async (t) => {
