@@ -315,6 +315,8 @@ export function serverEnv(extra = {}) {
   for (const k of Object.keys(e)) if (k.startsWith('IGN_MCP_')) delete e[k];
   e.IGN_MCP_LOG = 'warning';
   e.IGN_MCP_MAX_SESSIONS = '16';
+  // Its sessions end with it (none left hibernated on the store).
+  e.IGN_MCP_SHUTDOWN_ACTION = 'close';
   // BENCH_STORE: a store of warm bases other than the server's default
   // (a run that must not touch the user's).
   if (process.env.BENCH_STORE) e.IGN_MCP_STORE = process.env.BENCH_STORE;

@@ -234,6 +234,22 @@ static int load_idle_action(void) {
   return 0;
 }
 
+/* IGN_MCP_SHUTDOWN_ACTION: what a server told to stop does with its live
+ * sessions. */
+static int load_shutdown_action(void) {
+  const char *a = getenv("IGN_MCP_SHUTDOWN_ACTION");
+  if (!a || !*a || strcmp(a, "hibernate") == 0)
+    cfg.shutdown_hibernate = true;
+  else if (strcmp(a, "close") == 0)
+    cfg.shutdown_hibernate = false;
+  else {
+    fprintf(stderr,
+            "ignition-mcp: IGN_MCP_SHUTDOWN_ACTION=%s is invalid: use hibernate or close\n", a);
+    return -EINVAL;
+  }
+  return 0;
+}
+
 /* IGN_MCP_LOG_DIR, else $XDG_STATE_HOME/ignition-mcp/logs, else
  * ~/.local/state/ignition-mcp/logs, else /tmp/ignition-mcp-<uid>/logs.  Made
  * (0700) when the first log is written. */
@@ -371,6 +387,7 @@ int config_load(void) {
   U("IGN_MCP_IDLE_SECS", 600, 1, 30 * 24 * 3600, idle_secs);
   U("IGN_MCP_HIBERNATE_MAX_MB", 10240, 0, 1u << 30, hibernate_max_mb);
   U("IGN_MCP_HIBERNATE_KEEP_SECS", 86400, 1, 365 * 24 * 3600, hibernate_keep_secs);
+  U("IGN_MCP_SHUTDOWN_SECS", 3, 0, 600, shutdown_secs);
   U("IGN_MCP_TASKS_MAX", 64, 1, 4096, tasks_max);
   U("IGN_MCP_TASK_TTL_S", 3600, 1, 7 * 24 * 3600, task_ttl_s);
   U("IGN_MCP_OUTPUT_CAP", 65536, 0, 16 << 20, output_cap);
@@ -408,7 +425,7 @@ int config_load(void) {
     return r;
 
   if (load_net() < 0 || load_host_io() < 0 || load_log_dir() < 0 || load_http() < 0 ||
-      load_idle_action() < 0)
+      load_idle_action() < 0 || load_shutdown_action() < 0)
     return -EINVAL;
 
   const char *rs = getenv("IGN_MCP_ROOTFS");

@@ -192,6 +192,54 @@ int egress_clone(const struct egress *src, struct egress **ret) {
   return 0;
 }
 
+json_t *egress_save(const struct egress *e) {
+  json_t *rules = json_array(), *names = json_array();
+  for (size_t i = 0; i < e->pol.n; i++) {
+    char buf[EGRESS_ENTRY_MAX + 1];
+    egress_rule_format(&e->pol.rules[i], buf, sizeof buf);
+    json_array_append_new(rules, json_string(buf));
+  }
+  pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
+  for (uint32_t i = 0; i < e->n_synth; i++)
+    json_array_append_new(names, json_string(e->synth[i]));
+  pthread_mutex_unlock((pthread_mutex_t *)&e->synth_lock);
+  return json_pack("{s:s, s:o, s:o}", "mode", egress_mode_name(e->mode), "allow_hosts", rules,
+                   "names", names);
+}
+
+int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
+  const json_t *mode = json_object_get(j, "mode"), *hosts = json_object_get(j, "allow_hosts"),
+               *names = json_object_get(j, "names");
+  if (!json_is_string(mode) || (hosts && !json_is_array(hosts)) ||
+      (names && !json_is_array(names))) {
+    *ret_err = strdup("its saved network policy is damaged");
+    return -EINVAL;
+  }
+  /* "none" and "open" take no allow_hosts. */
+  bool allow = strcmp(json_string_value(mode), "allow") == 0;
+  struct egress *e = NULL;
+  int r = egress_new("its saved network policy", mode, allow ? hosts : NULL, &e, ret_err);
+  if (r < 0)
+    return r;
+  size_t n = json_array_size(names);
+  const char **v = n ? calloc(n, sizeof *v) : NULL;
+  for (size_t i = 0; v && i < n; i++)
+    v[i] = json_string_value(json_array_get(names, i));
+  for (size_t i = 0; v && i < n; i++)
+    if (!v[i])
+      r = -EINVAL;
+  if (r == 0 && n)
+    r = v ? names_restore(e, v, n) : -ENOMEM;
+  free(v);
+  if (r < 0) {
+    egress_free(e);
+    *ret_err = strdup("its saved network policy is damaged (the names its sandbox was given)");
+    return r;
+  }
+  *ret = e;
+  return 0;
+}
+
 void egress_set_session(struct egress *e, const char *session_id, const char *owner) {
   if (e->session_id)
     return;

@@ -71,6 +71,15 @@ int egress_new(const char *tool, const json_t *network, const json_t *allow_host
  * record of its own.  Take it once the source sandbox is
  * paused: a name E's sandbox is given after the copy is not in it. */
 int egress_clone(const struct egress *e, struct egress **ret);
+/* What a hibernated session keeps of E, to be made again by egress_load
+ * in a later server: {mode, allow_hosts, names} (names: its synthetic
+ * addresses' names in order, which a resumed guest may have cached).  The
+ * names counted under wildcard rules start again. */
+json_t *egress_save(const struct egress *e);
+/* The egress J (from egress_save) describes, checked as open_session's
+ * arguments are (IGN_MCP_NET may have changed since): 0, or -EINVAL with
+ * *ret_err. */
+int egress_load(const json_t *j, struct egress **ret, char **ret_err);
 /* The session id (names the log file) and its owner (call_ctx.owner: the
  * HTTP token's name, "" on stdio; the host's DNS answers are kept per
  * owner).  Once, before egress_attach. */

@@ -279,6 +279,9 @@ bool names_is_synthetic(int family, const uint8_t *addr);
 void names_free(struct egress *e);
 /* DST gets SRC's synthetic addresses (DST has none yet).  0 or -ENOMEM. */
 int names_copy(struct egress *dst, struct egress *src);
+/* Gives N names synthetic addresses 1..N in order (into a new E): 0, or
+ * -EINVAL (a name that is not one) / -ENOMEM. */
+int names_restore(struct egress *e, const char *const *names, size_t n);
 void names_cache_clear(void);
 /* OWNER's key for the DNS cache into KEY. */
 void names_owner_key(const char *owner, uint8_t key[EGRESS_OWNER_KEY]);

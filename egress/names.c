@@ -440,6 +440,19 @@ int names_copy(struct egress *dst, struct egress *src) {
   return r;
 }
 
+int names_restore(struct egress *e, const char *const *names, size_t n) {
+  if (n > EGRESS_SYNTH_MAX)
+    return -EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(names[i]);
+    if (len == 0 || len >= EGRESS_NAME_BUF || !egress_name_valid(names[i], len))
+      return -EINVAL;
+    if (synth_get(e, names[i]) != i + 1)
+      return e->n_synth == i ? -ENOMEM : -EINVAL; /* a name twice */
+  }
+  return 0;
+}
+
 /* ---- lookups ---- */
 
 static void answer(struct link *lk, uint32_t lid, enum proto_rcode rcode, uint32_t synth) {

@@ -129,6 +129,16 @@ void stage_reg_moved(const char *aside) {
   pthread_mutex_unlock(&reg_lock);
 }
 
+void stage_reg_relocate(struct stage *s, char *dir, bool kept) {
+  pthread_mutex_lock(&reg_lock);
+  if (dir) {
+    free(s->dir);
+    s->dir = dir;
+  }
+  s->kept = kept;
+  pthread_mutex_unlock(&reg_lock);
+}
+
 /* ---- opening ---- */
 
 static char *no_such(const char *name) {
@@ -198,6 +208,13 @@ int stage_open(const char *name, const char *owner, const char *backend, const c
   if (r < 0)
     return r;
   _cleanup_free_ char *dir = stage_name_dir(name);
+  return stage_open_dir(name, dir, false, owner, backend, inputs_id, ret, ret_err);
+}
+
+int stage_open_dir(const char *name, const char *dir, bool kept, const char *owner,
+                   const char *backend, const char *inputs_id, struct stage **ret,
+                   char **ret_err) {
+  int r;
   _cleanup_close_ int dir_fd = -1;
   _cleanup_close_ int fd = open_held(name, dir, &dir_fd, ret_err);
   if (fd == -EBADMSG && *owner) {
@@ -223,8 +240,9 @@ int stage_open(const char *name, const char *owner, const char *backend, const c
     if (o) {
       o->s.refs++;
     } else {
-      m.name = name; /* where it is now, whatever it was made as */
+      m.name = kept ? NULL : name; /* where it is now, whatever it was made as */
       o = obj_new(&m, dir, steal_fd(dir_fd), steal_fd(fd), &st);
+      o->s.kept = kept;
       reg_add(o);
     }
     pthread_mutex_unlock(&reg_lock);
@@ -251,7 +269,7 @@ void stage_unref(struct stage *s) {
   pthread_mutex_unlock(&reg_lock);
   if (!last)
     return;
-  bool gone = s->removed || !s->name;
+  bool gone = (s->removed || !s->name) && !s->kept;
   /* Moved aside by another server (or by an rm of this one that raced this
    * last reference): the name holds another inode, or none. */
   bool moved = false;

@@ -64,6 +64,7 @@ struct stage {
   unsigned sessions;        /* sessions of this server started from it */
   int hold_fd;              /* shared flock on its meta.json */
   bool removed;             /* moved aside (rm, replace): deleted with the last reference */
+  bool kept;                /* a kept stage (stage_keep): outlives its last reference */
 };
 
 /* 0 when NAME follows STAGE_NAME_RULE; else -EINVAL and *ret_err naming the
@@ -116,6 +117,28 @@ void stage_ref(struct stage *s);
 void stage_unref(struct stage *s);
 /* A session of this server was started from S (DELTA 1), or ended (-1). */
 void stage_sessions_add(struct stage *s, int delta);
+
+/* Kept stages: the saved state of a hibernated session, as
+ * stages/.hib-<KEY>/ (KEY: the session's id), which outlives its server
+ * (stage_gc passes over it) until a server resumes the session or drops it.
+ * It counts against IGN_MCP_STAGES_MAX_MB like any stage.
+ *
+ * Moves anonymous stage S (from stage_finish) to .hib-KEY: it is no longer
+ * removed with its last reference.  0, or -errno with *ret_err. */
+int stage_keep(struct stage *s, const char *key, char **ret_err);
+/* Makes kept stage S anonymous again (a resumed session's: it goes with its
+ * last reference, or with this server). */
+void stage_unkeep(struct stage *s);
+/* Kept stage S is dropped: deleted with its last reference. */
+void stage_discard(struct stage *s);
+/* Opens KEY's kept stage for OWNER, for a sandbox of BACKEND over INPUTS_ID,
+ * and verifies it (see stage_open).  WHAT names it in messages ("session
+ * 'X'").  -ENOENT when there is none; -EXDEV, -ESTALE, -EBADMSG as
+ * stage_open, with messages about WHAT. */
+int stage_open_kept(const char *key, const char *what, const char *owner, const char *backend,
+                    const char *inputs_id, struct stage **ret, char **ret_err);
+/* Removes KEY's kept stage (nobody holds it: else it is left for later). */
+void stage_remove_kept(const char *key);
 
 /* {stages: [{name, stage_id, parent, carries, backend, base_id, bytes,
  * created, sessions}], bytes_used, bytes_max}. */

@@ -126,3 +126,10 @@ struct stage *stage_reg_new(const struct stage_meta *m, const char *dir, int dir
 /* The stage moved from its name to ASIDE (under the names lock): a held
  * one goes with its last reference. */
 void stage_reg_moved(const char *aside);
+/* Kept stage S is now in DIR (taken), and kept or not (stage_kept.c). */
+void stage_reg_relocate(struct stage *s, char *dir, bool kept);
+/* stage_open of the stage in DIR (NAME names it in messages); KEPT: a kept
+ * stage (stage_keep), registered as such. */
+int stage_open_dir(const char *name, const char *dir, bool kept, const char *owner,
+                   const char *backend, const char *inputs_id, struct stage **ret,
+                   char **ret_err);

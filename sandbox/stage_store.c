@@ -6,7 +6,9 @@
  * Layout under IGN_MCP_STORE/stages/ (mode 0700):
  *   <name, '/' as '+'>/      a named stage: meta.json and the backend's files
  *   .tmp-<pid>-<n>/          being made (stage_begin .. stage_finish)
- *   .anon-<pid>-<n>/         a fork's anonymous stage
+ *   .anon-<pid>-<n>/         an anonymous stage (a fork's, a resumed session's)
+ *   .hib-<session id>/       a hibernated session's kept stage (stage_kept.c):
+ *                            it outlives its server; stage_gc passes over it
  *   .rm-<pid>-<n>/           removed or replaced, deleted once nobody holds it
  *   .lock                    flock LOCK_EX around every change of names
  * A stage in use is held by a shared flock on its meta.json, and a .tmp

@@ -343,9 +343,11 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   pthread_mutex_lock(&session_lock);
   bool known = session_find_locked(id, owner) != NULL;
   session_table_unlock();
-  if (!known) {
-    *ret_err = session_unknown_id(id, owner);
-    return -ENOENT;
+  int ar = known ? 1 : session_adopt(id, owner, ret_err);
+  if (ar <= 0) {
+    if (!*ret_err)
+      *ret_err = session_unknown_id(id, owner);
+    return ar < 0 ? ar : -ENOENT;
   }
   /* A stage that cannot be used is refused before the sandbox is thrown
    * away. */
@@ -392,6 +394,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
     }
     session_count++;
     hibernated = steal_ptr(s->hibernated);
+    stage_discard(hibernated);
   }
   /* The reference taken while waiting is the reset's. */
   s->resetting = true;
@@ -402,6 +405,8 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   }
   session_table_unlock();
   handle_free(dead);
+  if (hibernated)
+    session_record_resumed(s); /* what it was is dropped */
   stage_unref(hibernated);
 
   struct handle *h = NULL;
@@ -455,6 +460,12 @@ int session_close(const char *id, const char *owner, char **ret_err) {
   struct session *s = session_find_locked(id, owner);
   bool known = s && !s->removed;
   session_table_unlock();
+  /* One hibernated on the store by a server that is gone is removed there,
+   * without being resumed. */
+  if (!s && session_record_drop(id, owner)) {
+    log_info("session %s (hibernated, on the store) closed", id);
+    return 0;
+  }
   if (known && on_end)
     on_end(id, owner, "was closed");
   /* Found again: it may have gone meanwhile. */

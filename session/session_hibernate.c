@@ -10,12 +10,27 @@
  * hibernated sessions take together: past it, that owner's oldest are closed
  * first.
  *
- * Hibernated sessions live in the table, as long as their server: at
- * shutdown they are closed like the others. */
+ * At most 8 x IGN_MCP_MAX_SESSIONS are hibernated in one server, all owners
+ * together: past it the server's oldest goes, whoever's.
+ *
+ * On the store: a hibernation's stage is kept as stages/.hib-<id>
+ * (stage_keep) and its record gets hibernated.json (session_record.c), so
+ * it outlives its server.  While the server lives, its lock on the record
+ * keeps the session its own; at shutdown (IGN_MCP_SHUTDOWN_ACTION=hibernate)
+ * it hibernates its live sessions within IGN_MCP_SHUTDOWN_SECS and leaves
+ * them all on the store.  A server that finds no session ID of its own
+ * claims the record (session_adopt: the record's lock, taken without
+ * waiting, makes it one server's), opens the kept stage (checked against
+ * this server's inputs: a kernel, QEMU, image or agent changed since is
+ * refused before anything starts), makes the egress policy again
+ * (egress_load) and takes the session into its table as hibernated; the
+ * call then resumes it as any other. */
 #include "session/session.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +38,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "egress/egress.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/stage.h"
 #include "session/session_int.h"
@@ -41,12 +57,12 @@ static struct recent recent[RECENT_MAX];
 static unsigned recent_next;
 
 /* Under the lock. */
-static void recent_add_locked(const struct session *s, const char *why) {
+static void recent_add_locked(const char *id, const char *owner, const char *why) {
   struct recent *r = &recent[recent_next++ % RECENT_MAX];
   free(r->owner);
   free(r->why);
-  memcpy(r->id, s->id, sizeof r->id);
-  r->owner = strdup(s->owner);
+  snprintf(r->id, sizeof r->id, "%s", id);
+  r->owner = strdup(owner);
   r->why = strdup(why);
   r->at = (int64_t)time(NULL);
 }
@@ -61,6 +77,9 @@ json_t *session_recently_closed_locked(const char *owner) {
   }
   return a;
 }
+
+/* The order of hibernations (under the lock): the oldest goes first. */
+static uint64_t hibernation_order;
 
 /* Hibernated sessions that are not being resumed. */
 static bool kept_locked(const struct session *s) { return s->hibernated && !s->resetting; }
@@ -87,7 +106,7 @@ static unsigned hibernated_max(void) { return 8 * cfg.max_sessions; }
 /* Closes hibernated session S (under the lock), noting WHY for list_sessions;
  * the stage it held goes when S is freed. */
 static void close_hibernated_locked(struct session *s, const char *why) {
-  recent_add_locked(s, why);
+  recent_add_locked(s->id, s->owner, why);
   struct handle *none = session_close_locked(s, why);
   (void)none; /* a hibernated session has no handle */
   log_info("session %s (hibernated) closed: %s", s->id, why);
@@ -152,12 +171,72 @@ static int already_locked(const char *id, const char *owner, json_t **ret) {
   return 0;
 }
 
+/* Keeps S's hibernation ST on the store (no lock held): the stage as
+ * .hib-<id> and the record's hibernated.json, so that another server can
+ * resume S once this one is gone.  Whether it is; if not, S is hibernated
+ * in this server only (logged). */
+static bool keep_on_store(struct session *s, struct stage *st, const char *carries,
+                          const char *isolation, int64_t at) {
+  if (s->record_fd < 0)
+    return false;
+  _cleanup_free_ char *err = NULL;
+  if (stage_keep(st, s->id, &err) < 0) {
+    log_warn("session %s is hibernated in this server only: %s", s->id, err);
+    return false;
+  }
+  json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:o*}", "version", 1, "id",
+                        s->id, "owner", s->owner, "backend", session_ops->name, "isolation",
+                        isolation, "carries", carries, "bytes", (json_int_t)st->bytes,
+                        "hibernated_at", (json_int_t)at, "egress",
+                        s->egress ? egress_save(s->egress) : NULL);
+  int r = j ? session_record_hibernated(s, j) : -ENOMEM;
+  if (r < 0) {
+    log_warn("session %s is hibernated in this server only: its record on the store cannot be "
+             "written (%s)",
+             s->id, strerror(-r));
+    stage_unkeep(st);
+    return false;
+  }
+  return true;
+}
+
+/* Closes OWNER's oldest hibernations on the store that no server holds
+ * until, with this server's and one more of BYTES, they fit
+ * IGN_MCP_HIBERNATE_MAX_MB (no lock held). */
+static void trim_store(const char *owner, uint64_t bytes) {
+  const uint64_t max = (uint64_t)cfg.hibernate_max_mb << 20;
+  pthread_mutex_lock(&session_lock);
+  uint64_t used = session_hibernated_bytes_locked(owner) + bytes;
+  session_table_unlock();
+  json_t *kept = session_records_kept(owner);
+  uint64_t on_store = 0;
+  size_t i;
+  json_t *k;
+  json_array_foreach(kept, i, k) on_store += (uint64_t)json_integer_value(json_object_get(k, "bytes"));
+  json_array_foreach(kept, i, k) {
+    if (used + on_store <= max)
+      break;
+    const char *id = json_string_value(json_object_get(k, "session_id"));
+    if (!session_record_drop(id, owner))
+      continue;
+    on_store -= (uint64_t)json_integer_value(json_object_get(k, "bytes"));
+    _cleanup_free_ char *why = xasprintf("closed to make room for a newer hibernation "
+                                         "(IGN_MCP_HIBERNATE_MAX_MB=%u)",
+                                         cfg.hibernate_max_mb);
+    pthread_mutex_lock(&session_lock);
+    recent_add_locked(id, owner, why);
+    session_table_unlock();
+    log_info("session %s (hibernated, on the store) closed: %s", id, why);
+  }
+  json_decref(kept);
+}
+
 /* Hibernates session ID of OWNER.  IDLE_SINCE (the reaper's): the session
  * is taken only if no call runs in it nor has used it since that moment,
  * and if it cannot be saved it is closed instead, unless a call came
  * meanwhile (-EBUSY: left as it is). */
-static int hibernate(const char *id, const char *owner, const uint64_t *idle_since, json_t **ret,
-                     char **ret_err) {
+static int hibernate(const char *id, const char *owner, const uint64_t *idle_since,
+                     uint32_t wait_ms, json_t **ret, char **ret_err) {
   if (!session_stages_supported(ret_err))
     return -EOPNOTSUPP;
   if (cfg.hibernate_max_mb == 0) {
@@ -167,8 +246,8 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
   }
   uint64_t t0 = mono_us();
   struct lease l;
-  int r = session_quiet_take(id, owner, "hibernate", idle_since ? 0 : SESSION_QUIET_WAIT_MS,
-                             false, &l, ret_err);
+  int r = session_quiet_take(id, owner, "hibernate", idle_since ? 0 : wait_ms, false, &l,
+                             ret_err);
   if (r == -EALREADY) {
     /* Hibernated already (by another call, or meanwhile): said so. */
     pthread_mutex_lock(&session_lock);
@@ -196,6 +275,12 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
    * nothing they do afterwards is lost, or done twice after the resume. */
   struct sandbox_snapshot snap = {.final = true};
   r = session_snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
+  int64_t at = (int64_t)time(NULL);
+  bool on_store = false;
+  if (r == 0) {
+    on_store = keep_on_store(s, st, snap.carries, l.h->sb->isolation, at);
+    trim_store(owner, st->bytes);
+  }
   pthread_mutex_lock(&session_lock);
   const char *full = NULL;
   if (r == 0 && s->removed) {
@@ -221,9 +306,8 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
     handle_retire(h, "hibernated");
     handle_unref_locked(h, &dead);
     s->hibernated = steal_ptr(st);
-    s->hibernated_at = (int64_t)time(NULL);
-    static uint64_t order;
-    s->hibernated_seq = ++order; /* under the lock */
+    s->hibernated_at = at;
+    s->hibernated_seq = ++hibernation_order;
     s->carries = snap.carries;
     session_count--; /* a hibernated session holds no sandbox */
     *ret = json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:I}", "session_id", id, "state",
@@ -243,9 +327,12 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
   session_table_unlock();
   handle_free(dead);
   if (r < 0 && st) {
-    /* Saved, then refused: it runs on, unless it is gone. */
+    /* Saved, then refused: it runs on, unless it is gone; the save goes. */
+    if (on_store)
+      session_record_resumed(s);
     if (!gone)
       session_snapshot_unpause(&l, &snap);
+    stage_discard(st);
     stage_unref(st);
   }
   session_quiet_end(&l);
@@ -256,13 +343,18 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
 }
 
 int session_hibernate(const char *id, const char *owner, json_t **ret, char **ret_err) {
-  return hibernate(id, owner, NULL, ret, ret_err);
+  return hibernate(id, owner, NULL, SESSION_QUIET_WAIT_MS, ret, ret_err);
+}
+
+static int hibernate_within(const char *id, const char *owner, uint32_t wait_ms, json_t **ret,
+                            char **ret_err) {
+  return hibernate(id, owner, NULL, wait_ms, ret, ret_err);
 }
 
 int session_hibernate_idle(const char *id, const char *owner, uint64_t idle_since,
                            char **ret_err) {
   json_t *info = NULL;
-  int r = hibernate(id, owner, &idle_since, &info, ret_err);
+  int r = hibernate(id, owner, &idle_since, 0, &info, ret_err);
   json_decref(info);
   return r;
 }
@@ -285,6 +377,15 @@ int session_resume_locked(struct session *s, char **ret_err) {
   uint64_t t0 = mono_us(), ms;
   struct handle *h = NULL;
   int r = session_make_handle_kept_locked(s->id, st, s->egress, &h, &ms, ret_err);
+  if (r == 0 && st->kept && !s->removed && !session_shutting_down) {
+    /* Resumed: not on the store any more (the record's hibernated.json
+     * and the stage's kept name go; the lock dropped, other calls still
+     * wait). */
+    pthread_mutex_unlock(&session_lock);
+    session_record_resumed(s);
+    stage_unkeep(st);
+    pthread_mutex_lock(&session_lock);
+  }
   s->resetting = false;
   pthread_cond_broadcast(&session_cond);
   if (r == 0 && (s->removed || session_shutting_down)) {
@@ -332,4 +433,128 @@ bool session_expire_hibernated_locked(void) {
       return true;
     }
   return false;
+}
+
+/* One claim at a time in this server: a call that waited finds the session
+ * the other took into the table. */
+static pthread_mutex_t adopt_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* "memory" or "files": the static strings s->carries points to. */
+static const char *carries_static(const char *c) {
+  return c && strcmp(c, "memory") == 0 ? "memory" : "files";
+}
+
+int session_adopt(const char *id, const char *owner, char **ret_err) {
+  _cleanup_free_ char *why_not = NULL, *inputs = NULL, *text = NULL, *err = NULL, *what = NULL;
+  if (!session_stages_supported(&why_not))
+    return 0;
+  pthread_mutex_lock(&adopt_lock);
+  pthread_mutex_lock(&session_lock);
+  bool have = session_find_locked(id, owner) != NULL, stopping = session_shutting_down;
+  session_table_unlock();
+  int fd = -1, r = have ? 1 : 0;
+  json_t *hib = NULL;
+  struct stage *st = NULL;
+  struct egress *e = NULL;
+  if (have || stopping || (r = session_record_claim(id, owner, &fd, &hib, ret_err)) <= 0)
+    goto out;
+  what = xasprintf("session '%s'", id);
+  r = session_ops->inputs_id(&inputs, &text, &err);
+  if (r < 0) {
+    *ret_err = xasprintf("session '%s' is hibernated, but cannot be resumed yet: %s", id,
+                         err ? err : strerror(-r));
+    goto out;
+  }
+  r = stage_open_kept(id, what, owner, session_ops->name, inputs, &st, ret_err);
+  if (r < 0)
+    goto out;
+  const json_t *saved = json_object_get(hib, "egress");
+  if (saved && (r = egress_load(saved, &e, &err)) < 0) {
+    *ret_err = xasprintf("session '%s' cannot be resumed: %s", id, err);
+    goto out;
+  }
+  if (e)
+    egress_set_session(e, id, owner);
+  struct session *s = calloc(1, sizeof *s);
+  if (!s || !(s->owner = strdup(owner))) {
+    free(s);
+    *ret_err = strdup("out of memory");
+    r = -ENOMEM;
+    goto out;
+  }
+  snprintf(s->id, sizeof s->id, "%s", id);
+  s->refs = 1;
+  s->record_fd = steal_fd(fd);
+  s->egress = steal_ptr(e);
+  s->hibernated = steal_ptr(st);
+  s->hibernated_at = (int64_t)json_integer_value(json_object_get(hib, "hibernated_at"));
+  const char *iso = json_string_value(json_object_get(hib, "isolation"));
+  s->isolation_saved = iso ? strndup(iso, 64) : NULL;
+  s->isolation = s->isolation_saved;
+  s->carries = carries_static(json_string_value(json_object_get(hib, "carries")));
+  pthread_mutex_lock(&session_lock);
+  s->hibernated_seq = ++hibernation_order;
+  session_insert_locked(s);
+  session_table_unlock();
+  log_info("session %s (hibernated on the store) taken by this server", id);
+  r = 1;
+out:
+  pthread_mutex_unlock(&adopt_lock);
+  if (fd >= 0)
+    close(fd); /* not taken: the record is free again, for a server that can */
+  if (st)
+    stage_unref(st); /* kept: it stays */
+  if (e)
+    egress_free(e);
+  json_decref(hib);
+  return r;
+}
+
+/* ---- at shutdown ---- */
+
+bool session_hibernate_all(void) {
+  if (!cfg.shutdown_hibernate || !cfg.hibernate_max_mb || !session_ops || !session_ops->snapshot)
+    return false;
+  uint64_t deadline = mono_ms() + (uint64_t)cfg.shutdown_secs * 1000;
+  struct {
+    char id[SESSION_ID_MAX];
+    char *owner;
+  } todo[1024];
+  size_t n = 0;
+  pthread_mutex_lock(&session_lock);
+  /* The idle ones first: a busy one may take the time left waiting for
+   * its calls. */
+  for (int busy = 0; busy < 2; busy++)
+    for (struct session *s = session_table; s && n < ARRAY_SIZE(todo); s = s->next)
+      if (s->h && !s->hibernated && !s->ephemeral && s->record_fd >= 0 && (s->busy > 0) == busy) {
+        memcpy(todo[n].id, s->id, sizeof todo[n].id);
+        todo[n++].owner = strdup(s->owner);
+      }
+  session_table_unlock();
+  if (n)
+    log_info("hibernating %zu session(s) before exiting (IGN_MCP_SHUTDOWN_SECS=%u)", n,
+             cfg.shutdown_secs);
+  unsigned saved = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t now = mono_ms();
+    _cleanup_free_ char *err = NULL;
+    json_t *info = NULL;
+    int r = -ETIMEDOUT;
+    if (todo[i].owner && now < deadline) {
+      uint64_t left = deadline - now;
+      r = hibernate_within(todo[i].id, todo[i].owner,
+                           (uint32_t)(left < SESSION_QUIET_WAIT_MS ? left : SESSION_QUIET_WAIT_MS),
+                           &info, &err);
+    }
+    json_decref(info);
+    if (r == 0)
+      saved++;
+    else
+      log_warn("session %s is closed, not hibernated, as the server exits: %s", todo[i].id,
+               r == -ETIMEDOUT ? "no time was left (IGN_MCP_SHUTDOWN_SECS)" : err ? err : "?");
+    free(todo[i].owner);
+  }
+  if (n)
+    log_info("%u of %zu session(s) hibernated before exiting", saved, n);
+  return true;
 }

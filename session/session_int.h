@@ -57,8 +57,13 @@ struct session {
   int64_t hibernated_at;
   uint64_t hibernated_seq;  /* the order of hibernations (the oldest goes first) */
   const char *carries;
-  const char *isolation;    /* what it ran in (the backend's string, static) */
+  const char *isolation;    /* what it ran in (the backend's string, static; or
+                             * isolation_saved, read from the store) */
+  char *isolation_saved;
   uint64_t resumed_ms;
+  /* Hibernated, and kept on the store when this server ends (its record and
+   * its kept stage stay for another server to resume): set at shutdown. */
+  bool outlives;
 };
 
 /* ---- the table (session_table.c) ---- */
@@ -115,6 +120,27 @@ void session_record_remove(struct session *s);
 /* What the store knows of ID for OWNER, as the sentence for a call
  * (malloc'd), or NULL when nothing. */
 char *session_record_whereabouts(const char *id, const char *owner);
+
+/* S is hibernated: J (taken) becomes its record's hibernated.json, which
+ * lets another server resume it once this one is gone.  0, or -errno
+ * (-ENOENT: S has no record). */
+int session_record_hibernated(struct session *s, json_t *j);
+/* S was resumed (or reset, or its hibernation undone): the record's
+ * hibernated.json goes. */
+void session_record_resumed(struct session *s);
+/* Claims OWNER's record of ID when it is hibernated and held by no server:
+ * 1 with *ret_fd (its live file, locked: the record's new lock) and
+ * *ret_hib (hibernated.json; a reference), meta.json naming this server;
+ * 0 when there is nothing to claim (no such record, another owner's, held
+ * by a server, lost); -errno with *ret_err when it cannot be read. */
+int session_record_claim(const char *id, const char *owner, int *ret_fd, json_t **ret_hib,
+                         char **ret_err);
+/* OWNER's hibernated sessions on the store that no server holds, oldest
+ * first: [{session_id, state, bytes, hibernated_at, carries}]. */
+json_t *session_records_kept(const char *owner);
+/* Removes OWNER's hibernated session ID from the store (its record and its
+ * kept stage) if no server holds it: whether it did. */
+bool session_record_drop(const char *id, const char *owner);
 
 /* ---- the backend (session_backend.c) ---- */
 
@@ -186,6 +212,18 @@ bool session_expire_hibernated_locked(void);
  * to make room or after being kept (for list_sessions). */
 uint64_t session_hibernated_bytes_locked(const char *owner);
 json_t *session_recently_closed_locked(const char *owner);
+/* For an id the table does not have (no lock held): OWNER's session ID
+ * hibernated on the store by a server that is gone is taken into the table,
+ * hibernated (the call then resumes it as any other): 1; 0 when there is
+ * none to take; -errno and *ret_err when there is one this server cannot
+ * resume (its inputs changed, its saved state is damaged: it stays on the
+ * store for a server that can). */
+int session_adopt(const char *id, const char *owner, char **ret_err);
+/* At shutdown, before the table is closed: hibernates every live session
+ * (IGN_MCP_SHUTDOWN_ACTION=hibernate) within IGN_MCP_SHUTDOWN_SECS, each one
+ * that cannot be named in the log.  Whether the hibernated sessions are to
+ * outlive the server (false: hibernation at shutdown is off). */
+bool session_hibernate_all(void);
 
 /* ---- leases (session_lease.c) ---- */
 

@@ -71,6 +71,20 @@ static struct session *find_serving_locked(const char *id, const char *owner, bo
   return s;
 }
 
+/* find_serving_locked, and for an id the table does not have, OWNER's
+ * session hibernated on the store by a server that is gone, taken into the
+ * table first (session_adopt; the lock is dropped meanwhile). */
+static struct session *find_or_adopt_locked(const char *id, const char *owner, bool resume,
+                                            bool *ret_hibernated, char **ret_err) {
+  struct session *s = find_serving_locked(id, owner, resume, ret_hibernated, ret_err);
+  if (s || *ret_err || *ret_hibernated || session_find_locked(id, owner))
+    return s;
+  session_table_unlock();
+  int r = session_adopt(id, owner, ret_err);
+  pthread_mutex_lock(&session_lock);
+  return r > 0 ? find_serving_locked(id, owner, resume, ret_hibernated, ret_err) : NULL;
+}
+
 /* After find_serving_locked failed and the lock was dropped: the words for
  * an id the table did not have. */
 static void unknown_unless_said(const char *id, const char *owner, char **ret_err) {
@@ -81,7 +95,7 @@ static void unknown_unless_said(const char *id, const char *owner, char **ret_er
 int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&session_lock);
   bool hibernated = false;
-  struct session *s = find_serving_locked(id, owner, true, &hibernated, ret_err);
+  struct session *s = find_or_adopt_locked(id, owner, true, &hibernated, ret_err);
   if (!s) {
     session_table_unlock();
     unknown_unless_said(id, owner, ret_err);
@@ -158,7 +172,7 @@ int session_quiet_take(const char *id, const char *owner, const char *what, uint
                        bool resume, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&session_lock);
   bool hibernated = false;
-  struct session *s = find_serving_locked(id, owner, resume, &hibernated, ret_err);
+  struct session *s = find_or_adopt_locked(id, owner, resume, &hibernated, ret_err);
   if (!s) {
     session_table_unlock();
     if (hibernated)

@@ -12,10 +12,20 @@
  *                        from before the record is visible until it is gone
  *   <id>/lost_at         written by the first server that finds the lock
  *                        free: the session's server ended without closing it
+ *   <id>/hibernated.json present while the session is hibernated
+ *                        (session_hibernate.c): what a server needs to resume
+ *                        it, its saved state being the kept stage .hib-<id>
+ *                        in stages/.  With the lock free, any server of the
+ *                        same owner on the store may claim it: the lock,
+ *                        taken without waiting, makes the claim exclusive,
+ *                        and the file goes once the session is resumed
  * A closed session's record is removed (the id is then unknown again, as
  * before).  The kernel drops the flock however its server dies, so a record
  * whose lock can be taken is a session that was lost with its server: the
  * next server on the store says so, and removes the record a week later.
+ * A hibernated session's record is not lost: it is kept until
+ * IGN_MCP_HIBERNATE_KEEP_SECS after its hibernation, then removed with its
+ * stage by the next server that starts.
  *
  * Without the directory (a store that cannot hold it) ids are unique per
  * server only, as they were before records, and a warning says why. */
@@ -38,6 +48,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "sandbox/stage.h"
 #include "session/session_int.h"
 
 #define RECORD_META_MAX 4096
@@ -148,6 +159,29 @@ static time_t record_lost_at(int dir_fd) {
   return fstatat(dir_fd, "lost_at", &st, AT_SYMLINK_NOFOLLOW) == 0 ? st.st_mtime : now;
 }
 
+#define RECORD_HIB_MAX (256 * 1024) /* hibernated.json: its policy has 256 rules, 4096 names */
+
+/* The hibernated.json of the record in DIR_FD: 0 and *ret (a reference),
+ * -ENOENT when there is none, else -errno. */
+static int hib_read(int dir_fd, json_t **ret) {
+  _cleanup_close_ int fd = open_regular(dir_fd, "hibernated.json");
+  if (fd < 0)
+    return -errno;
+  json_error_t e;
+  json_t *j = json_loadfd(fd, JSON_REJECT_DUPLICATES, &e);
+  struct stat st;
+  if (!j || fstat(fd, &st) < 0 || st.st_size > RECORD_HIB_MAX || !json_is_object(j)) {
+    json_decref(j);
+    return -EBADMSG;
+  }
+  *ret = j;
+  return 0;
+}
+
+static int64_t hib_at(const json_t *j) {
+  return (int64_t)json_integer_value(json_object_get(j, "hibernated_at"));
+}
+
 /* ---- the directory and the counter ---- */
 
 /* Removes what dead servers left: half-made records, and lost ones past
@@ -158,7 +192,7 @@ static void records_sweep(void) {
     return;
   time_t now = time(NULL);
   struct dirent *e;
-  unsigned lost = 0, removed = 0;
+  unsigned lost = 0, removed = 0, kept = 0;
   while ((e = readdir(d))) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
         strcmp(e->d_name, ".seq") == 0)
@@ -173,8 +207,21 @@ static void records_sweep(void) {
       /* Old first: a young one's maker may be about to lock it. */
       gone = now - st.st_mtime > RECORD_NEW_STALE_S && record_held(fd) != 1;
     else if (record_held(fd) == 0) {
-      lost++;
-      gone = now - record_lost_at(fd) > RECORD_LOST_KEEP_S;
+      json_t *hib = NULL;
+      if (hib_read(fd, &hib) == 0) {
+        /* Hibernated by a server that ended: kept for another to resume. */
+        gone = now - hib_at(hib) >= (int64_t)cfg.hibernate_keep_secs;
+        json_decref(hib);
+        if (gone) {
+          stage_remove_kept(e->d_name);
+          log_info("session %s (hibernated) closed: kept %u s (IGN_MCP_HIBERNATE_KEEP_SECS)",
+                   e->d_name, cfg.hibernate_keep_secs);
+        } else
+          kept++;
+      } else {
+        lost++;
+        gone = now - record_lost_at(fd) > RECORD_LOST_KEEP_S;
+      }
     } else
       gone = false;
     if (gone) {
@@ -183,6 +230,9 @@ static void records_sweep(void) {
     }
   }
   closedir(d);
+  if (kept)
+    log_info("session records: %u hibernated session%s on the store, resumable by id", kept,
+             kept == 1 ? "" : "s");
   if (lost)
     log_info("session records: %u session%s lost with a server that ended without closing them "
              "(their ids answer so); %u record%s removed",
@@ -323,6 +373,12 @@ int session_record_add(struct session *s) {
 void session_record_remove(struct session *s) {
   if (s->record_fd < 0)
     return;
+  if (s->outlives) {
+    /* Hibernated, kept for another server: only this one's lock goes. */
+    close(s->record_fd);
+    s->record_fd = -1;
+    return;
+  }
   _cleanup_free_ char *p = record_path(s->id, NULL);
   /* The lock is held until the record is gone: no server reads it as lost. */
   fs_remove_tree(p);
@@ -351,6 +407,26 @@ char *session_record_whereabouts(const char *id, const char *owner) {
   _cleanup_free_ char *server =
       m.host[0] ? xasprintf("host '%s', pid %lld", m.host, m.pid) : xasprintf("pid %lld", m.pid);
   int held = record_held(fd);
+  json_t *hib = NULL;
+  if (held == 1 && hib_read(fd, &hib) == 0) {
+    /* Hibernated: kept by a live server, or being resumed by one that took
+     * it a moment ago (its meta.json names it once its resume starts):
+     * given a moment, the name is the taker's. */
+    json_decref(steal_ptr(hib));
+    for (int i = 0; i < 20 && record_held(fd) == 1 && hib_read(fd, &hib) == 0; i++) {
+      json_decref(steal_ptr(hib));
+      usleep(50 * 1000);
+    }
+    struct record_meta now = {0};
+    if (meta_read(fd, &now) == 0) {
+      snprintf(m.host, sizeof m.host, "%s", now.host);
+      m.pid = now.pid;
+    }
+    free(now.owner);
+    free(server);
+    server = m.host[0] ? xasprintf("host '%s', pid %lld", m.host, m.pid)
+                       : xasprintf("pid %lld", m.pid);
+  }
   if (held == 1)
     return xasprintf("session '%s' is held by another server on this store (%s), not by this "
                      "one: send calls for it to that server (its client), or call open_session "
@@ -358,9 +434,173 @@ char *session_record_whereabouts(const char *id, const char *owner) {
                      id, server);
   if (held < 0)
     return NULL;
+  if (hib_read(fd, &hib) == 0) {
+    /* Hibernated, and being claimed by a server this instant. */
+    json_decref(hib);
+    return xasprintf("session '%s' is hibernated on this store and is being resumed by a server "
+                     "right now: call again",
+                     id);
+  }
   record_lost_at(fd);
   return xasprintf("session '%s' was lost: its server (%s), where it was opened at %s, ended "
                    "without closing it (it was killed, or crashed), and its sandbox ended with "
                    "it. Call open_session for a new session; what was in the old one is gone.",
                    id, server, opened);
+}
+
+/* ---- hibernated sessions ---- */
+
+int session_record_hibernated(struct session *s, json_t *j) {
+  if (s->record_fd < 0) {
+    json_decref(j);
+    return -ENOENT;
+  }
+  _cleanup_free_ char *tmp = record_path(s->id, ".hibernated.new"),
+                      *final = record_path(s->id, "hibernated.json");
+  unlink(tmp);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int r = fd < 0 ? -errno : json_dumpfd(j, fd, JSON_COMPACT) < 0 ? -EIO : 0;
+  if (fd >= 0 && r == 0 && fsync(fd) < 0)
+    r = -errno;
+  if (fd >= 0)
+    close(fd);
+  if (r == 0 && rename(tmp, final) < 0)
+    r = -errno;
+  if (r < 0)
+    unlink(tmp);
+  json_decref(j);
+  return r;
+}
+
+void session_record_resumed(struct session *s) {
+  if (s->record_fd < 0)
+    return;
+  _cleanup_free_ char *p = record_path(s->id, "hibernated.json");
+  if (unlink(p) < 0 && errno != ENOENT)
+    log_warn("cannot remove %s/%s/hibernated.json (%s): another server could resume session "
+             "%s a second time",
+             records_shown, s->id, strerror(errno), s->id);
+}
+
+/* Makes meta.json in DIR_FD say this server holds the record now. */
+static void meta_take(int dir_fd, const char *id, const char *owner, long long opened_at) {
+  json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "id", id, "owner", owner, "pid",
+                        (json_int_t)getpid(), "host", cfg.host_id, "server", server_token,
+                        "opened_at", (json_int_t)opened_at);
+  _cleanup_close_ int fd =
+      openat(dir_fd, ".meta.new", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (j && fd >= 0 && json_dumpfd(j, fd, JSON_COMPACT) == 0)
+    renameat(dir_fd, ".meta.new", dir_fd, "meta.json");
+  json_decref(j);
+}
+
+int session_record_claim(const char *id, const char *owner, int *ret_fd, json_t **ret_hib,
+                         char **ret_err) {
+  if (!records_dir || !record_id_ok(id))
+    return 0;
+  _cleanup_free_ char *p = record_path(id, NULL);
+  _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct record_meta m = {0};
+  bool theirs = dfd >= 0 && meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  free(m.owner);
+  if (!theirs)
+    return 0;
+  int fd = openat(dfd, "live", O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    if (fd >= 0)
+      close(fd);
+    return 0; /* held: whereabouts says by whom */
+  }
+  json_t *hib = NULL;
+  int r = hib_read(dfd, &hib);
+  if (r == -ENOENT) {
+    close(fd);
+    return 0; /* lost: whereabouts says so */
+  }
+  if (r < 0) {
+    close(fd);
+    *ret_err = xasprintf("session '%s' is hibernated, but its record on the store (%s/%s/"
+                         "hibernated.json) cannot be read (%s): it cannot be resumed; close it",
+                         id, records_shown, id, strerror(-r));
+    return r;
+  }
+  meta_take(dfd, id, owner, m.opened_at);
+  *ret_fd = fd;
+  *ret_hib = hib;
+  return 1;
+}
+
+/* Whether record NAME is OWNER's, hibernated and held by no server: its
+ * hibernated.json then. */
+static json_t *free_hibernated(const char *name, const char *owner) {
+  if (!record_id_ok(name))
+    return NULL;
+  _cleanup_free_ char *p = record_path(name, NULL);
+  _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct record_meta m = {0};
+  bool theirs = dfd >= 0 && meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  free(m.owner);
+  json_t *hib = NULL;
+  if (!theirs || record_held(dfd) != 0 || hib_read(dfd, &hib) < 0)
+    return NULL;
+  return hib;
+}
+
+static int by_hibernated_at(const void *a, const void *b) {
+  int64_t x = hib_at(*(json_t *const *)a), y = hib_at(*(json_t *const *)b);
+  return x < y ? -1 : x > y;
+}
+
+json_t *session_records_kept(const char *owner) {
+  json_t *arr = json_array();
+  DIR *d = records_dir ? opendir(records_dir) : NULL;
+  size_t n = 0, cap = 0;
+  json_t **items = NULL;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (e->d_name[0] == '.')
+      continue;
+    json_t *hib = free_hibernated(e->d_name, owner);
+    if (!hib)
+      continue;
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:O?, s:O?}", "session_id", e->d_name, "state",
+                          "hibernated", "bytes", json_integer_value(json_object_get(hib, "bytes")),
+                          "hibernated_at", (json_int_t)hib_at(hib), "carries",
+                          json_object_get(hib, "carries"), "isolation",
+                          json_object_get(hib, "isolation"));
+    json_decref(hib);
+    if (!o)
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      json_t **ni = realloc(items, cap * sizeof *ni);
+      if (!ni)
+        abort();
+      items = ni;
+    }
+    items[n++] = o;
+  }
+  if (d)
+    closedir(d);
+  if (n)
+    qsort(items, n, sizeof *items, by_hibernated_at);
+  for (size_t i = 0; i < n; i++)
+    json_array_append_new(arr, items[i]);
+  free(items);
+  return arr;
+}
+
+bool session_record_drop(const char *id, const char *owner) {
+  int fd = -1;
+  json_t *hib = NULL;
+  _cleanup_free_ char *err = NULL;
+  if (session_record_claim(id, owner, &fd, &hib, &err) != 1)
+    return false;
+  json_decref(hib);
+  stage_remove_kept(id);
+  _cleanup_free_ char *p = record_path(id, NULL);
+  fs_remove_tree(p);
+  close(fd);
+  return true;
 }

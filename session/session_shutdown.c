@@ -1,7 +1,10 @@
-/* session_shutdown.c: closing every session when the server exits.  The
- * table is closed at once (each sandbox killed, its calls failing), the
- * sandboxes still being started are killed, and shutdown waits, for a
- * bounded time, until their makers have destroyed them. */
+/* session_shutdown.c: ending every session when the server exits.  Live
+ * sessions are hibernated first, within a bound (IGN_MCP_SHUTDOWN_ACTION,
+ * session_hibernate_all), and every hibernated one is left on the store for
+ * the next server; then the table is closed at once (each sandbox killed,
+ * its calls failing), the sandboxes still being started are killed, and
+ * shutdown waits, for a bounded time, until their makers have destroyed
+ * them. */
 #include "session/session.h"
 
 #include <pthread.h>
@@ -11,6 +14,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "sandbox/sandbox.h"
+#include "sandbox/stage.h"
 #include "sandbox/vm.h"
 #include "session/session_int.h"
 
@@ -19,8 +23,19 @@
 void sessions_shutdown(void) {
   struct handle *dead[1024];
   size_t n_dead = 0;
+  bool keep = session_hibernate_all();
   pthread_mutex_lock(&session_lock);
   session_shutting_down = true;
+  unsigned kept = 0;
+  for (struct session *s = session_table; keep && s; s = s->next)
+    if (s->hibernated && !s->resetting && s->hibernated->kept && s->record_fd >= 0) {
+      s->outlives = true;
+      kept++;
+    }
+  if (kept)
+    log_info("%u hibernated session(s) stay on the store: a server started on it resumes each "
+             "at its first call",
+             kept);
   while (session_table) {
     struct handle *d = session_close_locked(session_table, "closed (the server is shutting down)");
     if (d && n_dead < ARRAY_SIZE(dead))

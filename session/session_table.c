@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include "common/config.h"
 #include "common/util.h"
@@ -67,9 +68,12 @@ void session_free(struct session *s) {
   if (!s)
     return;
   session_record_remove(s);
+  if (s->hibernated && !s->outlives)
+    stage_discard(s->hibernated);
   stage_unref(s->hibernated);
   if (s->egress)
     egress_free(s->egress);
+  free(s->isolation_saved);
   free(s->owner);
   free(s);
 }
@@ -196,6 +200,8 @@ struct handle *session_close_locked(struct session *s, const char *why) {
 
 json_t *session_list(const char *owner) {
   json_t *arr = json_array();
+  /* Hibernated by servers that are gone: any call resumes them here. */
+  json_t *stored = session_records_kept(owner);
   uint64_t now = mono_ms();
   pthread_mutex_lock(&session_lock);
   for (struct session *s = session_table; s; s = s->next) {
@@ -224,6 +230,19 @@ json_t *session_list(const char *owner) {
   json_t *closed = session_recently_closed_locked(owner);
   uint64_t hib = session_hibernated_bytes_locked(owner);
   session_table_unlock();
+  size_t i;
+  json_t *k;
+  int64_t wall = (int64_t)time(NULL);
+  json_array_foreach(stored, i, k) {
+    hib += (uint64_t)json_integer_value(json_object_get(k, "bytes"));
+    int64_t at = (int64_t)json_integer_value(json_object_get(k, "hibernated_at"));
+    json_object_update_missing_new(
+        k, json_pack("{s:s, s:I, s:I, s:b, s:b, s:n, s:b}", "isolation", "(hibernated)", "age_s",
+                     (json_int_t)0, "idle_s", (json_int_t)(wall > at ? wall - at : 0), "busy", 0,
+                     "alive", 0, "stage", "on_store", 1));
+    json_array_append(arr, k);
+  }
+  json_decref(stored);
   return json_pack("{s:o, s:i, s:i, s:I, s:i, s:o}", "sessions", arr, "max_sessions",
                    (int)cfg.max_sessions, "idle_secs", (int)cfg.idle_secs, "hibernated_bytes",
                    (json_int_t)hib, "hibernate_max_mb", (int)cfg.hibernate_max_mb,

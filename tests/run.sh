@@ -106,6 +106,9 @@ export IGN_TEST_AGENT=${IGN_TEST_AGENT:-$build/ign-agent}
 export IGN_TEST_ROOTFS_SMALL=${IGN_TEST_ROOTFS_SMALL:-$build/rootfs/small}
 export IGN_TEST_ROOTFS_TOOLS=${IGN_TEST_ROOTFS_TOOLS:-$build/rootfs/tools}
 export BUILD
+# A test's server that ends closes its sessions rather than leaving them
+# hibernated on the store the tests share (a test that wants that says so).
+export IGN_MCP_SHUTDOWN_ACTION=${IGN_MCP_SHUTDOWN_ACTION:-close}
 
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/ign-tests.XXXXXX")
 # The vm pass keeps its store in here, which the QEMUs (unprivileged uids

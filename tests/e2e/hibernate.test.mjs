@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, call, callErr, openSession, sh, sleep, waitUntil, uniqueSleepSecs, findProcs,
-  IS_VM, IS_NS, NS_ONLY, qemuChildren, serverEnv,
+  IS_VM, IS_NS, NS_ONLY, qemuChildren, serverEnv, hardKill, AGENT,
 } from './lib.mjs';
 
 const T = { timeout: 180_000 };
@@ -27,9 +27,34 @@ function storeDir() {
   return process.getuid() === 0 ? '/var/lib/ignition-mcp' : path.join(os.homedir(), '.cache/ignition-mcp');
 }
 
-/* The server's hibernations on its store: the anonymous stages it made. */
-function anonStages(s) {
-  return fs.readdirSync(path.join(storeDir(), 'stages')).filter((n) => n.startsWith(`.anon-${s.pid}-`));
+/* The server's saved states on its store: the anonymous stages it made
+ * (a resumed session's, a hibernation being made) and the kept stages of
+ * the hibernated sessions it holds (.hib-<id>, whose record names it). */
+function savedStates(s) {
+  return fs.readdirSync(path.join(storeDir(), 'stages')).filter((n) => {
+    if (n.startsWith(`.anon-${s.pid}-`)) return true;
+    return n.startsWith('.hib-') && recordOf(n.slice(5))?.meta?.pid === s.pid;
+  });
+}
+
+/* What the store keeps of session ID: {meta, hibernated} (each null when
+ * absent), or null without a record. */
+function recordOf(id) {
+  const dir = path.join(storeDir(), 'sessions', id);
+  if (!fs.existsSync(dir)) return null;
+  const read = (f) => {
+    try {
+      return JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'));
+    } catch {
+      return null;
+    }
+  };
+  return { meta: read('meta.json'), hibernated: read('hibernated.json') };
+}
+
+/* Whether session ID's kept stage is on the store. */
+function keptStage(id) {
+  return fs.existsSync(path.join(storeDir(), 'stages', `.hib-${id}`));
 }
 
 /* The server's QEMUs that run a guest: not the loader it keeps waiting for a
@@ -64,7 +89,7 @@ describe('hibernate and resume', () => {
     // Its sandbox is gone: the QEMU (vm), the processes (ns).
     if (IS_VM) assert.ok(await waitUntil(() => guestQemus(s).length === 0, { timeoutMs: 10000 }), 'the QEMU of a hibernated session still runs');
     else assert.ok(await waitUntil(() => findProcs(['sleep', String(secs)]).length === 0, { timeoutMs: 10000 }), 'a process of a hibernated session still runs');
-    assert.equal(anonStages(s).length, 1, 'no saved state on the store');
+    assert.equal(savedStates(s).length, 1, 'no saved state on the store');
     const l = await call(c, 'list_sessions', {});
     const e = l.sessions.find((x) => x.session_id === sid);
     assert.equal(e.state, 'hibernated', JSON.stringify(l));
@@ -100,7 +125,7 @@ describe('hibernate and resume', () => {
     const wf = await call(c, 'write_file', { session_id: sid, path: '/root/w', content_base64: 'eA==' });
     assert.ok(Number.isInteger(wf.resumed_ms), JSON.stringify(wf));
     // Only the one saved state at a time: the earlier ones went.
-    assert.ok(await waitUntil(() => anonStages(s).length <= 1, { timeoutMs: 10000 }), `saved states left: ${anonStages(s)}`);
+    assert.ok(await waitUntil(() => savedStates(s).length <= 1, { timeoutMs: 10000 }), `saved states left: ${savedStates(s)}`);
   });
 
   test('calls sent while a session hibernates wait, then resume it exactly once', T, async (t) => {
@@ -134,15 +159,15 @@ describe('hibernate and resume', () => {
     await sh(c, b, 'echo old > /root/mark');
     await call(c, 'hibernate', { session_id: a });
     await call(c, 'hibernate', { session_id: b });
-    assert.equal(anonStages(s).length, 2);
+    assert.equal(savedStates(s).length, 2);
     assert.deepEqual(await call(c, 'close', { session_id: a }), { ok: true, session_id: a });
     if (IS_VM) assert.equal(guestQemus(s).length, 0, 'close resumed the session');
-    assert.ok(await waitUntil(() => anonStages(s).length === 1, { timeoutMs: 10000 }), 'the closed session\'s saved state is still on the store');
+    assert.ok(await waitUntil(() => savedStates(s).length === 1, { timeoutMs: 10000 }), 'the closed session\'s saved state is still on the store');
     assert.match(await callErr(c, 'run', { session_id: a, command: 'true' }), /unknown session_id/);
     const r = await call(c, 'reset', { session_id: b });
     assert.equal(r.session_id, b);
     assert.equal(await sh(c, b, 'cat /root/mark 2>&1 || echo none'), 'cat: can\'t open \'/root/mark\': No such file or directory\nnone\n');
-    assert.ok(await waitUntil(() => anonStages(s).length === 0, { timeoutMs: 10000 }));
+    assert.ok(await waitUntil(() => savedStates(s).length === 0, { timeoutMs: 10000 }));
     const l = await call(c, 'list_sessions', {});
     assert.deepEqual(l.sessions.map((x) => [x.session_id, x.state]), [[b, 'running']]);
   });
@@ -192,7 +217,7 @@ describe('the idle reaper and the caps', () => {
     assert.ok(gone, JSON.stringify(l));
     assert.match(gone.why, /closed after 6 s hibernated \(IGN_MCP_HIBERNATE_KEEP_SECS\)/);
     assert.match(await callErr(c, 'run', { session_id: sid, command: 'true' }), /unknown session_id/);
-    assert.ok(await waitUntil(() => anonStages(s).length === 0, { timeoutMs: 10000 }));
+    assert.ok(await waitUntil(() => savedStates(s).length === 0, { timeoutMs: 10000 }));
   });
 
   test('an idle session that cannot be hibernated is closed, and the log says why', T, async (t) => {
@@ -203,10 +228,13 @@ describe('the idle reaper and the caps', () => {
     const sid = await openSession(c);
     await sh(c, sid, 'head -c 2000000 /dev/urandom > /root/blob');
     assert.ok(await waitUntil(async () => (await call(c, 'list_sessions', {})).sessions.length === 0, { timeoutMs: 60000, intervalMs: 500 }), 'the idle session that cannot be hibernated was never closed');
-    assert.match(s.stderrText(), new RegExp(`session ${sid} reaped after 2 s idle: it could not be hibernated: session '${sid}' takes \\d+ bytes hibernated, more than IGN_MCP_HIBERNATE_MAX_MB \\(1 MiB\\)`));
+    // The session leaves the table first; its sandbox and saved state go,
+    // and the line is logged, just after (on a busy host, seconds after).
+    const why = new RegExp(`session ${sid} reaped after 2 s idle: it could not be hibernated: session '${sid}' takes \\d+ bytes hibernated, more than IGN_MCP_HIBERNATE_MAX_MB \\(1 MiB\\)`);
+    assert.ok(await waitUntil(() => why.test(s.stderrText()), { timeoutMs: 30000 }), `the log does not say why: ${s.stderrText().slice(-2000)}`);
     assert.match(await callErr(c, 'run', { session_id: sid, command: 'true' }), /unknown session_id/);
-    assert.ok(await waitUntil(() => anonStages(s).length === 0, { timeoutMs: 10000 }), 'its refused saved state is still on the store');
-    if (IS_VM) assert.equal(guestQemus(s).length, 0);
+    assert.ok(await waitUntil(() => savedStates(s).length === 0, { timeoutMs: 10000 }), 'its refused saved state is still on the store');
+    if (IS_VM) assert.ok(await waitUntil(() => guestQemus(s).length === 0, { timeoutMs: 10000 }), 'its QEMU is still running');
   });
 
   test('at most 8 x IGN_MCP_MAX_SESSIONS hibernated sessions: past it the server\'s oldest is closed', { ...T, skip: NS_ONLY('nine hibernations are quick on ns') }, async (t) => {
@@ -230,7 +258,7 @@ describe('the idle reaper and the caps', () => {
     const sid = await openSession(s.client);
     assert.ok(await waitUntil(async () => (await call(s.client, 'list_sessions', {})).sessions.length === 0, { timeoutMs: 60000, intervalMs: 500 }));
     assert.match(await callErr(s.client, 'run', { session_id: sid, command: 'true' }), /unknown session_id/);
-    assert.equal(anonStages(s).length, 0);
+    assert.equal(savedStates(s).length, 0);
     await assert.rejects(startServer({ env: { IGN_MCP_IDLE_ACTION: 'sleep' } }), /IGN_MCP_IDLE_ACTION=sleep is invalid: use hibernate or close/);
   });
 
@@ -251,5 +279,215 @@ describe('the idle reaper and the caps', () => {
     assert.match(e, new RegExp(`^session '${big}' takes \\d+ bytes hibernated, more than IGN_MCP_HIBERNATE_MAX_MB \\(2 MiB\\) allows; it was not hibernated and goes on running`), e);
     assert.equal(await sh(c, big, 'wc -c < /root/blob'), '3000000\n');
     assert.equal((await call(c, 'run', { session_id: b, command: 'wc -c < /root/blob' })).stdout, '1200000\n');
+  });
+});
+
+/* Servers that keep their hibernated sessions on the store when they end. */
+const KEEP = { ...QUIET, IGN_MCP_SHUTDOWN_ACTION: 'hibernate' };
+const ALIVE = (secs) => `if for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < $f; echo; done 2>/dev/null | grep -q "^slee[p] ${secs} $"; then echo alive; else echo gone; fi`;
+
+/* Waits until process PID is gone (or a zombie). */
+async function gone(pid) {
+  return waitUntil(() => {
+    try {
+      return /^State:\s+Z/m.test(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+    } catch {
+      return true;
+    }
+  }, { timeoutMs: 15000 });
+}
+
+describe('across servers', () => {
+  test('a hibernated session outlives its server: the next server on the store lists it and resumes it by id, with its files (vm: and processes), its identity and its network policy', T, async (t) => {
+    const a = await startServer({ env: KEEP });
+    t.after(() => a.close());
+    const open = await call(a.client, 'open_session', { network: 'allow', allow_hosts: ['example.com', '*.example.org'] });
+    const sid = open.session_id;
+    const secs = uniqueSleepSecs();
+    await sh(a.client, sid, `echo kept > /root/mark; (sleep ${secs} > /dev/null 2>&1 &) ; echo started`);
+    const [host0, mid0] = (await sh(a.client, sid, IDENTITY)).trim().split('\n');
+    const h = await call(a.client, 'hibernate', { session_id: sid });
+    // On the store at once: the record says hibernated, the stage is kept.
+    const rec = recordOf(sid);
+    assert.equal(rec?.hibernated?.id, sid, JSON.stringify(rec));
+    assert.equal(rec.hibernated.bytes, h.bytes);
+    assert.equal(rec.hibernated.egress.mode, 'allow');
+    assert.deepEqual(rec.hibernated.egress.allow_hosts, ['example.com', '*.example.org']);
+    assert.ok(keptStage(sid));
+    await a.close();
+
+    const b = await startServer({ env: KEEP });
+    t.after(() => b.close());
+    const l = await call(b.client, 'list_sessions', {});
+    const e = l.sessions.find((x) => x.session_id === sid);
+    assert.deepEqual([e?.state, e?.on_store, e?.bytes, e?.hibernated_at, e?.carries], ['hibernated', true, h.bytes, h.hibernated_at, h.carries], JSON.stringify(l));
+    assert.equal(l.hibernated_bytes, h.bytes);
+    const r = await call(b.client, 'run', { session_id: sid, command: `cat /root/mark; ${ALIVE(secs)}` });
+    assert.ok(Number.isInteger(r.resumed_ms), JSON.stringify(r));
+    assert.equal(r.stdout, `kept\n${IS_VM ? 'alive' : 'gone'}\n`, 'vm: processes go on; ns: files only');
+    const [host1, mid1] = (await sh(b.client, sid, IDENTITY)).trim().split('\n');
+    assert.deepEqual([host1, mid1], [host0, mid0], 'the identity changed');
+    // Its policy came with it.
+    const log = await call(b.client, 'network_log', { session_id: sid });
+    assert.equal(log.mode, 'allow', JSON.stringify(log));
+    assert.deepEqual(log.allowed_rules, ['example.com', '*.example.org']);
+    // Resumed: no longer on the store as hibernated; this server holds it.
+    const rec2 = recordOf(sid);
+    assert.equal(rec2.hibernated, null);
+    assert.equal(rec2.meta.pid, b.pid);
+    assert.equal(keptStage(sid), false);
+    assert.equal((await call(b.client, 'list_sessions', {})).sessions.find((x) => x.session_id === sid).state, 'running');
+    await call(b.client, 'close', { session_id: sid });
+    assert.equal(recordOf(sid), null);
+    assert.ok(await waitUntil(() => savedStates(b).length === 0, { timeoutMs: 10000 }));
+  });
+
+  test('a server told to stop hibernates its live sessions within IGN_MCP_SHUTDOWN_SECS; one still busy is closed and named; the next server resumes the others', T, async (t) => {
+    const a = await startServer({ env: { ...KEEP, IGN_MCP_SHUTDOWN_SECS: 3 } });
+    t.after(() => a.close());
+    const [x, y, busy] = [await openSession(a.client), await openSession(a.client), await openSession(a.client)];
+    await sh(a.client, x, 'echo x > /root/mark');
+    await sh(a.client, y, 'echo y > /root/mark');
+    // A call that outlasts the bound holds `busy` while stdin closes (the
+    // server is left to exit by itself: the SDK's close would send SIGTERM
+    // after 2 s and SIGKILL 2 s later).
+    const held = a.client.callTool({ name: 'run', arguments: { session_id: busy, command: 'sleep 600' } }, undefined, { timeout: 120000 }).catch((err) => err);
+    await sleep(500);
+    a.transport._process.stdin.end();
+    assert.ok(await gone(a.pid), 'the server did not exit within the bound');
+    await held;
+    await a.close();
+    const err = a.stderrText();
+    assert.match(err, /hibernating 3 session\(s\) before exiting \(IGN_MCP_SHUTDOWN_SECS=3\)/);
+    assert.match(err, new RegExp(`session ${busy} is closed, not hibernated, as the server exits: (cannot hibernate session '${busy}': 1 call\\(s\\) still run in it|no time was left)`), err.slice(-3000));
+    assert.match(err, /2 of 3 session\(s\) hibernated before exiting/);
+    assert.match(err, /2 hibernated session\(s\) stay on the store/);
+    assert.equal(recordOf(busy), null);
+
+    const b = await startServer({ env: KEEP });
+    t.after(() => b.close());
+    assert.equal(await sh(b.client, x, 'cat /root/mark'), 'x\n');
+    assert.equal(await sh(b.client, y, 'cat /root/mark'), 'y\n');
+    assert.match(await callErr(b.client, 'run', { session_id: busy, command: 'true' }), /unknown session_id/);
+    // b ends: x and y are hibernated again, for the next.
+    b.transport._process.stdin.end();
+    assert.ok(await gone(b.pid));
+    await b.close();
+    assert.ok(recordOf(x)?.hibernated && recordOf(y)?.hibernated, JSON.stringify([recordOf(x), recordOf(y)]));
+    // IGN_MCP_SHUTDOWN_ACTION=close: they end with the server that has them.
+    const c = await startServer({ env: { ...QUIET, IGN_MCP_SHUTDOWN_ACTION: 'close' } });
+    t.after(() => c.close());
+    assert.equal(await sh(c.client, x, 'cat /root/mark'), 'x\n');
+    await c.close();
+    assert.equal(recordOf(x), null, 'closed with its server');
+    assert.equal(keptStage(x), false);
+    assert.ok(recordOf(y)?.hibernated, 'one that server never took stays');
+    // close removes one on the store without resuming it.
+    const d = await startServer({ env: QUIET });
+    t.after(() => d.close());
+    assert.deepEqual(await call(d.client, 'close', { session_id: y }), { ok: true, session_id: y });
+    assert.equal(recordOf(y), null);
+    assert.equal(keptStage(y), false);
+    await assert.rejects(startServer({ env: { IGN_MCP_SHUTDOWN_ACTION: 'nap' } }), /IGN_MCP_SHUTDOWN_ACTION=nap is invalid: use hibernate or close/);
+  });
+
+  test('a server killed with SIGKILL: what it had hibernated is resumed by the next; what ran is lost', T, async (t) => {
+    const a = await startServer({ env: QUIET });
+    t.after(() => a.close({ checkOrphans: false }));
+    const [hib, live] = [await openSession(a.client), await openSession(a.client)];
+    await sh(a.client, hib, 'echo saved > /root/mark');
+    await call(a.client, 'hibernate', { session_id: hib });
+    hardKill(a.pid);
+    assert.ok(await gone(a.pid));
+    const b = await startServer({ env: QUIET });
+    t.after(() => b.close());
+    let out;
+    // The kernel drops the killed server's locks once its last thread is gone.
+    assert.ok(await waitUntil(async () => {
+      const res = await b.client.callTool({ name: 'run', arguments: { session_id: hib, command: 'cat /root/mark' } }, undefined, { timeout: 120000 });
+      out = res.isError ? res.content?.[0]?.text : res.structuredContent.stdout;
+      return !res.isError || !/held by another server/.test(out);
+    }, { timeoutMs: 15000, intervalMs: 300 }));
+    assert.equal(out, 'saved\n');
+    assert.match(await callErr(b.client, 'run', { session_id: live, command: 'true' }), /was lost: its server/);
+  });
+
+  test('one hibernation is resumed by one server: of two racing for it, the other says where it went', T, async (t) => {
+    const a = await startServer({ env: QUIET });
+    t.after(() => a.close());
+    const sid = await openSession(a.client);
+    await sh(a.client, sid, 'echo once > /root/mark');
+    await call(a.client, 'hibernate', { session_id: sid });
+    hardKill(a.pid); // what it hibernated stays, whatever the shutdown action
+    assert.ok(await gone(a.pid));
+    const [b, c] = await Promise.all([startServer({ env: QUIET }), startServer({ env: QUIET })]);
+    t.after(() => b.close());
+    t.after(() => c.close());
+    await sleep(300);
+    const ask = (srv) => srv.client.callTool({ name: 'run', arguments: { session_id: sid, command: 'cat /root/mark' } }, undefined, { timeout: 120000 });
+    const res = await Promise.all([ask(b), ask(c)]);
+    const ok = res.filter((r) => !r.isError);
+    assert.equal(ok.length, 1, JSON.stringify(res));
+    assert.equal(ok[0].structuredContent.stdout, 'once\n');
+    const other = res.find((r) => r.isError).content[0].text;
+    const winner = res[0].isError ? c : b;
+    assert.match(other, new RegExp(`^session '${sid}' (is held by another server on this store \\(pid ${winner.pid}\\)|is hibernated on this store and is being resumed by a server right now)`), other);
+    if (IS_VM) assert.equal(guestQemus(res[0].isError ? b : c).length, 0, 'the loser started a sandbox');
+  });
+
+  test('a hibernation over other inputs (another agent) is refused before it starts and stays for a server that can; one kept past IGN_MCP_HIBERNATE_KEEP_SECS is removed', { ...T, skip: NS_ONLY('a vm base is rebuilt for new inputs; the refusal is the same code') }, async (t) => {
+    const a = await startServer({ env: QUIET });
+    t.after(() => a.close());
+    const sid = await openSession(a.client);
+    await sh(a.client, sid, 'echo inputs > /root/mark');
+    await call(a.client, 'hibernate', { session_id: sid });
+    hardKill(a.pid);
+    assert.ok(await gone(a.pid));
+    // Another agent: the same program with a byte more.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-agent-'));
+    t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+    const agent2 = path.join(dir, 'ign-agent');
+    fs.writeFileSync(agent2, Buffer.concat([fs.readFileSync(AGENT), Buffer.from([0])]), { mode: 0o755 });
+    fs.chmodSync(dir, 0o755);
+    const b = await startServer({ env: { ...QUIET, IGN_MCP_AGENT: agent2 } });
+    t.after(() => b.close());
+    let e;
+    assert.ok(await waitUntil(async () => !/held by another server/.test(e = await callErr(b.client, 'run', { session_id: sid, command: 'true' })), { timeoutMs: 15000, intervalMs: 300 }));
+    assert.match(e, new RegExp(`^session '${sid}' was hibernated over other inputs than this server's \\(the kernel, QEMU, image or agent changed; base \\S+ now\\): it cannot resume safely and was not started`), e);
+    assert.ok(recordOf(sid)?.hibernated && keptStage(sid), 'the refused hibernation left the store');
+    await b.close();
+    const c = await startServer({ env: QUIET });
+    t.after(() => c.close());
+    assert.equal(await sh(c.client, sid, 'cat /root/mark'), 'inputs\n');
+    await call(c.client, 'hibernate', { session_id: sid });
+    hardKill(c.pid);
+    assert.ok(await gone(c.pid));
+    await sleep(2100);
+    const d = await startServer({ env: { ...QUIET, IGN_MCP_HIBERNATE_KEEP_SECS: 1 } });
+    t.after(() => d.close());
+    assert.match(d.stderrText(), new RegExp(`session ${sid} \\(hibernated\\) closed: kept 1 s`));
+    assert.equal(recordOf(sid), null);
+    assert.equal(keptStage(sid), false);
+    assert.match(await callErr(d.client, 'run', { session_id: sid, command: 'true' }), /unknown session_id/);
+  });
+
+  test('IGN_MCP_HIBERNATE_MAX_MB counts the owner\'s hibernations on the store: the oldest there is closed to make room', { ...T, skip: NS_ONLY('vm hibernations are the guest RAM, tens of MiB each') }, async (t) => {
+    const a = await startServer({ env: { ...KEEP, IGN_MCP_HIBERNATE_MAX_MB: 2 } });
+    t.after(() => a.close());
+    const old = await openSession(a.client);
+    await sh(a.client, old, 'head -c 1200000 /dev/urandom > /root/blob');
+    await call(a.client, 'hibernate', { session_id: old });
+    await a.close();
+    const b = await startServer({ env: { ...KEEP, IGN_MCP_HIBERNATE_MAX_MB: 2 } });
+    t.after(() => b.close());
+    const nu = await openSession(b.client);
+    await sh(b.client, nu, 'head -c 1200000 /dev/urandom > /root/blob');
+    await call(b.client, 'hibernate', { session_id: nu });
+    const l = await call(b.client, 'list_sessions', {});
+    assert.deepEqual(l.sessions.filter((x) => x.state === 'hibernated').map((x) => x.session_id), [nu], JSON.stringify(l));
+    assert.match(l.recently_closed.find((x) => x.session_id === old)?.why ?? '', /closed to make room for a newer hibernation \(IGN_MCP_HIBERNATE_MAX_MB=2\)/, JSON.stringify(l));
+    assert.equal(recordOf(old), null);
+    assert.equal(keptStage(old), false);
+    await call(b.client, 'close', { session_id: nu });
   });
 });

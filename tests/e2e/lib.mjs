@@ -159,6 +159,9 @@ export function serverEnv({ env = {}, tools = false } = {}) {
   e.IGN_MCP_LOG_DIR = logDir();
   if (fs.existsSync(AGENT)) e.IGN_MCP_AGENT = AGENT;
   if (!e.ASAN_OPTIONS) e.ASAN_OPTIONS = 'abort_on_error=0:detect_leaks=1';
+  // A server that ends closes its sessions, unless a test asks for them to
+  // be hibernated and kept on the (shared) store.
+  e.IGN_MCP_SHUTDOWN_ACTION = 'close';
   for (const [k, v] of Object.entries(env)) {
     if (v === undefined || v === null) delete e[k];
     else e[k] = String(v);
