@@ -49,6 +49,7 @@ struct req {
   struct req *next;
   enum req_kind kind;
   struct link *lk;
+  const char *why; /* REQ_DETACH: what the streams' records say ended them */
   bool done;
 };
 
@@ -287,7 +288,7 @@ static void do_requests(struct req *r) {
       r->lk->next = B.links;
       B.links = r->lk;
     } else {
-      link_teardown(r->lk, false, "sandbox connection ended");
+      link_teardown(r->lk, false, r->why ? r->why : "sandbox connection ended");
       r->lk->dead = true;
       for (struct link **p = &B.links; *p; p = &(*p)->next)
         if (*p == r->lk) {
@@ -490,9 +491,9 @@ void egress_shutdown(void) {
 }
 
 /* Takes the handler away, lets the broker end LK's streams, frees LK. */
-static void detach_link(struct link *lk) {
+static void detach_link(struct link *lk, const char *why) {
   agent_conn_set_streams(lk->c, NULL);
-  struct req r = {.kind = REQ_DETACH, .lk = lk};
+  struct req r = {.kind = REQ_DETACH, .lk = lk, .why = why};
   if (!request(&r)) {
     /* Shutting down: the thread tears every link down as it ends; wait
      * for that, then only the list is left. */
@@ -525,7 +526,7 @@ void egress_attach(struct egress *e, struct agent_conn *c, egress_counters_fn co
   stats_wait_locked(e);
   e->att_gen++;
   if (e->link) {
-    detach_link(e->link);
+    detach_link(e->link, NULL);
     e->link = NULL;
   }
   struct link *lk = c ? calloc(1, sizeof *lk) : NULL;
@@ -556,11 +557,13 @@ void egress_attach(struct egress *e, struct agent_conn *c, egress_counters_fn co
   pthread_mutex_unlock(&e->att_lock);
 }
 
-void egress_detach(struct egress *e) {
+void egress_detach(struct egress *e) { egress_detach_why(e, NULL); }
+
+void egress_detach_why(struct egress *e, const char *why) {
   pthread_mutex_lock(&e->att_lock);
   stats_wait_locked(e);
   if (e->link)
-    detach_link(e->link);
+    detach_link(e->link, why);
   e->link = NULL;
   pthread_mutex_unlock(&e->att_lock);
 }

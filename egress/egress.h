@@ -99,6 +99,9 @@ void egress_attach(struct egress *e, struct agent_conn *c, egress_counters_fn co
 /* Ends the streams of the attached connection (each recorded) and takes the
  * handler away; a no-op when none is attached. */
 void egress_detach(struct egress *e);
+/* The same, with WHY (a static string) as what ended the streams in their
+ * records, instead of "sandbox connection ended". */
+void egress_detach_why(struct egress *e, const char *why);
 /* Detaches, flushes the log, frees. */
 void egress_free(struct egress *e);
 

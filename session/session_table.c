@@ -58,7 +58,11 @@ void handle_retire(struct handle *h, const char *why) {
     return;
   h->retired = why;
   if (h->egress)
-    egress_detach(h->egress);
+    egress_detach_why(h->egress, strcmp(why, "hibernated") == 0
+                                     ? "the session was hibernated (connections do not "
+                                       "survive a hibernation; the sandbox reconnects after "
+                                       "its resume)"
+                                     : NULL);
   agent_conn_shutdown(h->conn);
   /* The backend kills: it alone knows whether its process was reaped. */
   h->sb->ops->kill(h->sb);
@@ -174,12 +178,14 @@ char *session_id_elsewhere(const char *id) {
  * opened it or another owner did: that is not the caller's to know (the
  * store's record of it is read for its owner only). */
 char *session_unknown_id(const char *id, const char *owner) {
-  char *elsewhere = session_id_elsewhere(id);
-  if (elsewhere)
-    return elsewhere;
+  /* The store first: hosts that share it know where a session went (held
+   * by another server, lost with its server) better than the id's prefix. */
   char *known = session_record_whereabouts(id, owner);
   if (known)
     return known;
+  char *elsewhere = session_id_elsewhere(id);
+  if (elsewhere)
+    return elsewhere;
   return xasprintf("unknown session_id '%s': no open session has this id (it was never opened, "
                    "or it was closed, or reaped after %u s idle). Call open_session to get a new "
                    "one; list_sessions shows the open ones.",

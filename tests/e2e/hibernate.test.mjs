@@ -7,12 +7,13 @@
 
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, call, callErr, openSession, sh, sleep, waitUntil, uniqueSleepSecs, findProcs,
-  IS_VM, IS_NS, NS_ONLY, qemuChildren, serverEnv, hardKill, AGENT,
+  IS_VM, IS_NS, NS_ONLY, qemuChildren, serverEnv, hardKill, AGENT, run,
 } from './lib.mjs';
 
 const T = { timeout: 180_000 };
@@ -286,6 +287,12 @@ describe('the idle reaper and the caps', () => {
 const KEEP = { ...QUIET, IGN_MCP_SHUTDOWN_ACTION: 'hibernate' };
 const ALIVE = (secs) => `if for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < $f; echo; done 2>/dev/null | grep -q "^slee[p] ${secs} $"; then echo alive; else echo gone; fi`;
 
+/* Whether a sandbox can capture its traffic here (the agent's own probe). */
+function captures() {
+  const r = spawnSync(AGENT, ['--probe-egress'], { encoding: 'utf8', timeout: 20_000 });
+  return r.status === 0 && `${r.stdout ?? ''}`.split('\n')[0] === 'ok';
+}
+
 /* Waits until process PID is gone (or a zombie). */
 async function gone(pid) {
   return waitUntil(() => {
@@ -305,6 +312,9 @@ describe('across servers', () => {
     const sid = open.session_id;
     const secs = uniqueSleepSecs();
     await sh(a.client, sid, `echo kept > /root/mark; (sleep ${secs} > /dev/null 2>&1 &) ; echo started`);
+    // A refused connect goes into the flight record before the hibernation.
+    const capture = captures();
+    if (capture) await run(a.client, sid, 'echo x | nc -w 2 10.1.2.3 1 >/dev/null 2>&1; true');
     const [host0, mid0] = (await sh(a.client, sid, IDENTITY)).trim().split('\n');
     const h = await call(a.client, 'hibernate', { session_id: sid });
     // On the store at once: the record says hibernated, the stage is kept.
@@ -331,6 +341,16 @@ describe('across servers', () => {
     const log = await call(b.client, 'network_log', { session_id: sid });
     assert.equal(log.mode, 'allow', JSON.stringify(log));
     assert.deepEqual(log.allowed_rules, ['example.com', '*.example.org']);
+    // The flight record goes on in the same file, after what came before.
+    if (capture) {
+      await run(b.client, sid, 'echo x | nc -w 2 10.1.2.3 2 >/dev/null 2>&1; true');
+      const after = await call(b.client, 'network_log', { session_id: sid });
+      assert.equal(after.egress_log_path ?? open.egress.egress_log_path, open.egress.egress_log_path);
+      assert.ok(after.denied.some((d) => d.ip === '10.1.2.3' && d.port === 2), JSON.stringify(after.denied));
+      const lines = fs.readFileSync(open.egress.egress_log_path, 'utf8').trimEnd().split('\n').map((x) => JSON.parse(x));
+      const ports = lines.filter((x) => x.ip === '10.1.2.3').map((x) => x.port);
+      assert.deepEqual(ports, [1, 2], JSON.stringify(lines));
+    }
     // Resumed: no longer on the store as hibernated; this server holds it.
     const rec2 = recordOf(sid);
     assert.equal(rec2.hibernated, null);

@@ -869,6 +869,31 @@ describe('raw HTTP: status codes, headers, tokens', () => {
     assert.equal(theirs.replaceAll(sid, 'ID'), nobody.replaceAll('s4000000000-0000', 'ID'), 'bob learns that alice had a session');
   });
 
+  test("a session hibernated on the store is its token's only: to another, on the next server, it is not listed, its id is unknown and cannot be closed", T, async (t) => {
+    const first = await startHttp({ tokens: { alice, bob }, env: { ...NO_POOL, IGN_MCP_SHUTDOWN_ACTION: 'hibernate' } });
+    const sid = (await rawTool(first, alice, 'open_session')).session_id;
+    await rawTool(first, alice, 'run', { session_id: sid, command: 'echo alice > /root/mark' });
+    await rawTool(first, alice, 'hibernate', { session_id: sid });
+    hardKill(first.pid);
+    await waitUntil(() => first.exited(), { timeoutMs: 10000 });
+    const next = await startHttp({ tokens: { alice, bob }, env: NO_POOL });
+    t.after(() => next.close());
+    assert.deepEqual((await rawTool(next, bob, 'list_sessions')).sessions, []);
+    const nobody = await rawToolErr(next, bob, 'run', { session_id: 's4000000000-0000', command: 'true' });
+    const like = (txt, id) => txt.replaceAll(id, 'ID');
+    for (const tool of ['run', 'close', 'hibernate']) {
+      const args = tool === 'run' ? { session_id: sid, command: 'true' } : { session_id: sid };
+      let theirs;
+      // The killed server's lock goes with its last thread.
+      await waitUntil(async () => !/held by another/.test(theirs = await rawToolErr(next, bob, tool, args)), { timeoutMs: 10000, intervalMs: 200 });
+      const none = tool === 'run' ? nobody : await rawToolErr(next, bob, tool, { session_id: 's4000000000-0000' });
+      assert.equal(like(theirs, sid), like(none, 's4000000000-0000'), `${tool}: bob learns of alice's hibernated session`);
+    }
+    const l = await rawTool(next, alice, 'list_sessions');
+    assert.deepEqual(l.sessions.map((x) => [x.session_id, x.state]), [[sid, 'hibernated']]);
+    assert.equal((await rawTool(next, alice, 'run', { session_id: sid, command: 'cat /root/mark' })).stdout, 'alice\n');
+  });
+
   test("a legacy Mcp-Session-Id of one token is unknown (404) to another", T, async () => {
     const sid = await legacyInit(srv, alice);
     const r = await legacy(srv, sid, { jsonrpc: '2.0', id: nextId++, method: 'tools/list', params: {} }, { token: bob });

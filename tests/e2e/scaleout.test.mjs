@@ -30,10 +30,10 @@ import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/cli
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
-  SERVER, REPO, IS_NS, AS_ROOT, serverEnv, descendants, isAlive, procStart, waitUntil,
+  SERVER, REPO, IS_NS, IS_VM, AS_ROOT, serverEnv, descendants, isAlive, procStart, waitUntil,
   assertNoSanitizerReport, cgroupIgnDirs, textOf, sleep,
 } from './lib.mjs';
-import { haproxyConfig, errorFiles, errorFile, parseShowStat } from './helpers/haproxy.mjs';
+import { haproxyConfig, hostBackend, errorFiles, errorFile, parseShowStat } from './helpers/haproxy.mjs';
 
 const T = { timeout: 300_000 };
 const V = '2026-07-28';
@@ -49,6 +49,11 @@ function which(cmd) {
 }
 const IP = which('ip');
 const NSENTER = which('nsenter');
+
+/* What the drain needs of the machine (both backends). */
+const SKIP_DRAIN = !AS_ROOT
+  ? `root only (the suite runs as uid ${process.getuid()}): network namespaces and veth links need root`
+  : !fs.existsSync(HAPROXY) ? `${HAPROXY} is missing (apt-get install haproxy)` : !IP ? 'ip is missing' : !NSENTER ? 'nsenter is missing' : false;
 
 const SKIP = !IS_NS
   ? 'ns only: this test proves the routing of requests to hosts, which does not depend on the backend'
@@ -81,6 +86,7 @@ describe('docs/scale-out.md', () => {
   test('shows the haproxy.cfg and the error file this test runs, byte for byte', () => {
     const doc = fs.readFileSync(path.join(REPO, 'docs/scale-out.md'), 'utf8');
     assert.equal(docBlock(doc, '<!-- haproxy.cfg -->'), haproxyConfig({ listen: DOC_LISTEN, hosts: DOC_HOSTS }));
+    assert.equal(docBlock(doc, '<!-- haproxy.cfg, shared store: backend h1 -->'), hostBackend({ host: DOC_HOSTS[0], hosts: DOC_HOSTS, shared: true }));
     assert.equal(docBlock(doc, '<!-- errors/h2.503.http -->'), errorFile('h2', 503).replaceAll('\r\n', '\n'));
   });
 });
@@ -196,9 +202,13 @@ function removeStaleNetns() {
   }
 }
 
-/* Three hosts, each in its network namespace, and HAProxy in front. */
+/* Three hosts, each in its network namespace, and HAProxy in front.
+ * SHARED: the hosts share one store, and the proxy sends a host's sessions
+ * to another while it is down (hostBackend); ENV: more for every server. */
 class World {
-  constructor() {
+  constructor({ shared = false, env = {} } = {}) {
+    this.shared = shared;
+    this.env = env;
     this.tag = crypto.randomBytes(3).toString('hex').slice(0, 5);
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-scaleout-'));
     fs.chmodSync(this.dir, 0o755);
@@ -242,6 +252,7 @@ class World {
       ip(['link', 'set', 'lo', 'up'], { ns });
       const home = path.join(this.dir, name);
       fs.mkdirSync(path.join(home, 'store'), { recursive: true, mode: 0o755 });
+      if (this.shared) fs.mkdirSync(path.join(this.dir, 'store'), { recursive: true, mode: 0o755 });
       fs.chmodSync(home, 0o755);
       fs.chmodSync(path.join(home, 'store'), 0o755);
       this.hosts[name] = { name, ns, link, home, addr: `${this.net}.${4 * n + 2}`, server: null };
@@ -256,8 +267,10 @@ class World {
       env: {
         IGN_MCP_HOST_ID: name,
         IGN_MCP_HTTP_TOKENS: this.tokens,
-        IGN_MCP_STORE: path.join(h.home, 'store'),
-        IGN_MCP_LOG_DIR: path.join(h.home, 'logs'),
+        // Shared: one store for all (a vm pass's, with its warm bases).
+        IGN_MCP_STORE: !this.shared ? path.join(h.home, 'store') : IS_VM ? serverEnv({}).IGN_MCP_STORE : path.join(this.dir, 'store'),
+        IGN_MCP_LOG_DIR: path.join(this.shared ? this.dir : h.home, 'logs'),
+        ...this.env,
       },
     });
     const listen = `${h.addr}:${PORT}`;
@@ -277,7 +290,7 @@ class World {
     this.port = await freePort();
     const hosts = HOSTS.map((name) => ({ name, addr: `${this.hosts[name].addr}:${PORT}` }));
     this.cfg = path.join(this.dir, 'haproxy.cfg');
-    fs.writeFileSync(this.cfg, haproxyConfig({ listen: `127.0.0.1:${this.port}`, hosts }));
+    fs.writeFileSync(this.cfg, haproxyConfig({ listen: `127.0.0.1:${this.port}`, hosts, shared: this.shared }));
     fs.mkdirSync(path.join(this.dir, 'errors'));
     for (const [p, c] of Object.entries(errorFiles(hosts))) fs.writeFileSync(path.join(this.dir, p), c);
     this.admin = path.join(this.dir, 'admin.sock');
@@ -672,5 +685,71 @@ describe('three hosts behind HAProxy, routed on Mcp-Param-Session-Id', { skip: S
     assert.equal(fs.existsSync(dir), false, `${dir} left`);
     const cg = await waitUntil(() => ourCgroups().length === 0, { timeoutMs: 5000 });
     assert.ok(cg, `cgroups left: ${ourCgroups()}`);
+  });
+});
+
+// ---------------------------------------------------------------- a drain
+
+describe('three hosts on one store behind HAProxy: a host drained with SIGTERM hibernates its sessions, and the others resume them', { skip: SKIP_DRAIN }, () => {
+  const N = 10;
+  let w;
+  before(async () => {
+    w = new World({ shared: true, env: { IGN_MCP_SHUTDOWN_ACTION: 'hibernate', IGN_MCP_SHUTDOWN_SECS: 240, IGN_MCP_MAX_SESSIONS: N + 2, IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0 } });
+    await w.up();
+  });
+  after(async () => {
+    await w?.teardown().catch(() => {});
+  });
+
+  test(`${N} sessions on h1; h1 drained and stopped; every one answers through the proxy on another host, with its files (vm: and its background process)`, { timeout: 900_000 }, async (t) => {
+    const direct = await w.connect(w.hosts.h1.url);
+    const c = await w.connect(w.url);
+    const sessions = [];
+    for (let i = 0; i < N; i++) {
+      const sid = await openOn(direct);
+      assert.equal(hostOf(sid), 'h1');
+      const secs = 100000 + crypto.randomInt(0, 800000);
+      const mark = `drained ${i} ${sid}\n`;
+      await tool(c, 'write_file', { session_id: sid, path: '/root/mark', content_base64: Buffer.from(mark).toString('base64') });
+      await tool(c, 'run', { session_id: sid, command: `(sleep ${secs} > /dev/null 2>&1 &); echo started` });
+      sessions.push({ sid, mark, secs });
+    }
+    // Drain: out of the rotation, then told to stop.
+    assert.equal((await adminCommand(w.admin, 'set weight any/h1 0')).trim(), '');
+    const t0 = Date.now();
+    const h1 = w.hosts.h1.server;
+    const ended = await stopChild(h1, 300_000);
+    assert.equal(ended.forced, undefined, `h1 did not exit on SIGTERM: ${h1.stderr().slice(-3000)}`);
+    const drainMs = Date.now() - t0;
+    assert.match(h1.stderr(), new RegExp(`${N} of ${N} session\\(s\\) hibernated before exiting`), h1.stderr().slice(-3000));
+    await w.waitStatus('h1', /^DOWN/);
+    // Every id h1 minted answers on the others, with what it had.
+    const t1 = Date.now();
+    for (const s of sessions) {
+      const alive = `if for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < $f; echo; done 2>/dev/null | grep -q "^slee[p] ${s.secs} $"; then echo alive; else echo gone; fi`;
+      const r = await tool(c, 'run', { session_id: s.sid, command: `cat /root/mark; ${alive}` });
+      assert.equal(r.stdout, `${s.mark}${IS_VM ? 'alive' : 'gone'}\n`, `${s.sid} after the drain`);
+      assert.ok(Number.isInteger(r.resumed_ms), JSON.stringify(r));
+    }
+    const resumeMs = Date.now() - t1;
+    // The proxy sent them to h1's backend, served by a backup host.
+    let log = [];
+    await waitUntil(() => (log = w.proxyLog().filter((l) => l.sid && hostOf(l.sid) === 'h1' && l.server !== 'h1')).length >= N, { timeoutMs: 10_000 });
+    assert.equal(log.length, N, JSON.stringify(w.proxyLog().slice(-N - 4)));
+    for (const l of log) assert.ok(l.backend === 'h1' && l.server !== 'h1' && l.status === 200, `a call for ${l.sid} after the drain: ${JSON.stringify(l)}`);
+    // And go on there: a second call is not a resume.
+    const again = await tool(c, 'run', { session_id: sessions[0].sid, command: 'true' });
+    assert.equal(again.resumed_ms, undefined);
+    // New sessions go to h2 and h3.
+    const fresh = await openOn(c);
+    assert.notEqual(hostOf(fresh), 'h1');
+    for (const s of sessions) await tool(c, 'close', { session_id: s.sid });
+    await tool(c, 'close', { session_id: fresh });
+    t.diagnostic(`h1 hibernated ${N} sessions and exited in ${drainMs} ms; the ${N} resumed on the others in ${resumeMs} ms`);
+  });
+
+  test('everything is torn down', T, async () => {
+    const left = await w.teardown();
+    assert.deepEqual(left, [], 'teardown');
   });
 });

@@ -63,11 +63,32 @@ const DISCOVER = JSON.stringify({
   },
 });
 
+/* The backend of the sessions of host H (one of HOSTS).  SHARED: the hosts
+ * share one store, so when H is down (drained and stopped, or dead) its
+ * sessions go to the first of the others that is up, which resumes a
+ * hibernated one from the store (or says it was lost with its server). */
+export function hostBackend({ host: h, hosts, shared = false }) {
+  const L = shared
+    ? [
+      `# A session of ${h.name}: ${h.name} while it is up; when it is down, the first other host`,
+      `# that is up, which resumes it from the shared store (docs/scale-out.md).`,
+    ]
+    : [`# A session of ${h.name}: ${h.name} or an error that names it, never another host.`];
+  L.push(
+    `backend ${h.name}`,
+    `    retry-on conn-failure empty-response`,
+    `    server ${h.name} ${h.addr} track any/${h.name}`,
+  );
+  if (shared) for (const o of hosts.filter((x) => x.name !== h.name)) L.push(`    server ${o.name} ${o.addr} track any/${o.name} backup`);
+  for (const s of ERROR_STATUSES) L.push(`    errorfile ${s} errors/${h.name}.${s}.http`);
+  return L.join('\n') + '\n';
+}
+
 /* haproxy.cfg for HOSTS ([{name: 'h1', addr: '10.0.0.1:8080'}, ...]),
  * listening on LISTEN ('127.0.0.1:8443'); the error files are
  * errors/<host>.<status>.http and the admin socket admin.sock, both beside
- * the configuration file (default-path config). */
-export function haproxyConfig({ listen, hosts }) {
+ * the configuration file (default-path config).  SHARED: see hostBackend. */
+export function haproxyConfig({ listen, hosts, shared = false }) {
   const L = [];
   const add = (...lines) => L.push(...lines);
   add(
@@ -114,16 +135,7 @@ export function haproxyConfig({ listen, hosts }) {
   );
   for (const h of hosts) add(`    server ${h.name} ${h.addr} check`);
   for (const s of ERROR_STATUSES) add(`    errorfile ${s} errors/any.${s}.http`);
-  for (const h of hosts) {
-    add(
-      '',
-      `# A session of ${h.name}: ${h.name} or an error that names it, never another host.`,
-      `backend ${h.name}`,
-      `    retry-on conn-failure empty-response`,
-      `    server ${h.name} ${h.addr} track any/${h.name}`,
-    );
-    for (const s of ERROR_STATUSES) add(`    errorfile ${s} errors/${h.name}.${s}.http`);
-  }
+  for (const h of hosts) add('', hostBackend({ host: h, hosts, shared }).trimEnd());
   return L.join('\n') + '\n';
 }
 
