@@ -1664,20 +1664,162 @@ async function hibernateRows(backend, n) {
   return rows;
 }
 
+/* PSS of process PID and everything under it (a server and its QEMUs), MiB. */
+function treePssMiB(pid) {
+  return [pid, ...descendants(pid).map((d) => d.pid)].reduce((a, p) => a + pssKiB(p), 0) / 1024;
+}
+
+/* The blocks allocated under DIR, MiB. */
+function treeAllocMiB(dir) {
+  let b = 0;
+  const walk = (d) => {
+    let es = [];
+    try {
+      es = fs.readdirSync(d, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of es) {
+      const p = path.join(d, e.name);
+      try {
+        const st = fs.lstatSync(p);
+        b += st.blocks * 512;
+        if (st.isDirectory()) walk(p);
+      } catch {}
+    }
+  };
+  walk(dir);
+  return b / MiB;
+}
+
+/* Resume in another server: N sessions hibernated by one server, which
+ * then exits; the next server on the store resumes each at its first
+ * run('true').  Against open_session(stage) (hibernateRows' baseline). */
+async function crossServerRows(backend, n, baseline) {
+  const g = backend === 'vm' ? 'vm (QEMU microVMs, IGN_MCP_POOL=0)' : 'ns (namespaces)';
+  const L = `${backend}: resume in the next server: run('true') on a session the last server hibernated, to its answer`;
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), `ign-bench-hibx-${backend}.`));
+  fs.chmodSync(store, 0o755);
+  const env = { ...BACKENDS[backend], IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store, IGN_MCP_SHUTDOWN_ACTION: 'hibernate' };
+  try {
+    const ids = [];
+    await withServer(env, async (srv) => {
+      for (let i = 0; i < n + 1; i++) {
+        const s = await srv.open();
+        await srv.run(s.session_id, 'echo ready > /root/mark');
+        await srv.tool('hibernate', { session_id: s.session_id });
+        ids.push(s.session_id);
+      }
+    });
+    const samples = [];
+    await withServer({ ...env, IGN_MCP_SHUTDOWN_ACTION: 'close' }, async (srv) => {
+      for (const [i, id] of ids.entries()) {
+        const t = nowNs();
+        await srv.run(id, 'true');
+        if (i > 0) samples.push(msSince(t)); // the first: untimed warm-up
+        await srv.tool('close', { session_id: id });
+      }
+    });
+    doneLine(L, samples);
+    return [row(L, samples, { group: g, baseline, extra: 'the stage\'s checksums are verified on this first open' })];
+  } catch (e) {
+    return [notMeasured(L, firstLine(e.message), { group: g })];
+  } finally {
+    fs.rmSync(store, { recursive: true, force: true });
+  }
+}
+
+/* Density (vm): TOTAL sessions opened RUNNING at a time and hibernated,
+ * until TOTAL are held; then resumed one by one (each hibernated again
+ * after its run).  The server's and its QEMUs' PSS and the store's blocks
+ * at each step. */
+async function densityRows(total, running) {
+  const g = 'vm (QEMU microVMs, IGN_MCP_POOL=0)';
+  const L = {
+    live: `vm: ${running} sessions running idle: server and QEMU PSS (MiB)`,
+    held: `vm: ${total} sessions hibernated, none running: server and QEMU PSS (MiB)`,
+    disk: `vm: ${total} sessions hibernated: the store's stages on disk (MiB)`,
+    resume: `vm: resume one of ${total} hibernated, run('true'), hibernate it again: the resume (ms)`,
+  };
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), 'ign-bench-density.'));
+  fs.chmodSync(store, 0o755);
+  const env = {
+    ...BACKENDS.vm, IGN_MCP_POOL: 0, IGN_MCP_SPARES: 0, IGN_MCP_STORE: store,
+    // The count of hibernated sessions a server holds is 8 x this.
+    IGN_MCP_MAX_SESSIONS: Math.max(running, Math.ceil(total / 8)),
+    IGN_MCP_HIBERNATE_MAX_MB: 1 << 20, IGN_MCP_STAGES_MAX_MB: 1 << 20,
+  };
+  const rows = [];
+  const steps = [];
+  try {
+    await withServer(env, async (srv) => {
+      const ids = [];
+      let livePss = null;
+      while (ids.length < total) {
+        const batch = [];
+        for (let i = 0; i < running && ids.length + batch.length < total; i++) {
+          const s = await srv.open();
+          await srv.run(s.session_id, 'echo held > /root/mark');
+          batch.push(s.session_id);
+        }
+        await sleep(1500);
+        if (livePss === null && batch.length === running) livePss = treePssMiB(srv.pid);
+        for (const id of batch) await srv.tool('hibernate', { session_id: id });
+        ids.push(...batch);
+        steps.push(`${ids.length} hibernated: PSS ${treePssMiB(srv.pid).toFixed(0)} MiB, stages ${treeAllocMiB(path.join(store, 'stages')).toFixed(0)} MiB`);
+        log(`  ${steps.at(-1)}`);
+      }
+      await sleep(1500);
+      const heldPss = treePssMiB(srv.pid);
+      const disk = treeAllocMiB(path.join(store, 'stages'));
+      if (livePss !== null) rows.push(row(L.live, [livePss], { group: g, unit: 'MiB', baseline: L.live }));
+      rows.push(row(L.held, [heldPss], { group: g, unit: 'MiB', baseline: livePss !== null ? L.live : undefined, extra: `${total} sessions held with RAM for ${running}` }));
+      rows.push(row(L.disk, [disk], { group: g, unit: 'MiB', extra: `${(disk / total).toFixed(1)} MiB a session` }));
+      const resume = [];
+      for (const [i, id] of ids.entries()) {
+        const r = await srv.run(id, 'cat /root/mark');
+        if (r.stdout !== 'held\n') throw new Error(`session ${id} resumed without its file`);
+        resume.push(r.resumed_ms);
+        await srv.tool('hibernate', { session_id: id });
+        if ((i + 1) % running === 0) {
+          steps.push(`${i + 1} resumed and hibernated again: PSS ${treePssMiB(srv.pid).toFixed(0)} MiB`);
+          log(`  ${steps.at(-1)}`);
+        }
+      }
+      rows.push(row(L.resume, resume, { group: g, extra: 'resumed_ms, the server\'s part' }));
+      for (const id of ids) await srv.tool('close', { session_id: id });
+    });
+  } catch (e) {
+    for (const l of Object.values(L)) if (!rows.some((r) => r.label === l)) rows.push(notMeasured(l, firstLine(e.message), { group: g }));
+  } finally {
+    fs.rmSync(store, { recursive: true, force: true });
+  }
+  return { rows, steps };
+}
+
 async function sectionHibernate() {
   const rows = [];
+  let steps = [];
   for (const backend of ['vm', 'ns']) {
     if (backend === 'vm' && vmError) {
       rows.push(notMeasured('vm: hibernate and resume', vmError, { group: 'vm (QEMU microVMs, IGN_MCP_POOL=0)' }));
       continue;
     }
-    rows.push(...(await hibernateRows(backend, backend === 'vm' ? N.stageVm : N.stage)));
+    const n = backend === 'vm' ? N.stageVm : N.stage;
+    rows.push(...(await hibernateRows(backend, n)));
+    rows.push(...(await crossServerRows(backend, n, `${backend}: open_session(stage) to its first run('true') answering`)));
+  }
+  if (!vmError) {
+    const d = await densityRows(QUICK ? 40 : 200, QUICK ? 4 : 20);
+    rows.push(...d.rows);
+    steps = d.steps;
   }
   const notes = [
     'One server per backend with a store of the section\'s own (made fresh, removed after), IGN_MCP_POOL=0 and IGN_MCP_SPARES=0: a resume and the baseline take the same path, a new QEMU restored from a RAM file and a device state (vm), a new namespace sandbox over a layer (ns).',
     'Baseline: open_session(stage) of the session committed, then run(\'true\') in it, to its answer (the close untimed). Resume: the session hibernated (untimed in that row), then run(\'true\') on it, to its answer; resumed_ms is the part the server reports for the resume. Hibernate: the wall time of the call on an idle session (vm: the RAM streamed to a file, then the QEMU stopped); in the busy row (vm) the guest rewrites 8 MiB of /dev/urandom in a loop, and each sample is a hibernate and its resume.',
     'Bytes: what the hibernate call reported (allocated blocks of the saved state), against the blocks allocated to the warm base\'s RAM file in the same store.',
-    'Not measured yet: density (hundreds of hibernated sessions held with RAM for a few), and resume in another server (not built).',
+    'Resume in the next server: one server opens and hibernates the sessions, then exits (its sessions stay on the store); a second server on the same store times run(\'true\') on each, the first call that names it (the claim of the record, the kept stage opened and its checksums verified, the sandbox started).',
+    `Density (vm): sessions opened ${QUICK ? 4 : 20} at a time, each writing a file, then hibernated, until ${QUICK ? 40 : 200} are held; PSS (smaps_rollup) of the server and every process under it, the blocks under the store's stages/. Then each is resumed (run, its file checked), and hibernated again. Steps: ${steps.join('; ') || 'not run'}.`,
   ];
   return { id: 'hibernate', title: '13. Hibernate and resume', unit: 'ms', rows, notes, grouped: true };
 }

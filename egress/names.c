@@ -447,8 +447,11 @@ int names_restore(struct egress *e, const char *const *names, size_t n) {
     size_t len = strlen(names[i]);
     if (len == 0 || len >= EGRESS_NAME_BUF || !egress_name_valid(names[i], len))
       return -EINVAL;
-    if (synth_get(e, names[i]) != i + 1)
-      return e->n_synth == i ? -ENOMEM : -EINVAL; /* a name twice */
+    uint32_t k = synth_get(e, names[i]);
+    if (k == 0)
+      return -ENOMEM;
+    if (k != i + 1)
+      return -EINVAL; /* a name twice */
   }
   return 0;
 }

@@ -369,10 +369,11 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
     if (s) {
       *ret_err = session_removed_while_waiting(s);
       session_unref_locked(s);
+      session_table_unlock();
+    } else {
+      session_table_unlock();
+      *ret_err = session_unknown_id(id, owner); /* reads the store: unlocked */
     }
-    session_table_unlock();
-    if (!s)
-      *ret_err = session_unknown_id(id, owner);
     if (stage)
       stage_unref(stage);
     return -ENOENT;

@@ -86,6 +86,9 @@ void handle_retire(struct handle *h, const char *why);
  * KIND ('s', or 'r' for sandbox_run's), the sequence number SEQ and 16
  * random bits. */
 struct session *session_new(const char *owner, char kind, unsigned seq);
+/* This server's own next sequence number (the lock not held): when the
+ * store's cannot be had. */
+unsigned session_local_seq(void);
 void session_free(struct session *s);
 /* S, out of the table with no reference left: freed at the next unlock. */
 void session_bury_locked(struct session *s);

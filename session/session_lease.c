@@ -17,7 +17,6 @@
 #include "session/session_int.h"
 
 /* How long commit and fork wait for the calls running on a session to end. */
-#define QUIET_WAIT_MS SESSION_QUIET_WAIT_MS
 
 char *session_removed_while_waiting(const struct session *s) {
   return xasprintf("session '%s' was %s while this call waited for its reset. Call open_session "
@@ -92,6 +91,17 @@ static void unknown_unless_said(const char *id, const char *owner, char **ret_er
     *ret_err = session_unknown_id(id, owner);
 }
 
+/* S, found with a reference for the caller, leased into RET (the reference
+ * becomes the lease's), with what the resume that found it took. */
+static void lease_fill_locked(struct session *s, struct lease *ret) {
+  s->busy++;
+  s->h->refs++;
+  ret->s = s;
+  ret->h = s->h;
+  ret->resumed_ms = s->resumed_ms;
+  s->resumed_ms = 0;
+}
+
 int session_acquire(const char *id, const char *owner, struct lease *ret, char **ret_err) {
   pthread_mutex_lock(&session_lock);
   bool hibernated = false;
@@ -102,13 +112,8 @@ int session_acquire(const char *id, const char *owner, struct lease *ret, char *
     return -ENOENT;
   }
   /* The reference taken while waiting is the lease's. */
-  s->busy++;
   s->last_used_ms = mono_ms();
-  s->h->refs++;
-  ret->s = s;
-  ret->h = s->h;
-  ret->resumed_ms = s->resumed_ms;
-  s->resumed_ms = 0;
+  lease_fill_locked(s, ret);
   session_table_unlock();
   return 0;
 }
@@ -165,7 +170,7 @@ char *lease_failure(const struct lease *l, const char *what_failed) {
 }
 
 /* Takes session ID for a snapshot: new calls wait (as for a reset) and this
- * waits up to QUIET_WAIT_MS for the calls running on it to end, so that its
+ * waits up to WAIT_MS (0: not at all) for the calls running on it to end, so that its
  * agent is idle when it is saved.  On success *ret is a lease (the reaper
  * skips the session) to give back with session_quiet_end. */
 int session_quiet_take(const char *id, const char *owner, const char *what, uint32_t wait_ms,
@@ -198,19 +203,14 @@ int session_quiet_take(const char *id, const char *owner, const char *what, uint
     session_table_unlock();
     return -EBUSY;
   }
-  s->busy++;
-  s->h->refs++;
-  ret->s = s;
-  ret->h = s->h;
-  ret->resumed_ms = s->resumed_ms;
-  s->resumed_ms = 0;
+  lease_fill_locked(s, ret);
   session_table_unlock();
   return 0;
 }
 
 int session_quiet_begin(const char *id, const char *owner, const char *what, struct lease *ret,
                         char **ret_err) {
-  return session_quiet_take(id, owner, what, QUIET_WAIT_MS, true, ret, ret_err);
+  return session_quiet_take(id, owner, what, SESSION_QUIET_WAIT_MS, true, ret, ret_err);
 }
 
 void session_quiet_end(struct lease *l) {

@@ -300,10 +300,7 @@ unsigned session_records_next_seq(void) {
                "from this server's own count until it can, and may repeat ones of before",
                records_shown, strerror(errno));
   }
-  pthread_mutex_lock(&session_lock);
-  v = ++session_next_seq;
-  pthread_mutex_unlock(&session_lock);
-  return v;
+  return session_local_seq();
 }
 
 /* ---- a session's record ---- */

@@ -102,6 +102,13 @@ void session_table_unlock(void) {
   }
 }
 
+unsigned session_local_seq(void) {
+  pthread_mutex_lock(&session_lock);
+  unsigned v = ++session_next_seq;
+  pthread_mutex_unlock(&session_lock);
+  return v;
+}
+
 /* A new session (one reference) of OWNER with a fresh id: "[<host>.]" then
  * KIND ('s', or 'r' for sandbox_run's), the sequence number SEQ and 16
  * random bits, which keep an id of a server that restarted from naming a

@@ -44,10 +44,11 @@ static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   return ok_result(info);
 }
 
-/* O with resumed_ms when the call resumed its hibernated session. */
-static json_t *note_resumed(json_t *o, const struct lease *l) {
-  if (o && l->resumed_ms)
-    json_object_set_new(o, "resumed_ms", json_integer((json_int_t)l->resumed_ms));
+/* O with resumed_ms when the call resumed its hibernated session (MS of
+ * its lease, 0: it did not). */
+static json_t *note_resumed(json_t *o, uint64_t ms) {
+  if (o && ms)
+    json_object_set_new(o, "resumed_ms", json_integer((json_int_t)ms));
   return o;
 }
 
@@ -116,10 +117,10 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   }
   /* What the command tried to reach, since the previous run's report. */
   json_t *egress = lease_egress(&l) ? egress_report(lease_egress(&l), true) : NULL;
-  const struct lease resumed = {.resumed_ms = l.resumed_ms};
+  const uint64_t resumed_ms = l.resumed_ms;
   session_release(&l);
 
-  json_t *o = note_resumed(exec_result_json(&res), &resumed);
+  json_t *o = note_resumed(exec_result_json(&res), resumed_ms);
   agent_exec_res_free(&res);
   if (!o) {
     json_decref(egress);
@@ -176,7 +177,7 @@ static json_t *tool_write_file(json_t *args, struct call_ctx *ctx) {
     out = err_result_free(xasprintf("write_file failed: %s", err ? err : strerror(-r)));
   else
     out = ok_result(note_resumed(
-        json_pack("{s:b, s:s, s:I}", "ok", 1, "path", path, "bytes", (json_int_t)len), &l));
+        json_pack("{s:b, s:s, s:I}", "ok", 1, "path", path, "bytes", (json_int_t)len), l.resumed_ms));
   free(err);
   session_release(&l);
   return out;
@@ -219,7 +220,7 @@ static json_t *tool_read_file(json_t *args, struct call_ctx *ctx) {
     out = b64 ? ok_result(note_resumed(json_pack("{s:s, s:I, s:I, s:b}", "content_base64", b64,
                                                  "bytes", (json_int_t)len, "size",
                                                  (json_int_t)size, "eof", eof),
-                                       &l))
+                                       l.resumed_ms))
               : err_result("out of memory encoding the file; read it in smaller pieces");
   }
   free(data);

@@ -533,6 +533,61 @@ static void new_refuses_bad_arguments(void) {
   egress_shutdown();
 }
 
+/* What a hibernated session keeps of its egress is made again the same:
+ * mode, rules, and the synthetic names in order; a damaged save, or one
+ * the operator's IGN_MCP_NET no longer allows, is refused. */
+static void saved_egress_is_made_again(void) {
+  struct egress_settings s = {.max_mode = EGRESS_MODE_ALLOW, .hosts_file = hosts_path,
+                              .log_dir = tmp, .log_cap = 1u << 20, .max_streams = 64,
+                              .max_bytes = 1ull << 30};
+  char *err = NULL;
+  CHECK_EQ_INT(egress_init(&s, &err), 0);
+  free(steal_ptr(err));
+  struct egress *e = NULL, *back = NULL;
+  json_t *net = json_string("allow"), *hosts = json_loads("[\"PyPI.org\", \"*.x.org:8080\"]", 0, NULL);
+  CHECK_EQ_INT(egress_new("open_session", net, hosts, &e, &err), 0);
+  const char *names[] = {"pypi.org", "files.x.org", "evil.example"};
+  CHECK_EQ_INT(e ? names_restore(e, names, 3) : -1, 0);
+  json_t *saved = e ? egress_save(e) : NULL;
+  CHECK_STREQ(str_of(saved, "mode"), "allow");
+  CHECK_EQ_INT(json_array_size(json_object_get(saved, "allow_hosts")), 2);
+  CHECK_STREQ(json_string_value(json_array_get(json_object_get(saved, "allow_hosts"), 1)), "*.x.org:8080");
+  CHECK_EQ_INT(json_array_size(json_object_get(saved, "names")), 3);
+  CHECK_EQ_INT(egress_load(saved, &back, &err), 0);
+  json_t *again = back ? egress_save(back) : NULL;
+  CHECK(again && json_equal(saved, again));
+  /* The same names stand for the same addresses. */
+  for (int i = 0; back && i < 3; i++) {
+    uint8_t a[4] = {198, 18, 0, (uint8_t)(i + 1)};
+    CHECK_STREQ(names_synthetic(back, AF_INET, a), names[i]);
+  }
+  json_decref(again);
+  egress_free(back);
+  back = NULL;
+  /* Damaged: a name twice, a name that is not one, a mode that is not a string. */
+  const char *bad[] = {"{\"mode\":\"none\",\"names\":[\"a.org\",\"a.org\"]}",
+                       "{\"mode\":\"none\",\"names\":[\"../x\"]}", "{\"mode\":7}",
+                       "{\"mode\":\"allow\",\"allow_hosts\":[]}"};
+  for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+    json_t *j = json_loads(bad[i], 0, NULL);
+    CHECK_EQ_INT(egress_load(j, &back, &err), -EINVAL);
+    CHECK(err != NULL);
+    free(steal_ptr(err));
+    json_decref(j);
+  }
+  /* A mode past the operator's, now: refused, not widened. */
+  json_t *open = json_loads("{\"mode\":\"open\"}", 0, NULL);
+  CHECK_EQ_INT(egress_load(open, &back, &err), -EINVAL);
+  CHECK(err && strstr(err, "IGN_MCP_NET"));
+  free(steal_ptr(err));
+  json_decref(open);
+  json_decref(saved);
+  egress_free(e);
+  json_decref(net);
+  json_decref(hosts);
+  egress_shutdown();
+}
+
 static void policy_line_says_the_bounds(void) {
   init_broker(PRIV_HOST, 64);
   char *line = egress_policy_line();
@@ -2330,7 +2385,7 @@ static void teardown(void) {
 int main(void) {
   setup();
   static const struct test_case cases[] = {
-      TEST(new_refuses_bad_arguments),  TEST(policy_line_says_the_bounds),
+      TEST(new_refuses_bad_arguments), TEST(saved_egress_is_made_again),  TEST(policy_line_says_the_bounds),
       TEST(dns_answers_by_policy),      TEST(relay_both_ways_and_count), TEST(relay_within_the_windows),
       TEST(refusals_at_open),           TEST(peek_mismatch_reaches_nothing),
       TEST(private_refused_without_allow_private), TEST(too_many_connections),

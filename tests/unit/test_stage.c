@@ -436,6 +436,63 @@ static void anonymous_goes_with_last_ref(void) {
   CHECK(!exists(dir));
 }
 
+/* A kept stage: moved to .hib-<key>, spared by gc and by its last
+ * reference, opened again by key (checked against backend and inputs), made
+ * anonymous again (then it goes with its last reference), or discarded. */
+static void kept_stages_outlive_their_references(void) {
+  struct stage *s = make(NULL, "hibernated", false, NULL, NULL);
+  CHECK(s != NULL);
+  if (!s)
+    return;
+  char *err = NULL;
+  CHECK_EQ_INT(stage_keep(s, "../escape", &err), -EINVAL);
+  free(steal_ptr(err));
+  CHECK_EQ_INT(stage_keep(s, "s7-abcd", &err), 0);
+  _cleanup_free_ char *kept = xasprintf("%s/stages/.hib-s7-abcd", store);
+  CHECK(s->kept && strcmp(s->dir, kept) == 0 && exists(kept));
+  CHECK_EQ_INT(count_entries(".anon-"), 0);
+  stage_unref(s);
+  stage_gc();
+  CHECK(exists(kept)); /* no reference, no server: still there */
+  /* Opened by key, for its owner and over its inputs only. */
+  struct stage *o = NULL;
+  CHECK_EQ_INT(stage_open_kept("s7-abcd", "session 's7-abcd'", "", "vm", "b-bbbb", &o, &err), -ESTALE);
+  CHECK(err && strstr(err, "session 's7-abcd' was hibernated over other inputs"));
+  free(steal_ptr(err));
+  CHECK_EQ_INT(stage_open_kept("s7-abcd", "session 's7-abcd'", "", "ns", "b-aaaa", &o, &err), -EXDEV);
+  free(steal_ptr(err));
+  CHECK_EQ_INT(stage_open_kept("s7-abcd", "session 's7-abcd'", "bob", "vm", "b-aaaa", &o, &err), -ENOENT);
+  free(steal_ptr(err));
+  CHECK_EQ_INT(stage_open_kept("s7-0000", "session 's7-0000'", "", "vm", "b-aaaa", &o, &err), -ENOENT);
+  free(steal_ptr(err));
+  CHECK_EQ_INT(stage_open_kept("s7-abcd", "session 's7-abcd'", "", "vm", "b-aaaa", &o, &err), 0);
+  CHECK(o && o->kept && o->name == NULL);
+  if (!o)
+    return;
+  /* Resumed: anonymous again, and gone with its last reference. */
+  stage_unkeep(o);
+  CHECK(!o->kept && !exists(kept) && strstr(o->dir, "/.anon-") != NULL);
+  _cleanup_free_ char *anon = strdup(o->dir);
+  stage_unref(o);
+  CHECK(!exists(anon));
+  /* Discarded while kept: gone with its last reference too. */
+  struct stage *d = make(NULL, "dropped", false, NULL, NULL);
+  CHECK(d && stage_keep(d, "s8-abcd", &err) == 0);
+  _cleanup_free_ char *kept2 = xasprintf("%s/stages/.hib-s8-abcd", store);
+  stage_discard(d);
+  stage_unref(d);
+  CHECK(!exists(kept2));
+  /* Removed by key (nobody holds it). */
+  struct stage *r = make(NULL, "removed", false, NULL, NULL);
+  CHECK(r && stage_keep(r, "s9-abcd", &err) == 0);
+  stage_unref(r);
+  _cleanup_free_ char *kept3 = xasprintf("%s/stages/.hib-s9-abcd", store);
+  CHECK(exists(kept3));
+  stage_remove_kept("s9-abcd");
+  CHECK(!exists(kept3));
+  free(err);
+}
+
 static void quota_refused_with_the_way_out(void) {
   unsigned saved = cfg.stages_max_mb;
   cfg.stages_max_mb = 1;
@@ -1069,7 +1126,9 @@ static void setup(void) {
 static void stage_gone_after_all(void) {
   stage_gc();
   CHECK_EQ_INT(count_fds(), fds_at_start); /* no fd left open by the store */
-  CHECK_EQ_INT(count_entries(".tmp-") + count_entries(".rm-") + count_entries(".anon-"), 0);
+  CHECK_EQ_INT(count_entries(".tmp-") + count_entries(".rm-") + count_entries(".anon-") +
+                   count_entries(".hib-"),
+               0);
   fs_remove_tree(store);
   CHECK(!exists(store));
 }
@@ -1080,7 +1139,7 @@ TEST_MAIN(TEST(run_setup), TEST(name_rules), TEST(only_begin_dirs_are_taken),
           TEST(make_open_list_info_rm),
           TEST(replace_only_when_asked), TEST(stages_belong_to_their_owner),
           TEST(stages_without_an_owner_are_the_empty_owners), TEST(anonymous_goes_with_last_ref),
-          TEST(quota_refused_with_the_way_out), TEST(quota_counts_used_plus_new), TEST(flipped_byte_fails_first_open),
+          TEST(kept_stages_outlive_their_references), TEST(quota_refused_with_the_way_out), TEST(quota_counts_used_plus_new), TEST(flipped_byte_fails_first_open),
           TEST(gc_removes_dead_servers_leftovers), TEST(ids_follow_content),
           TEST(sparse_ram_hashes_fast), TEST(held_by_another_server),
           TEST(replaced_by_another_server_after_the_check),
