@@ -36,7 +36,7 @@ struct config {
   unsigned hibernate_max_mb;   /* IGN_MCP_HIBERNATE_MAX_MB: an owner's hibernations; 0: none */
   unsigned hibernate_keep_secs; /* IGN_MCP_HIBERNATE_KEEP_SECS: then a hibernated one is closed */
   bool shutdown_hibernate; /* IGN_MCP_SHUTDOWN_ACTION=hibernate (default) or close */
-  unsigned shutdown_secs;  /* IGN_MCP_SHUTDOWN_SECS: the bound on hibernating at shutdown */
+  unsigned shutdown_secs;  /* IGN_MCP_SHUTDOWN_SECS: hibernations at shutdown start within it */
   unsigned tasks_max;    /* IGN_MCP_TASKS_MAX: tasks held per owner, running or done */
   unsigned task_ttl_s;   /* IGN_MCP_TASK_TTL_S: the longest a task's result is kept */
   size_t output_cap;

@@ -203,8 +203,10 @@ json_t *egress_save(const struct egress *e) {
   for (uint32_t i = 0; i < e->n_synth; i++)
     json_array_append_new(names, json_string(e->synth[i]));
   pthread_mutex_unlock((pthread_mutex_t *)&e->synth_lock);
-  return json_pack("{s:s, s:o, s:o}", "mode", egress_mode_name(e->mode), "allow_hosts", rules,
-                   "names", names);
+  /* The bytes it moved: IGN_MCP_EGRESS_MAX_MB goes on counting from them. */
+  return json_pack("{s:s, s:o, s:o, s:I, s:I}", "mode", egress_mode_name(e->mode), "allow_hosts",
+                   rules, "names", names, "bytes_up", (json_int_t)e->bytes_up, "bytes_down",
+                   (json_int_t)e->bytes_down);
 }
 
 int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
@@ -236,6 +238,10 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
     *ret_err = strdup("its saved network policy is damaged (the names its sandbox was given)");
     return r;
   }
+  json_int_t up = json_integer_value(json_object_get(j, "bytes_up")),
+             down = json_integer_value(json_object_get(j, "bytes_down"));
+  e->bytes_up = up > 0 ? (uint64_t)up : 0;
+  e->bytes_down = down > 0 ? (uint64_t)down : 0;
   *ret = e;
   return 0;
 }

@@ -54,7 +54,7 @@ static void usage(void) {
          "  IGN_MCP_HIBERNATE_KEEP_SECS  seconds a session stays hibernated [86400]\n"
          "  IGN_MCP_SHUTDOWN_ACTION  at exit, hibernate the sessions (kept on the store\n"
          "                        for the next server) or close them [hibernate]\n"
-         "  IGN_MCP_SHUTDOWN_SECS  seconds spent hibernating at exit at most [3]\n"
+         "  IGN_MCP_SHUTDOWN_SECS  seconds in which hibernations at exit may start [3]\n"
          "  IGN_MCP_TASKS_MAX     tasks a client holds at once, running or finished [64]\n"
          "  IGN_MCP_TASK_TTL_S    longest a finished task's result is kept [3600]\n"
          "  IGN_MCP_HOST_ID       prefix of every session id: h1 gives h1.s3-9f2a [unset]\n"

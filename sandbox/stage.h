@@ -139,6 +139,10 @@ int stage_open_kept(const char *key, const char *what, const char *owner, const 
                     const char *inputs_id, struct stage **ret, char **ret_err);
 /* Removes KEY's kept stage (nobody holds it: else it is left for later). */
 void stage_remove_kept(const char *key);
+/* Removes the kept stages nobody holds whose key ORPHAN says belongs to no
+ * hibernation any more (a server died between removing a record and its
+ * stage). */
+void stage_kept_sweep(bool (*orphan)(const char *key));
 
 /* {stages: [{name, stage_id, parent, carries, backend, base_id, bytes,
  * created, sessions}], bytes_used, bytes_max}. */

@@ -5,6 +5,7 @@
  * server resumes the session (moved back to .anon- of that server, which
  * the running session uses) or drops it (closed, expired, evicted).  Every
  * move is made under the names lock, as for named stages. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -70,8 +71,10 @@ void stage_unkeep(struct stage *s) {
     err = xasprintf("cannot move %s to %s: %s", s->dir, anon, strerror(errno));
     close(lock);
   }
-  /* Left where it is: it goes with its last reference all the same. */
-  log_warn("%s; %s is removed when its session ends, or by a later clean-up", err, s->dir);
+  /* Left where it is: it goes with its last reference all the same (or,
+   * if this server dies first, with the sweep of the next: its record no
+   * longer says it is hibernated). */
+  log_warn("%s; %s is removed when its session ends", err, s->dir);
   free(anon);
   stage_reg_relocate(s, NULL, false);
 }
@@ -84,9 +87,9 @@ int stage_open_kept(const char *key, const char *what, const char *owner, const 
     *ret_err = xasprintf("%s has no saved state on the store", what);
     return -ENOENT;
   }
-  _cleanup_free_ char *dir = kept_dir(key);
+  _cleanup_free_ char *dir = kept_dir(key), *name = xasprintf("hibernation of %s", key);
   _cleanup_free_ char *err = NULL;
-  int r = stage_open_dir(what, dir, true, owner, backend, inputs_id, ret, &err);
+  int r = stage_open_dir(name, dir, true, owner, backend, inputs_id, ret, &err);
   if (r == 0)
     return 0;
   if (r == -ENOENT)
@@ -112,4 +115,25 @@ void stage_remove_kept(const char *key) {
     return;
   _cleanup_free_ char *dir = kept_dir(key);
   stage_delete_later_or_now(dir);
+}
+
+void stage_kept_sweep(bool (*orphan)(const char *key)) {
+  _cleanup_free_ char *sd = stage_store_dir();
+  DIR *d = opendir(sd);
+  struct dirent *e;
+  unsigned n = 0;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, ".hib-", 5) != 0 || !key_ok(e->d_name + 5) || !orphan(e->d_name + 5))
+      continue;
+    _cleanup_free_ char *dir = kept_dir(e->d_name + 5), *err = NULL;
+    int lock = stage_names_lock(&err);
+    if (lock < 0)
+      break;
+    n += stage_delete_if_free(dir);
+    close(lock);
+  }
+  if (d)
+    closedir(d);
+  if (n)
+    log_info("removed %u kept stage(s) of hibernations whose records are gone", n);
 }

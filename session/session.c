@@ -217,7 +217,7 @@ static int open_taking(const char *owner, const char *stage_name, struct egress 
     return -ENODEV;
   }
   pthread_mutex_lock(&session_lock);
-  if (session_shutting_down) {
+  if (session_shutting_down || session_draining) {
     session_table_unlock();
     *ret_err = strdup("the server is shutting down");
     return -ESHUTDOWN;
@@ -414,7 +414,7 @@ int session_reset(const char *id, const char *owner, const char *stage_name, jso
   uint64_t ms;
   int r;
   pthread_mutex_lock(&session_lock);
-  if (session_shutting_down) {
+  if (session_shutting_down || session_draining) {
     *ret_err = strdup("the server is shutting down");
     r = -ESHUTDOWN;
   } else {
@@ -462,10 +462,18 @@ int session_close(const char *id, const char *owner, char **ret_err) {
   bool known = s && !s->removed;
   session_table_unlock();
   /* One hibernated on the store by a server that is gone is removed there,
-   * without being resumed. */
-  if (!s && session_record_drop(id, owner)) {
+   * without being resumed (or, taken by another call of this server
+   * meanwhile, closed here). */
+  int dropped = s ? 0 : session_adopted_close(id, owner);
+  if (dropped == 1) {
     log_info("session %s (hibernated, on the store) closed", id);
     return 0;
+  }
+  if (dropped == 2) {
+    pthread_mutex_lock(&session_lock);
+    s = session_find_locked(id, owner);
+    known = s && !s->removed;
+    session_table_unlock();
   }
   if (known && on_end)
     on_end(id, owner, "was closed");

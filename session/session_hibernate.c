@@ -201,12 +201,13 @@ static bool keep_on_store(struct session *s, struct stage *st, const char *carri
 }
 
 /* Closes OWNER's oldest hibernations on the store that no server holds
- * until, with this server's and one more of BYTES, they fit
- * IGN_MCP_HIBERNATE_MAX_MB (no lock held). */
-static void trim_store(const char *owner, uint64_t bytes) {
+ * until, with this server's, they fit IGN_MCP_HIBERNATE_MAX_MB (no lock
+ * held; after a hibernation is made, never before: one refused must cost
+ * nothing). */
+static void trim_store(const char *owner) {
   const uint64_t max = (uint64_t)cfg.hibernate_max_mb << 20;
   pthread_mutex_lock(&session_lock);
-  uint64_t used = session_hibernated_bytes_locked(owner) + bytes;
+  uint64_t used = session_hibernated_bytes_locked(owner);
   session_table_unlock();
   json_t *kept = session_records_kept(owner);
   uint64_t on_store = 0;
@@ -277,10 +278,8 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
   r = session_snapshot_lease(&l, NULL, false, NULL, &st, &snap, ret_err);
   int64_t at = (int64_t)time(NULL);
   bool on_store = false;
-  if (r == 0) {
+  if (r == 0)
     on_store = keep_on_store(s, st, snap.carries, l.h->sb->isolation, at);
-    trim_store(owner, st->bytes);
-  }
   pthread_mutex_lock(&session_lock);
   const char *full = NULL;
   if (r == 0 && s->removed) {
@@ -336,9 +335,13 @@ static int hibernate(const char *id, const char *owner, const uint64_t *idle_sin
     stage_unref(st);
   }
   session_quiet_end(&l);
-  if (r == 0)
+  if (r == 0) {
     log_info("session %s hibernated (%s, %" PRIu64 " ms)", id, snap.carries,
              (mono_us() - t0) / 1000);
+    /* Made: the owner's oldest on the store go now if it passed the cap. */
+    if (on_store)
+      trim_store(owner);
+  }
   return r;
 }
 
@@ -360,7 +363,7 @@ int session_hibernate_idle(const char *id, const char *owner, uint64_t idle_sinc
 }
 
 int session_resume_locked(struct session *s, char **ret_err) {
-  if (session_shutting_down) {
+  if (session_shutting_down || session_draining) {
     *ret_err = strdup("the server is shutting down");
     return -ESHUTDOWN;
   }
@@ -382,8 +385,8 @@ int session_resume_locked(struct session *s, char **ret_err) {
      * and the stage's kept name go; the lock dropped, other calls still
      * wait). */
     pthread_mutex_unlock(&session_lock);
-    session_record_resumed(s);
     stage_unkeep(st);
+    session_record_resumed(s);
     pthread_mutex_lock(&session_lock);
   }
   s->resetting = false;
@@ -446,18 +449,30 @@ static const char *carries_static(const char *c) {
 
 int session_adopt(const char *id, const char *owner, char **ret_err) {
   _cleanup_free_ char *why_not = NULL, *inputs = NULL, *text = NULL, *err = NULL, *what = NULL;
-  if (!session_stages_supported(&why_not))
+  /* Most misses are ids with no hibernation on the store: answered without
+   * waiting for another call's claim. */
+  if (!session_stages_supported(&why_not) || !session_record_maybe_hibernated(id))
     return 0;
   pthread_mutex_lock(&adopt_lock);
   pthread_mutex_lock(&session_lock);
-  bool have = session_find_locked(id, owner) != NULL, stopping = session_shutting_down;
+  bool have = session_find_locked(id, owner) != NULL;
+  bool stopping = session_shutting_down || session_draining;
+  bool full = hibernated_count_locked() >= hibernated_max();
   session_table_unlock();
-  int fd = -1, r = have ? 1 : 0;
-  json_t *hib = NULL;
+  int r = have ? 1 : 0;
+  struct record_claim c = {.fd = -1};
   struct stage *st = NULL;
   struct egress *e = NULL;
-  if (have || stopping || (r = session_record_claim(id, owner, &fd, &hib, ret_err)) <= 0)
+  if (have || stopping || (r = session_record_claim(id, owner, false, &c, ret_err)) <= 0)
     goto out;
+  if (full) {
+    *ret_err = xasprintf("session '%s' is hibernated on this store, but this server holds as "
+                         "many hibernated sessions as it may (8 x IGN_MCP_MAX_SESSIONS): close "
+                         "or resume some, then call again",
+                         id);
+    r = -EUSERS;
+    goto out;
+  }
   what = xasprintf("session '%s'", id);
   r = session_ops->inputs_id(&inputs, &text, &err);
   if (r < 0) {
@@ -468,7 +483,7 @@ int session_adopt(const char *id, const char *owner, char **ret_err) {
   r = stage_open_kept(id, what, owner, session_ops->name, inputs, &st, ret_err);
   if (r < 0)
     goto out;
-  const json_t *saved = json_object_get(hib, "egress");
+  const json_t *saved = json_object_get(c.hib, "egress");
   if (saved && (r = egress_load(saved, &e, &err)) < 0) {
     *ret_err = xasprintf("session '%s' cannot be resumed: %s", id, err);
     goto out;
@@ -484,14 +499,14 @@ int session_adopt(const char *id, const char *owner, char **ret_err) {
   }
   snprintf(s->id, sizeof s->id, "%s", id);
   s->refs = 1;
-  s->record_fd = steal_fd(fd);
   s->egress = steal_ptr(e);
   s->hibernated = steal_ptr(st);
-  s->hibernated_at = (int64_t)json_integer_value(json_object_get(hib, "hibernated_at"));
-  const char *iso = json_string_value(json_object_get(hib, "isolation"));
+  s->hibernated_at = (int64_t)json_integer_value(json_object_get(c.hib, "hibernated_at"));
+  const char *iso = json_string_value(json_object_get(c.hib, "isolation"));
   s->isolation_saved = iso ? strndup(iso, 64) : NULL;
   s->isolation = s->isolation_saved;
-  s->carries = carries_static(json_string_value(json_object_get(hib, "carries")));
+  s->carries = carries_static(json_string_value(json_object_get(c.hib, "carries")));
+  s->record_fd = session_record_claimed(&c);
   pthread_mutex_lock(&session_lock);
   s->hibernated_seq = ++hibernation_order;
   session_insert_locked(s);
@@ -500,13 +515,24 @@ int session_adopt(const char *id, const char *owner, char **ret_err) {
   r = 1;
 out:
   pthread_mutex_unlock(&adopt_lock);
-  if (fd >= 0)
-    close(fd); /* not taken: the record is free again, for a server that can */
+  /* Not taken: the record is free again, as it was, for a server that can. */
+  session_record_unclaim(id, &c);
   if (st)
     stage_unref(st); /* kept: it stays */
   if (e)
     egress_free(e);
-  json_decref(hib);
+  return r;
+}
+
+int session_adopted_close(const char *id, const char *owner) {
+  if (!session_record_maybe_hibernated(id))
+    return 0;
+  pthread_mutex_lock(&adopt_lock);
+  pthread_mutex_lock(&session_lock);
+  bool have = session_find_locked(id, owner) != NULL;
+  session_table_unlock();
+  int r = have ? 2 : session_record_drop(id, owner) ? 1 : 0;
+  pthread_mutex_unlock(&adopt_lock);
   return r;
 }
 

@@ -74,6 +74,9 @@ extern struct session *session_table;
 extern unsigned session_count;   /* includes slots reserved by opens in progress */
 extern unsigned session_next_seq;
 extern bool session_shutting_down;
+/* Set (under the lock) while a server told to stop hibernates its sessions:
+ * nothing is opened, reset or resumed any more. */
+extern bool session_draining;
 
 void handle_unref_locked(struct handle *h, struct handle **ret_dead);
 /* Frees a handle whose last reference is gone; without the lock held. */
@@ -131,19 +134,35 @@ int session_record_hibernated(struct session *s, json_t *j);
 /* S was resumed (or reset, or its hibernation undone): the record's
  * hibernated.json goes. */
 void session_record_resumed(struct session *s);
-/* Claims OWNER's record of ID when it is hibernated and held by no server:
- * 1 with *ret_fd (its live file, locked: the record's new lock) and
- * *ret_hib (hibernated.json; a reference), meta.json naming this server;
- * 0 when there is nothing to claim (no such record, another owner's, held
- * by a server, lost); -errno with *ret_err when it cannot be read. */
-int session_record_claim(const char *id, const char *owner, int *ret_fd, json_t **ret_hib,
-                         char **ret_err);
+/* A claim of a hibernated session's record (session_record_claim): its live
+ * file, locked (the record's lock from now on); its hibernated.json (NULL
+ * when damaged); the meta.json it had, put back if the claim is let go. */
+struct record_claim {
+  int fd;
+  json_t *hib;
+  json_t *old_meta;
+};
+/* Claims OWNER's record of ID when it is hibernated and held by no server
+ * (a lock held an instant by another server's probe is waited for, 100 ms
+ * at most): 1 and *C, meta.json naming this server; 0 when there is
+ * nothing to claim (no such record, another owner's, held by a server,
+ * lost); -EBADMSG with *ret_err when its hibernated.json is damaged, unless
+ * DAMAGED_TOO (then 1, C->hib NULL). */
+int session_record_claim(const char *id, const char *owner, bool damaged_too,
+                         struct record_claim *c, char **ret_err);
+/* Lets claim C of ID go, its meta.json as it was. */
+void session_record_unclaim(const char *id, struct record_claim *c);
+/* Claim C is kept: its fd, the record's lock, for the session. */
+int session_record_claimed(struct record_claim *c);
 /* OWNER's hibernated sessions on the store that no server holds, oldest
  * first: [{session_id, state, bytes, hibernated_at, carries}]. */
 json_t *session_records_kept(const char *owner);
 /* Removes OWNER's hibernated session ID from the store (its record and its
  * kept stage) if no server holds it: whether it did. */
 bool session_record_drop(const char *id, const char *owner);
+/* Whether ID has a hibernated.json on the store (whoever's, held or not): a
+ * cheap test before a claim. */
+bool session_record_maybe_hibernated(const char *id);
 
 /* ---- the backend (session_backend.c) ---- */
 
@@ -222,9 +241,14 @@ json_t *session_recently_closed_locked(const char *owner);
  * resume (its inputs changed, its saved state is damaged: it stays on the
  * store for a server that can). */
 int session_adopt(const char *id, const char *owner, char **ret_err);
-/* At shutdown, before the table is closed: hibernates every live session
- * (IGN_MCP_SHUTDOWN_ACTION=hibernate) within IGN_MCP_SHUTDOWN_SECS, each one
- * that cannot be named in the log.  Whether the hibernated sessions are to
+/* close of ID, which the table did not have: 1, OWNER's hibernation of it on
+ * the store was removed (not resumed); 2, another call of this server took
+ * it into the table meanwhile (close it there); 0, neither. */
+int session_adopted_close(const char *id, const char *owner);
+/* At shutdown, before the table is closed (session_draining set): hibernates
+ * every live session (IGN_MCP_SHUTDOWN_ACTION=hibernate), each started
+ * within IGN_MCP_SHUTDOWN_SECS (one started runs to its end), each one that
+ * cannot be named in the log.  Whether the hibernated sessions are to
  * outlive the server (false: hibernation at shutdown is off). */
 bool session_hibernate_all(void);
 

@@ -159,18 +159,32 @@ static time_t record_lost_at(int dir_fd) {
   return fstatat(dir_fd, "lost_at", &st, AT_SYMLINK_NOFOLLOW) == 0 ? st.st_mtime : now;
 }
 
-#define RECORD_HIB_MAX (256 * 1024) /* hibernated.json: its policy has 256 rules, 4096 names */
+/* hibernated.json at most: a policy of 256 rules and 4096 names of up to 253
+ * characters, quoted and separated, and the rest. */
+#define RECORD_HIB_MAX ((size_t)2 << 20)
 
-/* The hibernated.json of the record in DIR_FD: 0 and *ret (a reference),
- * -ENOENT when there is none, else -errno. */
-static int hib_read(int dir_fd, json_t **ret) {
+/* The hibernated.json of record ID (in DIR_FD), checked: version 1, its id,
+ * an owner, bytes, a time not in the future, what it carries.  0 and *ret (a
+ * reference), -ENOENT when there is none, -EBADMSG when it is damaged. */
+static int hib_read(int dir_fd, const char *id, json_t **ret) {
   _cleanup_close_ int fd = open_regular(dir_fd, "hibernated.json");
   if (fd < 0)
     return -errno;
+  struct stat st;
+  if (fstat(fd, &st) < 0 || st.st_size > (off_t)RECORD_HIB_MAX)
+    return -EBADMSG;
   json_error_t e;
   json_t *j = json_loadfd(fd, JSON_REJECT_DUPLICATES, &e);
-  struct stat st;
-  if (!j || fstat(fd, &st) < 0 || st.st_size > RECORD_HIB_MAX || !json_is_object(j)) {
+  json_int_t version = 0, bytes = -1, at = -1;
+  const char *hid = NULL, *owner = NULL, *carries = NULL;
+  bool ok = j && json_unpack(j, "{s:I, s:s, s:s, s:I, s:I, s:s}", "version", &version, "id", &hid,
+                             "owner", &owner, "bytes", &bytes, "hibernated_at", &at, "carries",
+                             &carries) == 0 &&
+            version == 1 && strcmp(hid, id) == 0 && bytes >= 0 && at >= 0 &&
+            at <= (json_int_t)time(NULL) + 60 &&
+            (strcmp(carries, "memory") == 0 || strcmp(carries, "files") == 0);
+  const json_t *iso = j ? json_object_get(j, "isolation") : NULL, *eg = j ? json_object_get(j, "egress") : NULL;
+  if (!ok || (iso && !json_is_string(iso)) || (eg && !json_is_object(eg))) {
     json_decref(j);
     return -EBADMSG;
   }
@@ -182,10 +196,50 @@ static int64_t hib_at(const json_t *j) {
   return (int64_t)json_integer_value(json_object_get(j, "hibernated_at"));
 }
 
+/* The live file of the record in DIR_FD, locked LOCK_EX without waiting
+ * (tried a few times over 100 ms: a probe of another server holds it an
+ * instant): its fd, or -1 when a server holds it. */
+static int record_take(int dir_fd, int tries) {
+  int fd = openat(dir_fd, "live", O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  for (int i = 0; i < tries; i++) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+      return fd;
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      break;
+    if (i + 1 < tries)
+      usleep(20 * 1000);
+  }
+  close(fd);
+  return -1;
+}
+
 /* ---- the directory and the counter ---- */
 
-/* Removes what dead servers left: half-made records, and lost ones past
- * RECORD_LOST_KEEP_S. */
+/* Whether the kept stage of KEY belongs to no hibernation: its record is
+ * gone, or is held by no server and has no hibernated.json (a server died
+ * between the two). */
+static bool kept_orphan(const char *key) {
+  if (!record_id_ok(key))
+    return false;
+  _cleanup_free_ char *p = record_path(key, NULL);
+  _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT;
+  _cleanup_close_ int lock = record_take(fd, 1);
+  struct stat st;
+  return lock >= 0 && fstatat(fd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) < 0 &&
+         errno == ENOENT;
+}
+
+/* Removes what dead servers left: half-made records, lost ones past
+ * RECORD_LOST_KEEP_S, hibernations past IGN_MCP_HIBERNATE_KEEP_SECS, and
+ * kept stages no record names. */
 static void records_sweep(void) {
   DIR *d = opendir(records_dir);
   if (!d)
@@ -202,34 +256,45 @@ static void records_sweep(void) {
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0)
       continue;
-    bool gone;
-    if (strncmp(e->d_name, ".new-", 5) == 0)
+    if (strncmp(e->d_name, ".new-", 5) == 0) {
       /* Old first: a young one's maker may be about to lock it. */
-      gone = now - st.st_mtime > RECORD_NEW_STALE_S && record_held(fd) != 1;
-    else if (record_held(fd) == 0) {
-      json_t *hib = NULL;
-      if (hib_read(fd, &hib) == 0) {
-        /* Hibernated by a server that ended: kept for another to resume. */
-        gone = now - hib_at(hib) >= (int64_t)cfg.hibernate_keep_secs;
-        json_decref(hib);
-        if (gone) {
-          stage_remove_kept(e->d_name);
-          log_info("session %s (hibernated) closed: kept %u s (IGN_MCP_HIBERNATE_KEEP_SECS)",
-                   e->d_name, cfg.hibernate_keep_secs);
-        } else
-          kept++;
-      } else {
-        lost++;
-        gone = now - record_lost_at(fd) > RECORD_LOST_KEEP_S;
+      if (now - st.st_mtime > RECORD_NEW_STALE_S && record_held(fd) != 1) {
+        fs_remove_tree(p);
+        removed++;
       }
-    } else
-      gone = false;
+      continue;
+    }
+    /* Held by this sweep while it decides and removes: no server claims it
+     * meanwhile. */
+    _cleanup_close_ int lock = record_take(fd, 1);
+    if (lock < 0)
+      continue;
+    json_t *hib = NULL;
+    int hr = hib_read(fd, e->d_name, &hib);
+    bool gone;
+    if (hr == 0) {
+      /* Hibernated by a server that ended: kept for another to resume. */
+      gone = now - hib_at(hib) >= (int64_t)cfg.hibernate_keep_secs;
+      json_decref(hib);
+      if (gone)
+        log_info("session %s (hibernated) closed: kept %u s (IGN_MCP_HIBERNATE_KEEP_SECS)",
+                 e->d_name, cfg.hibernate_keep_secs);
+      else
+        kept++;
+    } else {
+      /* Lost with its server (or a damaged hibernation: it cannot be
+       * resumed either). */
+      lost++;
+      gone = now - record_lost_at(fd) > RECORD_LOST_KEEP_S;
+    }
     if (gone) {
+      stage_remove_kept(e->d_name);
       fs_remove_tree(p);
       removed++;
     }
   }
   closedir(d);
+  stage_kept_sweep(kept_orphan);
   if (kept)
     log_info("session records: %u hibernated session%s on the store, resumable by id", kept,
              kept == 1 ? "" : "s");
@@ -312,8 +377,9 @@ static int record_clear_lost(const char *id) {
   _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return errno == ENOENT ? 0 : -errno;
-  if (record_held(fd) != 0)
-    return -EEXIST;
+  struct stat st;
+  if (record_held(fd) != 0 || fstatat(fd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) == 0)
+    return -EEXIST; /* held, or a hibernation kept for its owner */
   fs_remove_tree(p);
   return 0;
 }
@@ -405,25 +471,6 @@ char *session_record_whereabouts(const char *id, const char *owner) {
       m.host[0] ? xasprintf("host '%s', pid %lld", m.host, m.pid) : xasprintf("pid %lld", m.pid);
   int held = record_held(fd);
   json_t *hib = NULL;
-  if (held == 1 && hib_read(fd, &hib) == 0) {
-    /* Hibernated: kept by a live server, or being resumed by one that took
-     * it a moment ago (its meta.json names it once its resume starts):
-     * given a moment, the name is the taker's. */
-    json_decref(steal_ptr(hib));
-    for (int i = 0; i < 20 && record_held(fd) == 1 && hib_read(fd, &hib) == 0; i++) {
-      json_decref(steal_ptr(hib));
-      usleep(50 * 1000);
-    }
-    struct record_meta now = {0};
-    if (meta_read(fd, &now) == 0) {
-      snprintf(m.host, sizeof m.host, "%s", now.host);
-      m.pid = now.pid;
-    }
-    free(now.owner);
-    free(server);
-    server = m.host[0] ? xasprintf("host '%s', pid %lld", m.host, m.pid)
-                       : xasprintf("pid %lld", m.pid);
-  }
   if (held == 1)
     return xasprintf("session '%s' is held by another server on this store (%s), not by this "
                      "one: send calls for it to that server (its client), or call open_session "
@@ -431,7 +478,7 @@ char *session_record_whereabouts(const char *id, const char *owner) {
                      id, server);
   if (held < 0)
     return NULL;
-  if (hib_read(fd, &hib) == 0) {
+  if (hib_read(fd, id, &hib) == 0) {
     /* Hibernated, and being claimed by a server this instant. */
     json_decref(hib);
     return xasprintf("session '%s' is hibernated on this store and is being resumed by a server "
@@ -451,6 +498,12 @@ int session_record_hibernated(struct session *s, json_t *j) {
   if (s->record_fd < 0) {
     json_decref(j);
     return -ENOENT;
+  }
+  /* Never more than a server reads back. */
+  _cleanup_free_ char *text = json_dumps(j, JSON_COMPACT);
+  if (!text || strlen(text) > RECORD_HIB_MAX) {
+    json_decref(j);
+    return text ? -EFBIG : -ENOMEM;
   }
   _cleanup_free_ char *tmp = record_path(s->id, ".hibernated.new"),
                       *final = record_path(s->id, "hibernated.json");
@@ -479,53 +532,82 @@ void session_record_resumed(struct session *s) {
              records_shown, s->id, strerror(errno), s->id);
 }
 
-/* Makes meta.json in DIR_FD say this server holds the record now. */
-static void meta_take(int dir_fd, const char *id, const char *owner, long long opened_at) {
-  json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "id", id, "owner", owner, "pid",
-                        (json_int_t)getpid(), "host", cfg.host_id, "server", server_token,
-                        "opened_at", (json_int_t)opened_at);
+/* META (json) becomes meta.json in DIR_FD, in one step. */
+static void meta_write(int dir_fd, json_t *meta) {
   _cleanup_close_ int fd =
       openat(dir_fd, ".meta.new", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (j && fd >= 0 && json_dumpfd(j, fd, JSON_COMPACT) == 0)
+  if (meta && fd >= 0 && json_dumpfd(meta, fd, JSON_COMPACT) == 0)
     renameat(dir_fd, ".meta.new", dir_fd, "meta.json");
-  json_decref(j);
 }
 
-int session_record_claim(const char *id, const char *owner, int *ret_fd, json_t **ret_hib,
-                         char **ret_err) {
+int session_record_claim(const char *id, const char *owner, bool damaged_too,
+                         struct record_claim *c, char **ret_err) {
+  *c = (struct record_claim){.fd = -1};
   if (!records_dir || !record_id_ok(id))
     return 0;
   _cleanup_free_ char *p = record_path(id, NULL);
   _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct record_meta m = {0};
   bool theirs = dfd >= 0 && meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
-  free(m.owner);
-  if (!theirs)
+  if (!theirs) {
+    free(m.owner);
     return 0;
-  int fd = openat(dfd, "live", O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  }
+  /* Without hibernated.json it is lost (or held): no lock taken for that. */
   struct stat st;
-  if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || flock(fd, LOCK_EX | LOCK_NB) < 0) {
-    if (fd >= 0)
-      close(fd);
-    return 0; /* held: whereabouts says by whom */
+  int fd = fstatat(dfd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) == 0 ? record_take(dfd, 5) : -1;
+  if (fd < 0) {
+    free(m.owner);
+    return 0; /* held, or lost: whereabouts says which */
   }
   json_t *hib = NULL;
-  int r = hib_read(dfd, &hib);
-  if (r == -ENOENT) {
+  int r = hib_read(dfd, id, &hib);
+  if (r == -ENOENT || (r < 0 && !damaged_too)) {
     close(fd);
-    return 0; /* lost: whereabouts says so */
-  }
-  if (r < 0) {
-    close(fd);
+    free(m.owner);
+    if (r == -ENOENT)
+      return 0; /* resumed by another server a moment ago */
     *ret_err = xasprintf("session '%s' is hibernated, but its record on the store (%s/%s/"
-                         "hibernated.json) cannot be read (%s): it cannot be resumed; close it",
-                         id, records_shown, id, strerror(-r));
+                         "hibernated.json) is damaged: it cannot be resumed. Close it.",
+                         id, records_shown, id);
     return r;
   }
-  meta_take(dfd, id, owner, m.opened_at);
-  *ret_fd = fd;
-  *ret_hib = hib;
+  /* meta.json names this server from now on (so that another server's
+   * answer does); the old one is put back if the claim is let go. */
+  c->old_meta = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "id", id, "owner", m.owner, "pid",
+                          (json_int_t)m.pid, "host", m.host, "server", m.server, "opened_at",
+                          (json_int_t)m.opened_at);
+  json_t *now = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "id", id, "owner", m.owner, "pid",
+                          (json_int_t)getpid(), "host", cfg.host_id, "server", server_token,
+                          "opened_at", (json_int_t)m.opened_at);
+  meta_write(dfd, now);
+  json_decref(now);
+  free(m.owner);
+  c->fd = fd;
+  c->hib = hib; /* NULL when damaged */
   return 1;
+}
+
+void session_record_unclaim(const char *id, struct record_claim *c) {
+  if (c->fd >= 0 && c->old_meta && records_dir) {
+    _cleanup_free_ char *p = record_path(id, NULL);
+    _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd >= 0)
+      meta_write(dfd, c->old_meta);
+  }
+  if (c->fd >= 0)
+    close(c->fd);
+  json_decref(c->old_meta);
+  json_decref(c->hib);
+  *c = (struct record_claim){.fd = -1};
+}
+
+int session_record_claimed(struct record_claim *c) {
+  json_decref(c->old_meta);
+  json_decref(c->hib);
+  int fd = c->fd;
+  *c = (struct record_claim){.fd = -1};
+  return fd;
 }
 
 /* Whether record NAME is OWNER's, hibernated and held by no server: its
@@ -539,7 +621,7 @@ static json_t *free_hibernated(const char *name, const char *owner) {
   bool theirs = dfd >= 0 && meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
   free(m.owner);
   json_t *hib = NULL;
-  if (!theirs || record_held(dfd) != 0 || hib_read(dfd, &hib) < 0)
+  if (!theirs || record_held(dfd) != 0 || hib_read(dfd, name, &hib) < 0)
     return NULL;
   return hib;
 }
@@ -589,15 +671,24 @@ json_t *session_records_kept(const char *owner) {
 }
 
 bool session_record_drop(const char *id, const char *owner) {
-  int fd = -1;
-  json_t *hib = NULL;
+  struct record_claim c;
   _cleanup_free_ char *err = NULL;
-  if (session_record_claim(id, owner, &fd, &hib, &err) != 1)
+  /* A damaged one too: it cannot be resumed, but it can be closed. */
+  if (session_record_claim(id, owner, true, &c, &err) != 1)
     return false;
-  json_decref(hib);
+  /* The stage first: a record without it reads as lost, a stage without
+   * its record is an orphan the next sweep removes. */
   stage_remove_kept(id);
   _cleanup_free_ char *p = record_path(id, NULL);
   fs_remove_tree(p);
-  close(fd);
+  close(session_record_claimed(&c));
   return true;
+}
+
+bool session_record_maybe_hibernated(const char *id) {
+  if (!records_dir || !record_id_ok(id))
+    return false;
+  _cleanup_free_ char *p = record_path(id, "hibernated.json");
+  struct stat st;
+  return lstat(p, &st) == 0;
 }

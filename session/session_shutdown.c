@@ -23,15 +23,25 @@
 void sessions_shutdown(void) {
   struct handle *dead[1024];
   size_t n_dead = 0;
+  /* Nothing opened, reset or resumed from here on: what is hibernated now
+   * stays so. */
+  pthread_mutex_lock(&session_lock);
+  session_draining = true;
+  session_table_unlock();
   bool keep = session_hibernate_all();
   pthread_mutex_lock(&session_lock);
   session_shutting_down = true;
   unsigned kept = 0;
-  for (struct session *s = session_table; keep && s; s = s->next)
+  for (struct session *s = session_table; keep && s; s = s->next) {
     if (s->hibernated && !s->resetting && s->hibernated->kept && s->record_fd >= 0) {
       s->outlives = true;
       kept++;
+    } else if (!s->ephemeral && !s->h && !s->hibernated) {
+      /* (The ones hibernate_all could not save, it named.) */
+      log_warn("session %s is closed with the server, not hibernated: it was being reset",
+               s->id);
     }
+  }
   if (kept)
     log_info("%u hibernated session(s) stay on the store: a server started on it resumes each "
              "at its first call",

@@ -32,6 +32,7 @@ struct session *session_table;
 unsigned session_count;
 unsigned session_next_seq;
 bool session_shutting_down;
+bool session_draining;
 
 /* Sessions whose last reference went while the lock was held, linked by
  * next: freed by session_table_unlock once the lock is dropped. */
@@ -71,10 +72,12 @@ void handle_retire(struct handle *h, const char *why) {
 void session_free(struct session *s) {
   if (!s)
     return;
-  session_record_remove(s);
+  /* The saved state before the record: a record without it reads as lost,
+   * a kept stage without its record is an orphan the next sweep removes. */
   if (s->hibernated && !s->outlives)
     stage_discard(s->hibernated);
   stage_unref(s->hibernated);
+  session_record_remove(s);
   if (s->egress)
     egress_free(s->egress);
   free(s->isolation_saved);

@@ -500,6 +500,12 @@ describe('across servers', () => {
     await a.close();
     const b = await startServer({ env: { ...KEEP, IGN_MCP_HIBERNATE_MAX_MB: 2 } });
     t.after(() => b.close());
+    // One refused (bigger than the cap alone) costs the stored ones nothing.
+    const big = await openSession(b.client);
+    await sh(b.client, big, 'head -c 3000000 /dev/urandom > /root/blob');
+    assert.match(await callErr(b.client, 'hibernate', { session_id: big }), /more than IGN_MCP_HIBERNATE_MAX_MB \(2 MiB\) allows; it was not hibernated and goes on running/);
+    assert.ok(recordOf(old)?.hibernated && keptStage(old), 'a refused hibernation closed a stored one');
+    await call(b.client, 'close', { session_id: big });
     const nu = await openSession(b.client);
     await sh(b.client, nu, 'head -c 1200000 /dev/urandom > /root/blob');
     await call(b.client, 'hibernate', { session_id: nu });
@@ -509,5 +515,31 @@ describe('across servers', () => {
     assert.equal(recordOf(old), null);
     assert.equal(keptStage(old), false);
     await call(b.client, 'close', { session_id: nu });
+  });
+
+  test('a damaged record on the store is refused, and close removes it with its saved state; a kept stage no record names is removed by the next server', { ...T, skip: NS_ONLY('the records are the same on both backends') }, async (t) => {
+    const a = await startServer({ env: QUIET });
+    t.after(() => a.close({ checkOrphans: false }));
+    const sid = await openSession(a.client);
+    await call(a.client, 'hibernate', { session_id: sid });
+    hardKill(a.pid);
+    assert.ok(await gone(a.pid));
+    const file = path.join(storeDir(), 'sessions', sid, 'hibernated.json');
+    const rec = JSON.parse(fs.readFileSync(file, 'utf8'));
+    fs.writeFileSync(file, JSON.stringify({ ...rec, id: 's1-ffff' }));
+    // A kept stage that no record names (its server died between the two).
+    const orphan = path.join(storeDir(), 'stages', '.hib-s4000000000-0000');
+    fs.mkdirSync(orphan, { mode: 0o700 });
+    fs.writeFileSync(path.join(orphan, 'ram'), 'x');
+    const b = await startServer({ env: QUIET });
+    t.after(() => b.close());
+    assert.equal(fs.existsSync(orphan), false, 'the orphaned kept stage is still there');
+    assert.ok(keptStage(sid), 'a damaged hibernation\'s stage went before its owner closed it');
+    let e;
+    await waitUntil(async () => !/held by another server/.test(e = await callErr(b.client, 'run', { session_id: sid, command: 'true' })), { timeoutMs: 15000, intervalMs: 300 });
+    assert.match(e, new RegExp(`^session '${sid}' is hibernated, but its record on the store \\(.*\\) is damaged: it cannot be resumed\\. Close it\\.$`), e);
+    assert.deepEqual(await call(b.client, 'close', { session_id: sid }), { ok: true, session_id: sid });
+    assert.equal(recordOf(sid), null);
+    assert.equal(keptStage(sid), false);
   });
 });
