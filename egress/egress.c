@@ -199,14 +199,19 @@ json_t *egress_save(const struct egress *e) {
     egress_rule_format(&e->pol.rules[i], buf, sizeof buf);
     json_array_append_new(rules, json_string(buf));
   }
+  json_t *wild = json_array();
   pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
   for (uint32_t i = 0; i < e->n_synth; i++)
     json_array_append_new(names, json_string(e->synth[i]));
+  for (size_t i = 0; e->wild_count && i < e->pol.n; i++)
+    json_array_append_new(wild, json_integer(e->wild_count[i]));
   pthread_mutex_unlock((pthread_mutex_t *)&e->synth_lock);
-  /* The bytes it moved: IGN_MCP_EGRESS_MAX_MB goes on counting from them. */
-  return json_pack("{s:s, s:o, s:o, s:I, s:I}", "mode", egress_mode_name(e->mode), "allow_hosts",
-                   rules, "names", names, "bytes_up", (json_int_t)e->bytes_up, "bytes_down",
-                   (json_int_t)e->bytes_down);
+  /* The bytes it moved and the names it looked up under each wildcard
+   * rule: IGN_MCP_EGRESS_MAX_MB and IGN_MCP_EGRESS_WILDCARD_NAMES go on
+   * counting from them. */
+  return json_pack("{s:s, s:o, s:o, s:I, s:I, s:o}", "mode", egress_mode_name(e->mode),
+                   "allow_hosts", rules, "names", names, "bytes_up", (json_int_t)e->bytes_up,
+                   "bytes_down", (json_int_t)e->bytes_down, "wildcard_names", wild);
 }
 
 int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
@@ -237,6 +242,18 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
     egress_free(e);
     *ret_err = strdup("its saved network policy is damaged (the names its sandbox was given)");
     return r;
+  }
+  const json_t *wild = json_object_get(j, "wildcard_names");
+  size_t nw = json_array_size(wild) < e->pol.n ? json_array_size(wild) : e->pol.n;
+  uint32_t counts[EGRESS_MAX_RULES] = {0};
+  for (size_t i = 0; i < nw; i++) {
+    json_int_t c = json_integer_value(json_array_get(wild, i));
+    counts[i] = c > 0 ? (c > UINT32_MAX ? UINT32_MAX : (uint32_t)c) : 0;
+  }
+  if (names_restore_wild(e, counts, nw) < 0) {
+    egress_free(e);
+    *ret_err = strdup("out of memory");
+    return -ENOMEM;
   }
   json_int_t up = json_integer_value(json_object_get(j, "bytes_up")),
              down = json_integer_value(json_object_get(j, "bytes_down"));

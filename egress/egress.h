@@ -72,10 +72,11 @@ int egress_new(const char *tool, const json_t *network, const json_t *allow_host
  * paused: a name E's sandbox is given after the copy is not in it. */
 int egress_clone(const struct egress *e, struct egress **ret);
 /* What a hibernated session keeps of E, to be made again by egress_load
- * in a later server: {mode, allow_hosts, names, bytes_up, bytes_down}
- * (names: its synthetic addresses' names in order, which a resumed guest
- * may have cached; the bytes, which IGN_MCP_EGRESS_MAX_MB counts).  The
- * names counted under wildcard rules start again. */
+ * in a later server: {mode, allow_hosts, names, bytes_up, bytes_down,
+ * wildcard_names} (names: its synthetic addresses' names in order, which a
+ * resumed guest may have cached; the bytes, which IGN_MCP_EGRESS_MAX_MB
+ * counts; the names counted under each wildcard rule, which
+ * IGN_MCP_EGRESS_WILDCARD_NAMES caps). */
 json_t *egress_save(const struct egress *e);
 /* The egress J (from egress_save) describes, checked as open_session's
  * arguments are (IGN_MCP_NET may have changed since): 0, or -EINVAL with

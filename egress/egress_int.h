@@ -282,6 +282,10 @@ int names_copy(struct egress *dst, struct egress *src);
 /* Gives N names synthetic addresses 1..N in order (into a new E): 0, or
  * -EINVAL (a name that is not one) / -ENOMEM. */
 int names_restore(struct egress *e, const char *const *names, size_t n);
+/* The names counted under E's wildcard rules, made again after
+ * names_restore: its synthetic names under them, and for each rule i at
+ * least COUNTS[i] (N of them). */
+int names_restore_wild(struct egress *e, const uint32_t *counts, size_t n);
 void names_cache_clear(void);
 /* OWNER's key for the DNS cache into KEY. */
 void names_owner_key(const char *owner, uint8_t key[EGRESS_OWNER_KEY]);

@@ -456,6 +456,37 @@ int names_restore(struct egress *e, const char *const *names, size_t n) {
   return 0;
 }
 
+int names_restore_wild(struct egress *e, const uint32_t *counts, size_t n) {
+  if (e->mode != EGRESS_MODE_ALLOW || !e->pol.n)
+    return 0;
+  uint32_t *count = calloc(e->pol.n, sizeof *count);
+  if (!count || getrandom(e->wild_salt, sizeof e->wild_salt, 0) != sizeof e->wild_salt) {
+    free(count);
+    return -ENOMEM;
+  }
+  e->wild_count = count;
+  /* The names it was given addresses for are known again (asked again,
+   * they cost nothing); each rule's count is at least what was saved (the
+   * names that failed to resolve counted too). */
+  for (uint32_t i = 0; i < e->n_synth; i++) {
+    long rule = wild_rule(e, e->synth[i]);
+    if (rule < 0)
+      continue;
+    uint64_t h = wild_hash(e, e->synth[i]);
+    if ((e->wild_n + 1) * 2 > e->wild_slots && wild_grow(e) < 0)
+      return -ENOMEM;
+    if (!e->wild_set[wild_slot(e, h)]) {
+      e->wild_set[wild_slot(e, h)] = h;
+      e->wild_n++;
+      count[rule]++;
+    }
+  }
+  for (size_t i = 0; i < n && i < e->pol.n; i++)
+    if (counts[i] > count[i])
+      count[i] = counts[i];
+  return 0;
+}
+
 /* ---- lookups ---- */
 
 static void answer(struct link *lk, uint32_t lid, enum proto_rcode rcode, uint32_t synth) {

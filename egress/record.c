@@ -315,6 +315,11 @@ void record_set_log(struct record *r, const char *session_id) {
   l->refs = 1;
   l->file = xasprintf("%s.egress.jsonl", i ? id : "session");
   l->path = xasprintf("%s/%s", egress_cfg.log_dir, l->file);
+  /* A record that goes on (a session resumed by another server) counts
+   * what its file holds already against IGN_MCP_EGRESS_LOG_CAP. */
+  struct stat st;
+  if (lstat(l->path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+    l->accepted = (uint64_t)st.st_size;
   pthread_mutex_lock(&r->lock);
   r->log = l;
   pthread_mutex_unlock(&r->lock);

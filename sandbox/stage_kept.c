@@ -106,7 +106,9 @@ int stage_open_kept(const char *key, const char *what, const char *owner, const 
                          "saved over, or close it. (%s)",
                          what, inputs_id, err);
   else
-    *ret_err = xasprintf("%s cannot be resumed: %s", what, err);
+    *ret_err = xasprintf("%s cannot be resumed: its saved state on the store fails its checks "
+                         "(%s); close it",
+                         what, r == -EBADMSG ? "its files do not match their checksums" : strerror(-r));
   return r;
 }
 

@@ -112,6 +112,19 @@ static void close_hibernated_locked(struct session *s, const char *why) {
   log_info("session %s (hibernated) closed: %s", s->id, why);
 }
 
+/* Lets hibernated session S (under the lock) go back to the store, where it
+ * stays for any server of its owner (this one too) to take again: nothing
+ * of it is lost.  False when it has nothing on the store to go back to. */
+static bool release_locked(struct session *s) {
+  if (s->record_fd < 0 || !s->hibernated || !s->hibernated->kept)
+    return false;
+  s->outlives = true;
+  struct handle *none = session_close_locked(s, "released to the store");
+  (void)none;
+  log_info("session %s (hibernated) left on the store, to make room in this server", s->id);
+  return true;
+}
+
 /* OWNER's (NULL: anyone's) oldest hibernated session other than SELF, or
  * NULL. */
 static struct session *oldest_locked(const char *owner, const struct session *self) {
@@ -146,6 +159,9 @@ static bool make_room_locked(const char *owner, const struct session *self, uint
       *ret_why = over_bytes ? "bytes" : "count";
       return false;
     }
+    /* Past the count, one kept on the store goes back there, not away. */
+    if (!over_bytes && release_locked(oldest))
+      continue;
     _cleanup_free_ char *why =
         over_bytes ? xasprintf("closed to make room for the hibernation of session %s "
                                "(IGN_MCP_HIBERNATE_MAX_MB=%u)",
@@ -415,6 +431,7 @@ int session_resume_locked(struct session *s, char **ret_err) {
   }
   s->h = h;
   s->hibernated = NULL;
+  s->adopted = false;
   s->resumed_ms = (mono_us() - t0) / 1000;
   s->last_used_ms = mono_ms();
   log_info("session %s resumed (%" PRIu64 " ms)", s->id, s->resumed_ms);
@@ -451,26 +468,32 @@ int session_adopt(const char *id, const char *owner, char **ret_err) {
   _cleanup_free_ char *why_not = NULL, *inputs = NULL, *text = NULL, *err = NULL, *what = NULL;
   /* Most misses are ids with no hibernation on the store: answered without
    * waiting for another call's claim. */
-  if (!session_stages_supported(&why_not) || !session_record_maybe_hibernated(id))
+  if (!session_stages_supported(&why_not) || !session_record_maybe_hibernated(id, owner))
     return 0;
   pthread_mutex_lock(&adopt_lock);
   pthread_mutex_lock(&session_lock);
   bool have = session_find_locked(id, owner) != NULL;
   bool stopping = session_shutting_down || session_draining;
-  bool full = hibernated_count_locked() >= hibernated_max();
   session_table_unlock();
   int r = have ? 1 : 0;
   struct record_claim c = {.fd = -1};
   struct stage *st = NULL;
   struct egress *e = NULL;
-  if (have || stopping || (r = session_record_claim(id, owner, false, &c, ret_err)) <= 0)
+  if (!have && stopping) {
+    *ret_err = strdup("the server is shutting down: call again once a server runs on the store");
+    r = -ESHUTDOWN;
     goto out;
-  if (full) {
-    *ret_err = xasprintf("session '%s' is hibernated on this store, but this server holds as "
-                         "many hibernated sessions as it may (8 x IGN_MCP_MAX_SESSIONS): close "
-                         "or resume some, then call again",
-                         id);
-    r = -EUSERS;
+  }
+  if (have || (r = session_record_claim(id, owner, false, &c, ret_err)) <= 0)
+    goto out;
+  int64_t at = (int64_t)json_integer_value(json_object_get(c.hib, "hibernated_at"));
+  if ((int64_t)time(NULL) - at >= (int64_t)cfg.hibernate_keep_secs) {
+    /* Kept long enough: gone, as the reaper would have closed it. */
+    session_record_unclaim(id, &c);
+    if (session_record_drop(id, owner))
+      log_info("session %s (hibernated) closed: kept %u s (IGN_MCP_HIBERNATE_KEEP_SECS)", id,
+               cfg.hibernate_keep_secs);
+    r = 0;
     goto out;
   }
   what = xasprintf("session '%s'", id);
@@ -481,6 +504,16 @@ int session_adopt(const char *id, const char *owner, char **ret_err) {
     goto out;
   }
   r = stage_open_kept(id, what, owner, session_ops->name, inputs, &st, ret_err);
+  if (r == -ENOENT) {
+    /* Its saved state is gone (a server died while resuming it): the
+     * record says lost from now on, not hibernated. */
+    session_record_forget_hibernation(id);
+    free(steal_ptr(*ret_err));
+    *ret_err = xasprintf("session '%s' was lost: its saved state is no longer on the store (a "
+                         "server that was resuming it ended first). Call open_session for a "
+                         "new session.",
+                         id);
+  }
   if (r < 0)
     goto out;
   const json_t *saved = json_object_get(c.hib, "egress");
@@ -507,7 +540,15 @@ int session_adopt(const char *id, const char *owner, char **ret_err) {
   s->isolation = s->isolation_saved;
   s->carries = carries_static(json_string_value(json_object_get(c.hib, "carries")));
   s->record_fd = session_record_claimed(&c);
+  s->adopted = true;
   pthread_mutex_lock(&session_lock);
+  /* Past the server's count, its oldest goes back to the store first (it
+   * loses nothing). */
+  while (hibernated_count_locked() >= hibernated_max()) {
+    struct session *oldest = oldest_locked(NULL, NULL);
+    if (!oldest || !release_locked(oldest))
+      break;
+  }
   s->hibernated_seq = ++hibernation_order;
   session_insert_locked(s);
   session_table_unlock();
@@ -525,7 +566,7 @@ out:
 }
 
 int session_adopted_close(const char *id, const char *owner) {
-  if (!session_record_maybe_hibernated(id))
+  if (!session_record_maybe_hibernated(id, owner))
     return 0;
   pthread_mutex_lock(&adopt_lock);
   pthread_mutex_lock(&session_lock);
@@ -566,7 +607,15 @@ bool session_hibernate_all(void) {
     _cleanup_free_ char *err = NULL;
     json_t *info = NULL;
     int r = -ETIMEDOUT;
-    if (todo[i].owner && now < deadline) {
+    pthread_mutex_lock(&session_lock);
+    struct session *s = session_find_locked(todo[i].id, todo[i].owner ? todo[i].owner : "");
+    /* Being saved or reset by another call: waiting for it is not bounded. */
+    bool saving = s && (s->snapshotting || s->resetting);
+    session_table_unlock();
+    if (saving) {
+      r = -EBUSY;
+      err = strdup("another call was saving or resetting it");
+    } else if (todo[i].owner && now < deadline) {
       uint64_t left = deadline - now;
       r = hibernate_within(todo[i].id, todo[i].owner,
                            (uint32_t)(left < SESSION_QUIET_WAIT_MS ? left : SESSION_QUIET_WAIT_MS),

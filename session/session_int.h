@@ -64,6 +64,9 @@ struct session {
   /* Hibernated, and kept on the store when this server ends (its record and
    * its kept stage stay for another server to resume): set at shutdown. */
   bool outlives;
+  /* Taken from the store (session_adopt) and not resumed here since: at
+   * shutdown it goes back there whatever IGN_MCP_SHUTDOWN_ACTION says. */
+  bool adopted;
 };
 
 /* ---- the table (session_table.c) ---- */
@@ -160,9 +163,12 @@ json_t *session_records_kept(const char *owner);
 /* Removes OWNER's hibernated session ID from the store (its record and its
  * kept stage) if no server holds it: whether it did. */
 bool session_record_drop(const char *id, const char *owner);
-/* Whether ID has a hibernated.json on the store (whoever's, held or not): a
- * cheap test before a claim. */
-bool session_record_maybe_hibernated(const char *id);
+/* Whether OWNER's record of ID has a hibernated.json on the store (held or
+ * not): a cheap test before a claim. */
+bool session_record_maybe_hibernated(const char *id, const char *owner);
+/* The record of ID (claimed) is no longer hibernated: its saved state is
+ * gone, so it reads as lost. */
+void session_record_forget_hibernation(const char *id);
 
 /* ---- the backend (session_backend.c) ---- */
 

@@ -184,7 +184,8 @@ static int hib_read(int dir_fd, const char *id, json_t **ret) {
             at <= (json_int_t)time(NULL) + 60 &&
             (strcmp(carries, "memory") == 0 || strcmp(carries, "files") == 0);
   const json_t *iso = j ? json_object_get(j, "isolation") : NULL, *eg = j ? json_object_get(j, "egress") : NULL;
-  if (!ok || (iso && !json_is_string(iso)) || (eg && !json_is_object(eg))) {
+  if (!ok || (iso && (!json_is_string(iso) || json_string_length(iso) > 64)) ||
+      (eg && !json_is_object(eg))) {
     json_decref(j);
     return -EBADMSG;
   }
@@ -265,12 +266,15 @@ static void records_sweep(void) {
       continue;
     }
     /* Held by this sweep while it decides and removes: no server claims it
-     * meanwhile. */
-    _cleanup_close_ int lock = record_take(fd, 1);
-    if (lock < 0)
+     * meanwhile.  One without a live file (a regular one) no server can
+     * hold: it is lost. */
+    struct stat ls;
+    bool broken = fstatat(fd, "live", &ls, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(ls.st_mode);
+    _cleanup_close_ int lock = broken ? -1 : record_take(fd, 1);
+    if (lock < 0 && !broken)
       continue;
     json_t *hib = NULL;
-    int hr = hib_read(fd, e->d_name, &hib);
+    int hr = broken ? -EBADMSG : hib_read(fd, e->d_name, &hib);
     bool gone;
     if (hr == 0) {
       /* Hibernated by a server that ended: kept for another to resume. */
@@ -623,6 +627,10 @@ static json_t *free_hibernated(const char *name, const char *owner) {
   json_t *hib = NULL;
   if (!theirs || record_held(dfd) != 0 || hib_read(dfd, name, &hib) < 0)
     return NULL;
+  if ((int64_t)time(NULL) - hib_at(hib) >= (int64_t)cfg.hibernate_keep_secs) {
+    json_decref(hib); /* kept long enough: the next claim or sweep removes it */
+    return NULL;
+  }
   return hib;
 }
 
@@ -685,10 +693,24 @@ bool session_record_drop(const char *id, const char *owner) {
   return true;
 }
 
-bool session_record_maybe_hibernated(const char *id) {
+bool session_record_maybe_hibernated(const char *id, const char *owner) {
   if (!records_dir || !record_id_ok(id))
     return false;
-  _cleanup_free_ char *p = record_path(id, "hibernated.json");
+  _cleanup_free_ char *p = record_path(id, NULL);
+  _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
-  return lstat(p, &st) == 0;
+  if (dfd < 0 || fstatat(dfd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return false;
+  /* Another owner's is none of this caller's business: answered at once,
+   * as an id nobody opened is. */
+  struct record_meta m = {0};
+  bool theirs = meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  free(m.owner);
+  return theirs;
+}
+
+void session_record_forget_hibernation(const char *id) {
+  _cleanup_free_ char *p = records_dir && record_id_ok(id) ? record_path(id, "hibernated.json") : NULL;
+  if (p)
+    unlink(p);
 }

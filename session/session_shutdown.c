@@ -32,11 +32,13 @@ void sessions_shutdown(void) {
   pthread_mutex_lock(&session_lock);
   session_shutting_down = true;
   unsigned kept = 0;
-  for (struct session *s = session_table; keep && s; s = s->next) {
-    if (s->hibernated && !s->resetting && s->hibernated->kept && s->record_fd >= 0) {
+  for (struct session *s = session_table; s; s = s->next) {
+    /* (One taken from the store and not resumed here goes back there.) */
+    if ((keep || s->adopted) && s->hibernated && !s->resetting && s->hibernated->kept &&
+        s->record_fd >= 0) {
       s->outlives = true;
       kept++;
-    } else if (!s->ephemeral && !s->h && !s->hibernated) {
+    } else if (keep && !s->ephemeral && !s->h && !s->hibernated) {
       /* (The ones hibernate_all could not save, it named.) */
       log_warn("session %s is closed with the server, not hibernated: it was being reset",
                s->id);

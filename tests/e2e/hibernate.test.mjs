@@ -238,7 +238,7 @@ describe('the idle reaper and the caps', () => {
     if (IS_VM) assert.ok(await waitUntil(() => guestQemus(s).length === 0, { timeoutMs: 10000 }), 'its QEMU is still running');
   });
 
-  test('at most 8 x IGN_MCP_MAX_SESSIONS hibernated sessions: past it the server\'s oldest is closed', { ...T, skip: NS_ONLY('nine hibernations are quick on ns') }, async (t) => {
+  test('at most 8 x IGN_MCP_MAX_SESSIONS hibernated sessions in a server: past it the server\'s oldest goes back to the store, whole, and comes back when called', { ...T, skip: NS_ONLY('nine hibernations are quick on ns') }, async (t) => {
     const s = await startServer({ env: { ...QUIET, IGN_MCP_MAX_SESSIONS: 1 } });
     t.after(() => s.close());
     const c = s.client;
@@ -246,11 +246,22 @@ describe('the idle reaper and the caps', () => {
     for (let i = 0; i < 9; i++) {
       const sid = await openSession(c);
       ids.push(sid);
+      await sh(c, sid, `echo ${i} > /root/mark`);
       await call(c, 'hibernate', { session_id: sid });
     }
     const l = await call(c, 'list_sessions', {});
-    assert.deepEqual(l.sessions.map((x) => x.session_id).sort(), ids.slice(1).sort());
-    assert.match(l.recently_closed.find((x) => x.session_id === ids[0])?.why ?? '', /^closed to make room for a newer hibernation \(this server holds at most 8 hibernated sessions, 8 x IGN_MCP_MAX_SESSIONS; the oldest goes first\)$/, JSON.stringify(l));
+    assert.deepEqual(l.sessions.map((x) => x.session_id).sort(), [...ids].sort(), JSON.stringify(l));
+    assert.deepEqual(l.sessions.filter((x) => x.on_store).map((x) => x.session_id), [ids[0]]);
+    assert.deepEqual(l.recently_closed, []);
+    assert.ok(recordOf(ids[0])?.hibernated && keptStage(ids[0]));
+    assert.match(s.stderrText(), new RegExp(`session ${ids[0]} \\(hibernated\\) left on the store, to make room in this server`));
+    // Called, it comes back (and the next oldest makes room for it).
+    assert.equal(await sh(c, ids[0], 'cat /root/mark'), '0\n');
+    assert.deepEqual((await call(c, 'list_sessions', {})).sessions.filter((x) => x.on_store).map((x) => x.session_id), [ids[1]]);
+    // Closed, in the server and on the store alike: nothing is left.
+    for (const id of ids) await call(c, 'close', { session_id: id });
+    assert.deepEqual((await call(c, 'list_sessions', {})).sessions, []);
+    assert.equal(recordOf(ids[1]), null);
   });
 
   test('IGN_MCP_IDLE_ACTION=close closes idle sessions as before; an invalid action stops the server', T, async (t) => {
