@@ -134,6 +134,24 @@ static int meta_read(int dir_fd, struct record_meta *m) {
   return r;
 }
 
+/* The directory of OWNER's record of ID, opened (an fd, with *M read; the
+ * caller frees M->owner), or -1 when there is none or it is another
+ * owner's (compared whole). */
+static int record_open_theirs(const char *id, const char *owner, struct record_meta *m) {
+  *m = (struct record_meta){0};
+  if (!records_dir || !record_id_ok(id))
+    return -1;
+  _cleanup_free_ char *p = record_path(id, NULL);
+  int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0 && meta_read(fd, m) == 0 && m->owner && strcmp(m->owner, owner) == 0)
+    return fd;
+  if (fd >= 0)
+    close(fd);
+  free(m->owner);
+  m->owner = NULL;
+  return -1;
+}
+
 /* Whether the record in DIR_FD is held by a live server: 1 held, 0 free
  * (its server is gone), -errno when it cannot be told. */
 static int record_held(int dir_fd) {
@@ -454,14 +472,10 @@ void session_record_remove(struct session *s) {
 }
 
 char *session_record_whereabouts(const char *id, const char *owner) {
-  if (!records_dir || !record_id_ok(id))
-    return NULL;
-  _cleanup_free_ char *p = record_path(id, NULL);
-  _cleanup_close_ int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct record_meta m = {0};
-  bool theirs = fd >= 0 && meta_read(fd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  struct record_meta m;
+  _cleanup_close_ int fd = record_open_theirs(id, owner, &m);
   free(m.owner);
-  if (!theirs)
+  if (fd < 0)
     return NULL;
   /* This server's own: closed, and going as its last call ends. */
   if (strcmp(m.server, server_token) == 0)
@@ -547,16 +561,10 @@ static void meta_write(int dir_fd, json_t *meta) {
 int session_record_claim(const char *id, const char *owner, bool damaged_too,
                          struct record_claim *c, char **ret_err) {
   *c = (struct record_claim){.fd = -1};
-  if (!records_dir || !record_id_ok(id))
+  struct record_meta m;
+  _cleanup_close_ int dfd = record_open_theirs(id, owner, &m);
+  if (dfd < 0)
     return 0;
-  _cleanup_free_ char *p = record_path(id, NULL);
-  _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct record_meta m = {0};
-  bool theirs = dfd >= 0 && meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
-  if (!theirs) {
-    free(m.owner);
-    return 0;
-  }
   /* Without hibernated.json it is lost (or held): no lock taken for that. */
   struct stat st;
   int fd = fstatat(dfd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) == 0 ? record_take(dfd, 5) : -1;
@@ -617,15 +625,11 @@ int session_record_claimed(struct record_claim *c) {
 /* Whether record NAME is OWNER's, hibernated and held by no server: its
  * hibernated.json then. */
 static json_t *free_hibernated(const char *name, const char *owner) {
-  if (!record_id_ok(name))
-    return NULL;
-  _cleanup_free_ char *p = record_path(name, NULL);
-  _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct record_meta m = {0};
-  bool theirs = dfd >= 0 && meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  struct record_meta m;
+  _cleanup_close_ int dfd = record_open_theirs(name, owner, &m);
   free(m.owner);
   json_t *hib = NULL;
-  if (!theirs || record_held(dfd) != 0 || hib_read(dfd, name, &hib) < 0)
+  if (dfd < 0 || record_held(dfd) != 0 || hib_read(dfd, name, &hib) < 0)
     return NULL;
   if ((int64_t)time(NULL) - hib_at(hib) >= (int64_t)cfg.hibernate_keep_secs) {
     json_decref(hib); /* kept long enough: the next claim or sweep removes it */
@@ -694,19 +698,13 @@ bool session_record_drop(const char *id, const char *owner) {
 }
 
 bool session_record_maybe_hibernated(const char *id, const char *owner) {
-  if (!records_dir || !record_id_ok(id))
-    return false;
-  _cleanup_free_ char *p = record_path(id, NULL);
-  _cleanup_close_ int dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct stat st;
-  if (dfd < 0 || fstatat(dfd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) < 0)
-    return false;
   /* Another owner's is none of this caller's business: answered at once,
    * as an id nobody opened is. */
-  struct record_meta m = {0};
-  bool theirs = meta_read(dfd, &m) == 0 && m.owner && strcmp(m.owner, owner) == 0;
+  struct record_meta m;
+  _cleanup_close_ int dfd = record_open_theirs(id, owner, &m);
   free(m.owner);
-  return theirs;
+  struct stat st;
+  return dfd >= 0 && fstatat(dfd, "hibernated.json", &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
 void session_record_forget_hibernation(const char *id) {
