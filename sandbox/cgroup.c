@@ -15,7 +15,10 @@
  * groups go under a group below the root, /sys/fs/cgroup/ignition-mcp (root
  * may make it; the ns backend runs as root), with a warning: they no longer
  * count against the server's group.  The server pid in the name lets the next
- * server remove groups a killed server left behind.
+ * server remove groups a killed server left behind; as a pid is only one pid
+ * namespace's word, a server also holds each of its groups with a shared
+ * flock on the directory for as long as it lives, and a group another
+ * server holds is never taken for a dead one's.
  *
  * Freezing (a commit copies a sandbox's files while its processes are
  * stopped): v2 has cgroup.freeze in the same group; v1 gets a group in the
@@ -36,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,7 +65,21 @@ struct cgroup {
   bool v2;
   pid_t watchdog;       /* v1 while frozen: thaws the group if we die first, or 0 */
   int watchdog_fd;      /* its pipe: EOF (our exit, or our death) makes it thaw */
+  int hold[3];          /* each dir open with LOCK_SH while we live, or -1 */
 };
+
+/* Holds directory DIR with a shared flock for as long as this process lives
+ * (the kernel drops it however it dies): a server in whatever pid
+ * namespace that finds the group cannot take it LOCK_EX, so it never takes
+ * a live server's group for a dead one's.  The fd, or -1. */
+static int hold_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) < 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
 
 static int write_file(const char *dir, const char *name, const char *value) {
   char path[4096];
@@ -146,8 +164,12 @@ static int v2_parent_locked(const char **ret, char **ret_err) {
   if (r == -EBUSY) {
     /* Our group holds processes, us among them: move into a leaf. */
     _cleanup_free_ char *leaf = xasprintf("%s/" CG_PREFIX "%d-server", base, (int)getpid());
-    if ((mkdir(leaf, 0755) == 0 || errno == EEXIST) && write_file(leaf, "cgroup.procs", "0") == 0)
+    if ((mkdir(leaf, 0755) == 0 || errno == EEXIST) && write_file(leaf, "cgroup.procs", "0") == 0) {
+      static int leaf_hold = -1; /* held for the server's life */
+      if (leaf_hold < 0)
+        leaf_hold = hold_dir(leaf);
       r = write_file(base, "cgroup.subtree_control", "+memory +pids");
+    }
   }
   if (r < 0) {
     /* Our group holds processes that are not ours (or is not ours to
@@ -213,6 +235,8 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
   _cleanup_free_ struct cgroup *cg = calloc(1, sizeof *cg);
   if (!cg)
     return -ENOMEM;
+  for (size_t i = 0; i < ARRAY_SIZE(cg->hold); i++)
+    cg->hold[i] = -1;
   char mem[32], pid_max[32];
   snprintf(mem, sizeof mem, "%llu", (unsigned long long)memory_mb << 20);
   snprintf(pid_max, sizeof pid_max, "%u", pids);
@@ -239,6 +263,7 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
     write_file(dir, "memory.swap.max", "0");
     cg->freezer = dir;
     cg->v2 = true;
+    cg->hold[0] = hold_dir(dir);
     *ret = steal_ptr(cg);
     return 0;
   }
@@ -284,6 +309,8 @@ int cgroup_create(const char *name, unsigned memory_mb, unsigned pids, struct cg
     }
   }
   v1_add_freezer(cg, name);
+  for (int i = 0; i < cg->n && i < (int)ARRAY_SIZE(cg->hold); i++)
+    cg->hold[i] = hold_dir(cg->dirs[i]);
   *ret = steal_ptr(cg);
   return 0;
 }
@@ -309,6 +336,8 @@ void cgroup_destroy(struct cgroup *cg) {
   if (cg->freezer)
     write_file(cg->freezer, cg->v2 ? "cgroup.freeze" : "freezer.state", cg->v2 ? "0" : "THAWED");
   for (int i = 0; i < cg->n; i++) {
+    if (i < (int)ARRAY_SIZE(cg->hold) && cg->hold[i] >= 0)
+      close(cg->hold[i]);
     destroy_dir(cg->dirs[i]);
     free(cg->dirs[i]);
   }
@@ -450,6 +479,14 @@ static void cleanup_stale_in(const char *base) {
     if (pid <= 0 || pid == getpid() || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
       continue;
     char *dir = xasprintf("%s/%s", base, e->d_name);
+    /* A pid is only this pid namespace's word: a server in another one (a
+     * container, a fenced test) may be alive under a pid that is free
+     * here.  A live server holds its groups (hold_dir). */
+    _cleanup_close_ int probe = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (probe >= 0 && flock(probe, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK) {
+      free(dir);
+      continue;
+    }
     log_info("removing cgroup %s left by a server (pid %ld) that is gone", dir, pid);
     /* v1: a group its server froze and could not thaw (it died in a
      * commit): its tasks die only once thawed. */

@@ -10,6 +10,7 @@ import path from 'node:path';
 import {
   startServer, startRaw, call, callErr, openSession, run, sh, sleep, waitUntil,
   findProcs, uniqueSleepSecs, IS_NS, IS_VM, VM_ONLY, NS_ONLY, AGENT, writeFile, textOf, descendants, qemuChildren, isAlive, hardKill,
+  SERVER, AS_ROOT, serverEnv,
 } from './lib.mjs';
 
 const T = { timeout: 60_000 };
@@ -396,3 +397,26 @@ describe('backend selection', () => {
     await assertNoVmLeftovers(pid);
   });
 });
+
+describe('servers in other pid namespaces', () => {
+  test('a server started in a pid namespace of its own leaves the cgroups and sandboxes of a live server outside it alone (a pid free there is not a dead server)', { ...T, skip: !AS_ROOT ? 'root only: a pid namespace and the cgroups of the ns backend' : NS_ONLY('the ns backend\'s cgroups') }, async (t) => {
+    const a = await startServer();
+    t.after(() => a.close());
+    const sid = await openSession(a.client);
+    const secs = uniqueSleepSecs();
+    await sh(a.client, sid, `(sleep ${secs} > /dev/null 2>&1 &); echo started`);
+    // The same cgroup as A, in a pid namespace where A's pid is free.
+    const b = spawn('unshare', ['--pid', '--fork', '--mount-proc', SERVER], { env: serverEnv({}), stdio: ['pipe', 'ignore', 'pipe'] });
+    let err = '';
+    b.stderr.on('data', (d) => (err += d));
+    const exited = new Promise((r) => b.on('exit', r));
+    t.after(() => b.kill('SIGKILL'));
+    assert.ok(await waitUntil(() => /ready: backend/.test(err), { timeoutMs: 30000 }), `the server in the pid namespace did not start: ${err.slice(-2000)}`);
+    b.stdin.end();
+    await exited;
+    assert.doesNotMatch(err, new RegExp(`removing cgroup \\S*ign-mcp-${a.pid}-`), 'it took the live server for a dead one');
+    assert.equal(findProcs(['sleep', String(secs)]).length, 1, 'the live server\'s sandbox was killed');
+    assert.equal(await sh(a.client, sid, 'echo ok'), 'ok\n');
+  });
+});
+
