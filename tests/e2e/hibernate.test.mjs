@@ -358,9 +358,10 @@ describe('across servers', () => {
       const after = await call(b.client, 'network_log', { session_id: sid });
       assert.equal(after.egress_log_path ?? open.egress.egress_log_path, open.egress.egress_log_path);
       assert.ok(after.denied.some((d) => d.ip === '10.1.2.3' && d.port === 2), JSON.stringify(after.denied));
-      const lines = fs.readFileSync(open.egress.egress_log_path, 'utf8').trimEnd().split('\n').map((x) => JSON.parse(x));
-      const ports = lines.filter((x) => x.ip === '10.1.2.3').map((x) => x.port);
-      assert.deepEqual(ports, [1, 2], JSON.stringify(lines));
+      // The record's writer puts the line in the file a moment after.
+      const ports = () => fs.readFileSync(open.egress.egress_log_path, 'utf8').trimEnd().split('\n').map((x) => JSON.parse(x)).filter((x) => x.ip === '10.1.2.3').map((x) => x.port);
+      await waitUntil(() => ports().length >= 2, { timeoutMs: 10000 });
+      assert.deepEqual(ports(), [1, 2], fs.readFileSync(open.egress.egress_log_path, 'utf8'));
     }
     // Resumed: no longer on the store as hibernated; this server holds it.
     const rec2 = recordOf(sid);
