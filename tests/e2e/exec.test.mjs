@@ -171,25 +171,23 @@ describe('run basics', () => {
   });
 
   test('a background process does not hold run open, and survives it', T, async () => {
+    // The sleep outlasts the call's timeout by far: a run held open by it
+    // would end timed out. (No wall-clock bound: a loaded host is slow.)
     const n = uniqueSleepSecs();
-    const t0 = Date.now();
     const r = await run(c, sid, `sleep ${n} & echo $! > /root/bg.pid; echo started`, { timeout_s: 30 });
-    const el = Date.now() - t0;
     assert.equal(r.stdout, 'started\n');
     assert.equal(r.timed_out, false);
-    assert.ok(el < 5000, `run with a background child took ${el} ms`);
     assert.equal(await sh(c, sid, 'kill -0 $(cat /root/bg.pid) && echo alive'), 'alive\n');
-    if (IS_NS) assert.equal(findProcs(['sleep', String(n)]).length, 1, 'background sleep not visible on the host');
+    // The shell's child may still be between fork and exec on a loaded host.
+    if (IS_NS) assert.ok(await waitUntil(() => findProcs(['sleep', String(n)]).length === 1, { timeoutMs: 10000 }), 'background sleep not visible on the host');
     await sh(c, sid, 'kill $(cat /root/bg.pid)');
   });
 
   test('a background writer that keeps stdout open does not keep run open', T, async () => {
     // The loop keeps writing to the inherited stdout after the shell exits;
     // run must end when the shell exits.
-    const t0 = Date.now();
     const r = await run(c, sid, '(while :; do echo spam; sleep 1; done) & echo $! > /root/spam.pid; echo fg', { timeout_s: 20 });
     assert.equal(r.timed_out, false);
-    assert.ok(Date.now() - t0 < 5000);
     assert.ok(r.stdout.includes('fg\n'), JSON.stringify(r.stdout.slice(0, 100)));
     await sh(c, sid, 'kill $(cat /root/spam.pid)');
   });
