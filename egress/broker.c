@@ -44,12 +44,20 @@ struct egress_settings egress_cfg = {
     .max_mode = EGRESS_MODE_ALLOW, .log_cap = 8u << 20, .max_streams = 64,
     .max_bytes = 1ull << 30, .wildcard_names = EGRESS_WILDCARD_NAMES};
 
-enum req_kind { REQ_ATTACH, REQ_DETACH };
+enum req_kind { REQ_ATTACH, REQ_DETACH, REQ_POLICY };
 struct req {
   struct req *next;
   enum req_kind kind;
   struct link *lk;
   const char *why; /* REQ_DETACH: what the streams' records say ended them */
+  /* REQ_POLICY: the session, its new policy (the old one back), the log's
+   * line; the answer. */
+  struct egress *e;
+  enum egress_mode mode;
+  struct egress_policy *pol;
+  json_t *line;
+  int res;
+  unsigned reset;
   bool done;
 };
 
@@ -287,6 +295,16 @@ static void do_requests(struct req *r) {
     if (r->kind == REQ_ATTACH) {
       r->lk->next = B.links;
       B.links = r->lk;
+    } else if (r->kind == REQ_POLICY) {
+      /* The line before the resets it causes; every stream decided from
+       * here on sees the new policy. */
+      r->res = names_set_policy(r->e, r->mode, r->pol);
+      if (r->res == 0) {
+        record_policy(r->e->rec, r->line);
+        for (struct link *lk = B.links; lk; lk = lk->next)
+          if (lk->e == r->e && !lk->dead)
+            r->reset += link_recheck_streams(lk);
+      }
     } else {
       link_teardown(r->lk, false, r->why ? r->why : "sandbox connection ended");
       r->lk->dead = true;
@@ -488,6 +506,15 @@ void egress_shutdown(void) {
   close(B.epfd);
   B.epfd = -1;
   names_cache_clear();
+}
+
+int broker_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
+                      json_t *line, unsigned *ret_reset) {
+  struct req r = {.kind = REQ_POLICY, .e = e, .mode = mode, .pol = pol, .line = line};
+  if (!request(&r))
+    return -ESHUTDOWN;
+  *ret_reset = r.reset;
+  return r.res;
 }
 
 /* Takes the handler away, lets the broker end LK's streams, frees LK. */

@@ -172,35 +172,44 @@ int egress_clone(const struct egress *src, struct egress **ret) {
   struct egress *e = egress_alloc(src->mode);
   if (!e)
     return -ENOMEM;
-  /* The fork's programs hold the source's answers: the same address must
-   * stand for the same name (and a new name must not take its number). */
+  /* The policy of this moment, and the fork's programs hold the source's
+   * answers: the same address must stand for the same name (and a new
+   * name must not take its number). */
   if (names_copy(e, (struct egress *)src) < 0) {
     egress_free(e);
     return -ENOMEM;
-  }
-  if (src->pol.n) {
-    e->pol.rules = malloc(src->pol.n * sizeof *e->pol.rules);
-    if (!e->pol.rules) {
-      egress_free(e);
-      return -ENOMEM;
-    }
-    memcpy(e->pol.rules, src->pol.rules, src->pol.n * sizeof *e->pol.rules);
-    e->pol.n = src->pol.n;
   }
   memcpy(e->owner_key, src->owner_key, EGRESS_OWNER_KEY);
   *ret = e;
   return 0;
 }
 
-json_t *egress_save(const struct egress *e) {
-  json_t *rules = json_array(), *names = json_array();
-  for (size_t i = 0; i < e->pol.n; i++) {
+/* P's rules as allow_hosts entries. */
+static json_t *policy_json(const struct egress_policy *p) {
+  json_t *a = json_array();
+  for (size_t i = 0; i < p->n; i++) {
     char buf[EGRESS_ENTRY_MAX + 1];
-    egress_rule_format(&e->pol.rules[i], buf, sizeof buf);
-    json_array_append_new(rules, json_string(buf));
+    egress_rule_format(&p->rules[i], buf, sizeof buf);
+    json_array_append_new(a, json_string(buf));
   }
+  return a;
+}
+
+/* E's mode and rules, read together (the broker may be changing them). */
+static json_t *rules_json(const struct egress *e, enum egress_mode *ret_mode) {
+  pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
+  json_t *a = policy_json(&e->pol);
+  *ret_mode = e->mode;
+  pthread_mutex_unlock((pthread_mutex_t *)&e->synth_lock);
+  return a;
+}
+
+json_t *egress_save(const struct egress *e) {
+  json_t *names = json_array();
   json_t *wild = json_array();
   pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
+  json_t *rules = policy_json(&e->pol);
+  enum egress_mode mode = e->mode;
   for (uint32_t i = 0; i < e->n_synth; i++)
     json_array_append_new(names, json_string(e->synth[i]));
   for (size_t i = 0; e->wild_count && i < e->pol.n; i++)
@@ -209,7 +218,7 @@ json_t *egress_save(const struct egress *e) {
   /* The bytes it moved and the names it looked up under each wildcard
    * rule: IGN_MCP_EGRESS_MAX_MB and IGN_MCP_EGRESS_WILDCARD_NAMES go on
    * counting from them. */
-  return json_pack("{s:s, s:o, s:o, s:I, s:I, s:o}", "mode", egress_mode_name(e->mode),
+  return json_pack("{s:s, s:o, s:o, s:I, s:I, s:o}", "mode", egress_mode_name(mode),
                    "allow_hosts", rules, "names", names, "bytes_up", (json_int_t)e->bytes_up,
                    "bytes_down", (json_int_t)e->bytes_down, "wildcard_names", wild);
 }
@@ -263,6 +272,68 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
   return 0;
 }
 
+int egress_update(struct egress *e, const json_t *network, const json_t *allow_hosts,
+                  json_t **ret_info, char **ret_err) {
+  static const char tool[] = "network_update";
+  bool net_given = network && !json_is_null(network),
+       hosts_given = allow_hosts && !json_is_null(allow_hosts);
+  if (!net_given && !hosts_given) {
+    *ret_err = xasprintf("%s: nothing to change: send network (\"none\", \"allow\" or "
+                         "\"open\") and/or allow_hosts (which alone means network \"allow\")",
+                         tool);
+    return -EINVAL;
+  }
+  /* allow_hosts alone: "allow" with those. */
+  json_t *allow = json_string("allow");
+  enum egress_mode mode;
+  int r = parse_mode(tool, net_given ? network : allow, &mode, ret_err);
+  json_decref(allow);
+  if (r < 0)
+    return r;
+  enum egress_mode was;
+  json_t *prev_rules = rules_json(e, &was);
+  struct egress_policy pol = {0};
+  if (mode == EGRESS_MODE_ALLOW && !hosts_given) {
+    /* "allow" alone keeps the rules it has. */
+    if (was != EGRESS_MODE_ALLOW) {
+      *ret_err = xasprintf("%s: network \"allow\" needs allow_hosts (the session's network is "
+                           "\"%s\", so it has none to keep): send allow_hosts too, such as "
+                           "[\"pypi.org\", \"*.pythonhosted.org\"]", tool, egress_mode_name(was));
+      json_decref(prev_rules);
+      return -EINVAL;
+    }
+    r = parse_hosts(tool, mode, prev_rules, &pol, ret_err);
+  } else {
+    r = parse_hosts(tool, mode, allow_hosts, &pol, ret_err);
+  }
+  if (r < 0) {
+    json_decref(prev_rules);
+    return r;
+  }
+  json_t *line = json_object();
+  json_object_set_new(line, "kind", json_string("policy"));
+  json_object_set_new(line, "mode", json_string(egress_mode_name(mode)));
+  json_object_set_new(line, "allow_hosts", policy_json(&pol));
+  json_object_set_new(line, "previous_mode", json_string(egress_mode_name(was)));
+  unsigned reset = 0;
+  r = broker_set_policy(e, mode, &pol, line, &reset);
+  json_decref(line);
+  egress_policy_free(&pol); /* the old one, or the new one when nothing changed */
+  if (r < 0) {
+    json_decref(prev_rules);
+    *ret_err = r == -ESHUTDOWN ? xasprintf("%s: the server is shutting down", tool)
+                               : xasprintf("%s: out of memory", tool);
+    return r;
+  }
+  json_t *o = egress_summary(e, NULL);
+  json_object_set_new(o, "previous",
+                      json_pack("{s:s, s:o}", "mode", egress_mode_name(was), "allowed_rules",
+                                prev_rules));
+  json_object_set_new(o, "connections_reset", json_integer(reset));
+  *ret_info = o;
+  return 0;
+}
+
 void egress_set_session(struct egress *e, const char *session_id, const char *owner) {
   if (e->session_id)
     return;
@@ -289,16 +360,6 @@ void egress_free(struct egress *e) {
   free(e);
 }
 
-static json_t *rules_json(const struct egress *e) {
-  json_t *a = json_array();
-  for (size_t i = 0; i < e->pol.n; i++) {
-    char buf[EGRESS_ENTRY_MAX + 1];
-    egress_rule_format(&e->pol.rules[i], buf, sizeof buf);
-    json_array_append_new(a, json_string(buf));
-  }
-  return a;
-}
-
 static json_t *log_path_json(const struct egress *e) {
   const char *p = record_log_path(e->rec);
   return p ? json_string(p) : json_null();
@@ -306,8 +367,10 @@ static json_t *log_path_json(const struct egress *e) {
 
 json_t *egress_summary(const struct egress *e, const char *capture_error) {
   json_t *o = json_object();
-  json_object_set_new(o, "mode", json_string(egress_mode_name(e->mode)));
-  json_object_set_new(o, "allowed_rules", rules_json(e));
+  enum egress_mode mode;
+  json_t *rules = rules_json(e, &mode);
+  json_object_set_new(o, "mode", json_string(egress_mode_name(mode)));
+  json_object_set_new(o, "allowed_rules", rules);
   json_object_set_new(o, "egress_log_path", log_path_json(e));
   if (capture_error)
     json_object_set_new(o, "capture", json_string(capture_error));
@@ -348,8 +411,10 @@ static void read_refused_packets(struct egress *e) {
 json_t *egress_report(struct egress *e, bool since_last) {
   read_refused_packets(e);
   json_t *o = json_object();
-  json_object_set_new(o, "mode", json_string(egress_mode_name(e->mode)));
-  json_object_set_new(o, "allowed_rules", rules_json(e));
+  enum egress_mode mode;
+  json_t *rules = rules_json(e, &mode);
+  json_object_set_new(o, "mode", json_string(egress_mode_name(mode)));
+  json_object_set_new(o, "allowed_rules", rules);
   record_report(e->rec, since_last, o);
   json_object_set_new(o, "egress_log_path", log_path_json(e));
   return o;

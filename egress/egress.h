@@ -82,6 +82,16 @@ json_t *egress_save(const struct egress *e);
  * arguments are (IGN_MCP_NET may have changed since): 0, or -EINVAL with
  * *ret_err. */
 int egress_load(const json_t *j, struct egress **ret, char **ret_err);
+/* network_update: E's policy becomes NETWORK and ALLOW_HOSTS (checked as
+ * open_session's; NULL or null: absent).  allow_hosts alone means
+ * "allow"; "allow" alone keeps the rules E has.  From the next connection
+ * and lookup on; the connections open that the new policy refuses are
+ * reset, recorded "network_update: <why>", and the log gets a
+ * {"kind":"policy"} line.  *RET_INFO: egress_summary's fields and
+ * previous {mode, allowed_rules}, connections_reset.  0, or a negative
+ * errno with *RET_ERR (-EINVAL: the arguments; nothing changed). */
+int egress_update(struct egress *e, const json_t *network, const json_t *allow_hosts,
+                  json_t **ret_info, char **ret_err);
 /* The session id (names the log file) and its owner (call_ctx.owner: the
  * HTTP token's name, "" on stdio; the host's DNS answers are kept per
  * owner).  Once, before egress_attach. */

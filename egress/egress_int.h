@@ -140,6 +140,9 @@ void record_connect_update(struct record *r, const struct rec_conn *c);
 void record_connect_end(struct record *r, struct rec_conn *c);
 void record_dns(struct record *r, const char *name, uint16_t qtype, bool allowed,
                 const char *reason);
+/* A change of policy (network_update): LINE ({"kind":"policy", ...}, given
+ * its ts_ms here) goes to the log; the ring keeps connects and lookups. */
+void record_policy(struct record *r, json_t *line);
 /* A reading of the capture's refusal counters (UDP, ICMP, other) from the
  * agent of attachment GEN: what grew since the previous reading of the
  * same attachment (from 0 for a new one) becomes a refused_packets event.
@@ -161,6 +164,8 @@ struct lookup;
 
 /* A session's egress. */
 struct egress {
+  /* The policy: changed only on the broker thread (network_update), under
+   * synth_lock, which other threads take to read it. */
   enum egress_mode mode;
   struct egress_policy pol;
   char *session_id;
@@ -231,6 +236,12 @@ struct ev {
   uint8_t data[];
 };
 
+/* broker.c: E's policy becomes MODE and *POL (*POL gets the old one) on
+ * the broker thread, LINE goes to E's log, and the streams the new policy
+ * refuses are ended (*RET_RESET of them).  0, -ENOMEM, or -ESHUTDOWN (the
+ * broker is stopping; nothing changed). */
+int broker_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
+                      json_t *line, unsigned *ret_reset);
 /* broker.c, for stream.c: the broker's epoll set. */
 int broker_watch(int fd, uint32_t events, void *ptr);
 int broker_rewatch(int fd, uint32_t events, void *ptr);
@@ -261,6 +272,9 @@ uint64_t link_stream_timers(struct link *lk, uint64_t now);
 void stream_kill(struct stream *s, int err, const char *reason, bool tell_agent);
 /* The room in the stream queue may let blocked streams go on. */
 void link_writable(struct link *lk);
+/* After a policy change: ends LK's streams the policy no longer admits
+ * (reset, recorded "network_update: <why>"); how many. */
+unsigned link_recheck_streams(struct link *lk);
 
 /* names.c */
 void lookup_start(struct link *lk, uint32_t lid, const uint8_t *name, size_t len, uint16_t qtype);
@@ -277,8 +291,16 @@ void lookup_drop_all(struct link *lk);
 const char *names_synthetic(const struct egress *e, int family, const uint8_t *addr);
 bool names_is_synthetic(int family, const uint8_t *addr);
 void names_free(struct egress *e);
-/* DST gets SRC's synthetic addresses (DST has none yet).  0 or -ENOMEM. */
+/* DST gets SRC's policy (mode and rules), synthetic addresses and the
+ * names it counted under its wildcard rules, all of one moment (DST has
+ * none yet; SRC's may change on the broker thread meanwhile).  0 or
+ * -ENOMEM. */
 int names_copy(struct egress *dst, struct egress *src);
+/* On the broker thread: E's policy becomes MODE and *POL, and *POL gets
+ * the old one (for the caller to free); the names counted under a
+ * wildcard rule that stays go on counting.  0, or -ENOMEM (nothing
+ * changed). */
+int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol);
 /* Gives N names synthetic addresses 1..N in order (into a new E): 0, or
  * -EINVAL (a name that is not one) / -ENOMEM. */
 int names_restore(struct egress *e, const char *const *names, size_t n);

@@ -405,10 +405,57 @@ void names_free(struct egress *e) {
   e->n_synth = 0;
 }
 
+/* The names counted under each wildcard rule of NEW, from E's counts
+ * under its rules now: a rule kept (the same suffix) keeps its count, a
+ * new one starts at 0.  NULL (and 0) when E counted none yet; -ENOMEM. */
+static int wild_remap(const struct egress *e, const struct egress_policy *new, uint32_t **ret) {
+  *ret = NULL;
+  if (!e->wild_count)
+    return 0;
+  /* Never NULL once counting began: the salt was made with it. */
+  uint32_t *count = calloc(new->n ? new->n : 1, sizeof *count);
+  if (!count)
+    return -ENOMEM;
+  for (size_t j = 0; j < new->n; j++)
+    for (size_t i = 0; new->rules[j].wildcard && i < e->pol.n; i++)
+      if (e->pol.rules[i].wildcard && strcmp(e->pol.rules[i].name, new->rules[j].name) == 0 &&
+          e->wild_count[i] > count[j])
+        count[j] = e->wild_count[i];
+  *ret = count;
+  return 0;
+}
+
+int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol) {
+  uint32_t *count;
+  if (wild_remap(e, pol, &count) < 0)
+    return -ENOMEM;
+  pthread_mutex_lock(&e->synth_lock);
+  struct egress_policy old = e->pol;
+  uint32_t *old_count = e->wild_count;
+  e->mode = mode;
+  e->pol = *pol;
+  e->wild_count = count;
+  pthread_mutex_unlock(&e->synth_lock);
+  *pol = old;
+  free(old_count);
+  return 0;
+}
+
 int names_copy(struct egress *dst, struct egress *src) {
   pthread_mutex_lock(&src->synth_lock);
   int r = 0;
-  if (src->synth_slot) {
+  /* The policy with the counts that go by its rules: one moment's. */
+  dst->mode = src->mode;
+  if (src->pol.n) {
+    dst->pol.rules = malloc(src->pol.n * sizeof *dst->pol.rules);
+    if (dst->pol.rules) {
+      memcpy(dst->pol.rules, src->pol.rules, src->pol.n * sizeof *dst->pol.rules);
+      dst->pol.n = src->pol.n;
+    } else {
+      r = -ENOMEM;
+    }
+  }
+  if (!r && src->synth_slot) {
     dst->synth_slot = malloc(SYNTH_SLOTS * sizeof *dst->synth_slot);
     dst->synth = calloc(EGRESS_SYNTH_MAX, sizeof *dst->synth);
     r = dst->synth_slot && dst->synth ? 0 : -ENOMEM;

@@ -589,6 +589,14 @@ void record_connect_end(struct record *r, struct rec_conn *c) {
   json_decref(o);
 }
 
+void record_policy(struct record *r, json_t *line) {
+  json_object_set_new(line, "ts_ms", json_integer((json_int_t)(now_ns(CLOCK_REALTIME) / 1000000u)));
+  pthread_mutex_lock(&r->lock);
+  struct jlog *l = r->log;
+  pthread_mutex_unlock(&r->lock);
+  log_event(r, l, line);
+}
+
 static void dns_locked(struct record *r, const char *name, uint16_t qtype, bool allowed,
                        const char *reason, struct rec_ev *out) {
   struct rec_ev *slot = ring_next_locked(r);

@@ -498,6 +498,39 @@ void stream_agent_reset(struct stream *s, int err) {
 
 /* ---- opening ---- */
 
+/* What E's policy says of S, whose name (or raw address) is known, on
+ * PORT: the refusal, or NULL and S's rule set to the one that admits it. */
+static const char *policy_refusal(struct egress *e, struct stream *s, uint16_t port) {
+  if (e->mode == EGRESS_MODE_NONE)
+    return "network is none";
+  if (s->raw)
+    return e->mode == EGRESS_MODE_ALLOW ? "IP address not in allow_hosts" : NULL;
+  if (e->mode == EGRESS_MODE_OPEN)
+    return NULL;
+  size_t len = strlen(s->rec.host);
+  long i = egress_policy_match(&e->pol, s->rec.host, len, port);
+  if (i < 0)
+    return egress_policy_knows(&e->pol, s->rec.host, len) ? "port not in allow_hosts"
+                                                          : "not in allow_hosts";
+  egress_rule_format(&e->pol.rules[i], s->rec.rule, sizeof s->rec.rule);
+  return NULL;
+}
+
+unsigned link_recheck_streams(struct link *lk) {
+  unsigned n = 0;
+  for (struct stream *s = lk->streams, *next; s; s = next) {
+    next = s->next;
+    const char *why = policy_refusal(lk->e, s, s->rec.port);
+    if (!why)
+      continue;
+    char reason[EGRESS_REASON_MAX];
+    snprintf(reason, sizeof reason, "network_update: %s", why);
+    stream_kill(s, ECONNRESET, reason, true);
+    n++;
+  }
+  return n;
+}
+
 /* The refusal of steps 1-4 of (d) for a stream to O, or NULL; fills S's
  * name, rule and what the peek must see. */
 static const char *stage1(struct egress *e, struct stream *s, const struct agent_stream_open *o) {
@@ -527,16 +560,7 @@ static const char *stage1(struct egress *e, struct stream *s, const struct agent
     if (*refusal)
       return refusal;
   }
-  if (e->mode == EGRESS_MODE_OPEN)
-    return NULL;
-  size_t len = strlen(s->rec.host);
-  long i = egress_policy_match(&e->pol, s->rec.host, len, o->port);
-  if (i < 0)
-    return egress_policy_knows(&e->pol, s->rec.host, len) ? "port not in allow_hosts"
-                                                          : "not in allow_hosts";
-  const struct egress_rule *r = &e->pol.rules[i];
-  egress_rule_format(r, s->rec.rule, sizeof s->rec.rule);
-  return NULL;
+  return policy_refusal(e, s, o->port);
 }
 
 void stream_open(struct link *lk, uint32_t sid, const struct agent_stream_open *o) {

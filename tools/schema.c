@@ -562,5 +562,30 @@ json_t *tool_definitions(const char *net, size_t output_cap, size_t max_file, si
            input(json_pack("{s:o}", "session_id", parse(session_id_schema)),
                  (const char *[]){"session_id", NULL}),
            EGRESS_REPORT_SCHEMA, true, false, true, false));
+  json_t *update_props = network_props(net);
+  /* Absent: as it is (not "none"). */
+  json_object_del(json_object_get(update_props, "network"), "default");
+  json_object_set_new(update_props, "session_id", parse(session_id_schema));
+  json_array_append_new(
+      tools,
+      tool("network_update", "Change a session's network policy",
+           "Replace a running session's network policy: network and allow_hosts as open_session "
+           "takes them (allow_hosts alone means network \"allow\"; \"allow\" alone keeps the "
+           "hosts it has). It holds from the sandbox's next connection and lookup on; open "
+           "connections the new policy refuses are reset (connections_reset) and recorded. E.g. "
+           "allow the package registry to install dependencies, then network \"none\" before "
+           "running untrusted tests. Forks made later start with the new policy.",
+           input(update_props, (const char *[]){"session_id", NULL}),
+           "{\"type\":\"object\",\"properties\":{\"session_id\":{\"type\":\"string\"},"
+           "\"mode\":{\"type\":\"string\"},"
+           "\"allowed_rules\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+           "\"previous\":{\"type\":\"object\",\"properties\":{\"mode\":{\"type\":\"string\"},"
+           "\"allowed_rules\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}}},"
+           "\"connections_reset\":{\"type\":\"integer\",\"description\":\"Open connections "
+           "the new policy refused.\"},"
+           "\"egress_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
+           "\"required\":[\"session_id\",\"mode\",\"allowed_rules\",\"previous\","
+           "\"connections_reset\"]}",
+           false, false, true, false));
   return tools;
 }

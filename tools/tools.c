@@ -287,6 +287,29 @@ static json_t *tool_network_log(json_t *args, struct call_ctx *ctx) {
   return rep ? ok_result(rep) : err_result(NULL);
 }
 
+static json_t *tool_network_update(json_t *args, struct call_ctx *ctx) {
+  char *err = NULL;
+  const char *id;
+  if (args_check(args, "network_update",
+                 (const char *[]){"session_id", "network", "allow_hosts", NULL}, &err) < 0 ||
+      arg_session_id(args, &id, &err) < 0)
+    return err_result_free(err);
+  struct lease l;
+  if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
+    return err_result_free(err);
+  json_t *info = NULL;
+  int r = lease_egress(&l) ? egress_update(lease_egress(&l), json_object_get(args, "network"),
+                                           json_object_get(args, "allow_hosts"), &info, &err)
+                           : -ENOENT;
+  session_release(&l);
+  if (r == -ENOENT)
+    return err_result("network_update: this session has no network policy to change");
+  if (r < 0)
+    return err_result_free(err);
+  json_object_set_new(info, "session_id", json_string(id));
+  return ok_result(info);
+}
+
 /* commit_stop.gave_up of a call: it was cancelled. */
 static bool call_gave_up(void *ctx) { return atomic_load(&((struct call_ctx *)ctx)->cancelled); }
 
@@ -371,6 +394,7 @@ static const struct tool tools[] = {
     {"stage_info", tool_stage_info},     {"stage_rm", tool_stage_rm},
     {"sandbox_run", tool_sandbox_run},   {"copy_in", tool_copy_in},
     {"copy_out", tool_copy_out},         {"network_log", tool_network_log},
+    {"network_update", tool_network_update},
 };
 
 bool tools_exists(const char *name) {

@@ -37,7 +37,7 @@ const SERVER = path.resolve(process.env.IGN_TEST_CLIENT_SERVER || path.join(REPO
 const CLIENTS = path.resolve(process.env.IGN_TEST_CLIENTS_DIR || path.join(REPO, 'clients'));
 const BIN = path.join(CLIENTS, 'node_modules/.bin');
 const LAUNCHER = path.join(REPO, 'bin/ignition-mcp-launch');
-const TOOLS = ['close', 'commit', 'hibernate', 'fork', 'list_sessions', 'open_session', 'read_file', 'reset', 'run', 'stage_info', 'stage_list', 'stage_rm', 'write_file', 'sandbox_run', 'copy_in', 'copy_out', 'network_log'].sort();
+const TOOLS = ['close', 'commit', 'hibernate', 'fork', 'list_sessions', 'open_session', 'read_file', 'reset', 'run', 'stage_info', 'stage_list', 'stage_rm', 'write_file', 'sandbox_run', 'copy_in', 'copy_out', 'network_log', 'network_update'].sort();
 const CMD_TIMEOUT_MS = 120_000;
 
 const serverMissing = fs.existsSync(SERVER) ? null : `no server at ${SERVER}: build it with make (or scripts/setup.sh)`;
@@ -414,7 +414,7 @@ describe('Codex', () => {
     assert.match(toml, new RegExp(`^command = "${escapeRe(SERVER)}"$`, 'm'), toml);
   });
 
-  it('codex app-server connects: server info and the seventeen tools', async () => {
+  it('codex app-server connects: server info and the eighteen tools', async () => {
     const app = new CodexAppServer(codex, { cwd: ctx.project, env: ctx.env });
     try {
       await app.start();

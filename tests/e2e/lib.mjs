@@ -93,7 +93,7 @@ export const VM_RUN_DIR = process.getuid() === 0
     ? path.join(process.env.XDG_RUNTIME_DIR, 'ignition-mcp')
     : `/tmp/ignition-mcp-${process.getuid()}`;
 
-export const TOOL_NAMES = ['open_session', 'run', 'write_file', 'read_file', 'reset', 'close', 'hibernate', 'list_sessions', 'commit', 'fork', 'stage_list', 'stage_info', 'stage_rm', 'sandbox_run', 'copy_in', 'copy_out', 'network_log'];
+export const TOOL_NAMES = ['open_session', 'run', 'write_file', 'read_file', 'reset', 'close', 'hibernate', 'list_sessions', 'commit', 'fork', 'stage_list', 'stage_info', 'stage_rm', 'sandbox_run', 'copy_in', 'copy_out', 'network_log', 'network_update'];
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

@@ -34,6 +34,7 @@ const BY_ID = [
   ['copy_in', { host_path: 'README.md', guest_path: '/tmp/r' }],
   ['copy_out', { host_path: 'build/owner-test-out', guest_path: '/etc/hostname' }],
   ['network_log', {}],
+  ['network_update', { network: 'none' }],
 ];
 
 describe('host ids', () => {

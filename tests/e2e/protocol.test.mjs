@@ -77,7 +77,7 @@ describe('basic requests', () => {
     assert.equal(r.error, undefined);
   });
 
-  test('tools/list lists the seventeen tools with schemas and annotations', T, async () => {
+  test('tools/list lists the eighteen tools with schemas and annotations', T, async () => {
     const r = await raw.request('tools/list', {});
     const tools = r.result.tools;
     assert.deepEqual(tools.map((x) => x.name).sort(), [...TOOL_NAMES].sort());

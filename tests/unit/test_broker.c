@@ -595,6 +595,69 @@ static void saved_egress_is_made_again(void) {
   egress_shutdown();
 }
 
+/* network_update: the new rules in force, what it was before, the names
+ * counted under a wildcard rule that stays go on counting; a refused
+ * update changes nothing. */
+static void updated_policy_keeps_what_stays(void) {
+  struct egress_settings s = {.max_mode = EGRESS_MODE_ALLOW, .hosts_file = hosts_path,
+                              .log_dir = tmp, .log_cap = 1u << 20, .max_streams = 64,
+                              .max_bytes = 1ull << 30};
+  char *err = NULL;
+  CHECK_EQ_INT(egress_init(&s, &err), 0);
+  free(steal_ptr(err));
+  struct egress *e = NULL;
+  json_t *net = json_string("allow"), *hosts = json_loads("[\"*.x.org\", \"a.org\"]", 0, NULL);
+  CHECK_EQ_INT(egress_new("open_session", net, hosts, &e, &err), 0);
+  const char *names[] = {"f1.x.org", "f2.x.org", "a.org"};
+  CHECK_EQ_INT(e ? names_restore(e, names, 3) : -1, 0);
+  CHECK_EQ_INT(e ? names_restore_wild(e, (uint32_t[]){2, 0}, 2) : -1, 0);
+  json_t *info = NULL;
+  json_t *wider = json_loads("[\"b.org:8443\", \"*.x.org\"]", 0, NULL);
+  CHECK_EQ_INT(egress_update(e, NULL, wider, &info, &err), 0);
+  CHECK_STREQ(str_of(info, "mode"), "allow");
+  CHECK_STREQ(json_string_value(json_array_get(json_object_get(info, "allowed_rules"), 0)), "b.org:8443");
+  CHECK_STREQ(str_of(json_object_get(info, "previous"), "mode"), "allow");
+  CHECK_EQ_INT(json_array_size(json_object_get(json_object_get(info, "previous"), "allowed_rules")), 2);
+  CHECK_EQ_INT(json_integer_value(json_object_get(info, "connections_reset")), 0);
+  json_decref(info);
+  json_t *saved = egress_save(e);
+  json_t *wild = json_loads("[0, 2]", 0, NULL);
+  CHECK(json_equal(json_object_get(saved, "wildcard_names"), wild));
+  json_decref(wild);
+  json_decref(saved);
+  /* Refused: nothing to change, open past IGN_MCP_NET, hosts with none. */
+  json_t *open = json_string("open"), *none = json_string("none");
+  CHECK_EQ_INT(egress_update(e, NULL, NULL, &info, &err), -EINVAL);
+  CHECK(err && strstr(err, "nothing to change"));
+  free(steal_ptr(err));
+  CHECK_EQ_INT(egress_update(e, open, NULL, &info, &err), -EINVAL);
+  CHECK(err && strstr(err, "IGN_MCP_NET=allow"));
+  free(steal_ptr(err));
+  CHECK_EQ_INT(egress_update(e, none, hosts, &info, &err), -EINVAL);
+  free(steal_ptr(err));
+  saved = egress_save(e);
+  CHECK_EQ_INT(json_array_size(json_object_get(saved, "allow_hosts")), 2);
+  json_decref(saved);
+  /* "allow" alone keeps the rules; "none" drops them. */
+  CHECK_EQ_INT(egress_update(e, net, NULL, &info, &err), 0);
+  CHECK_EQ_INT(json_array_size(json_object_get(info, "allowed_rules")), 2);
+  json_decref(info);
+  CHECK_EQ_INT(egress_update(e, none, NULL, &info, &err), 0);
+  CHECK_STREQ(str_of(info, "mode"), "none");
+  CHECK_EQ_INT(json_array_size(json_object_get(info, "allowed_rules")), 0);
+  json_decref(info);
+  CHECK_EQ_INT(egress_update(e, net, NULL, &info, &err), -EINVAL);
+  CHECK(err && strstr(err, "has none to keep"));
+  free(steal_ptr(err));
+  json_decref(open);
+  json_decref(none);
+  json_decref(wider);
+  json_decref(net);
+  json_decref(hosts);
+  egress_free(e);
+  egress_shutdown();
+}
+
 static void policy_line_says_the_bounds(void) {
   init_broker(PRIV_HOST, 64);
   char *line = egress_policy_line();
@@ -2392,7 +2455,8 @@ static void teardown(void) {
 int main(void) {
   setup();
   static const struct test_case cases[] = {
-      TEST(new_refuses_bad_arguments), TEST(saved_egress_is_made_again),  TEST(policy_line_says_the_bounds),
+      TEST(new_refuses_bad_arguments), TEST(saved_egress_is_made_again),  TEST(updated_policy_keeps_what_stays),
+      TEST(policy_line_says_the_bounds),
       TEST(dns_answers_by_policy),      TEST(relay_both_ways_and_count), TEST(relay_within_the_windows),
       TEST(refusals_at_open),           TEST(peek_mismatch_reaches_nothing),
       TEST(private_refused_without_allow_private), TEST(too_many_connections),

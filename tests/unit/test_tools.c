@@ -141,11 +141,11 @@ static void network_arguments_are_checked(void) {
   egress_shutdown();
 }
 
-static void seventeen_tools_are_listed(void) {
+static void eighteen_tools_are_listed(void) {
   json_t *t = tools_list(true);
-  CHECK_EQ_INT(json_array_size(t), 17);
-  const char *last[] = {"sandbox_run", "copy_in", "copy_out", "network_log"};
-  for (size_t i = 0; i < 4; i++)
+  CHECK_EQ_INT(json_array_size(t), 18);
+  const char *last[] = {"sandbox_run", "copy_in", "copy_out", "network_log", "network_update"};
+  for (size_t i = 0; i < 5; i++)
     CHECK_STREQ(json_string_value(json_object_get(json_array_get(t, 13 + i), "name")), last[i]);
   /* The long ones may run as tasks (2025-11-25); the others say they may
    * not, and the 2026-07-28 list has no execution at all. */
@@ -177,4 +177,4 @@ static void seventeen_tools_are_listed(void) {
 }
 
 TEST_MAIN(TEST(read_file_cost_follows_max_bytes_up_to_the_cap), TEST(transfer_arguments_are_checked),
-          TEST(network_arguments_are_checked), TEST(seventeen_tools_are_listed))
+          TEST(network_arguments_are_checked), TEST(eighteen_tools_are_listed))
