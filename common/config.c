@@ -324,6 +324,21 @@ static int load_net(void) {
                     "itself: its loopback and its own addresses) or 0 (the default)\n", p);
     return -EINVAL;
   }
+  const char *sf = getenv("IGN_MCP_SECRETS");
+  free(cfg.secrets);
+  cfg.secrets = sf && *sf ? strdup(sf) : NULL; /* checked by the broker, naming the entry */
+  const char *ca = getenv("IGN_MCP_EGRESS_CA");
+  free(cfg.egress_ca);
+  cfg.egress_ca = NULL;
+  if (ca && *ca) {
+    cfg.egress_ca = is_file(ca) ? realpath(ca, NULL) : NULL;
+    if (!cfg.egress_ca) {
+      fprintf(stderr, "ignition-mcp: IGN_MCP_EGRESS_CA=%s is invalid: give an existing file of "
+                      "PEM certificates the broker should trust besides the system's, or unset "
+                      "it\n", ca);
+      return -EINVAL;
+    }
+  }
   const char *h = getenv("IGN_MCP_EGRESS_HOSTS");
   cfg.egress_hosts = NULL;
   if (h && *h) {

@@ -55,6 +55,8 @@ struct config {
   unsigned egress_streams; /* IGN_MCP_EGRESS_STREAMS: connections open at once per session */
   unsigned egress_max_mb;  /* IGN_MCP_EGRESS_MAX_MB: MiB each way per session */
   unsigned egress_wildcard_names; /* IGN_MCP_EGRESS_WILDCARD_NAMES: names per *.suffix rule */
+  char *secrets;         /* IGN_MCP_SECRETS: the operator's secrets file, or NULL */
+  char *egress_ca;       /* IGN_MCP_EGRESS_CA: more CA certificates the broker trusts upstream */
   unsigned ns_uid_base;  /* IGN_MCP_NS_UID_BASE: the ns sandboxes' uid blocks (root) */
   /* IGN_MCP_HOST_ID: the prefix of every session id this server mints
    * ("h1" -> "h1.s3-9f2a"), so a front proxy can route calls on the id;

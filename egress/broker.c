@@ -36,6 +36,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
@@ -55,6 +56,8 @@ struct req {
   struct egress *e;
   enum egress_mode mode;
   struct egress_policy *pol;
+  struct binding **bind;
+  size_t *n_bind;
   json_t *line;
   int res;
   unsigned reset;
@@ -298,12 +301,15 @@ static void do_requests(struct req *r) {
     } else if (r->kind == REQ_POLICY) {
       /* The line before the resets it causes; every stream decided from
        * here on sees the new policy. */
-      r->res = names_set_policy(r->e, r->mode, r->pol);
+      r->res = names_set_policy(r->e, r->mode, r->pol, r->bind, r->n_bind);
       if (r->res == 0) {
         record_policy(r->e->rec, r->line);
         for (struct link *lk = B.links; lk; lk = lk->next)
           if (lk->e == r->e && !lk->dead)
+          {
             r->reset += link_recheck_streams(lk);
+            link_recheck_lookups(lk);
+          }
       }
     } else {
       link_teardown(r->lk, false, r->why ? r->why : "sandbox connection ended");
@@ -404,8 +410,12 @@ static bool request(struct req *r) {
     pthread_mutex_unlock(&B.lock);
     return false;
   }
-  r->next = B.reqs;
-  B.reqs = r;
+  /* In order: two updates of one session are carried out as they came. */
+  r->next = NULL;
+  struct req **tail = &B.reqs;
+  while (*tail)
+    tail = &(*tail)->next;
+  *tail = r;
   pthread_mutex_unlock(&B.lock);
   wake();
   pthread_mutex_lock(&B.lock);
@@ -436,7 +446,27 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
   if (!egress_cfg.wildcard_names)
     egress_cfg.wildcard_names = EGRESS_WILDCARD_NAMES;
   names_cache_clear();
-  int r = record_init();
+  int r = secrets_init(s->secrets_file, ret_err);
+  if (r < 0)
+    return r;
+  if (secrets_count()) {
+    /* The store may not exist yet: its parents are made as the store's. */
+    _cleanup_free_ char *parent = s->ca_dir ? strdup(s->ca_dir) : NULL;
+    char *slash = parent ? strrchr(parent, '/') : NULL;
+    if (slash && slash != parent) {
+      *slash = 0;
+      fs_mkdir_p(parent, 0755, 0755);
+    }
+    _cleanup_free_ char *err = NULL;
+    r = s->ca_dir ? ca_init(s->ca_dir, s->extra_ca, &err) : -EINVAL;
+    if (r < 0) {
+      *ret_err = xasprintf("IGN_MCP_SECRETS is set, so the broker needs its CA: %s",
+                           err ? err : "no directory for it");
+      secrets_shutdown();
+      return r;
+    }
+  }
+  r = record_init();
   if (r < 0) {
     *ret_err = xasprintf("cannot start the egress log writer: %s", strerror(-r));
     return r;
@@ -444,6 +474,8 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
   r = resolve_init(B.hosts_file, wake, ret_err);
   if (r < 0) {
     record_shutdown();
+    ca_shutdown();
+    secrets_shutdown();
     return r;
   }
   B.epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -473,6 +505,8 @@ fail:
   B.epfd = -1;
   resolve_shutdown();
   record_shutdown();
+  ca_shutdown();
+  secrets_shutdown();
   return r;
 }
 
@@ -500,6 +534,13 @@ void egress_shutdown(void) {
   B.ready = NULL;
   pthread_mutex_unlock(&B.lock);
   resolve_shutdown();
+  /* The interceptors end once the streams did (their sockets closed); the
+   * secrets and the CA they use go only when none is left. */
+  intercept_shutdown();
+  if (intercept_idle()) {
+    ca_shutdown();
+    secrets_shutdown();
+  }
   record_shutdown();
   close(B.evfd);
   __atomic_store_n(&B.evfd, -1, __ATOMIC_RELEASE);
@@ -509,8 +550,9 @@ void egress_shutdown(void) {
 }
 
 int broker_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
-                      json_t *line, unsigned *ret_reset) {
-  struct req r = {.kind = REQ_POLICY, .e = e, .mode = mode, .pol = pol, .line = line};
+                      struct binding **bind, size_t *n_bind, json_t *line, unsigned *ret_reset) {
+  struct req r = {.kind = REQ_POLICY, .e = e, .mode = mode, .pol = pol, .bind = bind,
+                  .n_bind = n_bind, .line = line};
   if (!request(&r))
     return -ESHUTDOWN;
   *ret_reset = r.reset;

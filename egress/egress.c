@@ -137,6 +137,7 @@ static struct egress *egress_alloc(enum egress_mode mode) {
   pthread_mutex_init(&e->stats_lock, NULL);
   pthread_cond_init(&e->stats_done, NULL);
   pthread_mutex_init(&e->synth_lock, NULL);
+  pthread_mutex_init(&e->upd_lock, NULL);
   names_owner_key("", e->owner_key); /* stdio's, until egress_set_session */
   e->rec = record_new();
   e->quota = resolve_quota_new();
@@ -147,29 +148,193 @@ static struct egress *egress_alloc(enum egress_mode mode) {
   return e;
 }
 
-int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
-               struct egress **ret, char **ret_err) {
+/* SECRETS (NULL, or an array of names) as a session's placeholders; KEEP
+ * (N_KEEP) are the ones it has: a name it keeps keeps its placeholder (its
+ * programs hold it).  0 or -EINVAL with *RET_ERR. */
+static int parse_secrets(const char *tool, const json_t *secrets, const struct binding *keep,
+                         size_t n_keep, struct binding **ret, size_t *ret_n, char **ret_err) {
+  *ret = NULL;
+  *ret_n = 0;
+  if (!secrets || json_is_null(secrets))
+    return 0;
+  size_t n = json_array_size(secrets);
+  if (!json_is_array(secrets) || n > SECRETS_MAX) {
+    *ret_err = xasprintf("%s: 'secrets' must be an array of at most %u secret names, such as "
+                         "[\"GITHUB_TOKEN\"]", tool, SECRETS_MAX);
+    return -EINVAL;
+  }
+  if (n && !secrets_count()) {
+    *ret_err = xasprintf("%s: this server holds no secrets (the operator names them in a file "
+                         "given by IGN_MCP_SECRETS); leave 'secrets' out", tool);
+    return -EINVAL;
+  }
+  struct binding *b = calloc(n ? n : 1, sizeof *b);
+  if (!b) {
+    *ret_err = strdup("out of memory");
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const char *name = json_string_value(json_array_get(secrets, i));
+    const struct secret *s = name ? secret_find(name) : NULL;
+    bool twice = false;
+    for (size_t k = 0; s && k < i; k++)
+      twice |= b[k].s == s;
+    if (!s || twice) {
+      *ret_err = !name ? xasprintf("%s: secrets[%zu] must be a string, the name of a secret", tool, i)
+                 : twice ? xasprintf("%s: secrets names %.64s twice", tool, name)
+                         : xasprintf("%s: secrets[%zu] \"%.64s\" is not a secret this server "
+                                     "holds (the operator names them in IGN_MCP_SECRETS)",
+                                     tool, i, name);
+      free(b);
+      return -EINVAL;
+    }
+    b[i].s = s;
+    const struct binding *had = NULL;
+    for (size_t k = 0; k < n_keep; k++)
+      if (keep[k].s == s)
+        had = &keep[k];
+    if (had)
+      memcpy(b[i].token, had->token, sizeof b[i].token);
+    else if (secret_token(b[i].token) < 0) {
+      *ret_err = strdup("cannot make a placeholder: no randomness");
+      free(b);
+      return -EIO;
+    }
+  }
+  *ret = b;
+  *ret_n = n;
+  return 0;
+}
+
+/* POL gains the hosts of each secret of B (its values may go there, so
+ * the sandbox may reach them), each rule once.  0 or -EINVAL. */
+static int add_secret_hosts(const char *tool, struct egress_policy *pol, const struct binding *b,
+                            size_t n, char **ret_err) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; k < b[i].s->hosts.n; k++) {
+      const struct egress_rule *r = &b[i].s->hosts.rules[k];
+      bool have = false;
+      for (size_t j = 0; j < pol->n && !have; j++)
+        have = memcmp(&pol->rules[j], r, sizeof *r) == 0;
+      if (have)
+        continue;
+      if (pol->n >= EGRESS_MAX_RULES) {
+        *ret_err = xasprintf("%s: allow_hosts and the hosts of the secrets come to over %u rules",
+                             tool, EGRESS_MAX_RULES);
+        return -EINVAL;
+      }
+      struct egress_rule *m = realloc(pol->rules, (pol->n + 1) * sizeof *m);
+      if (!m) {
+        *ret_err = strdup("out of memory");
+        return -ENOMEM;
+      }
+      pol->rules = m;
+      pol->rules[pol->n++] = *r;
+    }
+  return 0;
+}
+
+/* The policy of NETWORK, ALLOW_HOSTS and the secrets B (N_B): "none" with
+ * secrets is "allow" for their hosts, unless NONE_IS_NONE (network_update
+ * was sent network "none"). */
+static int make_policy(const char *tool, const json_t *network, const json_t *allow_hosts,
+                       const struct binding *b, size_t n_b, bool none_is_none,
+                       enum egress_mode *ret_mode, struct egress_policy *ret_pol, char **ret_err) {
   enum egress_mode mode;
   int r = parse_mode(tool, network, &mode, ret_err);
   if (r < 0)
     return r;
+  if (n_b && mode == EGRESS_MODE_NONE && !none_is_none) {
+    json_t *allow = json_string("allow");
+    r = parse_mode(tool, allow, &mode, ret_err); /* IGN_MCP_NET=off refuses it */
+    json_decref(allow);
+    if (r < 0)
+      return r;
+  }
   struct egress_policy pol = {0};
-  r = parse_hosts(tool, mode, allow_hosts, &pol, ret_err);
+  bool hosts = allow_hosts && !json_is_null(allow_hosts);
+  if (mode != EGRESS_MODE_ALLOW || hosts || !n_b)
+    r = parse_hosts(tool, mode, allow_hosts, &pol, ret_err);
+  if (r == 0 && mode == EGRESS_MODE_ALLOW)
+    r = add_secret_hosts(tool, &pol, b, n_b, ret_err);
+  if (r < 0) {
+    egress_policy_free(&pol);
+    return r;
+  }
+  *ret_mode = mode;
+  *ret_pol = pol;
+  return 0;
+}
+
+int egress_new_secrets(const char *tool, const json_t *network, const json_t *allow_hosts,
+                       const json_t *secrets, struct egress **ret, char **ret_err) {
+  struct binding *b;
+  size_t n_b;
+  int r = parse_secrets(tool, secrets, NULL, 0, &b, &n_b, ret_err);
   if (r < 0)
     return r;
+  enum egress_mode mode;
+  struct egress_policy pol = {0};
+  r = make_policy(tool, network, allow_hosts, b, n_b, false, &mode, &pol, ret_err);
+  if (r < 0) {
+    free(b);
+    return r;
+  }
   struct egress *e = egress_alloc(mode);
   if (!e) {
     egress_policy_free(&pol);
+    free(b);
     *ret_err = strdup("out of memory");
     return -ENOMEM;
   }
   e->pol = pol;
+  e->bind = b;
+  e->n_bind = n_b;
   *ret = e;
   return 0;
 }
 
+int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
+               struct egress **ret, char **ret_err) {
+  return egress_new_secrets(tool, network, allow_hosts, NULL, ret, ret_err);
+}
+
+const char *egress_trust_pem(struct egress *e, uint64_t *ret_gen, const char **ret_path) {
+  pthread_mutex_lock(&e->synth_lock);
+  bool any = e->n_bind > 0;
+  pthread_mutex_unlock(&e->synth_lock);
+  pthread_mutex_lock(&e->att_lock);
+  *ret_gen = e->att_gen;
+  *ret_path = e->trust_gen == e->att_gen ? e->trust_path : NULL;
+  pthread_mutex_unlock(&e->att_lock);
+  return any ? ca_pem() : NULL;
+}
+
+void egress_trust_done(struct egress *e, uint64_t gen, const char *path) {
+  pthread_mutex_lock(&e->att_lock);
+  e->trust_gen = gen;
+  e->trust_path = path; /* a string constant of trust.c */
+  pthread_mutex_unlock(&e->att_lock);
+}
+
+char **egress_secret_env(const struct egress *e, size_t *ret_n) {
+  pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
+  size_t n = e->n_bind;
+  char **v = calloc(n + 1, sizeof *v);
+  for (size_t i = 0; v && i < n; i++)
+    if (!(v[i] = xasprintf("%s=%s", e->bind[i].s->name, e->bind[i].token))) {
+      for (size_t k = 0; k < i; k++)
+        free(v[k]);
+      free(v);
+      v = NULL;
+    }
+  pthread_mutex_unlock((pthread_mutex_t *)&e->synth_lock);
+  *ret_n = v ? n : 0;
+  return v;
+}
+
 int egress_clone(const struct egress *src, struct egress **ret) {
-  struct egress *e = egress_alloc(src->mode);
+  struct egress *e = egress_alloc(EGRESS_MODE_NONE); /* names_copy sets it */
   if (!e)
     return -ENOMEM;
   /* The policy of this moment, and the fork's programs hold the source's
@@ -218,9 +383,15 @@ json_t *egress_save(const struct egress *e) {
   /* The bytes it moved and the names it looked up under each wildcard
    * rule: IGN_MCP_EGRESS_MAX_MB and IGN_MCP_EGRESS_WILDCARD_NAMES go on
    * counting from them. */
-  return json_pack("{s:s, s:o, s:o, s:I, s:I, s:o}", "mode", egress_mode_name(mode),
+  json_t *sec = json_array();
+  pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
+  for (size_t i = 0; i < e->n_bind; i++)
+    json_array_append_new(sec, json_pack("{s:s, s:s}", "name", e->bind[i].s->name, "token",
+                                         e->bind[i].token));
+  pthread_mutex_unlock((pthread_mutex_t *)&e->synth_lock);
+  return json_pack("{s:s, s:o, s:o, s:I, s:I, s:o, s:o}", "mode", egress_mode_name(mode),
                    "allow_hosts", rules, "names", names, "bytes_up", (json_int_t)e->bytes_up,
-                   "bytes_down", (json_int_t)e->bytes_down, "wildcard_names", wild);
+                   "bytes_down", (json_int_t)e->bytes_down, "wildcard_names", wild, "secrets", sec);
 }
 
 int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
@@ -264,6 +435,33 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
     *ret_err = strdup("out of memory");
     return -ENOMEM;
   }
+  /* The placeholders its programs hold: the same secrets, if this server
+   * still has them. */
+  const json_t *sec = json_object_get(j, "secrets");
+  size_t ns = json_array_size(sec);
+  if (ns > SECRETS_MAX || (sec && !json_is_array(sec))) {
+    egress_free(e);
+    *ret_err = strdup("its saved network policy is damaged (its secrets)");
+    return -EINVAL;
+  }
+  e->bind = calloc(ns ? ns : 1, sizeof *e->bind);
+  for (size_t i = 0; e->bind && i < ns; i++) {
+    const json_t *x = json_array_get(sec, i);
+    const char *name = json_string_value(json_object_get(x, "name")),
+               *tok = json_string_value(json_object_get(x, "token"));
+    const struct secret *s = name ? secret_find(name) : NULL;
+    if (!s || !tok || strlen(tok) != SECRET_TOKEN_LEN || strncmp(tok, "ignph", 5) != 0 ||
+        strspn(tok + 5, "0123456789abcdef") != SECRET_TOKEN_LEN - 5) {
+      *ret_err = s || !name ? strdup("its saved network policy is damaged (its secrets)")
+                            : xasprintf("its secret %.64s is not one this server holds "
+                                        "(IGN_MCP_SECRETS)", name);
+      egress_free(e);
+      return -EINVAL;
+    }
+    e->bind[i].s = s;
+    memcpy(e->bind[i].token, tok, SECRET_TOKEN_LEN + 1);
+    e->n_bind = i + 1;
+  }
   json_int_t up = json_integer_value(json_object_get(j, "bytes_up")),
              down = json_integer_value(json_object_get(j, "bytes_down"));
   e->bytes_up = up > 0 ? (uint64_t)up : 0;
@@ -272,41 +470,80 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
   return 0;
 }
 
+static int update_locked(struct egress *e, bool net_given, bool hosts_given, bool secrets_given,
+                         const json_t *network, const json_t *allow_hosts, const json_t *secrets,
+                         json_t **ret_info, char **ret_err);
+
 int egress_update(struct egress *e, const json_t *network, const json_t *allow_hosts,
-                  json_t **ret_info, char **ret_err) {
+                  const json_t *secrets, json_t **ret_info, char **ret_err) {
   static const char tool[] = "network_update";
   bool net_given = network && !json_is_null(network),
-       hosts_given = allow_hosts && !json_is_null(allow_hosts);
-  if (!net_given && !hosts_given) {
+       hosts_given = allow_hosts && !json_is_null(allow_hosts),
+       secrets_given = secrets && !json_is_null(secrets);
+  if (!net_given && !hosts_given && !secrets_given) {
     *ret_err = xasprintf("%s: nothing to change: send network (\"none\", \"allow\" or "
-                         "\"open\") and/or allow_hosts (which alone means network \"allow\")",
-                         tool);
+                         "\"open\"), allow_hosts (which alone means network \"allow\") or "
+                         "secrets", tool);
     return -EINVAL;
   }
-  /* allow_hosts alone: "allow" with those. */
-  json_t *allow = json_string("allow");
-  enum egress_mode mode;
-  int r = parse_mode(tool, net_given ? network : allow, &mode, ret_err);
-  json_decref(allow);
-  if (r < 0)
-    return r;
-  enum egress_mode was;
-  json_t *prev_rules = rules_json(e, &was);
-  struct egress_policy pol = {0};
-  if (mode == EGRESS_MODE_ALLOW && !hosts_given) {
-    /* "allow" alone keeps the rules it has. */
-    if (was != EGRESS_MODE_ALLOW) {
-      *ret_err = xasprintf("%s: network \"allow\" needs allow_hosts (the session's network is "
-                           "\"%s\", so it has none to keep): send allow_hosts too, such as "
-                           "[\"pypi.org\", \"*.pythonhosted.org\"]", tool, egress_mode_name(was));
-      json_decref(prev_rules);
-      return -EINVAL;
-    }
-    r = parse_hosts(tool, mode, prev_rules, &pol, ret_err);
-  } else {
-    r = parse_hosts(tool, mode, allow_hosts, &pol, ret_err);
+  /* One update at a time: what it reads as the policy now stays so until
+   * its own is in place (only an update changes it). */
+  pthread_mutex_lock(&e->upd_lock);
+  int res = update_locked(e, net_given, hosts_given, secrets_given, network, allow_hosts,
+                          secrets, ret_info, ret_err);
+  pthread_mutex_unlock(&e->upd_lock);
+  return res;
+}
+
+static int update_locked(struct egress *e, bool net_given, bool hosts_given, bool secrets_given,
+                         const json_t *network, const json_t *allow_hosts, const json_t *secrets,
+                         json_t **ret_info, char **ret_err) {
+  static const char tool[] = "network_update";
+  /* What the session has now. */
+  pthread_mutex_lock(&e->synth_lock);
+  enum egress_mode was = e->mode;
+  json_t *prev_rules = policy_json(&e->pol);
+  size_t n_had = e->n_bind;
+  struct binding *had = calloc(n_had ? n_had : 1, sizeof *had);
+  if (had && n_had)
+    memcpy(had, e->bind, n_had * sizeof *had);
+  pthread_mutex_unlock(&e->synth_lock);
+  struct binding *b = NULL;
+  size_t n_b = 0;
+  int r = had ? 0 : -ENOMEM;
+  if (r == 0 && secrets_given)
+    r = parse_secrets(tool, secrets, had, n_had, &b, &n_b, ret_err);
+  else if (r == 0) {
+    b = steal_ptr(had);
+    n_b = n_had;
   }
+  /* allow_hosts alone: "allow" with those; secrets alone: the mode it has. */
+  json_t *mode_arg = net_given ? json_incref((json_t *)network)
+                     : json_string(hosts_given ? "allow" : egress_mode_name(was));
+  /* "allow" without allow_hosts keeps the rules it has (but for the hosts
+   * of secrets it no longer has: those are added again from B). */
+  const json_t *hosts_arg = allow_hosts;
+  bool keep = !hosts_given && was == EGRESS_MODE_ALLOW;
+  if (r == 0 && !hosts_given && json_string_value(mode_arg) &&
+      strcmp(json_string_value(mode_arg), "allow") == 0 && !keep && !n_b) {
+    *ret_err = xasprintf("%s: network \"allow\" needs allow_hosts (the session's network is "
+                         "\"%s\", so it has none to keep): send allow_hosts too, such as "
+                         "[\"pypi.org\", \"*.pythonhosted.org\"]", tool, egress_mode_name(was));
+    r = -EINVAL;
+  }
+  enum egress_mode mode = EGRESS_MODE_NONE;
+  struct egress_policy pol = {0};
+  bool to_allow = json_string_value(mode_arg) && strcmp(json_string_value(mode_arg), "allow") == 0;
+  if (r == 0)
+    r = make_policy(tool, mode_arg, keep && to_allow ? prev_rules : hosts_arg, b, n_b, net_given,
+                    &mode, &pol, ret_err);
+  json_decref(mode_arg);
+  free(had);
   if (r < 0) {
+    if (r == -ENOMEM && !*ret_err)
+      *ret_err = xasprintf("%s: out of memory", tool);
+    egress_policy_free(&pol);
+    free(b);
     json_decref(prev_rules);
     return r;
   }
@@ -314,11 +551,18 @@ int egress_update(struct egress *e, const json_t *network, const json_t *allow_h
   json_object_set_new(line, "kind", json_string("policy"));
   json_object_set_new(line, "mode", json_string(egress_mode_name(mode)));
   json_object_set_new(line, "allow_hosts", policy_json(&pol));
+  json_t *names = json_array();
+  for (size_t i = 0; i < n_b; i++)
+    json_array_append_new(names, json_string(b[i].s->name));
+  json_object_set_new(line, "secrets", names);
   json_object_set_new(line, "previous_mode", json_string(egress_mode_name(was)));
   unsigned reset = 0;
-  r = broker_set_policy(e, mode, &pol, line, &reset);
+  struct binding *old_b = b;
+  size_t old_n = n_b;
+  r = broker_set_policy(e, mode, &pol, &old_b, &old_n, line, &reset);
   json_decref(line);
   egress_policy_free(&pol); /* the old one, or the new one when nothing changed */
+  free(old_b);
   if (r < 0) {
     json_decref(prev_rules);
     *ret_err = r == -ESHUTDOWN ? xasprintf("%s: the server is shutting down", tool)
@@ -353,6 +597,8 @@ void egress_free(struct egress *e) {
   egress_policy_free(&e->pol);
   names_free(e);
   pthread_mutex_destroy(&e->synth_lock);
+  pthread_mutex_destroy(&e->upd_lock);
+  free(e->bind);
   pthread_mutex_destroy(&e->att_lock);
   pthread_mutex_destroy(&e->stats_lock);
   pthread_cond_destroy(&e->stats_done);

@@ -45,6 +45,12 @@ struct egress_settings {
   /* IGN_MCP_EGRESS_WILDCARD_NAMES: distinct names a session may look up
    * under each *.suffix rule of its allow_hosts (0: the default). */
   unsigned wildcard_names;
+  /* IGN_MCP_SECRETS (or NULL): with secrets, the broker's CA lives in
+   * CA_DIR (<store>/egress-ca) and IGN_MCP_EGRESS_CA (or NULL) is trusted
+   * toward the real servers besides the system's trust store. */
+  const char *secrets_file;
+  const char *ca_dir;
+  const char *extra_ca;
 };
 
 /* Starts the broker thread and the resolver pool, reads the hosts file.  0,
@@ -65,6 +71,20 @@ struct egress;
  * saying what was wrong and what to send instead. */
 int egress_new(const char *tool, const json_t *network, const json_t *allow_hosts,
                struct egress **ret, char **ret_err);
+/* The same with SECRETS (NULL, or an array of names of the operator's
+ * secrets, IGN_MCP_SECRETS): each gets a placeholder of its own in this
+ * session (egress_secret_env), and its hosts are allowed as if in
+ * allow_hosts (network "none" or absent becomes "allow" for them). */
+int egress_new_secrets(const char *tool, const json_t *network, const json_t *allow_hosts,
+                       const json_t *secrets, struct egress **ret, char **ret_err);
+/* The broker's CA PEM when E has secrets (else NULL), *RET_GEN the
+ * sandbox attached now, and *RET_PATH the bundle it was put in for that
+ * sandbox (NULL: not yet; egress_trust_done says it is). */
+const char *egress_trust_pem(struct egress *e, uint64_t *ret_gen, const char **ret_path);
+void egress_trust_done(struct egress *e, uint64_t gen, const char *path);
+/* "NAME=placeholder" for each of E's secrets (*RET_N of them, a
+ * NULL-terminated malloc'd array of malloc'd strings), or NULL. */
+char **egress_secret_env(const struct egress *e, size_t *ret_n);
 /* A copy of E's policy and of its synthetic addresses (a vm fork keeps the
  * answers its programs cached: in the fork they stand for the same names)
  * and of the names it counted under its wildcard rules, with an empty
@@ -91,7 +111,7 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err);
  * previous {mode, allowed_rules}, connections_reset.  0, or a negative
  * errno with *RET_ERR (-EINVAL: the arguments; nothing changed). */
 int egress_update(struct egress *e, const json_t *network, const json_t *allow_hosts,
-                  json_t **ret_info, char **ret_err);
+                  const json_t *secrets, json_t **ret_info, char **ret_err);
 /* The session id (names the log file) and its owner (call_ctx.owner: the
  * HTTP token's name, "" on stdio; the host's DNS answers are kept per
  * owner).  Once, before egress_attach. */

@@ -140,6 +140,13 @@ void record_connect_update(struct record *r, const struct rec_conn *c);
 void record_connect_end(struct record *r, struct rec_conn *c);
 void record_dns(struct record *r, const char *name, uint16_t qtype, bool allowed,
                 const char *reason);
+/* R's log file, held (NULL: none) for lines written from another thread
+ * than the record's (intercept.c), which may outlive the record: each
+ * line is given its ts_ms; a line past the cap is cut as any other. */
+struct jlog;
+struct jlog *record_log_ref(struct record *r);
+void record_log_line(struct jlog *l, json_t *line);
+void record_log_unref(struct jlog *l);
 /* A change of policy (network_update): LINE ({"kind":"policy", ...}, given
  * its ts_ms here) goes to the log; the ring keeps connects and lookups. */
 void record_policy(struct record *r, json_t *line);
@@ -155,6 +162,62 @@ void record_dns_rate(struct record *r, const char *name, uint16_t qtype);
 /* {allowed[], denied[], dns_queries[], total_events, truncated, ...} into OUT. */
 void record_report(struct record *r, bool since_last, json_t *out);
 const char *record_qtype_name(uint16_t qtype, char buf[16]);
+
+/* ---- secrets.c, ca.c, intercept.c ------------------------------------- */
+
+#define SECRET_NAME_MAX 64u
+#define SECRETS_MAX 256u
+#define SECRET_TOKEN_LEN 37u          /* "ignph" and 32 hex digits */
+
+/* An operator's secret (IGN_MCP_SECRETS): fixed from startup on. */
+struct secret {
+  char *name;
+  char *value;
+  size_t len;
+  struct egress_policy hosts;  /* where its value may go */
+};
+
+/* A session's placeholder for a secret. */
+struct binding {
+  const struct secret *s;
+  char token[SECRET_TOKEN_LEN + 1];
+};
+
+/* Reads PATH (NULL or "": no secrets).  0 or -EINVAL with *RET_ERR. */
+int secrets_init(const char *path, char **ret_err);
+void secrets_shutdown(void);
+size_t secrets_count(void);
+const struct secret *secret_find(const char *name);
+/* A new placeholder into OUT.  0 or -EIO. */
+int secret_token(char out[SECRET_TOKEN_LEN + 1]);
+/* Whether S's value may go to NAME (LEN bytes) on PORT. */
+static inline bool secret_for(const struct secret *s, const char *name, size_t len, uint16_t port) {
+  return egress_policy_match(&s->hosts, name, len, port) >= 0;
+}
+
+/* ca.c: loads or makes the CA in DIR (0700, the euid's); EXTRA_CA (or
+ * NULL) is trusted toward the real servers besides the system's.  0 or
+ * -errno with *RET_ERR. */
+int ca_init(const char *dir, const char *extra_ca, char **ret_err);
+void ca_shutdown(void);
+const char *ca_pem(void);
+struct ssl_ctx_st;
+struct ssl_st;
+struct ssl_ctx_st *ca_client_ctx(void);
+struct ssl_ctx_st *ca_server_ctx(void);
+/* A server-side TLS object presenting a certificate for NAME, or NULL. */
+struct ssl_st *ca_server_ssl(struct ssl_ctx_st *ctx, const char *name);
+
+/* intercept.c: the connection of stream S to ADDR (checked by the
+ * broker) goes through an interceptor thread instead: *RET_FD is the
+ * broker's end of it (nonblocking).  TLS: the sandbox speaks TLS to the
+ * broker.  0 or -errno. */
+struct stream;
+int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls, int *ret_fd);
+/* Waits (bounded) for the interceptor threads to end. */
+void intercept_shutdown(void);
+/* No interceptor thread runs (the secrets may be freed). */
+bool intercept_idle(void);
 
 /* ---- broker.c / stream.c / names.c ------------------------------------ */
 
@@ -199,8 +262,23 @@ struct egress {
   uint32_t wild_slots, wild_n;
   uint32_t *wild_count;
   uint8_t wild_salt[16];
+  /* The broker thread's (under synth_lock): the most names counted under
+   * each wildcard suffix the session has had a rule for, so a rule dropped
+   * and given again does not start from 0. */
+  struct wild_hist { char name[EGRESS_NAME_MAX + 1]; uint32_t count; } *wild_hist;
+  size_t n_wild_hist;
+  /* Where the sandbox of attachment trust_gen has the CA (trust.c's; under
+   * att_lock). */
+  uint64_t trust_gen;
+  const char *trust_path;
+  /* network_update's, held across one (egress_update). */
+  pthread_mutex_t upd_lock;
   unsigned open_streams, connecting;
   uint64_t bytes_up, bytes_down;
+  /* The session's secrets: like the policy, changed on the broker thread
+   * under synth_lock. */
+  struct binding *bind;
+  size_t n_bind;
 };
 
 /* One attached connection (the handler's context). */
@@ -236,12 +314,13 @@ struct ev {
   uint8_t data[];
 };
 
-/* broker.c: E's policy becomes MODE and *POL (*POL gets the old one) on
- * the broker thread, LINE goes to E's log, and the streams the new policy
- * refuses are ended (*RET_RESET of them).  0, -ENOMEM, or -ESHUTDOWN (the
- * broker is stopping; nothing changed). */
+/* broker.c: E's policy becomes MODE, *POL and the placeholders *BIND
+ * (*N_BIND; each gets the old one back) on the broker thread, LINE goes to
+ * E's log, and the streams (*RET_RESET of them) and lookups the new policy
+ * refuses are ended.  0, -ENOMEM, or -ESHUTDOWN (the broker is stopping;
+ * nothing changed). */
 int broker_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
-                      json_t *line, unsigned *ret_reset);
+                      struct binding **bind, size_t *n_bind, json_t *line, unsigned *ret_reset);
 /* broker.c, for stream.c: the broker's epoll set. */
 int broker_watch(int fd, uint32_t events, void *ptr);
 int broker_rewatch(int fd, uint32_t events, void *ptr);
@@ -275,6 +354,10 @@ void link_writable(struct link *lk);
 /* After a policy change: ends LK's streams the policy no longer admits
  * (reset, recorded "network_update: <why>"); how many. */
 unsigned link_recheck_streams(struct link *lk);
+/* The same for LK's lookups waiting for the host's resolver: those the
+ * policy no longer admits are answered NXDOMAIN (recorded) and their jobs
+ * abandoned.  How many. */
+unsigned link_recheck_lookups(struct link *lk);
 
 /* names.c */
 void lookup_start(struct link *lk, uint32_t lid, const uint8_t *name, size_t len, uint16_t qtype);
@@ -300,7 +383,8 @@ int names_copy(struct egress *dst, struct egress *src);
  * the old one (for the caller to free); the names counted under a
  * wildcard rule that stays go on counting.  0, or -ENOMEM (nothing
  * changed). */
-int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol);
+int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
+                     struct binding **bind, size_t *n_bind);
 /* Gives N names synthetic addresses 1..N in order (into a new E): 0, or
  * -EINVAL (a name that is not one) / -ENOMEM. */
 int names_restore(struct egress *e, const char *const *names, size_t n);

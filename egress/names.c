@@ -393,6 +393,9 @@ static bool wild_admit(struct egress *e, const char *name, char why[EGRESS_REASO
 void names_free(struct egress *e) {
   free(e->wild_set);
   free(e->wild_count);
+  free(e->wild_hist);
+  e->wild_hist = NULL;
+  e->n_wild_hist = 0;
   e->wild_set = NULL;
   e->wild_count = NULL;
   e->wild_slots = e->wild_n = 0;
@@ -405,38 +408,75 @@ void names_free(struct egress *e) {
   e->n_synth = 0;
 }
 
-/* The names counted under each wildcard rule of NEW, from E's counts
- * under its rules now: a rule kept (the same suffix) keeps its count, a
- * new one starts at 0.  NULL (and 0) when E counted none yet; -ENOMEM. */
-static int wild_remap(const struct egress *e, const struct egress_policy *new, uint32_t **ret) {
+/* E's counts under its wildcard rules now, into its history (the most of
+ * each suffix it ever had a rule for).  -ENOMEM. */
+static int wild_hist_note(struct egress *e) {
+  for (size_t i = 0; e->wild_count && i < e->pol.n; i++) {
+    if (!e->pol.rules[i].wildcard)
+      continue;
+    struct wild_hist *h = NULL;
+    for (size_t k = 0; k < e->n_wild_hist && !h; k++)
+      if (strcmp(e->wild_hist[k].name, e->pol.rules[i].name) == 0)
+        h = &e->wild_hist[k];
+    if (!h) {
+      struct wild_hist *m = realloc(e->wild_hist, (e->n_wild_hist + 1) * sizeof *m);
+      if (!m)
+        return -ENOMEM;
+      e->wild_hist = m;
+      h = &m[e->n_wild_hist++];
+      snprintf(h->name, sizeof h->name, "%s", e->pol.rules[i].name);
+      h->count = 0;
+    }
+    if (e->wild_count[i] > h->count)
+      h->count = e->wild_count[i];
+  }
+  return 0;
+}
+
+/* The names counted under each wildcard rule of NEW: what the session
+ * counted under the same suffix, now or under any earlier policy (a rule
+ * dropped and given again goes on from its count).  NULL when E counted
+ * none yet; -ENOMEM. */
+static int wild_remap(struct egress *e, const struct egress_policy *new, uint32_t **ret) {
   *ret = NULL;
   if (!e->wild_count)
     return 0;
+  if (wild_hist_note(e) < 0)
+    return -ENOMEM;
   /* Never NULL once counting began: the salt was made with it. */
   uint32_t *count = calloc(new->n ? new->n : 1, sizeof *count);
   if (!count)
     return -ENOMEM;
   for (size_t j = 0; j < new->n; j++)
-    for (size_t i = 0; new->rules[j].wildcard && i < e->pol.n; i++)
-      if (e->pol.rules[i].wildcard && strcmp(e->pol.rules[i].name, new->rules[j].name) == 0 &&
-          e->wild_count[i] > count[j])
-        count[j] = e->wild_count[i];
+    for (size_t k = 0; new->rules[j].wildcard && k < e->n_wild_hist; k++)
+      if (strcmp(e->wild_hist[k].name, new->rules[j].name) == 0)
+        count[j] = e->wild_hist[k].count;
   *ret = count;
   return 0;
 }
 
-int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol) {
+int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
+                     struct binding **bind, size_t *n_bind) {
   uint32_t *count;
-  if (wild_remap(e, pol, &count) < 0)
-    return -ENOMEM;
   pthread_mutex_lock(&e->synth_lock);
+  int r = wild_remap(e, pol, &count);
+  if (r < 0) {
+    pthread_mutex_unlock(&e->synth_lock);
+    return r;
+  }
   struct egress_policy old = e->pol;
   uint32_t *old_count = e->wild_count;
+  struct binding *old_bind = e->bind;
+  size_t old_n = e->n_bind;
   e->mode = mode;
   e->pol = *pol;
   e->wild_count = count;
+  e->bind = *bind;
+  e->n_bind = *n_bind;
   pthread_mutex_unlock(&e->synth_lock);
   *pol = old;
+  *bind = old_bind;
+  *n_bind = old_n;
   free(old_count);
   return 0;
 }
@@ -467,8 +507,26 @@ int names_copy(struct egress *dst, struct egress *src) {
   }
   /* The names counted under the wildcard rules: a fork does not start
    * its count again. */
+  if (!r && src->n_bind) {
+    dst->bind = malloc(src->n_bind * sizeof *dst->bind);
+    if (dst->bind) {
+      memcpy(dst->bind, src->bind, src->n_bind * sizeof *dst->bind);
+      dst->n_bind = src->n_bind;
+    } else {
+      r = -ENOMEM;
+    }
+  }
+  if (!r && src->n_wild_hist) {
+    dst->wild_hist = malloc(src->n_wild_hist * sizeof *dst->wild_hist);
+    if (dst->wild_hist) {
+      memcpy(dst->wild_hist, src->wild_hist, src->n_wild_hist * sizeof *dst->wild_hist);
+      dst->n_wild_hist = src->n_wild_hist;
+    } else {
+      r = -ENOMEM;
+    }
+  }
   if (!r && src->wild_count) {
-    dst->wild_count = malloc(src->pol.n * sizeof *dst->wild_count);
+    dst->wild_count = malloc((src->pol.n ? src->pol.n : 1) * sizeof *dst->wild_count);
     dst->wild_set = src->wild_slots ? malloc(src->wild_slots * sizeof *dst->wild_set) : NULL;
     if (!dst->wild_count || (src->wild_slots && !dst->wild_set)) {
       r = -ENOMEM;
@@ -610,6 +668,12 @@ void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len,
     answer(lk, lid, RCODE_REFUSED, 0);
     return;
   }
+  /* A placeholder in a label would reach the name's servers. */
+  for (size_t i = 0; valid && i < e->n_bind; i++)
+    if (strstr(name, e->bind[i].token)) {
+      refuse(lk, lid, name, qtype, RCODE_NXDOMAIN, "secret sent to a host it is not for");
+      return;
+    }
   if (!valid || (e->mode == EGRESS_MODE_ALLOW && !egress_policy_knows(&e->pol, name, strlen(name)))) {
     refuse(lk, lid, name, qtype, RCODE_NXDOMAIN,
            e->mode == EGRESS_MODE_ALLOW ? "not in allow_hosts" : "invalid name");
@@ -689,6 +753,31 @@ uint64_t lookup_timers(struct link *lk, uint64_t now) {
     }
   }
   return next;
+}
+
+unsigned link_recheck_lookups(struct link *lk) {
+  struct egress *e = lk->e;
+  unsigned n = 0;
+  for (struct lookup *q = lk->lookups, *next; q; q = next) {
+    next = q->next;
+    const char *why = e->mode == EGRESS_MODE_NONE ? "network is none"
+                      : e->mode == EGRESS_MODE_ALLOW &&
+                              !egress_policy_knows(&e->pol, q->name, strlen(q->name))
+                          ? "not in allow_hosts"
+                          : NULL;
+    if (!why)
+      continue;
+    /* Out of the queue if no worker took it; one already asking the
+     * host's resolver cannot be called back, but its answer goes nowhere. */
+    broker_abandon(q->job);
+    lookup_unlink(q);
+    char reason[EGRESS_REASON_MAX];
+    snprintf(reason, sizeof reason, "network_update: %s", why);
+    refuse(lk, q->lid, q->name, q->qtype, RCODE_NXDOMAIN, reason);
+    free(q);
+    n++;
+  }
+  return n;
 }
 
 void lookup_drop_all(struct link *lk) {

@@ -27,6 +27,27 @@ static bool peek_name_ok(const struct stream *s, const char *found) {
 /* Bytes a peek found malformed (R: EGRESS_PEEK_MALFORMED, refused, with
  * what it read recorded), or cut short of what it needs (EGRESS_PEEK_MORE:
  * waited for while more may come, refused as WHY when none will). */
+bool stream_intercepts(const struct stream *s) {
+  const struct egress *e = s->lk->e;
+  if (s->st != ST_PEEK || s->raw || !e->n_bind || !ca_pem())
+    return false;
+  size_t len = strlen(s->rec.host);
+  for (size_t i = 0; i < e->n_bind; i++)
+    if (secret_for(e->bind[i].s, s->rec.host, len, s->rec.port))
+      return true;
+  return false;
+}
+
+bool stream_tokens_ok(const struct stream *s, const uint8_t *p, size_t n, const char **ret_why) {
+  const struct egress *e = s->lk->e;
+  for (size_t i = 0; i < e->n_bind; i++)
+    if (memmem(p, n, e->bind[i].token, SECRET_TOKEN_LEN)) {
+      *ret_why = "secret sent to a host it is not for";
+      return false;
+    }
+  return true;
+}
+
 static enum verdict peek_malformed(struct stream *s, enum egress_peek r, const char *out,
                                    const char *why, bool last, const char **ret_why) {
   *ret_why = why;
@@ -60,6 +81,10 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
       return V_PASS;
     if (strcmp(out, s->rec.host) != 0)
       return V_REFUSE;
+    if (stream_intercepts(s)) {
+      s->icpt = ICPT_TLS; /* the broker answers the ClientHello itself */
+      return V_PASS;
+    }
     /* The ClientHello goes up; what follows it waits for the server's
      * answer (tls_server_hello). */
     size_t end = egress_tls_hello_end(b, len);
@@ -89,7 +114,13 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
     /* A port named (Host: name:port, or the target's) is the port
      * connected to: a front end may route by it.  No port is any port. */
     *ret_why = "Host port mismatch";
-    return port && port != s->rec.port ? V_REFUSE : V_PASS;
+    if (port && port != s->rec.port)
+      return V_REFUSE;
+    if (stream_intercepts(s))
+      s->icpt = ICPT_HTTP;
+    else if (!stream_tokens_ok(s, b, len, ret_why))
+      return V_REFUSE;
+    return V_PASS;
   case EGRESS_PEEK_ABSENT:
     /* A request naming no host is served from a front end's default
      * site, which may be one the policy does not allow.  A raw connect

@@ -257,7 +257,7 @@ static void log_event(struct record *r, struct jlog *l, json_t *o) {
   pthread_mutex_lock(&w.lock);
   bool cut = !l->truncated && l->accepted + len > egress_cfg.log_cap;
   pthread_mutex_unlock(&w.lock);
-  if (cut) {
+  if (cut && r) {
     json_t *m = summary_json(r, "truncated");
     mark = line_of(m, &mark_len);
     json_decref(m);
@@ -587,6 +587,31 @@ void record_connect_end(struct record *r, struct rec_conn *c) {
   json_t *o = event_json(&ev, 0);
   log_event(r, l, o);
   json_decref(o);
+}
+
+struct jlog *record_log_ref(struct record *r) {
+  pthread_mutex_lock(&r->lock);
+  struct jlog *l = r->log;
+  pthread_mutex_unlock(&r->lock);
+  if (l) {
+    pthread_mutex_lock(&w.lock);
+    l->refs++;
+    pthread_mutex_unlock(&w.lock);
+  }
+  return l;
+}
+
+void record_log_line(struct jlog *l, json_t *line) {
+  json_object_set_new(line, "ts_ms", json_integer((json_int_t)(now_ns(CLOCK_REALTIME) / 1000000u)));
+  log_event(NULL, l, line);
+}
+
+void record_log_unref(struct jlog *l) {
+  if (!l)
+    return;
+  pthread_mutex_lock(&w.lock);
+  jlog_unref_locked(l);
+  pthread_mutex_unlock(&w.lock);
 }
 
 void record_policy(struct record *r, json_t *line) {

@@ -308,6 +308,19 @@ static void connect_addr(struct stream *s, int family, const uint8_t *addr) {
     refuse(s, self);
     return;
   }
+  char why[EGRESS_REASON_MAX];
+  if (s->icpt) {
+    /* A host of a secret: an interceptor connects it (intercept.c). */
+    int r = intercept_start(s, family, addr, s->icpt == ICPT_TLS, &s->fd);
+    if (r < 0) {
+      snprintf(why, sizeof why, "cannot intercept: %s", strerror(-r));
+      stream_kill(s, -r, why, true);
+      return;
+    }
+    snprintf(s->rec.reason, sizeof s->rec.reason, "intercepted");
+    connected(s);
+    return;
+  }
   struct sockaddr_storage ss = {0};
   socklen_t sl;
   if (family == AF_INET) {
@@ -324,7 +337,6 @@ static void connect_addr(struct stream *s, int family, const uint8_t *addr) {
     sl = sizeof *in6;
   }
   s->fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);
-  char why[EGRESS_REASON_MAX];
   if (s->fd < 0) {
     snprintf(why, sizeof why, "connect failed: %s", strerror(errno));
     stream_kill(s, EHOSTUNREACH, why, true);

@@ -29,6 +29,9 @@ struct stream {
    * until the server's first handshake message is read; after a TLS 1.3
    * HelloRetryRequest the second ClientHello must name the host too. */
   bool tls_hold;
+  /* Decided at the peek, before connecting: the connection goes to an
+   * interceptor (intercept.c), which speaks TLS with the program or not. */
+  enum { ICPT_NONE, ICPT_TLS, ICPT_HTTP } icpt;
   bool tls_hrr;                /* tls_hold: the server asked for a second ClientHello */
   uint64_t tls_pass;           /* tls_hold: the bytes that may go up (the first ClientHello's) */
   uint8_t tls_sh[48];          /* tls_hold: the server's first bytes */
@@ -54,6 +57,13 @@ enum verdict { V_WAIT, V_PASS, V_REFUSE };
 /* What the first bytes say: V_REFUSE (*RET_WHY the reason), V_PASS, or
  * V_WAIT for more. */
 enum verdict stream_peek_verdict(struct stream *s, const char **ret_why);
+
+/* Whether S (named, not connected yet) goes to an interceptor: a secret
+ * of its session may go to its host and port. */
+bool stream_intercepts(const struct stream *s);
+/* Whether P (N bytes, cleartext S is about to send) holds none of its
+ * session's placeholders; false with *RET_WHY. */
+bool stream_tokens_ok(const struct stream *s, const uint8_t *p, size_t n, const char **ret_why);
 
 /* After a HelloRetryRequest: whether the program's second ClientHello
  * names the host as the first did.  False when S was ended. */

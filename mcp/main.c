@@ -205,7 +205,10 @@ int main(int argc, char **argv) {
       .hosts_file = cfg.egress_hosts, .log_dir = cfg.log_dir, .log_cap = cfg.egress_log_cap,
       .max_streams = cfg.egress_streams, .max_bytes = (uint64_t)cfg.egress_max_mb << 20,
       .wildcard_names = cfg.egress_wildcard_names,
+      .secrets_file = cfg.secrets, .extra_ca = cfg.egress_ca,
   };
+  _cleanup_free_ char *ca_dir = xasprintf("%s/egress-ca", cfg.store);
+  es.ca_dir = ca_dir;
   _cleanup_free_ char *eg_err = NULL;
   if (egress_init(&es, &eg_err) < 0) {
     fprintf(stderr, "ignition-mcp: cannot start the egress broker: %s\n",

@@ -34,6 +34,12 @@ static const char session_id_schema[] =
   "below suffix, which has two labels at least), e.g. pypi.org, *.pythonhosted.org, "             \
   "github.com:22. Names only: IP addresses are refused."
 
+#define SECRETS_DESC                                                                              \
+  "Names of the operator's secrets (IGN_MCP_SECRETS) this sandbox may use, e.g. "                 \
+  "[\"GITHUB_TOKEN\"]: each command gets NAME=<placeholder> in its environment, never the "        \
+  "value; the server puts the value in place of the placeholder in requests to that secret's "    \
+  "hosts only (which are allowed as if in allow_hosts)."
+
 /* The `egress` field of run and sandbox_run, and network_log's result. */
 #define EGRESS_REPORT_SCHEMA                                                                      \
     "{\"type\":\"object\",\"description\":\"What the sandbox tried to reach (run, "               \
@@ -275,11 +281,13 @@ static json_t *network_props(const char *net) {
     json_array_append_new(modes, json_string("allow"));
   if (strcmp(net, "open") == 0)
     json_array_append_new(modes, json_string("open"));
-  return json_pack("{s:{s:s, s:o, s:s, s:s}, s:{s:s, s:i, s:{s:s, s:i, s:i}, s:s}}", "network",
+  return json_pack("{s:{s:s, s:o, s:s, s:s}, s:{s:s, s:i, s:{s:s, s:i, s:i}, s:s}, "
+                   "s:{s:s, s:i, s:{s:s, s:i, s:i}, s:s}}", "network",
                    "type", "string", "enum", modes, "default", "none", "description",
                    NETWORK_DESC, "allow_hosts", "type", "array", "maxItems", 256, "items",
                    "type", "string", "minLength", 1, "maxLength", 262, "description",
-                   ALLOW_HOSTS_DESC);
+                   ALLOW_HOSTS_DESC, "secrets", "type", "array", "maxItems", 256, "items", "type",
+                   "string", "minLength", 1, "maxLength", 64, "description", SECRETS_DESC);
 }
 
 static json_t *tool(const char *name, const char *title, const char *desc, json_t *in,
@@ -565,6 +573,15 @@ json_t *tool_definitions(const char *net, size_t output_cap, size_t max_file, si
   json_t *update_props = network_props(net);
   /* Absent: as it is (not "none"). */
   json_object_del(json_object_get(update_props, "network"), "default");
+  json_object_set_new(json_object_get(update_props, "network"), "description",
+                      json_string("The sandbox's network from now on: none, allow (the hosts in "
+                                  "allow_hosts) or open (only when the server runs with "
+                                  "IGN_MCP_NET=open). Absent: as it is, or allow when allow_hosts "
+                                  "is given."));
+  json_object_set_new(json_object_get(update_props, "secrets"), "description",
+                      json_string("The secrets the session has from now on (names of "
+                                  "IGN_MCP_SECRETS); a name it had keeps its placeholder. Absent: "
+                                  "as it has them."));
   json_object_set_new(update_props, "session_id", parse(session_id_schema));
   json_array_append_new(
       tools,
@@ -586,6 +603,6 @@ json_t *tool_definitions(const char *net, size_t output_cap, size_t max_file, si
            "\"egress_log_path\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}},"
            "\"required\":[\"session_id\",\"mode\",\"allowed_rules\",\"previous\","
            "\"connections_reset\"]}",
-           false, false, true, false));
+           false, true, true, false));
   return tools;
 }

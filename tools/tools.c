@@ -19,6 +19,7 @@
 #include "tools/args.h"
 #include "tools/result.h"
 #include "tools/transfer.h"
+#include "tools/trust.h"
 
 #define DEFAULT_READ 1048576
 /* A result carries the content twice (structuredContent and its JSON text):
@@ -30,13 +31,14 @@
 static json_t *tool_open_session(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *stage = NULL;
-  if (args_check(args, "open_session", (const char *[]){"stage", "network", "allow_hosts", NULL},
-                 &err) < 0 ||
+  if (args_check(args, "open_session",
+                 (const char *[]){"stage", "network", "allow_hosts", "secrets", NULL}, &err) < 0 ||
       arg_string(args, "open_session", "stage", false, 0, ARG_MAX_PATH, &stage, NULL, &err) < 0)
     return err_result_free(err);
   struct egress *e = NULL;
-  if (egress_new("open_session", json_object_get(args, "network"),
-                 json_object_get(args, "allow_hosts"), &e, &err) < 0)
+  if (egress_new_secrets("open_session", json_object_get(args, "network"),
+                         json_object_get(args, "allow_hosts"), json_object_get(args, "secrets"),
+                         &e, &err) < 0)
     return err_result_free(err);
   json_t *info;
   if (session_open(call_owner(ctx), stage, e, &info, &err) < 0)
@@ -84,6 +86,12 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
   struct lease l;
   if (session_acquire(id, call_owner(ctx), &l, &err) < 0)
     return err_result_free(err);
+  /* The placeholders of its secrets, and the CA they need. */
+  char **trust = NULL;
+  if (trust_env(&l, "run", env, &n_env, MAX_ENV, &trust, &err) < 0) {
+    session_release(&l);
+    return err_result_free(err);
+  }
   /* The complete output, on the host; a run without logs still runs. */
   struct runlog *logs[2];
   _cleanup_free_ char *log_err = NULL;
@@ -97,6 +105,7 @@ static json_t *tool_run(json_t *args, struct call_ctx *ctx) {
                           .progress = ctx->progress ? on_progress : NULL, .ctx = ctx};
   struct agent_exec_res res;
   int r = agent_exec(lease_conn(&l), &req, &ctl, &res, &err);
+  trust_env_free(trust);
   if (r < 0) {
     json_t *out;
     if (r == -EPIPE)
@@ -291,7 +300,8 @@ static json_t *tool_network_update(json_t *args, struct call_ctx *ctx) {
   char *err = NULL;
   const char *id;
   if (args_check(args, "network_update",
-                 (const char *[]){"session_id", "network", "allow_hosts", NULL}, &err) < 0 ||
+                 (const char *[]){"session_id", "network", "allow_hosts", "secrets", NULL},
+                 &err) < 0 ||
       arg_session_id(args, &id, &err) < 0)
     return err_result_free(err);
   struct lease l;
@@ -299,7 +309,8 @@ static json_t *tool_network_update(json_t *args, struct call_ctx *ctx) {
     return err_result_free(err);
   json_t *info = NULL;
   int r = lease_egress(&l) ? egress_update(lease_egress(&l), json_object_get(args, "network"),
-                                           json_object_get(args, "allow_hosts"), &info, &err)
+                                           json_object_get(args, "allow_hosts"),
+                                           json_object_get(args, "secrets"), &info, &err)
                            : -ENOENT;
   session_release(&l);
   if (r == -ENOENT)

@@ -24,6 +24,7 @@
  * and kills a sandbox still starting; whatever happens, the session is ended
  * before the result goes back, so nothing outlives the call. */
 #include "tools/transfer.h"
+#include "tools/trust.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -386,8 +387,8 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
   const char *tool = "sandbox_run";
   if (args_check(args, tool,
                  (const char *[]){"command", "stage", "commit_as", "network", "allow_hosts",
-                                  "stdin", "stdin_file", "copy_in", "copy_out", "env", "cwd",
-                                  "timeout_s", NULL},
+                                  "secrets", "stdin", "stdin_file", "copy_in", "copy_out", "env",
+                                  "cwd", "timeout_s", NULL},
                  ret_err) < 0)
     return -EINVAL;
   a->timeout_s = DEFAULT_TIMEOUT_S;
@@ -426,8 +427,9 @@ static int sbrun_args(json_t *args, struct sbrun *a, char **env_buf, char **ret_
     }
   }
   /* Last: nothing after it can fail and leave it behind. */
-  return egress_new(tool, json_object_get(args, "network"), json_object_get(args, "allow_hosts"),
-                    &a->egress, ret_err);
+  return egress_new_secrets(tool, json_object_get(args, "network"),
+                            json_object_get(args, "allow_hosts"), json_object_get(args, "secrets"),
+                            &a->egress, ret_err);
 }
 
 static json_t *copy_entry(const struct copy *c, const char *host, const char *guest) {
@@ -524,6 +526,10 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
     } else {
       if (runlog_open_run(id, logs, &log_err) < 0 && !log_err)
         log_err = strdup("the logs could not be opened");
+      char **trust = NULL;
+      char *terr = NULL;
+      if (trust_env(&l, "sandbox_run", a.env, &a.n_env, MAX_ENV, &trust, &terr) < 0)
+        fail = terr;
       struct agent_exec_req req = {
           .command = a.command, .cwd = a.cwd, .env = a.env, .n_env = a.n_env,
           .timeout_ms = (uint32_t)(deadline - now), .stdin_data = a.in,
@@ -534,8 +540,11 @@ json_t *tool_sandbox_run(json_t *args, struct call_ctx *ctx) {
       struct agent_ctl ctl = {.cancelled = &ctx->cancelled,
                               .progress = ctx->progress ? on_progress : NULL, .ctx = ctx};
       _cleanup_free_ char *xerr = NULL;
-      r = agent_exec(lease_conn(&l), &req, &ctl, &res, &xerr);
-      if (r == -ECANCELED)
+      r = fail ? -EINVAL : agent_exec(lease_conn(&l), &req, &ctl, &res, &xerr);
+      trust_env_free(trust);
+      if (fail)
+        ; /* the secrets' env was refused: the command did not run */
+      else if (r == -ECANCELED)
         fail = strdup("the call was cancelled; the command was killed and the sandbox destroyed");
       else if (r == -EPIPE)
         fail = lease_failure(&l, "sandbox_run failed");

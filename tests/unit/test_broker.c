@@ -613,7 +613,7 @@ static void updated_policy_keeps_what_stays(void) {
   CHECK_EQ_INT(e ? names_restore_wild(e, (uint32_t[]){2, 0}, 2) : -1, 0);
   json_t *info = NULL;
   json_t *wider = json_loads("[\"b.org:8443\", \"*.x.org\"]", 0, NULL);
-  CHECK_EQ_INT(egress_update(e, NULL, wider, &info, &err), 0);
+  CHECK_EQ_INT(egress_update(e, NULL, wider, NULL, &info, &err), 0);
   CHECK_STREQ(str_of(info, "mode"), "allow");
   CHECK_STREQ(json_string_value(json_array_get(json_object_get(info, "allowed_rules"), 0)), "b.org:8443");
   CHECK_STREQ(str_of(json_object_get(info, "previous"), "mode"), "allow");
@@ -627,28 +627,38 @@ static void updated_policy_keeps_what_stays(void) {
   json_decref(saved);
   /* Refused: nothing to change, open past IGN_MCP_NET, hosts with none. */
   json_t *open = json_string("open"), *none = json_string("none");
-  CHECK_EQ_INT(egress_update(e, NULL, NULL, &info, &err), -EINVAL);
+  CHECK_EQ_INT(egress_update(e, NULL, NULL, NULL, &info, &err), -EINVAL);
   CHECK(err && strstr(err, "nothing to change"));
   free(steal_ptr(err));
-  CHECK_EQ_INT(egress_update(e, open, NULL, &info, &err), -EINVAL);
+  CHECK_EQ_INT(egress_update(e, open, NULL, NULL, &info, &err), -EINVAL);
   CHECK(err && strstr(err, "IGN_MCP_NET=allow"));
   free(steal_ptr(err));
-  CHECK_EQ_INT(egress_update(e, none, hosts, &info, &err), -EINVAL);
+  CHECK_EQ_INT(egress_update(e, none, hosts, NULL, &info, &err), -EINVAL);
   free(steal_ptr(err));
   saved = egress_save(e);
   CHECK_EQ_INT(json_array_size(json_object_get(saved, "allow_hosts")), 2);
   json_decref(saved);
   /* "allow" alone keeps the rules; "none" drops them. */
-  CHECK_EQ_INT(egress_update(e, net, NULL, &info, &err), 0);
+  CHECK_EQ_INT(egress_update(e, net, NULL, NULL, &info, &err), 0);
   CHECK_EQ_INT(json_array_size(json_object_get(info, "allowed_rules")), 2);
   json_decref(info);
-  CHECK_EQ_INT(egress_update(e, none, NULL, &info, &err), 0);
+  CHECK_EQ_INT(egress_update(e, none, NULL, NULL, &info, &err), 0);
   CHECK_STREQ(str_of(info, "mode"), "none");
   CHECK_EQ_INT(json_array_size(json_object_get(info, "allowed_rules")), 0);
   json_decref(info);
-  CHECK_EQ_INT(egress_update(e, net, NULL, &info, &err), -EINVAL);
+  CHECK_EQ_INT(egress_update(e, net, NULL, NULL, &info, &err), -EINVAL);
   CHECK(err && strstr(err, "has none to keep"));
   free(steal_ptr(err));
+  /* A wildcard rule given back after "none" goes on from its count. */
+  json_t *xonly = json_loads("[\"*.x.org\"]", 0, NULL);
+  CHECK_EQ_INT(egress_update(e, NULL, xonly, NULL, &info, &err), 0);
+  json_decref(info);
+  saved = egress_save(e);
+  wild = json_loads("[2]", 0, NULL);
+  CHECK(json_equal(json_object_get(saved, "wildcard_names"), wild));
+  json_decref(wild);
+  json_decref(saved);
+  json_decref(xonly);
   json_decref(open);
   json_decref(none);
   json_decref(wider);

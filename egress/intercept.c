@@ -1,0 +1,927 @@
+/* intercept.c: a connection to a host of one of the session's secrets,
+ * taken by the broker instead of relayed whole (docs/credentials.md).
+ *
+ * The broker decided the stream as any other (policy, address, peek) and
+ * would connect it; instead it hands one end of a socketpair to a thread
+ * of its own here, with the address it checked.  The thread speaks TLS
+ * with the sandbox (a certificate for the host from ca.c; the sandbox
+ * trusts that CA) when the sandbox spoke TLS, reads one HTTP/1.1 request,
+ * checks it, replaces each placeholder by its secret's value where the
+ * secret may go (header values, Basic credentials, the query), connects to
+ * the real server (TLS verified against the host's trust store), sends the
+ * request with "Connection: close", relays the response (also marked
+ * "Connection: close"), and ends: one request per connection, so every
+ * request is parsed here and none rides a kept-alive connection unseen.
+ *
+ * Refused, and recorded, without reaching the server: a request that is
+ * not strict HTTP/1.1 (fail closed: obs-fold, bare CR or LF, both
+ * Content-Length and Transfer-Encoding, ...), another Host (421), and a
+ * placeholder of a secret that may not go to this host, anywhere in the
+ * request, the body included (403, or the connection reset mid-body).
+ * Every request gets a {"kind":"request"} line in the session's log:
+ * method, host, path (no query), status, bytes each way, the secrets used.
+ * No value is ever written anywhere but into the request to the server.
+ *
+ * Blocking I/O with timeouts on a thread per connection: at most
+ * IGN_MCP_EGRESS_STREAMS per session, and the broker's own loop never
+ * waits for a handshake. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "common/util.h"
+#include "egress/egress_int.h"
+#include "egress/stream_int.h"
+
+#define HEAD_MAX 65536u       /* a request's or response's head */
+#define HDR_MAX 128u          /* header fields in one */
+#define LINE_MAX_ 4096u       /* a chunk-size or trailer line */
+#define BUF 16384u
+#define HANDSHAKE_MS 10000u
+
+struct end {
+  int fd;
+  SSL *ssl;
+  /* What was read past a head. */
+  uint8_t buf[BUF];
+  size_t off, len;
+};
+
+struct ictx {
+  struct end in, up;           /* the sandbox's side, the server's */
+  int family;
+  uint8_t addr[16];
+  uint16_t port;
+  bool tls;
+  char host[EGRESS_NAME_BUF];
+  struct jlog *log;
+  size_t n_bind;
+  struct binding *bind;
+  bool *for_host;              /* bind[i]'s value may go to host:port */
+  bool *used;
+  /* The record of the request. */
+  char method[32];
+  char path[257];
+  int status;
+  uint64_t bytes_up, bytes_down;
+  const char *why;             /* the refusal, or NULL */
+  char why_buf[160];
+};
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t gone;
+  unsigned running;
+} I = {.lock = PTHREAD_MUTEX_INITIALIZER, .gone = PTHREAD_COND_INITIALIZER};
+
+/* ---- I/O ---- */
+
+static ssize_t end_read(struct end *e, void *p, size_t n) {
+  if (!e->ssl) {
+    ssize_t r;
+    do
+      r = read(e->fd, p, n);
+    while (r < 0 && errno == EINTR);
+    return r;
+  }
+  int r = SSL_read(e->ssl, p, (int)(n > INT32_MAX ? INT32_MAX : n));
+  if (r > 0)
+    return r;
+  int err = SSL_get_error(e->ssl, r);
+  ERR_clear_error();
+  return err == SSL_ERROR_ZERO_RETURN ? 0 : -1;
+}
+
+static int end_write(struct end *e, const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n) {
+    ssize_t r;
+    if (e->ssl) {
+      int k = SSL_write(e->ssl, b, (int)(n > BUF ? BUF : n));
+      if (k <= 0) {
+        ERR_clear_error();
+        return -1;
+      }
+      r = k;
+    } else {
+      r = write(e->fd, b, n);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        return -1;
+    }
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* The buffered bytes, or a read into the buffer: how many are there (0:
+ * end, -1: error). */
+static ssize_t end_fill(struct end *e) {
+  if (e->len)
+    return (ssize_t)e->len;
+  e->off = 0;
+  ssize_t r = end_read(e, e->buf, sizeof e->buf);
+  e->len = r > 0 ? (size_t)r : 0;
+  return r;
+}
+
+/* A head (up to the empty line) into OUT (NUL-terminated, *RET_LEN the
+ * bytes with the CRLFCRLF): 0, -EMSGSIZE past HEAD_MAX, -EPIPE at an end
+ * before any byte, -EIO. */
+static int read_head(struct end *e, char *out, size_t *ret_len) {
+  size_t n = 0;
+  for (;;) {
+    ssize_t r = end_fill(e);
+    if (r <= 0)
+      return n == 0 && r == 0 ? -EPIPE : -EIO;
+    size_t take = e->len;
+    /* Byte by byte up to the end of the head: what follows stays. */
+    for (size_t i = 0; i < take; i++) {
+      if (n >= HEAD_MAX)
+        return -EMSGSIZE;
+      out[n++] = (char)e->buf[e->off + i];
+      if (n >= 4 && memcmp(out + n - 4, "\r\n\r\n", 4) == 0) {
+        e->off += i + 1;
+        e->len -= i + 1;
+        out[n] = 0;
+        *ret_len = n;
+        return 0;
+      }
+    }
+    e->off += take;
+    e->len = 0;
+  }
+}
+
+/* ---- heads ---- */
+
+struct hdr {
+  char *name, *value;
+};
+struct head {
+  char *line;
+  struct hdr h[HDR_MAX];
+  size_t n;
+};
+
+static bool tchar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* Splits TEXT (a head read whole) into its line and fields, in place:
+ * strict (no bare CR or LF, no obs-fold, no NUL or control bytes in a
+ * value, a token for each name).  False: malformed. */
+static bool parse_head(char *text, size_t len, struct head *h) {
+  h->n = 0;
+  if (memchr(text, 0, len))
+    return false;
+  char *p = text, *end = text + len - 2; /* the final CRLF */
+  h->line = NULL;
+  while (p < end) {
+    char *cr = memchr(p, '\r', (size_t)(end - p));
+    if (!cr || cr[1] != '\n')
+      return false;
+    *cr = 0;
+    if (memchr(p, '\n', (size_t)(cr - p)))
+      return false;
+    if (!h->line) {
+      h->line = p;
+    } else {
+      if (*p == ' ' || *p == '\t' || h->n >= HDR_MAX)
+        return false;
+      char *colon = strchr(p, ':');
+      if (!colon || colon == p)
+        return false;
+      for (char *q = p; q < colon; q++)
+        if (!tchar(*q))
+          return false;
+      *colon = 0;
+      char *v = colon + 1;
+      while (*v == ' ' || *v == '\t')
+        v++;
+      char *ve = v + strlen(v);
+      while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+        *--ve = 0;
+      for (char *q = v; *q; q++)
+        if ((unsigned char)*q < 0x20 && *q != '\t')
+          return false;
+      h->h[h->n++] = (struct hdr){p, v};
+    }
+    p = cr + 2;
+  }
+  return h->line != NULL;
+}
+
+static const char *field(const struct head *h, const char *name, size_t *ret_count) {
+  const char *v = NULL;
+  size_t n = 0;
+  for (size_t i = 0; i < h->n; i++)
+    if (strcasecmp(h->h[i].name, name) == 0) {
+      v = v ? v : h->h[i].value;
+      n++;
+    }
+  if (ret_count)
+    *ret_count = n;
+  return v;
+}
+
+enum frame { F_NONE, F_LEN, F_CHUNKED, F_CLOSE };
+
+/* How the body after head H is framed: false when that is ambiguous
+ * (both Content-Length and Transfer-Encoding, two lengths, a coding
+ * other than chunked alone). */
+static bool framing(const struct head *h, bool request, enum frame *f, uint64_t *len) {
+  size_t n_cl, n_te;
+  const char *cl = field(h, "content-length", &n_cl), *te = field(h, "transfer-encoding", &n_te);
+  if (n_te) {
+    if (n_cl || n_te > 1 || strcasecmp(te, "chunked") != 0)
+      return false;
+    *f = F_CHUNKED;
+    return true;
+  }
+  if (n_cl) {
+    if (n_cl > 1 || !*cl || strspn(cl, "0123456789") != strlen(cl) || strlen(cl) > 15)
+      return false;
+    *len = strtoull(cl, NULL, 10);
+    *f = *len ? F_LEN : F_NONE;
+    return true;
+  }
+  *f = request ? F_NONE : F_CLOSE;
+  return true;
+}
+
+/* ---- placeholders ---- */
+
+/* The placeholders in P (N bytes): each of a secret that may not go to
+ * this host refuses (false, c->why set); each of one that may is counted
+ * as used (and replaced by the caller). */
+static bool tokens_ok(struct ictx *c, const char *p, size_t n, const char *where) {
+  for (size_t i = 0; i < c->n_bind; i++) {
+    if (!memmem(p, n, c->bind[i].token, SECRET_TOKEN_LEN))
+      continue;
+    if (!c->for_host[i]) {
+      snprintf(c->why_buf, sizeof c->why_buf, "secret sent to a host it is not for (%s, in %s)",
+               c->bind[i].s->name, where);
+      c->why = c->why_buf;
+      return false;
+    }
+  }
+  return true;
+}
+
+/* S with each placeholder of a secret for this host replaced by its value
+ * (percent-encoded when PCT): malloc'd. */
+static char *replace(struct ictx *c, const char *s, size_t len, bool pct, size_t *ret_len) {
+  size_t cap = len + 1, n = 0;
+  char *out = malloc(cap);
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i < len;) {
+    const struct binding *hit = NULL;
+    size_t k = 0;
+    if (len - i >= SECRET_TOKEN_LEN && s[i] == 'i')
+      for (k = 0; k < c->n_bind; k++)
+        if (c->for_host[k] && memcmp(s + i, c->bind[k].token, SECRET_TOKEN_LEN) == 0) {
+          hit = &c->bind[k];
+          break;
+        }
+    size_t need = hit ? hit->s->len * (pct ? 3 : 1) : 1;
+    if (n + need + 1 > cap) {
+      cap = (n + need + 1) * 2;
+      char *m = realloc(out, cap);
+      if (!m) {
+        free(out);
+        return NULL;
+      }
+      out = m;
+    }
+    if (!hit) {
+      out[n++] = s[i++];
+      continue;
+    }
+    c->used[k] = true;
+    for (size_t j = 0; j < hit->s->len; j++) {
+      unsigned char ch = (unsigned char)hit->s->value[j];
+      if (!pct || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          strchr("-._~", ch))
+        out[n++] = (char)ch;
+      else
+        n += (size_t)sprintf(out + n, "%%%02X", ch);
+    }
+    i += SECRET_TOKEN_LEN;
+  }
+  out[n] = 0;
+  *ret_len = n;
+  return out;
+}
+
+/* Authorization: Basic with a placeholder in its user:password. */
+static char *replace_basic(struct ictx *c, const char *b64) {
+  size_t len = strlen(b64);
+  if (len % 4 || len > 8192)
+    return NULL;
+  unsigned char *dec = malloc(len / 4 * 3 + 1);
+  if (!dec)
+    return NULL;
+  int n = EVP_DecodeBlock(dec, (const unsigned char *)b64, (int)len);
+  if (n < 0) {
+    free(dec);
+    return NULL;
+  }
+  while (len && b64[len - 1] == '=' && n > 0) { /* DecodeBlock counts the padding */
+    n--;
+    len--;
+  }
+  char *r = NULL;
+  size_t rl;
+  if (tokens_ok(c, (char *)dec, (size_t)n, "Authorization")) {
+    char *plain = replace(c, (char *)dec, (size_t)n, false, &rl);
+    if (plain) {
+      r = malloc(6 + (rl + 2) / 3 * 4 + 1);
+      if (r) {
+        memcpy(r, "Basic ", 6);
+        EVP_EncodeBlock((unsigned char *)r + 6, (unsigned char *)plain, (int)rl);
+      }
+      explicit_bzero(plain, rl);
+      free(plain);
+    }
+  }
+  free(dec);
+  return r;
+}
+
+/* ---- answers and the record ---- */
+
+static void answer(struct ictx *c, int code, const char *phrase, const char *body) {
+  char buf[512];
+  int n = snprintf(buf, sizeof buf,
+                   "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\n\r\n%s\n",
+                   code, phrase, strlen(body) + 1, body);
+  if (n > 0 && end_write(&c->in, buf, (size_t)n) == 0)
+    c->bytes_down += (uint64_t)n;
+  c->status = code;
+}
+
+static void refuse(struct ictx *c, int code, const char *phrase, const char *why) {
+  if (!c->why) {
+    snprintf(c->why_buf, sizeof c->why_buf, "%s", why);
+    c->why = c->why_buf;
+  }
+  char body[256];
+  snprintf(body, sizeof body, "ignition-mcp egress: %s", c->why);
+  answer(c, code, phrase, body);
+}
+
+static void clean_path(struct ictx *c, const char *target) {
+  size_t n = 0;
+  for (const char *p = target; *p && *p != '?' && *p != '#' && n < sizeof c->path - 1; p++)
+    c->path[n++] = (*p > 0x20 && *p < 0x7f && *p != '"' && *p != '\\') ? *p : '?';
+  c->path[n] = 0;
+}
+
+static void record_request(struct ictx *c) {
+  if (!c->log)
+    return;
+  json_t *secrets = json_array();
+  for (size_t i = 0; i < c->n_bind; i++)
+    if (c->used[i])
+      json_array_append_new(secrets, json_string(c->bind[i].s->name));
+  json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:I, s:I, s:o, s:b}", "kind", "request",
+                        "host", c->host, "port", c->port, "method", c->method, "path", c->path,
+                        "status", c->status, "bytes_up", (json_int_t)c->bytes_up, "bytes_down",
+                        (json_int_t)c->bytes_down, "secrets", secrets, "allowed", c->why == NULL);
+  if (o && c->why)
+    json_object_set_new(o, "reason", json_string(c->why));
+  if (o)
+    record_log_line(c->log, o);
+  json_decref(o);
+}
+
+/* ---- bodies ---- */
+
+/* Relays a body framed F (LEN bytes) from SRC (its buffered bytes first)
+ * to DST; SCAN: each piece is checked for placeholders that may not go
+ * (a carry of SECRET_TOKEN_LEN - 1 bytes across pieces).  0, or -1 (an
+ * end failed, the framing was broken, or a placeholder was found: c->why
+ * says which). */
+static int relay_body(struct ictx *c, struct end *src, struct end *dst, enum frame f,
+                      uint64_t len, bool scan, uint64_t *bytes) {
+  char carry[2 * SECRET_TOKEN_LEN];
+  size_t carry_n = 0;
+  char line[LINE_MAX_];
+  bool trailers = false;
+  uint64_t left = f == F_LEN ? len : 0;
+  for (;;) {
+    if (f == F_NONE || (f == F_LEN && left == 0))
+      return 0;
+    if (f == F_CHUNKED && left == 0) {
+      /* A chunk-size line (or, after the last chunk, trailer lines). */
+      size_t n = 0;
+      for (;;) {
+        if (end_fill(src) <= 0)
+          return -1;
+        char ch = (char)src->buf[src->off++];
+        src->len--;
+        if (n >= sizeof line - 1)
+          return -1;
+        line[n++] = ch;
+        if (n >= 2 && line[n - 2] == '\r' && ch == '\n')
+          break;
+        if (ch == '\n' || (n >= 2 && line[n - 2] == '\r'))
+          return -1; /* bare LF or CR */
+      }
+      if (end_write(dst, line, n) < 0)
+        return -1;
+      *bytes += n;
+      line[n - 2] = 0;
+      if (scan && !tokens_ok(c, line, n - 2, "a chunk line"))
+        return -1;
+      if (trailers) {
+        if (n == 2)
+          return 0; /* the empty line after the trailers */
+        continue;
+      }
+      char *e;
+      errno = 0;
+      unsigned long long size = strtoull(line, &e, 16);
+      if (e == line || errno || (*e && *e != ';') || size > (1ull << 40))
+        return -1;
+      if (size == 0) {
+        trailers = true;
+        continue;
+      }
+      left = size + 2; /* the data and its CRLF */
+    }
+    if (f == F_CLOSE)
+      left = UINT64_MAX;
+    ssize_t r = end_fill(src);
+    if (r == 0 && f == F_CLOSE)
+      return 0;
+    if (r <= 0)
+      return -1;
+    size_t take = src->len < left ? src->len : (size_t)left;
+    const char *p = (const char *)src->buf + src->off;
+    if (scan) {
+      /* The carry and the start of this piece: a placeholder across them. */
+      size_t head = take < SECRET_TOKEN_LEN ? take : SECRET_TOKEN_LEN;
+      memcpy(carry + carry_n, p, head);
+      if (!tokens_ok(c, carry, carry_n + head, "the body") || !tokens_ok(c, p, take, "the body"))
+        return -1;
+      size_t keep = SECRET_TOKEN_LEN - 1;
+      if (take >= keep) {
+        memcpy(carry, p + take - keep, keep);
+        carry_n = keep;
+      } else {
+        size_t total = carry_n + take;
+        size_t from = total > keep ? total - keep : 0;
+        memmove(carry, carry + from, total - from);
+        carry_n = total - from;
+      }
+    }
+    if (end_write(dst, p, take) < 0)
+      return -1;
+    src->off += take;
+    src->len -= take;
+    *bytes += take;
+    if (f != F_CLOSE)
+      left -= take;
+  }
+}
+
+/* ---- the connection ---- */
+
+static int connect_up(struct ictx *c) {
+  struct sockaddr_storage ss = {0};
+  socklen_t sl;
+  if (c->family == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    in->sin_family = AF_INET;
+    in->sin_port = htons(c->port);
+    memcpy(&in->sin_addr, c->addr, 4);
+    sl = sizeof *in;
+  } else {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(c->port);
+    memcpy(&in6->sin6_addr, c->addr, 16);
+    sl = sizeof *in6;
+  }
+  int fd = socket(c->family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);
+  if (fd < 0)
+    return -errno;
+  if (connect(fd, (struct sockaddr *)&ss, sl) < 0) {
+    if (errno != EINPROGRESS) {
+      int e = errno;
+      close(fd);
+      return -e;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (poll(&p, 1, EGRESS_CONNECT_MS) != 1 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
+      close(fd);
+      return err ? -err : -ETIMEDOUT;
+    }
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  struct timeval tv = {.tv_sec = EGRESS_IDLE_MS / 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  c->up.fd = fd;
+  if (!c->tls)
+    return 0;
+  c->up.ssl = SSL_new(ca_client_ctx());
+  if (!c->up.ssl || !SSL_set_fd(c->up.ssl, fd) || !SSL_set_tlsext_host_name(c->up.ssl, c->host) ||
+      !SSL_set1_host(c->up.ssl, c->host))
+    return -ENOMEM;
+  if (SSL_connect(c->up.ssl) != 1) {
+    long v = SSL_get_verify_result(c->up.ssl);
+    ERR_clear_error();
+    if (v != X509_V_OK) {
+      snprintf(c->why_buf, sizeof c->why_buf, "upstream certificate not trusted: %s",
+               X509_verify_cert_error_string(v));
+      c->why = c->why_buf;
+      return -EPERM;
+    }
+    return -EPROTO;
+  }
+  return 0;
+}
+
+/* The request head H (its text HT), checked and rewritten into OUT
+ * (malloc'd): 0, or an HTTP status to answer with (c->why says why). */
+static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *out_len,
+                           bool *expect) {
+  char *sp1 = strchr(h->line, ' '), *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
+  if (!sp1 || !sp2 || strchr(sp2 + 1, ' ') || (strcmp(sp2 + 1, "HTTP/1.1") != 0 &&
+                                                strcmp(sp2 + 1, "HTTP/1.0") != 0)) {
+    c->why = "malformed HTTP request";
+    return 400;
+  }
+  *sp1 = *sp2 = 0;
+  const char *method = h->line, *target = sp1 + 1;
+  snprintf(c->method, sizeof c->method, "%s", method);
+  for (const char *q = method; *q; q++)
+    if (!tchar(*q) || q - method > 24) {
+      c->why = "malformed HTTP request";
+      return 400;
+    }
+  clean_path(c, target);
+  if (target[0] != '/') {
+    c->why = strcmp(method, "CONNECT") == 0 ? "CONNECT on an intercepted host"
+                                            : "request target not in origin form";
+    return strcmp(method, "CONNECT") == 0 ? 403 : 400;
+  }
+  size_t n_host;
+  const char *host = field(h, "host", &n_host);
+  char want[EGRESS_NAME_BUF + 8];
+  snprintf(want, sizeof want, "%s:%u", c->host, c->port);
+  if (n_host != 1 || (strcasecmp(host, c->host) != 0 && strcasecmp(host, want) != 0)) {
+    c->why = n_host == 1 ? "Host mismatch" : "HTTP request without one Host";
+    return n_host == 1 ? 421 : 400;
+  }
+  /* Placeholders: the target first (replaced in the query only). */
+  if (!tokens_ok(c, target, strlen(target), "the request target"))
+    return 403;
+  const char *q = strchr(target, '?');
+  size_t path_len = q ? (size_t)(q - target) : strlen(target), ql = 0;
+  _cleanup_free_ char *query = q ? replace(c, q, strlen(q), true, &ql) : NULL;
+  if (q && !query) {
+    c->why = "out of memory";
+    return 500;
+  }
+  size_t cap = HEAD_MAX * 2 + 256, n = 0;
+  char *o = malloc(cap);
+  if (!o) {
+    c->why = "out of memory";
+    return 500;
+  }
+#define PUT(p, len)                                                                               \
+  do {                                                                                            \
+    size_t l_ = (len);                                                                            \
+    if (n + l_ + 64 > cap) {                                                                      \
+      free(o);                                                                                    \
+      c->why = "request head too large";                                                          \
+      return 431;                                                                                 \
+    }                                                                                             \
+    memcpy(o + n, (p), l_);                                                                       \
+    n += l_;                                                                                      \
+  } while (0)
+  PUT(method, strlen(method));
+  PUT(" ", 1);
+  PUT(target, path_len);
+  if (query)
+    PUT(query, ql);
+  PUT(" HTTP/1.1\r\n", 11);
+  *expect = false;
+  for (size_t i = 0; i < h->n; i++) {
+    const char *name = h->h[i].name, *v = h->h[i].value;
+    if (strcasecmp(name, "connection") == 0 || strcasecmp(name, "keep-alive") == 0 ||
+        strcasecmp(name, "proxy-connection") == 0 || strcasecmp(name, "upgrade") == 0 ||
+        strcasecmp(name, "te") == 0)
+      continue;
+    if (strcasecmp(name, "expect") == 0) {
+      *expect = strcasecmp(v, "100-continue") == 0;
+      continue;
+    }
+    if (!tokens_ok(c, v, strlen(v), name)) {
+      free(o);
+      return 403;
+    }
+    size_t vl;
+    char *nv = strncasecmp(v, "Basic ", 6) == 0 && strcasecmp(name, "authorization") == 0 &&
+                       memmem(v, strlen(v), "ignph", 5) == NULL
+                   ? replace_basic(c, v + 6)
+                   : replace(c, v, strlen(v), false, &vl);
+    if (!nv) {
+      free(o);
+      if (!c->why)
+        c->why = "malformed Authorization";
+      return c->why[0] == 's' ? 403 : 400;
+    }
+    PUT(name, strlen(name));
+    PUT(": ", 2);
+    size_t nl = strlen(nv);
+    if (n + nl + 64 > cap) {
+      explicit_bzero(nv, nl);
+      free(nv);
+      free(o);
+      c->why = "request head too large";
+      return 431;
+    }
+    PUT(nv, nl);
+    explicit_bzero(nv, nl);
+    free(nv);
+    PUT("\r\n", 2);
+  }
+  PUT("Connection: close\r\n\r\n", 21);
+#undef PUT
+  *out = o;
+  *out_len = n;
+  return 0;
+}
+
+static void serve(struct ictx *c) {
+  char *head = malloc(HEAD_MAX + 1);
+  if (!head)
+    return;
+  size_t hl;
+  struct head h;
+  int r = read_head(&c->in, head, &hl);
+  if (r == -EPIPE) {
+    free(head);
+    return; /* closed without a request: nothing to record */
+  }
+  snprintf(c->method, sizeof c->method, "-");
+  if (r == -EMSGSIZE) {
+    refuse(c, 431, "Request Header Fields Too Large", "request head too large");
+    goto out;
+  }
+  if (r < 0 || !parse_head(head, hl, &h)) {
+    refuse(c, 400, "Bad Request", "malformed HTTP request");
+    goto out;
+  }
+  char *req = NULL;
+  size_t req_len = 0;
+  bool expect = false;
+  int code = rewrite_request(c, &h, &req, &req_len, &expect);
+  enum frame f = F_NONE;
+  uint64_t len = 0;
+  if (!code && !framing(&h, true, &f, &len)) {
+    c->why = "ambiguous request body framing";
+    code = 400;
+  }
+  if (code) {
+    explicit_bzero(head, hl);
+    free(req);
+    refuse(c, code,
+           code == 403 ? "Forbidden" : code == 421 ? "Misdirected Request"
+           : code == 431 ? "Request Header Fields Too Large" : code == 500 ? "Internal Server Error"
+                                                                          : "Bad Request",
+           c->why ? c->why : "refused");
+    goto out;
+  }
+  int cr = connect_up(c);
+  if (cr < 0) {
+    explicit_bzero(req, req_len);
+    free(req);
+    if (!c->why) {
+      snprintf(c->why_buf, sizeof c->why_buf, "connect failed: %s", strerror(-cr));
+      c->why = c->why_buf;
+    }
+    refuse(c, 502, "Bad Gateway", c->why);
+    goto out;
+  }
+  int w = end_write(&c->up, req, req_len);
+  c->bytes_up += req_len;
+  explicit_bzero(req, req_len);
+  free(req);
+  if (w < 0) {
+    c->why = "the server closed the connection";
+    goto out;
+  }
+  if (expect) {
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    end_write(&c->in, cont, sizeof cont - 1);
+  }
+  bool head_req = strcmp(c->method, "HEAD") == 0;
+  if (relay_body(c, &c->in, &c->up, f, len, true, &c->bytes_up) < 0 && c->why)
+    goto out; /* a placeholder where it may not go: the server never gets the rest */
+  /* The response: interim ones (1xx) first, then the final one. */
+  for (;;) {
+    r = read_head(&c->up, head, &hl);
+    if (r < 0 || !parse_head(head, hl, &h) || strncmp(h.line, "HTTP/1.", 7) != 0 ||
+        strlen(h.line) < 12) {
+      refuse(c, 502, "Bad Gateway", "malformed response from the server");
+      goto out;
+    }
+    c->status = atoi(h.line + 9);
+    if (c->status >= 200 || c->status == 101)
+      break;
+    end_write(&c->in, head, hl);
+    c->bytes_down += hl;
+  }
+  if (c->status == 101) {
+    refuse(c, 502, "Bad Gateway", "protocol upgrade on an intercepted host");
+    goto out;
+  }
+  if (!framing(&h, false, &f, &len)) {
+    refuse(c, 502, "Bad Gateway", "ambiguous response body framing");
+    goto out;
+  }
+  if (head_req || c->status == 204 || c->status == 304)
+    f = F_NONE;
+  /* The head again, with "Connection: close": the sandbox opens a new
+   * connection for its next request. */
+  {
+    char *o = malloc(hl + 64);
+    size_t n = 0;
+    if (!o)
+      goto out;
+    n += (size_t)sprintf(o, "%s\r\n", h.line);
+    for (size_t i = 0; i < h.n; i++) {
+      if (strcasecmp(h.h[i].name, "connection") == 0 || strcasecmp(h.h[i].name, "keep-alive") == 0)
+        continue;
+      n += (size_t)sprintf(o + n, "%s: %s\r\n", h.h[i].name, h.h[i].value);
+    }
+    n += (size_t)sprintf(o + n, "Connection: close\r\n\r\n");
+    int wr = end_write(&c->in, o, n);
+    free(o);
+    if (wr < 0)
+      goto out;
+    c->bytes_down += n;
+  }
+  relay_body(c, &c->up, &c->in, f, len, false, &c->bytes_down);
+out:
+  free(head);
+  record_request(c);
+}
+
+static void *icpt_main(void *arg) {
+  struct ictx *c = arg;
+  struct timeval tv = {.tv_sec = HANDSHAKE_MS / 1000};
+  setsockopt(c->in.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(c->in.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  bool go = true;
+  if (c->tls) {
+    c->in.ssl = ca_server_ssl(ca_server_ctx(), c->host);
+    if (!c->in.ssl || !SSL_set_fd(c->in.ssl, c->in.fd) || SSL_accept(c->in.ssl) != 1) {
+      ERR_clear_error();
+      snprintf(c->method, sizeof c->method, "-");
+      c->why = "TLS with the program failed: it may pin its server's certificate or carry "
+               "its own trust store";
+      record_request(c);
+      go = false;
+    } else {
+      const char *sni = SSL_get_servername(c->in.ssl, TLSEXT_NAMETYPE_host_name);
+      if (!sni || strcasecmp(sni, c->host) != 0) {
+        snprintf(c->method, sizeof c->method, "-");
+        c->why = "SNI mismatch";
+        record_request(c);
+        go = false;
+      }
+    }
+  }
+  if (go) {
+    tv.tv_sec = EGRESS_IDLE_MS / 1000;
+    setsockopt(c->in.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(c->in.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    serve(c);
+  }
+  for (struct end *e = &c->in; e; e = e == &c->in ? &c->up : NULL) {
+    if (e->ssl) {
+      SSL_shutdown(e->ssl);
+      SSL_free(e->ssl);
+    }
+    if (e->fd >= 0)
+      close(e->fd);
+  }
+  ERR_clear_error();
+  record_log_unref(c->log);
+  free(c->bind);
+  free(c);
+  OPENSSL_thread_stop();
+  pthread_mutex_lock(&I.lock);
+  if (--I.running == 0)
+    pthread_cond_broadcast(&I.gone);
+  pthread_mutex_unlock(&I.lock);
+  return NULL;
+}
+
+int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls, int *ret_fd) {
+  struct egress *e = s->lk->e;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return -errno;
+  /* The copy of the session's placeholders of this moment, with which of
+   * them may go to this host: the table they point into outlives every
+   * interceptor (intercept_shutdown). */
+  size_t nb = e->n_bind;
+  struct ictx *c = calloc(1, sizeof *c + nb * (sizeof *c->bind + 2));
+  if (!c) {
+    close(sv[0]);
+    close(sv[1]);
+    return -ENOMEM;
+  }
+  c->in.fd = sv[1];
+  c->up.fd = -1;
+  c->family = family;
+  memcpy(c->addr, addr, family == AF_INET ? 4 : 16);
+  c->port = s->rec.port;
+  c->tls = tls;
+  snprintf(c->host, sizeof c->host, "%s", s->rec.host);
+  c->bind = malloc(nb ? nb * sizeof *c->bind : 1);
+  c->for_host = (bool *)(c + 1);
+  c->used = c->for_host + nb;
+  if (!c->bind) {
+    free(c);
+    close(sv[0]);
+    close(sv[1]);
+    return -ENOMEM;
+  }
+  c->n_bind = nb;
+  if (nb)
+    memcpy(c->bind, e->bind, nb * sizeof *c->bind);
+  for (size_t i = 0; i < nb; i++)
+    c->for_host[i] = secret_for(c->bind[i].s, c->host, strlen(c->host), c->port);
+  c->log = record_log_ref(e->rec);
+  int fl = fcntl(sv[0], F_GETFL);
+  fcntl(sv[0], F_SETFL, fl | O_NONBLOCK);
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&a, 256u << 10);
+  pthread_mutex_lock(&I.lock);
+  I.running++;
+  pthread_mutex_unlock(&I.lock);
+  pthread_t t;
+  int r = -pthread_create(&t, &a, icpt_main, c);
+  pthread_attr_destroy(&a);
+  if (r < 0) {
+    pthread_mutex_lock(&I.lock);
+    I.running--;
+    pthread_mutex_unlock(&I.lock);
+    record_log_unref(c->log);
+    free(c->bind);
+    free(c);
+    close(sv[0]);
+    close(sv[1]);
+    return r;
+  }
+  *ret_fd = sv[0];
+  return 0;
+}
+
+void intercept_shutdown(void) {
+  struct timespec until = timespec_in(CLOCK_REALTIME, 2000);
+  pthread_mutex_lock(&I.lock);
+  while (I.running)
+    if (pthread_cond_timedwait(&I.gone, &I.lock, &until) == ETIMEDOUT)
+      break;
+  pthread_mutex_unlock(&I.lock);
+}
+
+bool intercept_idle(void) {
+  pthread_mutex_lock(&I.lock);
+  bool idle = I.running == 0;
+  pthread_mutex_unlock(&I.lock);
+  return idle;
+}

@@ -1,0 +1,269 @@
+// secrets.test.mjs: credentials that never enter the sandbox (IGN_MCP_SECRETS),
+// end to end on the real server (both backends, as root and as a user), with
+// the outside world servers of this test on loopback: HTTPS with their own
+// CA (given to the broker by IGN_MCP_EGRESS_CA) and HTTP, named by
+// IGN_MCP_EGRESS_HOSTS.
+//  - the sandbox holds a placeholder; the value reaches the secret's host in
+//    a header, Basic credentials and the query, over HTTPS and HTTP;
+//  - never another host: a placeholder in cleartext to another host, in a
+//    DNS label, or of a secret not for the intercepted host is refused and
+//    recorded; end-to-end TLS to another host carries only the placeholder;
+//    a body is never rewritten;
+//  - env, /proc/*/environ, results, the server's log and the flight record
+//    show the placeholder only; each intercepted request is recorded;
+//  - a program that does not trust the broker's CA fails and is recorded; an
+//    upstream the host does not trust is answered 502; the CA key stays on
+//    the host;
+//  - network_update adds a secret; a fork keeps the placeholders;
+//  - a bad secrets file stops the server naming the entry, never a value.
+
+import { describe, test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer, startRaw, call, callErr, run, waitUntil, AGENT, TOOLS_SKIP, SERVER, serverEnv } from './lib.mjs';
+
+const T = { timeout: 300_000 };
+const VALUE = 'sk-live-Zq8vT3pW9xYk2NcR';
+const OTHER_VALUE = 'gh-Hn4Lm7Qw2Rt9Yp3K';
+const TOKEN_RE = /^ignph[0-9a-f]{32}$/;
+
+function captureSkip() {
+  const r = spawnSync(AGENT, ['--probe-egress'], { encoding: 'utf8', timeout: 20_000 });
+  const line = `${r.stdout ?? ''}${r.stderr ?? ''}`.split('\n')[0];
+  return r.status === 0 && line === 'ok' ? false : `a sandbox cannot capture its traffic here (${AGENT} --probe-egress: ${line || `status ${r.status}`})`;
+}
+
+function makeCert(dir, name, names) {
+  const key = path.join(dir, `${name}.key`);
+  const cert = path.join(dir, `${name}.pem`);
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+    '-keyout', key, '-out', cert, '-days', '2', '-subj', `/CN=${names[0]}`,
+    '-addext', `subjectAltName=${names.map((n) => `DNS:${n}`).join(',')}`, '-addext', 'basicConstraints=critical,CA:TRUE'],
+  { stdio: 'pipe' });
+  return { key: fs.readFileSync(key), cert: fs.readFileSync(cert), certPath: cert };
+}
+
+/* Every request a server got: method, url, host, headers, body. */
+function recorder(seen) {
+  return (req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      seen.push({ method: req.method, url: req.url, host: req.headers.host, headers: req.headers, body: Buffer.concat(chunks).toString() });
+      if (req.url.startsWith('/redirect')) {
+        res.writeHead(302, { location: req.url.slice('/redirect?to='.length) });
+        return res.end();
+      }
+      res.end('ok\n');
+    });
+  };
+}
+
+async function listen(server) {
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return server.address().port;
+}
+
+describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
+  let dir, P, c, ports, seen, secretsFile, stderrOf;
+  const servers = [];
+  before(async () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'e2e-secrets-'));
+    fs.chmodSync(dir, 0o755);
+    const good = makeCert(dir, 'good', ['api.test', 'other.test']);
+    const bad = makeCert(dir, 'bad', ['bad.test']);
+    seen = { api: [], other: [] };
+    // One HTTPS and one HTTP server per name (a host tells them apart), and
+    // one HTTPS server with a certificate the broker does not trust.
+    const mk = (tls, sink, cert) => (tls ? https.createServer(cert, recorder(sink)) : http.createServer(recorder(sink)));
+    const s = [mk(true, seen.api, good), mk(false, seen.api), mk(true, seen.other, good), mk(false, seen.other), mk(true, [], bad)];
+    servers.push(...s);
+    const [aS, aH, oS, oH, bS] = await Promise.all(s.map(listen));
+    ports = { aS, aH, oS, oH, bS };
+    const hosts = path.join(dir, 'hosts');
+    fs.writeFileSync(hosts, '127.0.0.1 api.test other.test bad.test\n');
+    fs.chmodSync(hosts, 0o644);
+    secretsFile = path.join(dir, 'secrets.json');
+    fs.writeFileSync(secretsFile, JSON.stringify({
+      API_TOKEN: { value: VALUE, hosts: [`api.test:${aS}`, `api.test:${aH}`] },
+      OTHER_TOKEN: { value: OTHER_VALUE, hosts: [`other.test:${oH}`] },
+      BAD_TOKEN: { value: 'never-sent-anywhere-1', hosts: [`bad.test:${bS}`] },
+    }), { mode: 0o600 });
+    P = await startServer({ tools: true, env: {
+      IGN_MCP_SECRETS: secretsFile, IGN_MCP_EGRESS_CA: good.certPath, IGN_MCP_EGRESS_HOSTS: hosts, IGN_MCP_NET_PRIVATE: 'host',
+    } });
+    c = P.client;
+    stderrOf = () => P.stderrText();
+  });
+  after(async () => {
+    await P?.close();
+    for (const s of servers) s.close();
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  const sh = async (sid, cmd, extra = {}) => {
+    const r = await run(c, sid, cmd, { timeout_s: 60, ...extra });
+    assert.ok(!JSON.stringify(r).includes(VALUE), `a result carries the value: ${JSON.stringify(r)}`);
+    return r;
+  };
+  const noValueAnywhere = (what, text) => {
+    assert.ok(!text.includes(VALUE) && !text.includes(OTHER_VALUE), `${what} holds a secret's value`);
+  };
+  const logLines = (file) => fs.readFileSync(file, 'utf8').trimEnd().split('\n').map((l) => JSON.parse(l));
+
+  test('the sandbox holds a placeholder; the value reaches its host in a header, Basic credentials and the query, over HTTPS and HTTP', T, async () => {
+    const o = await call(c, 'open_session', { secrets: ['API_TOKEN'], network: 'allow', allow_hosts: [`other.test:${ports.oS}`] });
+    const sid = o.session_id;
+    assert.equal(o.egress.mode, 'allow');
+    assert.ok(o.egress.allowed_rules.includes(`api.test:${ports.aS}`), JSON.stringify(o.egress));
+    const env = await sh(sid, 'echo "$API_TOKEN"; tr "\\0" "\\n" < /proc/$$/environ | grep "^API_TOKEN="');
+    const [tok, fromProc] = env.stdout.trim().split('\n');
+    assert.match(tok, TOKEN_RE);
+    assert.equal(fromProc, `API_TOKEN=${tok}`);
+    const before = seen.api.length;
+    const cmds = [
+      `curl -sS -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.aS}/bearer`,
+      `curl -sS -u "me:$API_TOKEN" https://api.test:${ports.aS}/basic`,
+      `curl -sS "https://api.test:${ports.aS}/query?key=$API_TOKEN&x=1"`,
+      `curl -sS -H "X-Api-Key: $API_TOKEN" http://api.test:${ports.aH}/plain`,
+      // Two requests in one curl: kept alive by curl, one per connection here.
+      `curl -sS -H "X-Api-Key: $API_TOKEN" https://api.test:${ports.aS}/one https://api.test:${ports.aS}/two`,
+    ];
+    const r = await sh(sid, cmds.join(' && '));
+    assert.equal(r.exit_code, 0, r.stderr);
+    assert.equal(r.stdout, 'ok\n'.repeat(6));
+    const got = seen.api.slice(before);
+    const by = Object.fromEntries(got.map((x) => [x.url.split('?')[0], x]));
+    assert.equal(by['/bearer'].headers.authorization, `Bearer ${VALUE}`);
+    assert.equal(by['/basic'].headers.authorization, `Basic ${Buffer.from(`me:${VALUE}`).toString('base64')}`);
+    assert.equal(by['/query'].url, `/query?key=${VALUE}&x=1`);
+    assert.equal(by['/plain'].headers['x-api-key'], VALUE);
+    assert.equal(by['/one'].headers['x-api-key'], VALUE);
+    assert.equal(by['/two'].headers['x-api-key'], VALUE);
+    // The flight record: one request line each, naming the secret, never its value.
+    const file = o.egress.egress_log_path;
+    assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).filter((l) => l.kind === 'request').length >= 6, { timeoutMs: 10_000 }), 'request lines missing');
+    const reqs = logLines(file).filter((l) => l.kind === 'request');
+    for (const p of ['/bearer', '/basic', '/query', '/plain', '/one', '/two']) {
+      const l = reqs.find((x) => x.path === p);
+      assert.ok(l, `no request line for ${p}: ${JSON.stringify(reqs)}`);
+      assert.deepEqual([l.method, l.host, l.status, l.allowed, l.secrets], ['GET', 'api.test', 200, true, ['API_TOKEN']]);
+      assert.ok(l.bytes_up > 0 && l.bytes_down > 0);
+    }
+    noValueAnywhere('the flight record', fs.readFileSync(file, 'utf8'));
+    noValueAnywhere('network_log', JSON.stringify(await call(c, 'network_log', { session_id: sid })));
+    noValueAnywhere('the server\'s log', stderrOf());
+    await call(c, 'close', { session_id: sid });
+  });
+
+  test('never another host: cleartext, DNS labels, another secret\'s host, a redirect, a body; end-to-end TLS carries only the placeholder', T, async () => {
+    const o = await call(c, 'open_session', { secrets: ['API_TOKEN', 'OTHER_TOKEN'], network: 'allow', allow_hosts: [`other.test:${ports.oS}`] });
+    const sid = o.session_id;
+    const file = o.egress.egress_log_path;
+    const tok = (await sh(sid, 'echo "$API_TOKEN"')).stdout.trim();
+    const other = seen.other.length;
+    const api = seen.api.length;
+    // other.test's own certificate, for the end-to-end connection below.
+    await call(c, 'write_file', { session_id: sid, path: '/root/other.pem', content_base64: fs.readFileSync(path.join(dir, 'good.pem')).toString('base64') });
+    await sh(sid, 'cat "$SSL_CERT_FILE" /root/other.pem > /root/both.pem');
+    // Cleartext to other.test (intercepted for OTHER_TOKEN): API_TOKEN's
+    // placeholder there is refused before anything reaches the server.
+    const r1 = await sh(sid, `curl -sS -o /dev/null -w "%{http_code}" -H "X-Api-Key: $API_TOKEN" http://other.test:${ports.oH}/leak`);
+    assert.equal(r1.stdout, '403');
+    // DNS: a placeholder in a label.
+    const r2 = await sh(sid, 'getent hosts "$API_TOKEN.other.test" || echo refused');
+    assert.match(r2.stdout, /refused/);
+    // A body to its own host is not rewritten (the server gets the placeholder).
+    await sh(sid, `curl -sS -d "tok=$API_TOKEN" https://api.test:${ports.aS}/body`);
+    const body = seen.api.slice(api).find((x) => x.url === '/body');
+    assert.equal(body?.body, `tok=${tok}`);
+    // A redirect to another host with the credentials sent again
+    // (--location-trusted): end-to-end TLS there, only the placeholder.
+    const red = await sh(sid, `curl -sS --cacert /root/both.pem -L --location-trusted -H "Authorization: Bearer $API_TOKEN" "https://api.test:${ports.aS}/redirect?to=https://other.test:${ports.oS}/landed"`);
+    assert.equal(red.stdout, 'ok\n', red.stderr);
+    const landed = seen.other.slice(other).find((x) => x.url === '/landed');
+    assert.ok(landed, 'the redirect did not land');
+    assert.equal(landed.headers.authorization, `Bearer ${tok}`);
+    // The body of a request to an intercepted host carrying another
+    // secret's placeholder never reaches it whole.
+    await sh(sid, `curl -sS -d "x=$OTHER_TOKEN" https://api.test:${ports.aS}/otherbody || true`);
+    assert.ok(!seen.api.slice(api).some((x) => x.url === '/otherbody'), 'a body with another secret\'s placeholder reached the server');
+    for (const x of seen.other.slice(other)) noValueAnywhere(`a request to ${x.host}${x.url}`, JSON.stringify(x));
+    assert.ok(!seen.other.slice(other).some((x) => x.url === '/leak'), 'the refused request reached other.test');
+    assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).some((l) => /secret sent to a host it is not for/.test(l.reason ?? '') && l.kind === 'dns'), { timeoutMs: 10_000 }), 'no DNS refusal recorded');
+    const lines = logLines(file);
+    assert.ok(lines.some((l) => l.kind === 'request' && l.path === '/leak' && l.status === 403 && /secret sent to a host it is not for \(API_TOKEN/.test(l.reason)), JSON.stringify(lines.filter((l) => l.kind === 'request')));
+    noValueAnywhere('the flight record', fs.readFileSync(file, 'utf8'));
+    await call(c, 'close', { session_id: sid });
+  });
+
+  test('a program that does not trust the broker\'s CA fails and is recorded; an untrusted upstream is 502; the CA key stays on the host', T, async () => {
+    const o = await call(c, 'open_session', { secrets: ['API_TOKEN', 'BAD_TOKEN'] });
+    const sid = o.session_id;
+    const file = o.egress.egress_log_path;
+    const pinned = await sh(sid, `curl -sS --cacert /dev/null --capath /nonexistent https://api.test:${ports.aS}/pinned; echo "rc=$?"`);
+    assert.match(pinned.stdout, /rc=(60|77|35)/, pinned.stderr);
+    const bad = await sh(sid, `curl -sS -w " %{http_code}" https://bad.test:${ports.bS}/x`);
+    assert.match(bad.stdout, /upstream certificate not trusted.* 502$/s, bad.stdout);
+    assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).filter((l) => l.kind === 'request').length >= 2, { timeoutMs: 10_000 }));
+    const reqs = logLines(file).filter((l) => l.kind === 'request');
+    assert.ok(reqs.some((l) => l.host === 'api.test' && /TLS with the program failed/.test(l.reason)), JSON.stringify(reqs));
+    assert.ok(reqs.some((l) => l.host === 'bad.test' && l.status === 502 && /upstream certificate not trusted/.test(l.reason)), JSON.stringify(reqs));
+    // The CA: its certificate in the sandbox's bundle, its key only on the host (0600).
+    const ca = await sh(sid, 'grep -c "ignition-mcp egress CA" /etc/ssl/certs/ca-certificates.crt /tmp/.ignition-mcp-ca-bundle.crt 2>/dev/null; grep -rl "PRIVATE KEY" /etc /root /tmp /var 2>/dev/null | head -3; echo end');
+    assert.match(ca.stdout, /:1\n/, ca.stdout);
+    assert.doesNotMatch(ca.stdout.split('\n').slice(1).join('\n'), /\//, `a private key in the sandbox: ${ca.stdout}`);
+    await call(c, 'close', { session_id: sid });
+  });
+
+  test('network_update gives a session a secret; a fork keeps its placeholders', T, async () => {
+    const sid = (await call(c, 'open_session', {})).session_id;
+    assert.equal((await sh(sid, 'echo "[$API_TOKEN]"')).stdout, '[]\n');
+    const u = await call(c, 'network_update', { session_id: sid, secrets: ['API_TOKEN'] });
+    assert.equal(u.mode, 'allow');
+    assert.ok(u.allowed_rules.includes(`api.test:${ports.aS}`));
+    const tok = (await sh(sid, 'echo "$API_TOKEN"')).stdout.trim();
+    assert.match(tok, TOKEN_RE);
+    const before = seen.api.length;
+    assert.equal((await sh(sid, `curl -sS -H "X-Api-Key: $API_TOKEN" https://api.test:${ports.aS}/updated`)).stdout, 'ok\n');
+    assert.equal(seen.api.slice(before).find((x) => x.url === '/updated')?.headers['x-api-key'], VALUE);
+    const f = await call(c, 'fork', { session_id: sid });
+    const fid = f.sessions[0].session_id;
+    assert.equal((await sh(fid, 'echo "$API_TOKEN"')).stdout.trim(), tok);
+    assert.equal((await sh(fid, `curl -sS -H "X-Api-Key: $API_TOKEN" https://api.test:${ports.aS}/forked`)).stdout, 'ok\n');
+    assert.equal(seen.api.find((x) => x.url === '/forked')?.headers['x-api-key'], VALUE);
+    // Taken away: the placeholder is gone from new commands, and the host's rule with it.
+    const n = await call(c, 'network_update', { session_id: sid, network: 'none', secrets: [] });
+    assert.equal(n.mode, 'none');
+    assert.equal((await sh(sid, 'echo "[$API_TOKEN]"')).stdout, '[]\n');
+    const e = await callErr(c, 'network_update', { session_id: sid, secrets: ['NOPE'] });
+    assert.match(e, /secrets\[0\] "NOPE" is not a secret this server holds/);
+    await call(c, 'close', { session_id: fid });
+    await call(c, 'close', { session_id: sid });
+  });
+
+  test('bad secrets files stop the server, naming the entry and never a value', T, async () => {
+    const cases = [
+      [{ mode: 0o644, json: { A: { value: 'top-secret-v1', hosts: ['a.test'] } } }, /IGN_MCP_SECRETS=.*no one else may read or write/],
+      [{ json: { A: { value: 'top-secret-v2', hosts: [] } } }, /entry A: hosts must hold 1 to/],
+      [{ json: { 'bad-name': { value: 'top-secret-v3', hosts: ['a.test'] } } }, /the name of an entry is not one/],
+      [{ json: { B: { value: 'top-secret-v4', hosts: ['a.test'], extra: 1 } } }, /entry B must be/],
+      [{ text: '{"C": {"value": "top-secret-v5", "hosts": ["a.test"]' }, /is not valid JSON \(line 1, column \d+\)/],
+      [{ json: { D: { value: 'top\nsecret-v6', hosts: ['a.test'] } } }, /entry D: the value must be 1 to/],
+    ];
+    for (const [k, [spec, re]] of cases.entries()) {
+      const f = path.join(dir, `bad${k}.json`);
+      fs.writeFileSync(f, spec.text ?? JSON.stringify(spec.json), { mode: spec.mode ?? 0o600 });
+      fs.chmodSync(f, spec.mode ?? 0o600);
+      const r = spawnSync(SERVER, [], { env: { ...serverEnv({ env: { IGN_MCP_SECRETS: f } }) }, input: '', encoding: 'utf8', timeout: 60_000 });
+      assert.notEqual(r.status, 0, `case ${k}: the server ran`);
+      assert.match(r.stderr, re, `case ${k}`);
+      assert.doesNotMatch(r.stderr, /top-?\\?n?secret-v/, `case ${k}: a value in the message: ${r.stderr}`);
+    }
+  });
+});
