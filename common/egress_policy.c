@@ -116,15 +116,78 @@ static void describe_entry(const char *entry, size_t len, char *out, size_t size
     snprintf(out, size, "of %zu bytes", len);
 }
 
+/* Why PATH (N bytes) is not a canonical path (a fixed string), or NULL. */
+static const char *path_problem(const char *path, size_t n) {
+  if (!n || path[0] != '/')
+    return "a path starts with '/'";
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)path[i];
+    if (c <= 0x20 || c >= 0x7f || c == '\\')
+      return "path not canonical: it holds a space, a control byte, a backslash or a non-ASCII byte";
+    if (c == '%' && i + 2 < n && path[i + 1] == '2' && strchr("eEfF", path[i + 2]))
+      return "path not canonical: an encoded '.' or '/'";
+    if (c == '%' && i + 2 < n && path[i + 1] == '5' && strchr("cC", path[i + 2]))
+      return "path not canonical: an encoded backslash";
+    if (c == '/' ) {
+      size_t k = i + 1;
+      size_t dots = 0;
+      while (k < n && path[k] == '.')
+        k++, dots++;
+      if ((dots == 1 || dots == 2) && (k == n || path[k] == '/'))
+        return "path not canonical: a '.' or '..' segment";
+    }
+  }
+  return NULL;
+}
+
+/* The " METHOD [/prefix]" part of a request rule (P, N bytes after the
+ * space) into R: why not, or NULL. */
+static const char *request_part(const char *p, size_t n, struct egress_rule *r) {
+  const char *sp = memchr(p, ' ', n);
+  size_t ml = sp ? (size_t)(sp - p) : n;
+  if (ml == 0 || ml > EGRESS_METHOD_MAX)
+    return "a request rule is \"host METHOD /prefix\": the method is missing or too long";
+  bool star = ml == 1 && p[0] == '*';
+  for (size_t i = 0; i < ml && !star; i++)
+    if (p[i] < 'A' || p[i] > 'Z')
+      return "a request rule's method is * or upper-case letters (GET, POST, ...)";
+  memcpy(r->method, p, ml);
+  r->method[ml] = '\0';
+  if (!sp)
+    return NULL;
+  const char *path = sp + 1;
+  size_t pl = n - ml - 1;
+  if (pl > EGRESS_PATH_MAX)
+    return "a request rule's path prefix is longer than 256 bytes";
+  const char *why = path_problem(path, pl);
+  if (why)
+    return why;
+  if (memchr(path, '?', pl) || memchr(path, '#', pl))
+    return "a request rule's path prefix holds no query or fragment";
+  memcpy(r->path, path, pl);
+  r->path[pl] = '\0';
+  return NULL;
+}
+
 /* Why ENTRY is not a valid rule (a fixed string), or NULL with *RET filled. */
 static const char *rule_problem(const char *entry, size_t len, struct egress_rule *ret) {
   struct egress_rule r = {.ports = EGRESS_PORTS_WEB};
   if (len == 0)
     return "an entry is a host name or *.domain, optionally with :port or :*; this one is empty";
   if (len > EGRESS_ENTRY_MAX)
-    return "it is longer than any host name with a port";
+    return "it is longer than any host name with a port and a request rule";
   if (memchr(entry, '\0', len))
     return "it holds a NUL byte";
+  /* "host[:port] METHOD [/prefix]": a request rule. */
+  const char *space = memchr(entry, ' ', len);
+  if (space) {
+    const char *why = request_part(space + 1, len - (size_t)(space - entry) - 1, &r);
+    if (why)
+      return why;
+    len = (size_t)(space - entry);
+    if (len > EGRESS_NAME_MAX + 2u + 6u + 1u)
+      return "it is longer than any host name with a port";
+  }
   if (entry[0] == '[')
     return "IP addresses are not accepted: name the host (use network \"open\" to reach "
            "any public address)";
@@ -210,7 +273,8 @@ int egress_rule_parse(const char *entry, size_t len, struct egress_rule *ret, ch
 
 static bool rule_eq(const struct egress_rule *a, const struct egress_rule *b) {
   return a->wildcard == b->wildcard && a->ports == b->ports && a->port == b->port &&
-         strcmp(a->name, b->name) == 0;
+         strcmp(a->name, b->name) == 0 && strcmp(a->method, b->method) == 0 &&
+         strcmp(a->path, b->path) == 0;
 }
 
 int egress_policy_parse(const char *const *entries, const size_t *lens, size_t n,
@@ -255,14 +319,16 @@ void egress_policy_free(struct egress_policy *p) {
 
 int egress_rule_format(const struct egress_rule *r, char *buf, size_t size) {
   const char *star = r->wildcard ? "*." : "";
+  const char *sp1 = *r->method ? " " : "", *sp2 = *r->path ? " " : "";
   switch (r->ports) {
   case EGRESS_PORTS_ONE:
-    return snprintf(buf, size, "%s%s:%u", star, r->name, (unsigned)r->port);
+    return snprintf(buf, size, "%s%s:%u%s%s%s%s", star, r->name, (unsigned)r->port, sp1, r->method,
+                    sp2, r->path);
   case EGRESS_PORTS_ANY:
-    return snprintf(buf, size, "%s%s:*", star, r->name);
+    return snprintf(buf, size, "%s%s:*%s%s%s%s", star, r->name, sp1, r->method, sp2, r->path);
   case EGRESS_PORTS_WEB:
   default:
-    return snprintf(buf, size, "%s%s", star, r->name);
+    return snprintf(buf, size, "%s%s%s%s%s%s", star, r->name, sp1, r->method, sp2, r->path);
   }
 }
 
@@ -305,6 +371,40 @@ long egress_policy_match(const struct egress_policy *p, const char *name, size_t
     if (rule_port_matches(&p->rules[i], port) && rule_name_matches(&p->rules[i], buf, (size_t)n))
       return (long)i;
   return -1;
+}
+
+bool egress_rule_admits(const struct egress_rule *r, const char *name, size_t len, uint16_t port) {
+  return rule_port_matches(r, port) && rule_name_matches(r, name, len);
+}
+
+bool egress_policy_requests_checked(const struct egress_policy *p, const char *name, size_t len,
+                                    uint16_t port) {
+  char buf[EGRESS_NAME_MAX + 1];
+  long n = normalize(name, len, buf);
+  bool any = false;
+  for (size_t i = 0; n >= 0 && i < p->n; i++)
+    if (egress_rule_admits(&p->rules[i], buf, (size_t)n, port)) {
+      if (!*p->rules[i].method)
+        return false; /* a plain rule admits every request */
+      any = true;
+    }
+  return any;
+}
+
+const char *egress_request_refusal(const struct egress_rule *r, size_t n, const char *method,
+                                   const char *target) {
+  size_t pl = strcspn(target, "?#");
+  const char *why = path_problem(target, pl);
+  if (why)
+    return why;
+  for (size_t i = 0; i < n; i++) {
+    if (!*r[i].method)
+      return NULL;
+    if ((strcmp(r[i].method, "*") == 0 || strcmp(r[i].method, method) == 0) &&
+        strncmp(target, r[i].path, strlen(r[i].path)) == 0 && strlen(r[i].path) <= pl)
+      return NULL;
+  }
+  return "request not in allow_hosts";
 }
 
 bool egress_policy_knows(const struct egress_policy *p, const char *name, size_t len) {

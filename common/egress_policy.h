@@ -31,8 +31,11 @@
 #define EGRESS_NAME_MAX 253u   /* a host name, without the trailing dot */
 #define EGRESS_LABEL_MAX 63u
 #define EGRESS_MAX_RULES 256u  /* allow_hosts entries per session */
-/* The longest entry looked at: a name, "*.", ":65535" and a dot. */
-#define EGRESS_ENTRY_MAX (EGRESS_NAME_MAX + 2u + 6u + 1u)
+#define EGRESS_METHOD_MAX 15u  /* a request rule's method */
+#define EGRESS_PATH_MAX 256u   /* a request rule's path prefix */
+/* The longest entry looked at: a name, "*.", ":65535", a dot, and a
+ * request rule's " METHOD /prefix". */
+#define EGRESS_ENTRY_MAX (EGRESS_NAME_MAX + 2u + 6u + 1u + 2u + EGRESS_METHOD_MAX + EGRESS_PATH_MAX)
 /* Room for a sanitized name: the name and its NUL, or "<invalid:N>". */
 #define EGRESS_NAME_BUF (EGRESS_NAME_MAX + 1u)
 /* The most bytes of a stream the broker holds back to find its SNI or Host:
@@ -51,6 +54,11 @@ struct egress_rule {
   bool wildcard;                  /* "*.name" */
   enum egress_ports ports;
   uint16_t port;                  /* EGRESS_PORTS_ONE */
+  /* A request rule ("host[:port] METHOD [/prefix]"): the method ("*" any)
+   * and path prefix ("" any) its requests must have; "" for a plain rule,
+   * which admits every request. */
+  char method[EGRESS_METHOD_MAX + 1];
+  char path[EGRESS_PATH_MAX + 1];
 };
 
 struct egress_policy {
@@ -80,6 +88,20 @@ int egress_rule_format(const struct egress_rule *r, char *buf, size_t size);
  * host name matches nothing. */
 long egress_policy_match(const struct egress_policy *p, const char *name, size_t len,
                          uint16_t port);
+/* Whether rule R admits NAME (normalized: lowercase, no trailing dot; LEN
+ * bytes) on PORT, as a connection. */
+bool egress_rule_admits(const struct egress_rule *r, const char *name, size_t len, uint16_t port);
+/* Whether every rule of P that admits NAME on PORT is a request rule: its
+ * requests must then be read and checked (egress_request_allowed). */
+bool egress_policy_requests_checked(const struct egress_policy *p, const char *name, size_t len,
+                                    uint16_t port);
+/* Whether one of the N rules R admits a request METHOD for TARGET (its
+ * origin-form target: the path and query): NULL, or why not.  A target
+ * whose path holds a "." or ".." segment, a backslash, or an encoded dot,
+ * slash or backslash is refused ("path not canonical"): prefixes are
+ * compared byte for byte, and a server may decode what the rule did not. */
+const char *egress_request_refusal(const struct egress_rule *r, size_t n, const char *method,
+                                   const char *target);
 /* Whether some rule admits NAME on some port: DNS answers for it. */
 bool egress_policy_knows(const struct egress_policy *p, const char *name, size_t len);
 

@@ -449,7 +449,7 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
   int r = secrets_init(s->secrets_file, ret_err);
   if (r < 0)
     return r;
-  if (secrets_count()) {
+  if (s->ca_dir && !s->off) {
     /* The store may not exist yet: its parents are made as the store's. */
     _cleanup_free_ char *parent = s->ca_dir ? strdup(s->ca_dir) : NULL;
     char *slash = parent ? strrchr(parent, '/') : NULL;
@@ -458,13 +458,17 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
       fs_mkdir_p(parent, 0755, 0755);
     }
     _cleanup_free_ char *err = NULL;
-    r = s->ca_dir ? ca_init(s->ca_dir, s->extra_ca, &err) : -EINVAL;
-    if (r < 0) {
+    r = ca_init(s->ca_dir, s->extra_ca, &err);
+    if (r < 0 && secrets_count()) {
       *ret_err = xasprintf("IGN_MCP_SECRETS is set, so the broker needs its CA: %s",
                            err ? err : "no directory for it");
       secrets_shutdown();
       return r;
     }
+    /* Without secrets only request rules need it: they are refused, saying why. */
+    if (r < 0)
+      log_warn("egress: no CA for request rules (allow_hosts \"host METHOD /prefix\"): %s", err);
+    r = 0;
   }
   r = record_init();
   if (r < 0) {

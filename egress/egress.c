@@ -257,6 +257,13 @@ static int make_policy(const char *tool, const json_t *network, const json_t *al
     r = parse_hosts(tool, mode, allow_hosts, &pol, ret_err);
   if (r == 0 && mode == EGRESS_MODE_ALLOW)
     r = add_secret_hosts(tool, &pol, b, n_b, ret_err);
+  for (size_t i = 0; r == 0 && i < pol.n; i++)
+    if (*pol.rules[i].method && !ca_pem()) {
+      *ret_err = xasprintf("%s: allow_hosts has a request rule (\"host METHOD /prefix\"), which "
+                           "the broker checks by reading the requests, but it has no CA to do so "
+                           "(the server's log says why); use plain host rules", tool);
+      r = -EINVAL;
+    }
   if (r < 0) {
     egress_policy_free(&pol);
     return r;
@@ -302,6 +309,8 @@ int egress_new(const char *tool, const json_t *network, const json_t *allow_host
 const char *egress_trust_pem(struct egress *e, uint64_t *ret_gen, const char **ret_path) {
   pthread_mutex_lock(&e->synth_lock);
   bool any = e->n_bind > 0;
+  for (size_t i = 0; !any && i < e->pol.n; i++)
+    any = *e->pol.rules[i].method != 0; /* request rules: their hosts are intercepted */
   pthread_mutex_unlock(&e->synth_lock);
   pthread_mutex_lock(&e->att_lock);
   *ret_gen = e->att_gen;

@@ -77,7 +77,7 @@ int egress_new(const char *tool, const json_t *network, const json_t *allow_host
  * allow_hosts (network "none" or absent becomes "allow" for them). */
 int egress_new_secrets(const char *tool, const json_t *network, const json_t *allow_hosts,
                        const json_t *secrets, struct egress **ret, char **ret_err);
-/* The broker's CA PEM when E has secrets (else NULL), *RET_GEN the
+/* The broker's CA PEM when E has secrets or request rules (else NULL), *RET_GEN the
  * sandbox attached now, and *RET_PATH the bundle it was put in for that
  * sandbox (NULL: not yet; egress_trust_done says it is). */
 const char *egress_trust_pem(struct egress *e, uint64_t *ret_gen, const char **ret_path);

@@ -71,6 +71,8 @@ struct ictx {
   size_t n_bind;
   struct binding *bind;
   bool *for_host;              /* bind[i]'s value may go to host:port */
+  struct egress_rule *rules;   /* the request rules for host:port (n_rules 0: none) */
+  size_t n_rules;
   bool *used;
   /* The record of the request. */
   char method[32];
@@ -598,6 +600,15 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
     c->why = n_host == 1 ? "Host mismatch" : "HTTP request without one Host";
     return n_host == 1 ? 421 : 400;
   }
+  /* The request rules of its host, if it has them. */
+  if (c->n_rules) {
+    const char *why = egress_request_refusal(c->rules, c->n_rules, method, target);
+    if (why) {
+      snprintf(c->why_buf, sizeof c->why_buf, "%s", why);
+      c->why = c->why_buf;
+      return 403;
+    }
+  }
   /* Placeholders: the target first (replaced in the query only). */
   if (!tokens_ok(c, target, strlen(target), "the request target"))
     return 403;
@@ -837,6 +848,7 @@ static void *icpt_main(void *arg) {
   ERR_clear_error();
   record_log_unref(c->log);
   free(c->bind);
+  free(c->rules);
   free(c);
   OPENSSL_thread_stop();
   pthread_mutex_lock(&I.lock);
@@ -882,6 +894,20 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
     memcpy(c->bind, e->bind, nb * sizeof *c->bind);
   for (size_t i = 0; i < nb; i++)
     c->for_host[i] = secret_for(c->bind[i].s, c->host, strlen(c->host), c->port);
+  size_t hl = strlen(c->host);
+  if (e->mode == EGRESS_MODE_ALLOW && egress_policy_requests_checked(&e->pol, c->host, hl, c->port)) {
+    c->rules = malloc(e->pol.n * sizeof *c->rules);
+    for (size_t i = 0; c->rules && i < e->pol.n; i++)
+      if (egress_rule_admits(&e->pol.rules[i], c->host, hl, c->port))
+        c->rules[c->n_rules++] = e->pol.rules[i];
+    if (!c->rules) {
+      free(c->bind);
+      free(c);
+      close(sv[0]);
+      close(sv[1]);
+      return -ENOMEM;
+    }
+  }
   c->log = record_log_ref(e->rec);
   int fl = fcntl(sv[0], F_GETFL);
   fcntl(sv[0], F_SETFL, fl | O_NONBLOCK);
@@ -901,6 +927,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
     pthread_mutex_unlock(&I.lock);
     record_log_unref(c->log);
     free(c->bind);
+    free(c->rules);
     free(c);
     close(sv[0]);
     close(sv[1]);

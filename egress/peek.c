@@ -29,9 +29,12 @@ static bool peek_name_ok(const struct stream *s, const char *found) {
  * waited for while more may come, refused as WHY when none will). */
 bool stream_intercepts(const struct stream *s) {
   const struct egress *e = s->lk->e;
-  if (s->st != ST_PEEK || s->raw || !e->n_bind || !ca_pem())
+  if (s->st != ST_PEEK || s->raw || !ca_pem())
     return false;
   size_t len = strlen(s->rec.host);
+  /* Request rules for its host and port: each request is checked. */
+  if (e->mode == EGRESS_MODE_ALLOW && egress_policy_requests_checked(&e->pol, s->rec.host, len, s->rec.port))
+    return true;
   for (size_t i = 0; i < e->n_bind; i++)
     if (secret_for(e->bind[i].s, s->rec.host, len, s->rec.port))
       return true;

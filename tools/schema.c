@@ -32,7 +32,9 @@ static const char session_id_schema[] =
   "With network \"allow\" (and only then; at least one): the hosts the sandbox may reach. "       \
   "Each is a host name (ports 80 and 443), name:PORT, name:* (any port) or *.suffix (names "      \
   "below suffix, which has two labels at least), e.g. pypi.org, *.pythonhosted.org, "             \
-  "github.com:22. Names only: IP addresses are refused."
+  "github.com:22. Names only: IP addresses are refused. A request rule adds a method (or *) "    \
+  "and an optional path prefix, e.g. \"api.github.com GET /repos/myorg/\": the server reads "      \
+  "each request to that host and refuses (403) those outside every such rule."
 
 #define SECRETS_DESC                                                                              \
   "Names of the operator's secrets (IGN_MCP_SECRETS) this sandbox may use, e.g. "                 \
@@ -285,7 +287,7 @@ static json_t *network_props(const char *net) {
                    "s:{s:s, s:i, s:{s:s, s:i, s:i}, s:s}}", "network",
                    "type", "string", "enum", modes, "default", "none", "description",
                    NETWORK_DESC, "allow_hosts", "type", "array", "maxItems", 256, "items",
-                   "type", "string", "minLength", 1, "maxLength", 262, "description",
+                   "type", "string", "minLength", 1, "maxLength", 540, "description",
                    ALLOW_HOSTS_DESC, "secrets", "type", "array", "maxItems", 256, "items", "type",
                    "string", "minLength", 1, "maxLength", 64, "description", SECRETS_DESC);
 }

@@ -65,9 +65,18 @@ int trust_env(struct lease *l, const char *tool, const char **env, size_t *n_env
   struct egress *e = lease_egress(l);
   size_t ns = 0;
   char **sec = e ? egress_secret_env(e, &ns) : NULL;
-  if (!ns) {
+  uint64_t gen = 0;
+  const char *path = NULL;
+  const char *pem = e ? egress_trust_pem(e, &gen, &path) : NULL;
+  if (!pem) { /* no secrets, no request rules */
+    for (size_t i = 0; i < ns; i++)
+      free(sec[i]);
     free(sec);
     return 0;
+  }
+  if (!sec && (sec = calloc(1, sizeof *sec)) == NULL) {
+    *ret_err = strdup("out of memory");
+    return -ENOMEM;
   }
   /* A name the caller's env gives too would hide the placeholder. */
   for (size_t i = 0; i < ns; i++) {
@@ -80,10 +89,7 @@ int trust_env(struct lease *l, const char *tool, const char **env, size_t *n_env
         goto fail;
       }
   }
-  const char *path = NULL;
-  uint64_t gen = 0;
-  const char *pem = egress_trust_pem(e, &gen, &path);
-  if (pem && !path) {
+  if (!path) {
     /* Not in this sandbox yet. */
     struct agent_conn *c = lease_conn(l);
     size_t len;

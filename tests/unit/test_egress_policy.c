@@ -138,7 +138,7 @@ static void test_rule_refusals(void) {
   REFUSED("a.b:*:*", "at most one ':'");
   REFUSED("example.123", "IP address");
   /* Lengths. */
-  char name[400];
+  char name[700];
   memset(name, 'a', 64);
   strcpy(name + 64, ".com");
   REFUSED(name, "longer than 63");
@@ -150,9 +150,9 @@ static void test_rule_refusals(void) {
   }
   memcpy(name + n, "abcde", 6); /* 252 + 5 = 257 */
   REFUSED(name, "longer than 253");
-  memset(name, 'c', 399);
-  name[399] = '\0';
-  REFUSED(name, "allow_hosts entry of 399 bytes: it is longer");
+  memset(name, 'c', 599);
+  name[599] = '\0';
+  REFUSED(name, "allow_hosts entry of 599 bytes: it is longer");
   /* A NUL inside: refused and never quoted. */
   check_refused("pypi.org\0evil.com", 17, "allow_hosts entry of 17 bytes: it holds a NUL");
   /* Unprintable or quoting bytes are not echoed. */
@@ -940,7 +940,53 @@ static void test_http_hostile(void) {
                EGRESS_PEEK_ABSENT);
 }
 
-TEST_MAIN(TEST(test_rule_forms), TEST(test_rule_refusals), TEST(test_policy_parse),
+/* Request rules: "host[:port] METHOD [/prefix]". */
+static void test_request_rules(void) {
+  const char *e[] = {"api.x.test GET /repos/me/", "api.x.test:8443 * /v1/", "up.x.test POST",
+                     "plain.x.test"};
+  size_t l[4];
+  for (int i = 0; i < 4; i++)
+    l[i] = strlen(e[i]);
+  struct egress_policy p = {0};
+  char *err = NULL;
+  CHECK_EQ_INT(egress_policy_parse(e, l, 4, &p, &err), 0);
+  char buf[EGRESS_ENTRY_MAX + 1];
+  egress_rule_format(&p.rules[0], buf, sizeof buf);
+  CHECK_STREQ(buf, "api.x.test GET /repos/me/");
+  egress_rule_format(&p.rules[2], buf, sizeof buf);
+  CHECK_STREQ(buf, "up.x.test POST");
+  /* Connections: a request rule admits its host and port. */
+  CHECK_EQ_INT(egress_policy_match(&p, "api.x.test", 10, 443), 0);
+  CHECK(egress_policy_requests_checked(&p, "api.x.test", 10, 443));
+  CHECK(!egress_policy_requests_checked(&p, "plain.x.test", 12, 443));
+  CHECK(!egress_policy_requests_checked(&p, "other.test", 10, 443));
+  /* Requests. */
+  const struct egress_rule *r0 = &p.rules[0];
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/x?y=1") == NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/") == NULL);
+  CHECK(egress_request_refusal(r0, 1, "POST", "/repos/me/x") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/other/x") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos?/me/") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/../other") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/%2e%2e/other") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/..%2Fother") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/.") != NULL);
+  CHECK(egress_request_refusal(&p.rules[1], 1, "DELETE", "/v1/a") == NULL);
+  CHECK(egress_request_refusal(&p.rules[2], 1, "POST", "/anything") == NULL);
+  CHECK(egress_request_refusal(&p.rules[2], 1, "GET", "/anything") != NULL);
+  egress_policy_free(&p);
+  /* Refused: a method that is not one, a path that is not canonical. */
+  const char *bad[] = {"a.test get /x", "a.test GET x", "a.test GET /a/../b", "a.test GET /a?b",
+                       "a.test  GET", "a.test GET /a b", "a.test GETTTTTTTTTTTTTTTT"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    size_t bl = strlen(bad[i]);
+    CHECK_EQ_INT(egress_policy_parse(&bad[i], &bl, 1, &p, &err), -EINVAL);
+    free(err);
+    err = NULL;
+  }
+}
+
+TEST_MAIN(TEST(test_request_rules), TEST(test_rule_forms), TEST(test_rule_refusals), TEST(test_policy_parse),
           TEST(test_match), TEST(test_sanitize), TEST(test_classify_v4), TEST(test_classify_v6),
           TEST(test_classify_private), TEST(test_sni), TEST(test_sni_any_first_record), TEST(test_tls_retry),
           TEST(test_sni_hostile), TEST(test_http), TEST(test_http_hostile),

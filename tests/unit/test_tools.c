@@ -59,7 +59,7 @@ static void transfer_arguments_are_checked(void) {
   CHECK_CALL_ERR("sandbox_run", "{}", "sandbox_run needs the argument 'command' (a string)");
   CHECK_CALL_ERR("sandbox_run", "{\"command\": \"true\", \"image\": \"x\"}",
                  "sandbox_run has no argument 'image'; its arguments are: command, stage, "
-                 "commit_as, network, allow_hosts, stdin, stdin_file, copy_in, copy_out, env, "
+                 "commit_as, network, allow_hosts, secrets, stdin, stdin_file, copy_in, copy_out, env, "
                  "cwd, timeout_s");
   CHECK_CALL_ERR("sandbox_run",
                  "{\"command\": \"cat\", \"stdin\": \"x\", \"stdin_file\": \"f\"}",
