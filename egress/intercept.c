@@ -418,13 +418,78 @@ static void record_request(struct ictx *c) {
 
 /* ---- bodies ---- */
 
+/* Each value of the secrets that may go to this host, in P (N bytes),
+ * becomes as many '*': a server that echoes a request (an error page, an
+ * echo endpoint) does not hand the value to the sandbox.  The length
+ * stays, and Content-Length and chunk sizes with it. */
+static void mask_values(const struct ictx *c, char *p, size_t n) {
+  for (size_t i = 0; i < c->n_bind; i++) {
+    if (!c->for_host[i])
+      continue;
+    const char *v = c->bind[i].s->value;
+    size_t vl = c->bind[i].s->len;
+    for (char *q = p; n >= vl && (q = memmem(q, n - (size_t)(q - p), v, vl)); q += vl)
+      memset(q, '*', vl);
+  }
+}
+
+static size_t longest_value(const struct ictx *c) {
+  size_t m = 0;
+  for (size_t i = 0; i < c->n_bind; i++)
+    if (c->for_host[i] && c->bind[i].s->len > m)
+      m = c->bind[i].s->len;
+  return m;
+}
+
+/* A response body of LEN bytes (F_LEN) or up to the end (F_CLOSE) from
+ * SRC to DST, masked (mask_values) across reads: the last bytes of each
+ * read, which may begin a value, wait for the next.  0 or -1. */
+static int relay_masked(struct ictx *c, struct end *src, struct end *dst, enum frame f,
+                        uint64_t len, uint64_t *bytes) {
+  size_t keep = longest_value(c) - 1;
+  char *buf = malloc(keep + BUF);
+  if (!buf)
+    return -1;
+  size_t held = 0;
+  uint64_t left = f == F_LEN ? len : UINT64_MAX;
+  int r = 0;
+  for (;;) {
+    ssize_t got = left ? end_fill(src) : 0;
+    if (got < 0 || (got == 0 && f == F_LEN && left)) {
+      r = -1;
+      break;
+    }
+    size_t take = got > 0 ? (src->len < left ? src->len : (size_t)left) : 0;
+    memcpy(buf + held, src->buf + src->off, take);
+    src->off += take;
+    src->len -= take;
+    if (f == F_LEN)
+      left -= take;
+    size_t n = held + take;
+    mask_values(c, buf, n);
+    bool last = take == 0 || left == 0;
+    size_t out = last ? n : (n > keep ? n - keep : 0);
+    if (out && end_write(dst, buf, out) < 0) {
+      r = -1;
+      break;
+    }
+    *bytes += out;
+    memmove(buf, buf + out, n - out);
+    held = n - out;
+    if (last)
+      break;
+  }
+  free(buf);
+  return r;
+}
+
 /* Relays a body framed F (LEN bytes) from SRC (its buffered bytes first)
  * to DST; SCAN: each piece is checked for placeholders that may not go
  * (a carry of SECRET_TOKEN_LEN - 1 bytes across pieces).  0, or -1 (an
  * end failed, the framing was broken, or a placeholder was found: c->why
  * says which). */
 static int relay_body(struct ictx *c, struct end *src, struct end *dst, enum frame f,
-                      uint64_t len, bool scan, uint64_t *bytes) {
+                      uint64_t len, bool scan, bool mask, uint64_t *bytes) {
   char carry[2 * SECRET_TOKEN_LEN];
   size_t carry_n = 0;
   char line[LINE_MAX_];
@@ -497,6 +562,8 @@ static int relay_body(struct ictx *c, struct end *src, struct end *dst, enum fra
         carry_n = total - from;
       }
     }
+    if (mask) /* within this read (a value split across reads of a chunk is not seen) */
+      mask_values(c, (char *)src->buf + src->off, take);
     if (end_write(dst, p, take) < 0)
       return -1;
     src->off += take;
@@ -690,6 +757,8 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
   return 0;
 }
 
+static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final);
+
 static void serve(struct ictx *c) {
   char *head = malloc(HEAD_MAX + 1);
   if (!head)
@@ -754,7 +823,7 @@ static void serve(struct ictx *c) {
     end_write(&c->in, cont, sizeof cont - 1);
   }
   bool head_req = strcmp(c->method, "HEAD") == 0;
-  if (relay_body(c, &c->in, &c->up, f, len, true, &c->bytes_up) < 0 && c->why)
+  if (relay_body(c, &c->in, &c->up, f, len, true, false, &c->bytes_up) < 0 && c->why)
     goto out; /* a placeholder where it may not go: the server never gets the rest */
   /* The response: interim ones (1xx) first, then the final one. */
   for (;;) {
@@ -767,8 +836,8 @@ static void serve(struct ictx *c) {
     c->status = atoi(h.line + 9);
     if (c->status >= 200 || c->status == 101)
       break;
-    end_write(&c->in, head, hl);
-    c->bytes_down += hl;
+    if (write_head(c, &h, hl, false) < 0)
+      goto out;
   }
   if (c->status == 101) {
     refuse(c, 502, "Bad Gateway", "protocol upgrade on an intercepted host");
@@ -782,28 +851,42 @@ static void serve(struct ictx *c) {
     f = F_NONE;
   /* The head again, with "Connection: close": the sandbox opens a new
    * connection for its next request. */
-  {
-    char *o = malloc(hl + 64);
-    size_t n = 0;
-    if (!o)
-      goto out;
-    n += (size_t)sprintf(o, "%s\r\n", h.line);
-    for (size_t i = 0; i < h.n; i++) {
-      if (strcasecmp(h.h[i].name, "connection") == 0 || strcasecmp(h.h[i].name, "keep-alive") == 0)
-        continue;
-      n += (size_t)sprintf(o + n, "%s: %s\r\n", h.h[i].name, h.h[i].value);
-    }
-    n += (size_t)sprintf(o + n, "Connection: close\r\n\r\n");
-    int wr = end_write(&c->in, o, n);
-    free(o);
-    if (wr < 0)
-      goto out;
-    c->bytes_down += n;
-  }
-  relay_body(c, &c->up, &c->in, f, len, false, &c->bytes_down);
+  if (write_head(c, &h, hl, true) < 0)
+    goto out;
+  if (longest_value(c) && (f == F_LEN || f == F_CLOSE))
+    relay_masked(c, &c->up, &c->in, f, len, &c->bytes_down);
+  else
+    relay_body(c, &c->up, &c->in, f, len, false, longest_value(c) > 0, &c->bytes_down);
 out:
   free(head);
   record_request(c);
+}
+
+/* A response head H (HL bytes as read) to the sandbox, masked; the final
+ * one (FINAL) says "Connection: close".  0 or -1. */
+static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final) {
+  (void)hl;
+  size_t size = strlen(h->line) + 2 + 24;
+  for (size_t i = 0; i < h->n; i++)
+    size += strlen(h->h[i].name) + strlen(h->h[i].value) + 4;
+  char *o = malloc(size + 1);
+  size_t n = 0;
+  if (!o)
+    return -1;
+  n += (size_t)sprintf(o, "%s\r\n", h->line);
+  for (size_t i = 0; i < h->n; i++) {
+    if (final && (strcasecmp(h->h[i].name, "connection") == 0 ||
+                  strcasecmp(h->h[i].name, "keep-alive") == 0))
+      continue;
+    n += (size_t)sprintf(o + n, "%s: %s\r\n", h->h[i].name, h->h[i].value);
+  }
+  n += (size_t)sprintf(o + n, final ? "Connection: close\r\n\r\n" : "\r\n");
+  mask_values(c, o, n);
+  int wr = end_write(&c->in, o, n);
+  free(o);
+  if (wr == 0)
+    c->bytes_down += n;
+  return wr;
 }
 
 static void *icpt_main(void *arg) {

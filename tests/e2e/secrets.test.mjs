@@ -55,6 +55,15 @@ function recorder(seen) {
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
       seen.push({ method: req.method, url: req.url, host: req.headers.host, headers: req.headers, body: Buffer.concat(chunks).toString() });
+      if (req.url === '/echo') { // a server that echoes the request back
+        res.writeHead(200, { 'x-echo': req.headers.authorization ?? '' });
+        return res.end(`${req.headers.authorization}\n`);
+      }
+      if (req.url === '/echo-chunked') {
+        res.writeHead(200, { 'content-type': 'text/plain' });
+        res.write('you sent: ');
+        return res.end(`${req.headers.authorization}\n`);
+      }
       if (req.url.startsWith('/redirect')) {
         res.writeHead(302, { location: req.url.slice('/redirect?to='.length) });
         return res.end();
@@ -137,6 +146,7 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     const r = await sh(sid, cmds.join(' && '));
     assert.equal(r.exit_code, 0, r.stderr);
     assert.equal(r.stdout, 'ok\n'.repeat(6));
+    noValueAnywhere('a file the sandbox wrote', (await sh(sid, `curl -sS -o /root/got -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.aS}/echo; cat /root/got`)).stdout);
     const got = seen.api.slice(before);
     const by = Object.fromEntries(got.map((x) => [x.url.split('?')[0], x]));
     assert.equal(by['/bearer'].headers.authorization, `Bearer ${VALUE}`);
@@ -145,9 +155,15 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     assert.equal(by['/plain'].headers['x-api-key'], VALUE);
     assert.equal(by['/one'].headers['x-api-key'], VALUE);
     assert.equal(by['/two'].headers['x-api-key'], VALUE);
+    // Echoed back: the value is masked on its way to the sandbox, in the head and the body.
+    const stars = '*'.repeat(VALUE.length);
+    const echo = await sh(sid, `curl -sS -D - -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.aS}/echo; curl -sS -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.aS}/echo-chunked`);
+    assert.match(echo.stdout, new RegExp(`x-echo: Bearer \\*{${VALUE.length}}`, 'i'), echo.stdout);
+    assert.ok(echo.stdout.includes(`\nBearer ${stars}\n`), echo.stdout);
+    assert.ok(echo.stdout.includes(`you sent: Bearer ${stars}\n`), echo.stdout);
     // The flight record: one request line each, naming the secret, never its value.
     const file = o.egress.egress_log_path;
-    assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).filter((l) => l.kind === 'request').length >= 6, { timeoutMs: 10_000 }), 'request lines missing');
+    assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).filter((l) => l.kind === 'request').length >= 8, { timeoutMs: 10_000 }), 'request lines missing');
     const reqs = logLines(file).filter((l) => l.kind === 'request');
     for (const p of ['/bearer', '/basic', '/query', '/plain', '/one', '/two']) {
       const l = reqs.find((x) => x.path === p);
