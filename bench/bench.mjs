@@ -1386,10 +1386,10 @@ async function sectionHttp() {
 
 /* A local HTTP server for section 11: /hello (a short answer) and /big?n=N
  * (N bytes), every connection closed after its answer. */
-async function egressHttpServer() {
-  const http = await import('node:http');
+async function egressHttpServer(tls = null) {
+  const http = await import(tls ? 'node:https' : 'node:http');
   const chunk = Buffer.alloc(1 << 16, 'x');
-  const srv = http.createServer((req, res) => {
+  const handler = (req, res) => {
     res.setHeader('Connection', 'close');
     const u = new URL(req.url, 'http://x');
     if (u.pathname === '/big') {
@@ -1406,7 +1406,8 @@ async function egressHttpServer() {
       };
       more();
     } else res.end('hello\n');
-  });
+  };
+  const srv = tls ? http.createServer(tls, handler) : http.createServer(handler);
   await new Promise((resolve) => srv.listen(0, '127.0.0.1', resolve));
   return { port: srv.address().port, close: () => new Promise((r) => { srv.closeAllConnections?.(); srv.close(r); }) };
 }
@@ -1513,6 +1514,77 @@ async function sectionEgress() {
     `Download: curl -o /dev/null of 100 MiB, its own %{speed_download}, ${reps} times each; the host's curl against the same server is the baseline. The vm rows run under ${vmInfo?.isolation ?? 'the vm backend'}: reported, no target.`,
   ];
   return { id: 'egress', title: '11. Egress through the broker', unit: 'ms', rows, notes, grouped: true };
+}
+
+// ---------------------------------------------------------- 14. interception
+
+/* What a secret costs (IGN_MCP_SECRETS): the same HTTPS requests from one
+ * ns sandbox to a local server, relayed end to end (no secret for the host)
+ * and intercepted (a secret for it: the broker's TLS both ways, the request
+ * read and rewritten); a 100 MiB download through interception against the
+ * host's own curl. */
+async function sectionIntercept() {
+  const rows = [];
+  const n = QUICK ? 20 : 60;
+  const reps = QUICK ? 3 : 5;
+  const size = 100 * MiB;
+  const g1 = `an HTTPS GET of 6 bytes, a new curl and connection each (ms, ${n} in a row)`;
+  const g2 = 'a 100 MiB HTTPS download with curl (MiB/s)';
+  const direct = 'ns: relayed end to end (no secret for the host)';
+  const hostDl = 'host: curl from 127.0.0.1';
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-icpt-'));
+  const key = path.join(dir, 'key.pem'), cert = path.join(dir, 'cert.pem');
+  spawnSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+    '-keyout', key, '-out', cert, '-days', '2', '-subj', '/CN=good.test', '-addext', 'subjectAltName=DNS:good.test,DNS:plain.test',
+    '-addext', 'basicConstraints=critical,CA:TRUE'], { stdio: 'pipe' });
+  const web = await egressHttpServer({ key: fs.readFileSync(key), cert: fs.readFileSync(cert) });
+  const hosts = path.join(dir, 'hosts');
+  fs.writeFileSync(hosts, '127.0.0.1 good.test plain.test\n');
+  const secrets = path.join(dir, 'secrets.json');
+  fs.writeFileSync(secrets, JSON.stringify({ BENCH_TOKEN: { value: 'bench-value-0123456789', hosts: [`good.test:${web.port}`] } }), { mode: 0o600 });
+  const loop = (h, p) => `for i in $(seq ${n + 3}); do curl -sS -o /dev/null -w '%{time_total}\\n' --cacert /root/both.pem -H "Authorization: Bearer $BENCH_TOKEN" https://${h}:${web.port}${p}; done`;
+  const times = (out) => out.trim().split('\n').slice(3).map((x) => Number(x) * 1000);
+  try {
+    const hd = [];
+    for (let i = 0; i < reps; i++) hd.push(Number((await runChild('curl', ['-sS', '-k', '-o', '/dev/null', '-w', '%{speed_download}', `https://127.0.0.1:${web.port}/big?n=${size}`])).stdout) / MiB);
+    rows.push(row(hostDl, hd, { group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl }));
+    const env = { ...BACKENDS.ns, IGN_MCP_ROOTFS: 'tools', IGN_MCP_NET_PRIVATE: 'host', IGN_MCP_EGRESS_HOSTS: hosts, IGN_MCP_SECRETS: secrets, IGN_MCP_EGRESS_CA: cert };
+    await withServer(env, async (srv) => {
+      const s = await srv.tool('open_session', { secrets: ['BENCH_TOKEN'], allow_hosts: [`plain.test:${web.port}`] });
+      try {
+        await srv.tool('write_file', { session_id: s.session_id, path: '/root/cert.pem', content_base64: fs.readFileSync(cert).toString('base64') });
+        // The first command puts the broker's CA in the bundle; the server's own cert beside it.
+        await srv.run(s.session_id, 'cat "$SSL_CERT_FILE" /root/cert.pem > /root/both.pem');
+        log(`ns: ${n} HTTPS requests relayed, ${n} intercepted, ${reps} downloads of 100 MiB intercepted`);
+        const d = times((await srv.run(s.session_id, loop('plain.test', '/hello'), { timeout_s: 600 })).stdout);
+        rows.push(row(direct, d, { group: g1, baseline: direct }));
+        doneLine(direct, d);
+        const label = 'ns: intercepted (the secret put in)';
+        const ic = times((await srv.run(s.session_id, loop('good.test', '/hello'), { timeout_s: 600 })).stdout);
+        const delta = median(ic) - median(d);
+        rows.push(row(label, ic, { group: g1, baseline: direct, extra: `+${delta.toFixed(2)} ms at the median: the broker's handshakes both ways, the request read and rewritten` }));
+        doneLine(label, ic);
+        const sd = [];
+        for (let i = 0; i < reps; i++) {
+          const x = await srv.run(s.session_id, `curl -sS -o /dev/null -w '%{speed_download}' --cacert /root/both.pem https://good.test:${web.port}/big?n=${size}`, { timeout_s: 600 });
+          sd.push(Number(x.stdout) / MiB);
+        }
+        const ld = 'ns: curl through interception';
+        rows.push(row(ld, sd, { group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl, extra: `${((100 * median(sd)) / median(hd)).toFixed(0)}% of the host's` }));
+        log(`  intercepted download: median ${median(sd).toFixed(0)} MiB/s`);
+      } finally {
+        await srv.tool('close', { session_id: s.session_id }).catch(() => {});
+      }
+    });
+  } finally {
+    await web.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  const notes = [
+    `A local HTTPS server (node) on 127.0.0.1 with its own certificate, reached from one ns sandbox (tools rootfs) as plain.test (allow_hosts: relayed end to end, the broker only peeks at the SNI) and as good.test (the host of a secret: intercepted). Each request is a new curl process and connection sending the secret's placeholder; the first 3 of each series are not counted. The difference is what interception adds: a TLS handshake with the sandbox (ECDSA P-256 leaf from the server's CA), one with the server, the request parsed and rewritten, the response relayed with Connection: close.`,
+    `Download: curl -o /dev/null of 100 MiB over HTTPS, ${reps} times; the host's curl against the same server is the baseline.`,
+  ];
+  return { id: 'intercept', title: '14. Secrets: the cost of interception', unit: 'ms', rows, notes, grouped: true };
 }
 
 // ---------------------------------------------------------------- 12. tasks
@@ -1840,7 +1912,7 @@ async function main() {
   const plan = [
     [1, sectionStart], [2, sectionExec], [3, sectionFiles], [4, sectionThroughput],
     [5, sectionMemory], [6, sectionWorkload], [7, sectionPeer], [8, sectionStages], [9, sectionOneShot],
-    [10, sectionHttp], [11, sectionEgress], [12, sectionTasks], [13, sectionHibernate],
+    [10, sectionHttp], [11, sectionEgress], [12, sectionTasks], [13, sectionHibernate], [14, sectionIntercept],
   ];
   // With --only, the sections not run are kept from the last run's
   // bench/results.json (each says so), so that BENCHMARKS.md stays whole.

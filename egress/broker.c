@@ -303,11 +303,16 @@ static void do_requests(struct req *r) {
        * here on sees the new policy. */
       r->res = names_set_policy(r->e, r->mode, r->pol, r->bind, r->n_bind);
       if (r->res == 0) {
-        record_policy(r->e->rec, r->line);
+        /* An intercepted connection took the secrets and request rules of
+         * its start: with others now, it goes. */
+        struct egress *e = r->e;
+        bool stale = *r->n_bind != e->n_bind || r->pol->n != e->pol.n ||
+                     (e->n_bind && memcmp(*r->bind, e->bind, e->n_bind * sizeof *e->bind)) ||
+                     (e->pol.n && memcmp(r->pol->rules, e->pol.rules, e->pol.n * sizeof *e->pol.rules));
+        record_policy(e->rec, r->line);
         for (struct link *lk = B.links; lk; lk = lk->next)
-          if (lk->e == r->e && !lk->dead)
-          {
-            r->reset += link_recheck_streams(lk);
+          if (lk->e == e && !lk->dead) {
+            r->reset += link_recheck_streams(lk, stale);
             link_recheck_lookups(lk);
           }
       }

@@ -175,6 +175,7 @@ struct secret {
   char *value;
   size_t len;
   struct egress_policy hosts;  /* where its value may go */
+  bool cleartext;              /* over plain HTTP too ("cleartext": true) */
 };
 
 /* A session's placeholder for a secret. */
@@ -352,8 +353,9 @@ void stream_kill(struct stream *s, int err, const char *reason, bool tell_agent)
 /* The room in the stream queue may let blocked streams go on. */
 void link_writable(struct link *lk);
 /* After a policy change: ends LK's streams the policy no longer admits
- * (reset, recorded "network_update: <why>"); how many. */
-unsigned link_recheck_streams(struct link *lk);
+ * (reset, recorded "network_update: <why>"), and with INTERCEPTED_TOO
+ * every intercepted one (the secrets or request rules changed); how many. */
+unsigned link_recheck_streams(struct link *lk, bool intercepted_too);
 /* The same for LK's lookups waiting for the host's resolver: those the
  * policy no longer admits are answered NXDOMAIN (recorded) and their jobs
  * abandoned.  How many. */

@@ -26,6 +26,7 @@
  * IGN_MCP_EGRESS_STREAMS per session, and the broker's own loop never
  * waits for a handshake. */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -51,6 +52,7 @@
 #define LINE_MAX_ 4096u       /* a chunk-size or trailer line */
 #define BUF 16384u
 #define HANDSHAKE_MS 10000u
+#define HEAD_MS 30000u        /* a whole head, however it trickles in */
 
 struct end {
   int fd;
@@ -71,6 +73,7 @@ struct ictx {
   size_t n_bind;
   struct binding *bind;
   bool *for_host;              /* bind[i]'s value may go to host:port */
+  bool *no_tls;                /* ... but for this connection without TLS */
   struct egress_rule *rules;   /* the request rules for host:port (n_rules 0: none) */
   size_t n_rules;
   bool *used;
@@ -147,7 +150,10 @@ static ssize_t end_fill(struct end *e) {
  * before any byte, -EIO. */
 static int read_head(struct end *e, char *out, size_t *ret_len) {
   size_t n = 0;
+  uint64_t until = mono_ms() + HEAD_MS;
   for (;;) {
+    if (mono_ms() > until)
+      return -ETIMEDOUT; /* a head trickled in: its reads each in time, the whole not */
     ssize_t r = end_fill(e);
     if (r <= 0)
       return n == 0 && r == 0 ? -EPIPE : -EIO;
@@ -270,21 +276,44 @@ static bool framing(const struct head *h, bool request, enum frame *f, uint64_t 
 
 /* ---- placeholders ---- */
 
-/* The placeholders in P (N bytes): each of a secret that may not go to
- * this host refuses (false, c->why set); each of one that may is counted
- * as used (and replaced by the caller). */
+/* The placeholders in P (N bytes), compared without case and after
+ * percent-decoding: each of a secret that may not go here (another host,
+ * or no TLS) refuses (false, c->why set).  The ones that may are replaced
+ * by the caller where they stand as such. */
 static bool tokens_ok(struct ictx *c, const char *p, size_t n, const char *where) {
-  for (size_t i = 0; i < c->n_bind; i++) {
-    if (!memmem(p, n, c->bind[i].token, SECRET_TOKEN_LEN))
-      continue;
-    if (!c->for_host[i]) {
-      snprintf(c->why_buf, sizeof c->why_buf, "secret sent to a host it is not for (%s, in %s)",
-               c->bind[i].s->name, where);
-      c->why = c->why_buf;
-      return false;
-    }
+  bool any = false;
+  for (size_t i = 0; i < c->n_bind; i++)
+    any |= !c->for_host[i];
+  if (!any || !n)
+    return true;
+  char *norm = malloc(n);
+  if (!norm) {
+    c->why = "out of memory";
+    return false;
   }
-  return true;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)p[i];
+    if (ch == '%' && i + 2 < n && isxdigit((unsigned char)p[i + 1]) &&
+        isxdigit((unsigned char)p[i + 2])) {
+      char hx[3] = {p[i + 1], p[i + 2], 0};
+      ch = (unsigned char)strtoul(hx, NULL, 16);
+      i += 2;
+    }
+    norm[m++] = (char)tolower(ch);
+  }
+  bool ok = true;
+  for (size_t i = 0; ok && i < c->n_bind; i++) {
+    if (c->for_host[i] || !memmem(norm, m, c->bind[i].token, SECRET_TOKEN_LEN))
+      continue;
+    snprintf(c->why_buf, sizeof c->why_buf, "%s (%s, in %s)",
+             c->no_tls[i] ? "secret not sent without TLS" : "secret sent to a host it is not for",
+             c->bind[i].s->name, where);
+    c->why = c->why_buf;
+    ok = false;
+  }
+  free(norm);
+  return ok;
 }
 
 /* S with each placeholder of a secret for this host replaced by its value
@@ -393,7 +422,7 @@ static void refuse(struct ictx *c, int code, const char *phrase, const char *why
 
 static void clean_path(struct ictx *c, const char *target) {
   size_t n = 0;
-  for (const char *p = target; *p && *p != '?' && *p != '#' && n < sizeof c->path - 1; p++)
+  for (const char *p = target; *p && *p != '?' && *p != '#' && *p != ' ' && n < sizeof c->path - 1; p++)
     c->path[n++] = (*p > 0x20 && *p < 0x7f && *p != '"' && *p != '\\') ? *p : '?';
   c->path[n] = 0;
 }
@@ -493,11 +522,25 @@ static int relay_body(struct ictx *c, struct end *src, struct end *dst, enum fra
   char carry[2 * SECRET_TOKEN_LEN];
   size_t carry_n = 0;
   char line[LINE_MAX_];
-  bool trailers = false;
+  bool trailers = false, crlf = false;
   uint64_t left = f == F_LEN ? len : 0;
   for (;;) {
     if (f == F_NONE || (f == F_LEN && left == 0))
       return 0;
+    if (f == F_CHUNKED && left == 0 && crlf) {
+      /* The CRLF that ends a chunk's data, and nothing else. */
+      char two[2];
+      for (int k = 0; k < 2; k++) {
+        if (end_fill(src) <= 0)
+          return -1;
+        two[k] = (char)src->buf[src->off++];
+        src->len--;
+      }
+      if (two[0] != '\r' || two[1] != '\n' || end_write(dst, two, 2) < 0)
+        return -1;
+      *bytes += 2;
+      crlf = false;
+    }
     if (f == F_CHUNKED && left == 0) {
       /* A chunk-size line (or, after the last chunk, trailer lines). */
       size_t n = 0;
@@ -534,7 +577,8 @@ static int relay_body(struct ictx *c, struct end *src, struct end *dst, enum fra
         trailers = true;
         continue;
       }
-      left = size + 2; /* the data and its CRLF */
+      left = size;
+      crlf = true; /* after the data */
     }
     if (f == F_CLOSE)
       left = UINT64_MAX;
@@ -725,10 +769,9 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
       return 403;
     }
     size_t vl;
-    char *nv = strncasecmp(v, "Basic ", 6) == 0 && strcasecmp(name, "authorization") == 0 &&
-                       memmem(v, strlen(v), "ignph", 5) == NULL
-                   ? replace_basic(c, v + 6)
-                   : replace(c, v, strlen(v), false, &vl);
+    bool basic = strncasecmp(v, "Basic ", 6) == 0 && (strcasecmp(name, "authorization") == 0 ||
+                                                      strcasecmp(name, "proxy-authorization") == 0);
+    char *nv = basic ? replace_basic(c, v + 6) : replace(c, v, strlen(v), false, &vl);
     if (!nv) {
       free(o);
       if (!c->why)
@@ -777,6 +820,24 @@ static void serve(struct ictx *c) {
   }
   if (r < 0 || !parse_head(head, hl, &h)) {
     refuse(c, 400, "Bad Request", "malformed HTTP request");
+    goto out;
+  }
+  /* For the record: the method and the path, as the line says them. */
+  {
+    size_t ml = strcspn(h.line, " ");
+    snprintf(c->method, sizeof c->method, "%.*s", (int)(ml < 24 ? ml : 24), h.line);
+    if (h.line[ml] == ' ')
+      clean_path(c, h.line + ml + 1);
+    char *sp = strchr(c->path, ' ');
+    if (sp)
+      *sp = 0;
+  }
+  /* Anywhere in the head (names, values, the target; its lines now end
+   * in NULs), in any case or percent-encoded: another secret's
+   * placeholder never goes up. */
+  if (!tokens_ok(c, head, hl, "the request head")) {
+    explicit_bzero(head, hl);
+    refuse(c, 403, "Forbidden", c->why);
     goto out;
   }
   char *req = NULL;
@@ -950,7 +1011,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
    * them may go to this host: the table they point into outlives every
    * interceptor (intercept_shutdown). */
   size_t nb = e->n_bind;
-  struct ictx *c = calloc(1, sizeof *c + nb * (sizeof *c->bind + 2));
+  struct ictx *c = calloc(1, sizeof *c + nb * 3);
   if (!c) {
     close(sv[0]);
     close(sv[1]);
@@ -966,6 +1027,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
   c->bind = malloc(nb ? nb * sizeof *c->bind : 1);
   c->for_host = (bool *)(c + 1);
   c->used = c->for_host + nb;
+  c->no_tls = c->used + nb;
   if (!c->bind) {
     free(c);
     close(sv[0]);
@@ -975,8 +1037,13 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
   c->n_bind = nb;
   if (nb)
     memcpy(c->bind, e->bind, nb * sizeof *c->bind);
-  for (size_t i = 0; i < nb; i++)
-    c->for_host[i] = secret_for(c->bind[i].s, c->host, strlen(c->host), c->port);
+  /* Without TLS a value goes only where its secret says it may
+   * (cleartext: true): anyone on the path would read it. */
+  for (size_t i = 0; i < nb; i++) {
+    bool here = secret_for(c->bind[i].s, c->host, strlen(c->host), c->port);
+    c->for_host[i] = here && (tls || c->bind[i].s->cleartext);
+    c->no_tls[i] = here && !c->for_host[i];
+  }
   size_t hl = strlen(c->host);
   if (e->mode == EGRESS_MODE_ALLOW && egress_policy_requests_checked(&e->pol, c->host, hl, c->port)) {
     c->rules = malloc(e->pol.n * sizeof *c->rules);

@@ -668,12 +668,20 @@ void lookup_start(struct link *lk, uint32_t lid, const uint8_t *raw, size_t len,
     answer(lk, lid, RCODE_REFUSED, 0);
     return;
   }
-  /* A placeholder in a label would reach the name's servers. */
-  for (size_t i = 0; valid && i < e->n_bind; i++)
-    if (strstr(name, e->bind[i].token)) {
-      refuse(lk, lid, name, qtype, RCODE_NXDOMAIN, "secret sent to a host it is not for");
-      return;
-    }
+  /* A placeholder in a name (across labels too) would reach its servers. */
+  if (valid && e->n_bind) {
+    char flat[EGRESS_NAME_BUF];
+    size_t k = 0;
+    for (const char *q = name; *q; q++)
+      if (*q != '.')
+        flat[k++] = *q;
+    flat[k] = 0;
+    for (size_t i = 0; i < e->n_bind; i++)
+      if (strstr(flat, e->bind[i].token)) {
+        refuse(lk, lid, name, qtype, RCODE_NXDOMAIN, "secret sent to a host it is not for");
+        return;
+      }
+  }
   if (!valid || (e->mode == EGRESS_MODE_ALLOW && !egress_policy_knows(&e->pol, name, strlen(name)))) {
     refuse(lk, lid, name, qtype, RCODE_NXDOMAIN,
            e->mode == EGRESS_MODE_ALLOW ? "not in allow_hosts" : "invalid name");

@@ -4,8 +4,10 @@
  * after a TLS 1.3 HelloRetryRequest the check of the second ClientHello.
  * stream.c acts on the verdicts.  On the broker thread only. */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -43,11 +45,45 @@ bool stream_intercepts(const struct stream *s) {
 
 bool stream_tokens_ok(const struct stream *s, const uint8_t *p, size_t n, const char **ret_why) {
   const struct egress *e = s->lk->e;
-  for (size_t i = 0; i < e->n_bind; i++)
-    if (memmem(p, n, e->bind[i].token, SECRET_TOKEN_LEN)) {
-      *ret_why = "secret sent to a host it is not for";
-      return false;
-    }
+  if (!e->n_bind)
+    return true;
+  /* Without case: a placeholder is lowercase, an upper-cased one is the same. */
+  uint8_t *low = malloc(n ? n : 1);
+  if (!low) {
+    *ret_why = "out of memory";
+    return false;
+  }
+  for (size_t i = 0; i < n; i++)
+    low[i] = (uint8_t)tolower(p[i]);
+  bool ok = true;
+  for (size_t i = 0; ok && i < e->n_bind; i++)
+    ok = !memmem(low, n, e->bind[i].token, SECRET_TOKEN_LEN);
+  free(low);
+  if (!ok)
+    *ret_why = "secret sent to a host it is not for";
+  return ok;
+}
+
+bool stream_scan_tokens(struct stream *s, const uint8_t *p, size_t n, const char **ret_why) {
+  if (!s->scan_tokens)
+    return true;
+  /* The carry and this piece's start, then the piece. */
+  size_t head = n < SECRET_TOKEN_LEN ? n : SECRET_TOKEN_LEN;
+  uint8_t joint[2 * SECRET_TOKEN_LEN];
+  memcpy(joint, s->scan_carry, s->scan_n);
+  memcpy(joint + s->scan_n, p, head);
+  if (!stream_tokens_ok(s, joint, s->scan_n + head, ret_why) || !stream_tokens_ok(s, p, n, ret_why))
+    return false;
+  size_t keep = SECRET_TOKEN_LEN - 1, total = s->scan_n + n;
+  if (n >= keep) {
+    memcpy(s->scan_carry, p + n - keep, keep);
+  } else {
+    size_t from = total > keep ? total - keep : 0;
+    memmove(joint, joint + from, total - from); /* joint holds carry + all of p here */
+    memcpy(s->scan_carry, joint, total - from);
+    keep = total - from;
+  }
+  s->scan_n = keep;
   return true;
 }
 
@@ -123,6 +159,11 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
       s->icpt = ICPT_HTTP;
     else if (!stream_tokens_ok(s, b, len, ret_why))
       return V_REFUSE;
+    else if (s->lk->e->n_bind) {
+      s->scan_tokens = true; /* and every byte after, from the end of these on */
+      s->scan_n = len < SECRET_TOKEN_LEN - 1 ? len : SECRET_TOKEN_LEN - 1;
+      memcpy(s->scan_carry, b + len - s->scan_n, s->scan_n);
+    }
     return V_PASS;
   case EGRESS_PEEK_ABSENT:
     /* A request naming no host is served from a front end's default

@@ -2,7 +2,8 @@
  * startup, and a session's placeholders for them.
  *
  * The file is {"NAME": {"value": "...", "hosts": ["api.example.com",
- * "*.example.org"]}}: it must be the server user's regular file, read by
+ * "*.example.org"], "cleartext": false}} (cleartext: the value may go over
+ * plain HTTP too; by default only over TLS): it must be the server user's regular file, read by
  * nobody else.  A bad file stops the server with a message naming the
  * entry, never a value (jansson's own error text may quote the file, so
  * only its line and column are given).  Values stay in this process: a
@@ -65,13 +66,15 @@ static int entry(const char *path, const char *name, const json_t *v, struct sec
                          "environment variable)", path, SECRET_NAME_MAX);
     return -EINVAL;
   }
-  const json_t *value = json_object_get(v, "value"), *hosts = json_object_get(v, "hosts");
-  if (!json_is_object(v) || json_object_size(v) != 2 || !json_is_string(value) ||
-      !json_is_array(hosts)) {
+  const json_t *value = json_object_get(v, "value"), *hosts = json_object_get(v, "hosts"),
+               *clear = json_object_get(v, "cleartext");
+  if (!json_is_object(v) || json_object_size(v) != 2u + (clear != NULL) || !json_is_string(value) ||
+      !json_is_array(hosts) || (clear && !json_is_boolean(clear))) {
     *ret_err = xasprintf("%s: entry %s must be {\"value\": \"...\", \"hosts\": [...]} and "
-                         "nothing else", path, name);
+                         "optionally \"cleartext\": true, nothing else", path, name);
     return -EINVAL;
   }
+  out->cleartext = json_is_true(clear);
   if (!value_ok(json_string_value(value), json_string_length(value))) {
     *ret_err = xasprintf("%s: entry %s: the value must be 1 to %u printable ASCII characters "
                          "(no newline, tab or NUL)", path, name, SECRET_VALUE_MAX);

@@ -222,6 +222,12 @@ void stream_data(struct stream *s, const uint8_t *p, size_t n) {
       s->up_cap = cap;
     }
   }
+  const char *leak = NULL;
+  if (s->scan_tokens && !stream_scan_tokens(s, p, n, &leak)) {
+    s->rec.allowed = s->st == ST_RELAY; /* a connection made and cut, or one never made */
+    stream_kill(s, ECONNRESET, leak, true);
+    return;
+  }
   bool first = !s->up_len && !s->rec.bytes_up;
   memcpy(s->up + s->up_off + s->up_len, p, n);
   s->up_len += n;
@@ -528,11 +534,13 @@ static const char *policy_refusal(struct egress *e, struct stream *s, uint16_t p
   return NULL;
 }
 
-unsigned link_recheck_streams(struct link *lk) {
+unsigned link_recheck_streams(struct link *lk, bool intercepted_too) {
   unsigned n = 0;
   for (struct stream *s = lk->streams, *next; s; s = next) {
     next = s->next;
     const char *why = policy_refusal(lk->e, s, s->rec.port);
+    if (!why && intercepted_too && s->icpt)
+      why = "the secrets or request rules of an intercepted connection changed";
     if (!why)
       continue;
     char reason[EGRESS_REASON_MAX];

