@@ -325,6 +325,8 @@ async function everyTool(listed, callTool, dir) {
   const nl = await ok('network_log', { session_id: sid });
   assert.equal(nl.mode, 'none');
   assert.deepEqual([nl.allowed, nl.denied], [[], []]);
+  const nu = await ok('network_update', { session_id: sid, network: 'none' });
+  assert.deepEqual([nu.mode, nu.previous.mode, nu.connections_reset], ['none', 'none', 0]);
   const h = await ok('hibernate', { session_id: sid });
   assert.equal(h.state, 'hibernated');
   const back = await ok('read_file', { session_id: sid, path: '/root/a.bin' });
