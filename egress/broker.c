@@ -454,26 +454,18 @@ int egress_init(const struct egress_settings *s, char **ret_err) {
   int r = secrets_init(s->secrets_file, ret_err);
   if (r < 0)
     return r;
-  if (s->ca_dir && !s->off) {
-    /* The store may not exist yet: its parents are made as the store's. */
-    _cleanup_free_ char *parent = s->ca_dir ? strdup(s->ca_dir) : NULL;
-    char *slash = parent ? strrchr(parent, '/') : NULL;
-    if (slash && slash != parent) {
-      *slash = 0;
-      fs_mkdir_p(parent, 0755, 0755);
-    }
+  /* The CA: now with secrets (a server that cannot intercept their hosts
+   * does not start), else when a request rule first needs it. */
+  ca_configure(s->off ? NULL : s->ca_dir, s->extra_ca);
+  if (secrets_count()) {
     _cleanup_free_ char *err = NULL;
-    r = ca_init(s->ca_dir, s->extra_ca, &err);
-    if (r < 0 && secrets_count()) {
+    r = ca_ensure(&err);
+    if (r < 0) {
       *ret_err = xasprintf("IGN_MCP_SECRETS is set, so the broker needs its CA: %s",
                            err ? err : "no directory for it");
       secrets_shutdown();
       return r;
     }
-    /* Without secrets only request rules need it: they are refused, saying why. */
-    if (r < 0)
-      log_warn("egress: no CA for request rules (allow_hosts \"host METHOD /prefix\"): %s", err);
-    r = 0;
   }
   r = record_init();
   if (r < 0) {

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "egress/egress_int.h"
@@ -55,7 +57,12 @@ static struct {
     uint64_t used;
   } leaves[LEAF_MAX];
   uint64_t uses;
-} C = {.lock = PTHREAD_MUTEX_INITIALIZER};
+  /* Set once everything above is: ca_pem() answers only then. */
+  _Atomic bool ready;
+  /* Where ca_ensure makes it (egress_init's settings). */
+  pthread_mutex_t init_lock;
+  char *dir, *extra;
+} C = {.lock = PTHREAD_MUTEX_INITIALIZER, .init_lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* OpenSSL's first queued error as text (into BUF). */
 static const char *ssl_why(char *buf, size_t n) {
@@ -278,7 +285,7 @@ static int alpn_select(SSL *s, const unsigned char **out, unsigned char *outlen,
 }
 
 int ca_init(const char *dir, const char *extra_ca, char **ret_err) {
-  if (C.key)
+  if (atomic_load(&C.ready))
     return 0;
   if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
     *ret_err = xasprintf("cannot make %s: %s", dir, strerror(errno));
@@ -329,10 +336,42 @@ int ca_init(const char *dir, const char *extra_ca, char **ret_err) {
   SSL_CTX_set_session_cache_mode(C.server, SSL_SESS_CACHE_OFF);
   SSL_CTX_set_options(C.server, SSL_OP_NO_TICKET);
   SSL_CTX_set_alpn_select_cb(C.server, alpn_select, NULL);
+  atomic_store(&C.ready, true);
   return 0;
 }
 
-const char *ca_pem(void) { return C.pem; }
+void ca_configure(const char *dir, const char *extra_ca) {
+  free(C.dir);
+  free(C.extra);
+  C.dir = dir ? strdup(dir) : NULL;
+  C.extra = extra_ca ? strdup(extra_ca) : NULL;
+}
+
+int ca_ensure(char **ret_err) {
+  if (atomic_load(&C.ready))
+    return 0;
+  pthread_mutex_lock(&C.init_lock);
+  int r = 0;
+  if (!atomic_load(&C.ready)) {
+    if (!C.dir) {
+      *ret_err = strdup("egress is off, or the broker has no place for its CA");
+      r = -EINVAL;
+    } else {
+      /* The store may not exist yet: its parents are made as the store's. */
+      _cleanup_free_ char *parent = strdup(C.dir);
+      char *slash = parent ? strrchr(parent, '/') : NULL;
+      if (slash && slash != parent) {
+        *slash = 0;
+        fs_mkdir_p(parent, 0755, 0755);
+      }
+      r = ca_init(C.dir, C.extra, ret_err);
+    }
+  }
+  pthread_mutex_unlock(&C.init_lock);
+  return r;
+}
+
+const char *ca_pem(void) { return atomic_load(&C.ready) ? C.pem : NULL; }
 
 SSL_CTX *ca_client_ctx(void) { return C.client; }
 SSL_CTX *ca_server_ctx(void) { return C.server; }
@@ -380,6 +419,7 @@ SSL *ca_server_ssl(SSL_CTX *ctx, const char *name) {
 }
 
 void ca_shutdown(void) {
+  atomic_store(&C.ready, false);
   for (size_t i = 0; i < LEAF_MAX; i++) {
     X509_free(C.leaves[i].cert);
     C.leaves[i].cert = NULL;

@@ -258,11 +258,15 @@ static int make_policy(const char *tool, const json_t *network, const json_t *al
   if (r == 0 && mode == EGRESS_MODE_ALLOW)
     r = add_secret_hosts(tool, &pol, b, n_b, ret_err);
   for (size_t i = 0; r == 0 && i < pol.n; i++)
-    if (*pol.rules[i].method && !ca_pem()) {
-      *ret_err = xasprintf("%s: allow_hosts has a request rule (\"host METHOD /prefix\"), which "
-                           "the broker checks by reading the requests, but it has no CA to do so "
-                           "(the server's log says why); use plain host rules", tool);
-      r = -EINVAL;
+    if (*pol.rules[i].method) {
+      _cleanup_free_ char *why = NULL;
+      if (ca_ensure(&why) < 0) {
+        *ret_err = xasprintf("%s: allow_hosts has a request rule (\"host METHOD /prefix\"), "
+                             "which the broker checks by reading the requests, but it has no CA "
+                             "to do so: %s; use plain host rules", tool, why ? why : "?");
+        r = -EINVAL;
+      }
+      break;
     }
   if (r < 0) {
     egress_policy_free(&pol);

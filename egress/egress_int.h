@@ -200,6 +200,11 @@ static inline bool secret_for(const struct secret *s, const char *name, size_t l
  * NULL) is trusted toward the real servers besides the system's.  0 or
  * -errno with *RET_ERR. */
 int ca_init(const char *dir, const char *extra_ca, char **ret_err);
+/* Where ca_ensure makes the CA (or NULL: nowhere, egress is off). */
+void ca_configure(const char *dir, const char *extra_ca);
+/* The CA, made or loaded on first need (request rules without secrets):
+ * 0, or -errno with *RET_ERR.  Any thread. */
+int ca_ensure(char **ret_err);
 void ca_shutdown(void);
 const char *ca_pem(void);
 struct ssl_ctx_st;

@@ -169,6 +169,17 @@ describe('network_update', { skip: captureSkip() }, () => {
     await call(c, 'close', { session_id: sid });
   });
 
+  test('request rules given by network_update need no secrets: each request is read, one outside them refused', T, async () => {
+    const sid = (await call(c, 'open_session', {})).session_id;
+    const u = await call(c, 'network_update', { session_id: sid, allow_hosts: [`${rule} GET /hello`] });
+    assert.deepEqual(u.allowed_rules, [`${rule} GET /hello`]);
+    assert.equal(await hello(sid), 'hello rc=0\n');
+    const seen = slowSeen;
+    assert.equal(await sh(c, sid, `wget -q -O - http://dl.test:${port}/slow 2>&1; echo " rc=$?"`), 'wget: server returned error: HTTP/1.1 403 Forbidden\n rc=1\n');
+    assert.equal(slowSeen, seen, 'a request outside the rules reached the server');
+    await call(c, 'close', { session_id: sid });
+  });
+
   test('a fork made after the change, and a session hibernated and resumed, keep the new policy', T, async () => {
     const sid = (await call(c, 'open_session', {})).session_id;
     await call(c, 'network_update', { session_id: sid, allow_hosts: [rule] });

@@ -248,8 +248,9 @@ describe('how a clone was made', () => {
     assert.match(await sh(s.client, o.session_id, 'echo booted; hostname'), new RegExp(`^booted\nign-${s.pid}-\\d+\n$`));
     const r = await call(s.client, 'reset', { session_id: o.session_id });
     assert.equal(r.path, 'cold');
-    // No base and no stage: only the records of open sessions (sessions/).
-    assert.deepEqual(fs.readdirSync(store.dir).filter((n) => !n.startsWith('kvm-') && n !== 'sessions'), [], 'something was put in the store');
+    // No base and no stage: only the records of open sessions (sessions/)
+    // and the egress broker's CA (egress-ca/).
+    assert.deepEqual(fs.readdirSync(store.dir).filter((n) => !n.startsWith('kvm-') && n !== 'sessions' && n !== 'egress-ca'), [], 'something was put in the store');
   });
 });
 
