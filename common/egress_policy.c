@@ -128,12 +128,15 @@ static const char *path_problem(const char *path, size_t n) {
       return "path not canonical: an encoded '.' or '/'";
     if (c == '%' && i + 2 < n && path[i + 1] == '5' && strchr("cC", path[i + 2]))
       return "path not canonical: an encoded backslash";
-    if (c == '/' ) {
+    if (c == '#')
+      return "path not canonical: a '#'";
+    if (c == '/') {
       size_t k = i + 1;
       size_t dots = 0;
       while (k < n && path[k] == '.')
         k++, dots++;
-      if ((dots == 1 || dots == 2) && (k == n || path[k] == '/'))
+      /* "/..;/" too: some servers drop what follows a ';' in a segment. */
+      if ((dots == 1 || dots == 2) && (k == n || path[k] == '/' || path[k] == ';'))
         return "path not canonical: a '.' or '..' segment";
     }
   }
@@ -274,8 +277,10 @@ int egress_rule_parse(const char *entry, size_t len, struct egress_rule *ret, ch
 static bool rule_eq(const struct egress_rule *a, const struct egress_rule *b) {
   return a->wildcard == b->wildcard && a->ports == b->ports && a->port == b->port &&
          strcmp(a->name, b->name) == 0 && strcmp(a->method, b->method) == 0 &&
-         strcmp(a->path, b->path) == 0;
+         strcmp(a->path, b->path) == 0 && a->implied == b->implied;
 }
+
+bool egress_rule_same(const struct egress_rule *a, const struct egress_rule *b) { return rule_eq(a, b); }
 
 int egress_policy_parse(const char *const *entries, const size_t *lens, size_t n,
                         struct egress_policy *ret, char **ret_err) {
@@ -383,9 +388,9 @@ bool egress_policy_requests_checked(const struct egress_policy *p, const char *n
   long n = normalize(name, len, buf);
   bool any = false;
   for (size_t i = 0; n >= 0 && i < p->n; i++)
-    if (egress_rule_admits(&p->rules[i], buf, (size_t)n, port)) {
+    if (!p->rules[i].implied && egress_rule_admits(&p->rules[i], buf, (size_t)n, port)) {
       if (!*p->rules[i].method)
-        return false; /* a plain rule admits every request */
+        return false; /* a plain rule of its own admits every request */
       any = true;
     }
   return any;
@@ -393,11 +398,13 @@ bool egress_policy_requests_checked(const struct egress_policy *p, const char *n
 
 const char *egress_request_refusal(const struct egress_rule *r, size_t n, const char *method,
                                    const char *target) {
-  size_t pl = strcspn(target, "?#");
+  size_t pl = strcspn(target, "?");
   const char *why = path_problem(target, pl);
   if (why)
     return why;
   for (size_t i = 0; i < n; i++) {
+    if (r[i].implied)
+      continue;
     if (!*r[i].method)
       return NULL;
     if ((strcmp(r[i].method, "*") == 0 || strcmp(r[i].method, method) == 0) &&

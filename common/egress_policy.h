@@ -59,6 +59,9 @@ struct egress_rule {
    * which admits every request. */
   char method[EGRESS_METHOD_MAX + 1];
   char path[EGRESS_PATH_MAX + 1];
+  /* Added for a secret's hosts, not asked for: it admits connections and
+   * lookups, but never lifts the request rules of the session's own. */
+  bool implied;
 };
 
 struct egress_policy {
@@ -88,6 +91,8 @@ int egress_rule_format(const struct egress_rule *r, char *buf, size_t size);
  * host name matches nothing. */
 long egress_policy_match(const struct egress_policy *p, const char *name, size_t len,
                          uint16_t port);
+/* Whether A and B are the same rule (field by field, not byte by byte). */
+bool egress_rule_same(const struct egress_rule *a, const struct egress_rule *b);
 /* Whether rule R admits NAME (normalized: lowercase, no trailing dot; LEN
  * bytes) on PORT, as a connection. */
 bool egress_rule_admits(const struct egress_rule *r, const char *name, size_t len, uint16_t port);

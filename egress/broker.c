@@ -301,14 +301,18 @@ static void do_requests(struct req *r) {
     } else if (r->kind == REQ_POLICY) {
       /* The line before the resets it causes; every stream decided from
        * here on sees the new policy. */
-      r->res = names_set_policy(r->e, r->mode, r->pol, r->bind, r->n_bind);
+      r->res = names_set_policy(r->e, &r->mode, r->pol, r->bind, r->n_bind);
       if (r->res == 0) {
         /* An intercepted connection took the secrets and request rules of
          * its start: with others now, it goes. */
         struct egress *e = r->e;
-        bool stale = *r->n_bind != e->n_bind || r->pol->n != e->pol.n ||
-                     (e->n_bind && memcmp(*r->bind, e->bind, e->n_bind * sizeof *e->bind)) ||
-                     (e->pol.n && memcmp(r->pol->rules, e->pol.rules, e->pol.n * sizeof *e->pol.rules));
+        /* r->mode, *r->pol, *r->bind: the old ones now. */
+        bool stale = r->mode != e->mode || *r->n_bind != e->n_bind || r->pol->n != e->pol.n;
+        for (size_t i = 0; !stale && i < e->n_bind; i++)
+          stale = (*r->bind)[i].s != e->bind[i].s ||
+                  strcmp((*r->bind)[i].token, e->bind[i].token) != 0;
+        for (size_t i = 0; !stale && i < e->pol.n; i++)
+          stale = !egress_rule_same(&r->pol->rules[i], &e->pol.rules[i]);
         record_policy(e->rec, r->line);
         for (struct link *lk = B.links; lk; lk = lk->next)
           if (lk->e == e && !lk->dead) {

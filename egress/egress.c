@@ -212,10 +212,13 @@ static int add_secret_hosts(const char *tool, struct egress_policy *pol, const s
                             size_t n, char **ret_err) {
   for (size_t i = 0; i < n; i++)
     for (size_t k = 0; k < b[i].s->hosts.n; k++) {
-      const struct egress_rule *r = &b[i].s->hosts.rules[k];
+      struct egress_rule r0 = b[i].s->hosts.rules[k];
+      r0.implied = true;
+      r0.method[0] = r0.path[0] = 0;
+      const struct egress_rule *r = &r0;
       bool have = false;
       for (size_t j = 0; j < pol->n && !have; j++)
-        have = memcmp(&pol->rules[j], r, sizeof *r) == 0;
+        have = egress_rule_same(&pol->rules[j], r);
       if (have)
         continue;
       if (pol->n >= EGRESS_MAX_RULES) {
@@ -362,16 +365,21 @@ int egress_clone(const struct egress *src, struct egress **ret) {
   return 0;
 }
 
-/* P's rules as allow_hosts entries. */
-static json_t *policy_json(const struct egress_policy *p) {
+/* P's rules as allow_hosts entries (the ones added for secrets too, when
+ * IMPLIED). */
+static json_t *policy_json_of(const struct egress_policy *p, bool implied) {
   json_t *a = json_array();
   for (size_t i = 0; i < p->n; i++) {
+    if (p->rules[i].implied && !implied)
+      continue;
     char buf[EGRESS_ENTRY_MAX + 1];
     egress_rule_format(&p->rules[i], buf, sizeof buf);
     json_array_append_new(a, json_string(buf));
   }
   return a;
 }
+
+static json_t *policy_json(const struct egress_policy *p) { return policy_json_of(p, true); }
 
 /* E's mode and rules, read together (the broker may be changing them). */
 static json_t *rules_json(const struct egress *e, enum egress_mode *ret_mode) {
@@ -386,7 +394,7 @@ json_t *egress_save(const struct egress *e) {
   json_t *names = json_array();
   json_t *wild = json_array();
   pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);
-  json_t *rules = policy_json(&e->pol);
+  json_t *rules = policy_json_of(&e->pol, false); /* the secrets' hosts come with them */
   enum egress_mode mode = e->mode;
   for (uint32_t i = 0; i < e->n_synth; i++)
     json_array_append_new(names, json_string(e->synth[i]));
@@ -417,10 +425,25 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
   }
   /* "none" and "open" take no allow_hosts. */
   bool allow = strcmp(json_string_value(mode), "allow") == 0;
+  /* "allow" for the hosts of its secrets alone: made as "none", then
+   * those hosts are added (below). */
+  bool only_secrets = allow && !json_array_size(hosts) &&
+                      json_array_size(json_object_get(j, "secrets"));
   struct egress *e = NULL;
-  int r = egress_new("its saved network policy", mode, allow ? hosts : NULL, &e, ret_err);
+  json_t *none = json_string("none");
+  int r = egress_new("its saved network policy", only_secrets ? none : mode,
+                     allow && !only_secrets ? hosts : NULL, &e, ret_err);
+  json_decref(none);
   if (r < 0)
     return r;
+  if (only_secrets) {
+    enum egress_mode m;
+    if ((r = parse_mode("its saved network policy", mode, &m, ret_err)) < 0) {
+      egress_free(e);
+      return r;
+    }
+    e->mode = m;
+  }
   size_t n = json_array_size(names);
   const char **v = n ? calloc(n, sizeof *v) : NULL;
   for (size_t i = 0; v && i < n; i++)
@@ -475,6 +498,12 @@ int egress_load(const json_t *j, struct egress **ret, char **ret_err) {
     memcpy(e->bind[i].token, tok, SECRET_TOKEN_LEN + 1);
     e->n_bind = i + 1;
   }
+  /* The hosts of its secrets, as they were added at open. */
+  if (e->mode == EGRESS_MODE_ALLOW && add_secret_hosts("its saved network policy", &e->pol, e->bind,
+                                                       e->n_bind, ret_err) < 0) {
+    egress_free(e);
+    return -EINVAL;
+  }
   json_int_t up = json_integer_value(json_object_get(j, "bytes_up")),
              down = json_integer_value(json_object_get(j, "bytes_down"));
   e->bytes_up = up > 0 ? (uint64_t)up : 0;
@@ -515,7 +544,8 @@ static int update_locked(struct egress *e, bool net_given, bool hosts_given, boo
   /* What the session has now. */
   pthread_mutex_lock(&e->synth_lock);
   enum egress_mode was = e->mode;
-  json_t *prev_rules = policy_json(&e->pol);
+  json_t *prev_rules = policy_json_of(&e->pol, false);
+  json_t *prev_shown = policy_json(&e->pol);
   size_t n_had = e->n_bind;
   struct binding *had = calloc(n_had ? n_had : 1, sizeof *had);
   if (had && n_had)
@@ -531,8 +561,11 @@ static int update_locked(struct egress *e, bool net_given, bool hosts_given, boo
     n_b = n_had;
   }
   /* allow_hosts alone: "allow" with those; secrets alone: the mode it has. */
+  /* "allow" only for the hosts of secrets it no longer has: "none". */
+  bool none_left = !net_given && !hosts_given && was == EGRESS_MODE_ALLOW && !n_b &&
+                   !json_array_size(prev_rules);
   json_t *mode_arg = net_given ? json_incref((json_t *)network)
-                     : json_string(hosts_given ? "allow" : egress_mode_name(was));
+                     : json_string(hosts_given ? "allow" : none_left ? "none" : egress_mode_name(was));
   /* "allow" without allow_hosts keeps the rules it has (but for the hosts
    * of secrets it no longer has: those are added again from B). */
   const json_t *hosts_arg = allow_hosts;
@@ -548,7 +581,9 @@ static int update_locked(struct egress *e, bool net_given, bool hosts_given, boo
   struct egress_policy pol = {0};
   bool to_allow = json_string_value(mode_arg) && strcmp(json_string_value(mode_arg), "allow") == 0;
   if (r == 0)
-    r = make_policy(tool, mode_arg, keep && to_allow ? prev_rules : hosts_arg, b, n_b, net_given,
+    r = make_policy(tool, mode_arg,
+                    keep && to_allow ? (json_array_size(prev_rules) ? prev_rules : NULL) : hosts_arg,
+                    b, n_b, net_given,
                     &mode, &pol, ret_err);
   json_decref(mode_arg);
   free(had);
@@ -558,8 +593,10 @@ static int update_locked(struct egress *e, bool net_given, bool hosts_given, boo
     egress_policy_free(&pol);
     free(b);
     json_decref(prev_rules);
+    json_decref(prev_shown);
     return r;
   }
+  json_decref(prev_rules);
   json_t *line = json_object();
   json_object_set_new(line, "kind", json_string("policy"));
   json_object_set_new(line, "mode", json_string(egress_mode_name(mode)));
@@ -577,7 +614,7 @@ static int update_locked(struct egress *e, bool net_given, bool hosts_given, boo
   egress_policy_free(&pol); /* the old one, or the new one when nothing changed */
   free(old_b);
   if (r < 0) {
-    json_decref(prev_rules);
+    json_decref(prev_shown);
     *ret_err = r == -ESHUTDOWN ? xasprintf("%s: the server is shutting down", tool)
                                : xasprintf("%s: out of memory", tool);
     return r;
@@ -585,7 +622,7 @@ static int update_locked(struct egress *e, bool net_given, bool hosts_given, boo
   json_t *o = egress_summary(e, NULL);
   json_object_set_new(o, "previous",
                       json_pack("{s:s, s:o}", "mode", egress_mode_name(was), "allowed_rules",
-                                prev_rules));
+                                prev_shown));
   json_object_set_new(o, "connections_reset", json_integer(reset));
   *ret_info = o;
   return 0;

@@ -168,6 +168,7 @@ const char *record_qtype_name(uint16_t qtype, char buf[16]);
 #define SECRET_NAME_MAX 64u
 #define SECRETS_MAX 256u
 #define SECRET_TOKEN_LEN 37u          /* "ignph" and 32 hex digits */
+#define SECRET_VALUE_MAX 8192u
 
 /* An operator's secret (IGN_MCP_SECRETS): fixed from startup on. */
 struct secret {
@@ -390,7 +391,7 @@ int names_copy(struct egress *dst, struct egress *src);
  * the old one (for the caller to free); the names counted under a
  * wildcard rule that stays go on counting.  0, or -ENOMEM (nothing
  * changed). */
-int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
+int names_set_policy(struct egress *e, enum egress_mode *mode_io, struct egress_policy *pol,
                      struct binding **bind, size_t *n_bind);
 /* Gives N names synthetic addresses 1..N in order (into a new E): 0, or
  * -EINVAL (a name that is not one) / -ENOMEM. */

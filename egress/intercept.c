@@ -53,6 +53,8 @@
 #define BUF 16384u
 #define HANDSHAKE_MS 10000u
 #define HEAD_MS 30000u        /* a whole head, however it trickles in */
+#define MASKS_MAX 64u
+#define THREADS_MAX 512u      /* interceptor threads of the whole server */
 
 struct end {
   int fd;
@@ -74,6 +76,13 @@ struct ictx {
   struct binding *bind;
   bool *for_host;              /* bind[i]'s value may go to host:port */
   bool *no_tls;                /* ... but for this connection without TLS */
+  /* What is masked in responses: each value that may come here, its
+   * percent-encoded form, the Basic credentials put in. */
+  struct mask {
+    char *s;
+    size_t n;
+  } masks[MASKS_MAX];
+  size_t n_masks;
   struct egress_rule *rules;   /* the request rules for host:port (n_rules 0: none) */
   size_t n_rules;
   bool *used;
@@ -362,6 +371,8 @@ static char *replace(struct ictx *c, const char *s, size_t len, bool pct, size_t
   return out;
 }
 
+static void mask_add(struct ictx *c, const char *s, size_t n);
+
 /* Authorization: Basic with a placeholder in its user:password. */
 static char *replace_basic(struct ictx *c, const char *b64) {
   size_t len = strlen(b64);
@@ -388,6 +399,8 @@ static char *replace_basic(struct ictx *c, const char *b64) {
       if (r) {
         memcpy(r, "Basic ", 6);
         EVP_EncodeBlock((unsigned char *)r + 6, (unsigned char *)plain, (int)rl);
+        if (strcmp(r + 6, b64) != 0)
+          mask_add(c, r + 6, strlen(r + 6)); /* an echo of what went up */
       }
       explicit_bzero(plain, rl);
       free(plain);
@@ -452,11 +465,9 @@ static void record_request(struct ictx *c) {
  * echo endpoint) does not hand the value to the sandbox.  The length
  * stays, and Content-Length and chunk sizes with it. */
 static void mask_values(const struct ictx *c, char *p, size_t n) {
-  for (size_t i = 0; i < c->n_bind; i++) {
-    if (!c->for_host[i])
-      continue;
-    const char *v = c->bind[i].s->value;
-    size_t vl = c->bind[i].s->len;
+  for (size_t i = 0; i < c->n_masks; i++) {
+    const char *v = c->masks[i].s;
+    size_t vl = c->masks[i].n;
     for (char *q = p; n >= vl && (q = memmem(q, n - (size_t)(q - p), v, vl)); q += vl)
       memset(q, '*', vl);
   }
@@ -464,15 +475,76 @@ static void mask_values(const struct ictx *c, char *p, size_t n) {
 
 static size_t longest_value(const struct ictx *c) {
   size_t m = 0;
-  for (size_t i = 0; i < c->n_bind; i++)
-    if (c->for_host[i] && c->bind[i].s->len > m)
-      m = c->bind[i].s->len;
+  for (size_t i = 0; i < c->n_masks; i++)
+    if (c->masks[i].n > m)
+      m = c->masks[i].n;
   return m;
 }
 
-/* A response body of LEN bytes (F_LEN) or up to the end (F_CLOSE) from
- * SRC to DST, masked (mask_values) across reads: the last bytes of each
- * read, which may begin a value, wait for the next.  0 or -1. */
+/* S (N bytes) is masked in responses from now on (a form of a value this
+ * connection put in a request). */
+static void mask_add(struct ictx *c, const char *s, size_t n) {
+  if (!n || c->n_masks >= MASKS_MAX)
+    return;
+  char *d = malloc(n);
+  if (!d)
+    return;
+  memcpy(d, s, n);
+  c->masks[c->n_masks++] = (struct mask){d, n};
+}
+
+/* A strict chunk-size line ("1*HEXDIG [; ext]" CRLF) from SRC: the size,
+ * or -1. */
+static long long chunk_size(struct end *src) {
+  char line[LINE_MAX_];
+  size_t n = 0;
+  for (;;) {
+    if (end_fill(src) <= 0 || n >= sizeof line - 1)
+      return -1;
+    char ch = (char)src->buf[src->off++];
+    src->len--;
+    line[n++] = ch;
+    if (n >= 2 && line[n - 2] == '\r' && ch == '\n')
+      break;
+    if (ch == '\n' || (n >= 2 && line[n - 2] == '\r'))
+      return -1;
+  }
+  line[n - 2] = 0;
+  size_t hex = strspn(line, "0123456789abcdefABCDEF");
+  if (hex == 0 || hex > 10 || (line[hex] && line[hex] != ';'))
+    return -1;
+  line[hex] = 0;
+  return strtoll(line, NULL, 16);
+}
+
+/* Reads and drops the trailers after a last chunk, up to the empty line:
+ * 0 or -1. */
+static int skip_trailers(struct end *src) {
+  for (int lines = 0; lines < (int)HDR_MAX; lines++) {
+    size_t n = 0;
+    char prev = 0;
+    for (;;) {
+      if (end_fill(src) <= 0 || n > LINE_MAX_)
+        return -1;
+      char ch = (char)src->buf[src->off++];
+      src->len--;
+      n++;
+      if (prev == '\r' && ch == '\n')
+        break;
+      if (ch == '\n' || prev == '\r')
+        return -1;
+      prev = ch;
+    }
+    if (n == 2)
+      return 0;
+  }
+  return -1;
+}
+
+/* A response body of LEN bytes (F_LEN), up to the end (F_CLOSE), or
+ * chunked (F_CHUNKED: sent on de-chunked, the sandbox reads to the close)
+ * from SRC to DST, masked (mask_values) across reads: the last bytes of
+ * each read, which may begin a value, wait for the next.  0 or -1. */
 static int relay_masked(struct ictx *c, struct end *src, struct end *dst, enum frame f,
                         uint64_t len, uint64_t *bytes) {
   size_t keep = longest_value(c) - 1;
@@ -480,11 +552,25 @@ static int relay_masked(struct ictx *c, struct end *src, struct end *dst, enum f
   if (!buf)
     return -1;
   size_t held = 0;
-  uint64_t left = f == F_LEN ? len : UINT64_MAX;
+  uint64_t left = f == F_LEN ? len : f == F_CHUNKED ? 0 : UINT64_MAX;
+  bool done = false;
   int r = 0;
   for (;;) {
-    ssize_t got = left ? end_fill(src) : 0;
-    if (got < 0 || (got == 0 && f == F_LEN && left)) {
+    if (f == F_CHUNKED && left == 0 && !done) {
+      long long size = chunk_size(src);
+      if (size < 0) {
+        r = -1;
+        break;
+      }
+      if (size == 0) {
+        done = true;
+        if (skip_trailers(src) < 0)
+          r = -1;
+      }
+      left = (uint64_t)size;
+    }
+    ssize_t got = left && !done ? end_fill(src) : 0;
+    if (got < 0 || (got == 0 && f != F_CLOSE && left)) {
       r = -1;
       break;
     }
@@ -492,11 +578,27 @@ static int relay_masked(struct ictx *c, struct end *src, struct end *dst, enum f
     memcpy(buf + held, src->buf + src->off, take);
     src->off += take;
     src->len -= take;
-    if (f == F_LEN)
+    if (f != F_CLOSE)
       left -= take;
+    if (f == F_CHUNKED && take && left == 0) {
+      /* The CRLF after a chunk's data. */
+      char two[2];
+      for (int k = 0; k < 2 && r == 0; k++) {
+        if (end_fill(src) <= 0)
+          r = -1;
+        else {
+          two[k] = (char)src->buf[src->off++];
+          src->len--;
+        }
+      }
+      if (r < 0 || two[0] != '\r' || two[1] != '\n') {
+        r = -1;
+        break;
+      }
+    }
     size_t n = held + take;
     mask_values(c, buf, n);
-    bool last = take == 0 || left == 0;
+    bool last = f == F_CHUNKED ? done : (take == 0 || left == 0);
     size_t out = last ? n : (n > keep ? n - keep : 0);
     if (out && end_write(dst, buf, out) < 0) {
       r = -1;
@@ -508,6 +610,7 @@ static int relay_masked(struct ictx *c, struct end *src, struct end *dst, enum f
     if (last)
       break;
   }
+  explicit_bzero(buf, keep + BUF);
   free(buf);
   return r;
 }
@@ -557,22 +660,27 @@ static int relay_body(struct ictx *c, struct end *src, struct end *dst, enum fra
         if (ch == '\n' || (n >= 2 && line[n - 2] == '\r'))
           return -1; /* bare LF or CR */
       }
-      if (end_write(dst, line, n) < 0)
-        return -1;
-      *bytes += n;
       line[n - 2] = 0;
       if (scan && !tokens_ok(c, line, n - 2, "a chunk line"))
         return -1;
       if (trailers) {
-        if (n == 2)
-          return 0; /* the empty line after the trailers */
-        continue;
+        /* No trailer fields: nothing after the last chunk but its CRLF. */
+        if (n != 2 || end_write(dst, "\r\n", 2) < 0)
+          return -1;
+        *bytes += 2;
+        return 0;
       }
-      char *e;
-      errno = 0;
-      unsigned long long size = strtoull(line, &e, 16);
-      if (e == line || errno || (*e && *e != ';') || size > (1ull << 40))
+      /* "1*HEXDIG [; ext]" only, sent on as its size alone. */
+      size_t hex = strspn(line, "0123456789abcdefABCDEF");
+      if (hex == 0 || hex > 10 || (line[hex] && line[hex] != ';'))
         return -1;
+      line[hex] = 0;
+      unsigned long long size = strtoull(line, NULL, 16);
+      char canon[24];
+      int cn = snprintf(canon, sizeof canon, "%llx\r\n", size);
+      if (end_write(dst, canon, (size_t)cn) < 0)
+        return -1;
+      *bytes += (uint64_t)cn;
       if (size == 0) {
         trailers = true;
         continue;
@@ -764,6 +872,9 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
       *expect = strcasecmp(v, "100-continue") == 0;
       continue;
     }
+    /* A compressed response would hide a value from the masking. */
+    if (c->n_masks && strcasecmp(name, "accept-encoding") == 0)
+      continue;
     if (!tokens_ok(c, v, strlen(v), name)) {
       free(o);
       return 403;
@@ -793,6 +904,8 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
     free(nv);
     PUT("\r\n", 2);
   }
+  if (c->n_masks)
+    PUT("Accept-Encoding: identity\r\n", 27);
   PUT("Connection: close\r\n\r\n", 21);
 #undef PUT
   *out = o;
@@ -800,7 +913,14 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
   return 0;
 }
 
-static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final);
+static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final, bool dechunk);
+
+/* The broker closed its end (the stream was ended): bytes it had passed
+ * on may still be queued, but none of them is to go anywhere. */
+static bool peer_gone(const struct ictx *c) {
+  struct pollfd p = {.fd = c->in.fd, .events = POLLRDHUP};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
 
 static void serve(struct ictx *c) {
   char *head = malloc(HEAD_MAX + 1);
@@ -826,6 +946,9 @@ static void serve(struct ictx *c) {
   {
     size_t ml = strcspn(h.line, " ");
     snprintf(c->method, sizeof c->method, "%.*s", (int)(ml < 24 ? ml : 24), h.line);
+    for (char *q = c->method; *q; q++)
+      if (!tchar(*q))
+        *q = '?'; /* the record is JSON: UTF-8 only */
     if (h.line[ml] == ' ')
       clean_path(c, h.line + ml + 1);
     char *sp = strchr(c->path, ' ');
@@ -860,6 +983,12 @@ static void serve(struct ictx *c) {
            c->why ? c->why : "refused");
     goto out;
   }
+  if (peer_gone(c)) { /* the stream was ended (a policy change): nothing goes up */
+    explicit_bzero(req, req_len);
+    free(req);
+    c->why = "the connection was ended before its request went up";
+    goto out;
+  }
   int cr = connect_up(c);
   if (cr < 0) {
     explicit_bzero(req, req_len);
@@ -884,20 +1013,27 @@ static void serve(struct ictx *c) {
     end_write(&c->in, cont, sizeof cont - 1);
   }
   bool head_req = strcmp(c->method, "HEAD") == 0;
-  if (relay_body(c, &c->in, &c->up, f, len, true, false, &c->bytes_up) < 0 && c->why)
-    goto out; /* a placeholder where it may not go: the server never gets the rest */
+  if (relay_body(c, &c->in, &c->up, f, len, true, false, &c->bytes_up) < 0) {
+    /* A placeholder where it may not go, or a body that is not what its
+     * framing says: the server never gets the rest. */
+    if (!c->why)
+      c->why = "malformed request body";
+    goto out;
+  }
   /* The response: interim ones (1xx) first, then the final one. */
-  for (;;) {
+  for (int interim = 0;; interim++) {
     r = read_head(&c->up, head, &hl);
     if (r < 0 || !parse_head(head, hl, &h) || strncmp(h.line, "HTTP/1.", 7) != 0 ||
-        strlen(h.line) < 12) {
+        strlen(h.line) < 12 || h.line[8] != ' ' || !isdigit((unsigned char)h.line[9]) ||
+        !isdigit((unsigned char)h.line[10]) || !isdigit((unsigned char)h.line[11]) ||
+        (h.line[12] && h.line[12] != ' ') || h.line[9] < '1' || h.line[9] > '5' || interim > 8) {
       refuse(c, 502, "Bad Gateway", "malformed response from the server");
       goto out;
     }
     c->status = atoi(h.line + 9);
     if (c->status >= 200 || c->status == 101)
       break;
-    if (write_head(c, &h, hl, false) < 0)
+    if (write_head(c, &h, hl, false, false) < 0)
       goto out;
   }
   if (c->status == 101) {
@@ -912,12 +1048,13 @@ static void serve(struct ictx *c) {
     f = F_NONE;
   /* The head again, with "Connection: close": the sandbox opens a new
    * connection for its next request. */
-  if (write_head(c, &h, hl, true) < 0)
+  bool masking = c->n_masks > 0 && f != F_NONE;
+  if (write_head(c, &h, hl, true, masking && f == F_CHUNKED) < 0)
     goto out;
-  if (longest_value(c) && (f == F_LEN || f == F_CLOSE))
+  if (masking)
     relay_masked(c, &c->up, &c->in, f, len, &c->bytes_down);
   else
-    relay_body(c, &c->up, &c->in, f, len, false, longest_value(c) > 0, &c->bytes_down);
+    relay_body(c, &c->up, &c->in, f, len, false, false, &c->bytes_down);
 out:
   free(head);
   record_request(c);
@@ -925,7 +1062,7 @@ out:
 
 /* A response head H (HL bytes as read) to the sandbox, masked; the final
  * one (FINAL) says "Connection: close".  0 or -1. */
-static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final) {
+static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final, bool dechunk) {
   (void)hl;
   size_t size = strlen(h->line) + 2 + 24;
   for (size_t i = 0; i < h->n; i++)
@@ -939,6 +1076,9 @@ static int write_head(struct ictx *c, const struct head *h, size_t hl, bool fina
     if (final && (strcasecmp(h->h[i].name, "connection") == 0 ||
                   strcasecmp(h->h[i].name, "keep-alive") == 0))
       continue;
+    if (dechunk && (strcasecmp(h->h[i].name, "transfer-encoding") == 0 ||
+                    strcasecmp(h->h[i].name, "trailer") == 0))
+      continue; /* sent on de-chunked: read to the close */
     n += (size_t)sprintf(o + n, "%s: %s\r\n", h->h[i].name, h->h[i].value);
   }
   n += (size_t)sprintf(o + n, final ? "Connection: close\r\n\r\n" : "\r\n");
@@ -991,6 +1131,10 @@ static void *icpt_main(void *arg) {
   }
   ERR_clear_error();
   record_log_unref(c->log);
+  for (size_t i = 0; i < c->n_masks; i++) {
+    explicit_bzero(c->masks[i].s, c->masks[i].n);
+    free(c->masks[i].s);
+  }
   free(c->bind);
   free(c->rules);
   free(c);
@@ -1043,6 +1187,23 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
     bool here = secret_for(c->bind[i].s, c->host, strlen(c->host), c->port);
     c->for_host[i] = here && (tls || c->bind[i].s->cleartext);
     c->no_tls[i] = here && !c->for_host[i];
+    if (!c->for_host[i])
+      continue;
+    const struct secret *sec = c->bind[i].s;
+    mask_add(c, sec->value, sec->len);
+    char pct[3 * SECRET_VALUE_MAX + 1];
+    size_t pn = 0;
+    for (size_t k = 0; k < sec->len; k++) {
+      unsigned char ch = (unsigned char)sec->value[k];
+      if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          strchr("-._~", ch))
+        pct[pn++] = (char)ch;
+      else
+        pn += (size_t)sprintf(pct + pn, "%%%02X", ch);
+    }
+    if (pn != sec->len)
+      mask_add(c, pct, pn);
+    explicit_bzero(pct, pn);
   }
   size_t hl = strlen(c->host);
   if (e->mode == EGRESS_MODE_ALLOW && egress_policy_requests_checked(&e->pol, c->host, hl, c->port)) {
@@ -1066,8 +1227,24 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
   pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&a, 256u << 10);
   pthread_mutex_lock(&I.lock);
-  I.running++;
+  bool room = I.running < THREADS_MAX;
+  if (room)
+    I.running++;
   pthread_mutex_unlock(&I.lock);
+  if (!room) {
+    pthread_attr_destroy(&a);
+    record_log_unref(c->log);
+    for (size_t i = 0; i < c->n_masks; i++) {
+      explicit_bzero(c->masks[i].s, c->masks[i].n);
+      free(c->masks[i].s);
+    }
+    free(c->bind);
+    free(c->rules);
+    free(c);
+    close(sv[0]);
+    close(sv[1]);
+    return -EAGAIN;
+  }
   pthread_t t;
   int r = -pthread_create(&t, &a, icpt_main, c);
   pthread_attr_destroy(&a);

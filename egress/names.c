@@ -455,8 +455,9 @@ static int wild_remap(struct egress *e, const struct egress_policy *new, uint32_
   return 0;
 }
 
-int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_policy *pol,
+int names_set_policy(struct egress *e, enum egress_mode *mode_io, struct egress_policy *pol,
                      struct binding **bind, size_t *n_bind) {
+  enum egress_mode mode = *mode_io;
   uint32_t *count;
   pthread_mutex_lock(&e->synth_lock);
   int r = wild_remap(e, pol, &count);
@@ -465,6 +466,7 @@ int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_poli
     return r;
   }
   struct egress_policy old = e->pol;
+  enum egress_mode old_mode = e->mode;
   uint32_t *old_count = e->wild_count;
   struct binding *old_bind = e->bind;
   size_t old_n = e->n_bind;
@@ -475,6 +477,7 @@ int names_set_policy(struct egress *e, enum egress_mode mode, struct egress_poli
   e->n_bind = *n_bind;
   pthread_mutex_unlock(&e->synth_lock);
   *pol = old;
+  *mode_io = old_mode;
   *bind = old_bind;
   *n_bind = old_n;
   free(old_count);

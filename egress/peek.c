@@ -29,6 +29,13 @@ static bool peek_name_ok(const struct stream *s, const char *found) {
 /* Bytes a peek found malformed (R: EGRESS_PEEK_MALFORMED, refused, with
  * what it read recorded), or cut short of what it needs (EGRESS_PEEK_MORE:
  * waited for while more may come, refused as WHY when none will). */
+/* S's host has request rules of the session's own: its requests must be read. */
+static bool stream_needs_reading(const struct stream *s) {
+  const struct egress *e = s->lk->e;
+  return !s->raw && e->mode == EGRESS_MODE_ALLOW &&
+         egress_policy_requests_checked(&e->pol, s->rec.host, strlen(s->rec.host), s->rec.port);
+}
+
 bool stream_intercepts(const struct stream *s) {
   const struct egress *e = s->lk->e;
   if (s->st != ST_PEEK || s->raw || !ca_pem())
@@ -131,7 +138,9 @@ enum verdict stream_peek_verdict(struct stream *s, const char **ret_why) {
     s->tls_pass = end ? end : len;
     return V_PASS;
   case EGRESS_PEEK_ABSENT:
-    return V_PASS;
+    /* No SNI: relayed as it is, unless its requests must be read. */
+    *ret_why = "no SNI for a host with request rules";
+    return stream_needs_reading(s) ? V_REFUSE : V_PASS;
   case EGRESS_PEEK_MALFORMED:
   case EGRESS_PEEK_MORE:
     return peek_malformed(s, r, out, "malformed TLS", last, ret_why);

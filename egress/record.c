@@ -62,6 +62,7 @@ struct jlog {
   unsigned refs;               /* the record's + queued lines */
   uint64_t accepted;           /* bytes queued so far (the cap counts these) */
   uint64_t dropped;            /* lines the queue had no room for, not yet said */
+  unsigned holders;            /* refs of interceptors (record_log_ref), not lines */
   bool truncated, failed;
   bool lost;                   /* lines were dropped or cut: a summary at the end */
 };
@@ -346,7 +347,8 @@ void record_free(struct record *r) {
     if (sum)
       queue_line_locked(r->log, sum, len, true);
     struct timespec until = timespec_in(CLOCK_REALTIME, FLUSH_WAIT_MS);
-    while (r->log->refs > 1 && w.started)
+    /* The queued lines, not the interceptors still holding the log. */
+    while (r->log->refs > 1 + r->log->holders && w.started)
       if (pthread_cond_timedwait(&w.done, &w.lock, &until) == ETIMEDOUT)
         break;
     jlog_unref_locked(r->log); /* the writer frees it after its last line, if any */
@@ -596,6 +598,7 @@ struct jlog *record_log_ref(struct record *r) {
   if (l) {
     pthread_mutex_lock(&w.lock);
     l->refs++;
+    l->holders++;
     pthread_mutex_unlock(&w.lock);
   }
   return l;
@@ -610,6 +613,7 @@ void record_log_unref(struct jlog *l) {
   if (!l)
     return;
   pthread_mutex_lock(&w.lock);
+  l->holders--;
   jlog_unref_locked(l);
   pthread_mutex_unlock(&w.lock);
 }

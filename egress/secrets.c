@@ -24,7 +24,7 @@
 #include "egress/egress_int.h"
 
 #define SECRETS_FILE_MAX (1u << 20)
-#define SECRET_VALUE_MAX 8192u
+
 
 static struct secret *table;
 static size_t n_table;
@@ -102,6 +102,13 @@ static int entry(const char *path, const char *name, const json_t *v, struct sec
     *ret_err = xasprintf("%s: entry %s: %s", path, name, err ? err : "hosts are not valid");
     return -EINVAL;
   }
+  for (size_t i = 0; i < out->hosts.n; i++)
+    if (*out->hosts.rules[i].method) {
+      *ret_err = xasprintf("%s: entry %s: hosts[%zu] is a request rule; a secret's hosts are "
+                           "host names (a session's allow_hosts may limit its requests)",
+                           path, name, i);
+      return -EINVAL;
+    }
   out->name = strdup(name);
   out->len = json_string_length(value);
   out->value = strdup(json_string_value(value));

@@ -44,7 +44,8 @@ static char *bundle_with(struct agent_conn *c, const char *pem, size_t *ret_len)
   char *out = malloc(len + 1 + strlen(MARK) + pl + 1);
   if (out) {
     size_t n = 0;
-    memcpy(out, data, len);
+    if (len)
+      memcpy(out, data, len);
     n = len;
     if (n && out[n - 1] != '\n')
       out[n++] = '\n';

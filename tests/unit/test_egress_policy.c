@@ -971,6 +971,8 @@ static void test_request_rules(void) {
   CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/%2e%2e/other") != NULL);
   CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/..%2Fother") != NULL);
   CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/.") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/#/../../admin") != NULL);
+  CHECK(egress_request_refusal(r0, 1, "GET", "/repos/me/..;/admin") != NULL);
   CHECK(egress_request_refusal(&p.rules[1], 1, "DELETE", "/v1/a") == NULL);
   CHECK(egress_request_refusal(&p.rules[2], 1, "POST", "/anything") == NULL);
   CHECK(egress_request_refusal(&p.rules[2], 1, "GET", "/anything") != NULL);
