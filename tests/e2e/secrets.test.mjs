@@ -328,6 +328,11 @@ except Exception as e:
     assert.ok(reqs.some((l) => l.method === 'POST' && l.path === '/allowed/x' && l.status === 403 && l.reason === 'request not in allow_hosts'), JSON.stringify(reqs));
     assert.ok(reqs.some((l) => l.path === '/allowed/../other' && l.status === 403 && /path not canonical/.test(l.reason)), JSON.stringify(reqs));
     assert.ok(reqs.some((l) => l.method === 'GET' && l.path === '/allowed/x' && l.status === 200 && l.allowed === true && l.secrets.length === 0));
+    // A secret for the host does not lift its request rules.
+    const both = (await call(c, 'open_session', { secrets: ['API_TOKEN'], network: 'allow', allow_hosts: [`api.test:${ports.aS} GET /allowed/`] })).session_id;
+    assert.equal((await sh(both, `curl -sS -o /dev/null -w "%{http_code}" -X POST -H "X-K: $API_TOKEN" https://api.test:${ports.aS}/allowed/x`)).stdout, '403');
+    assert.equal((await sh(both, `curl -sS -o /dev/null -w "%{http_code}" -H "X-K: $API_TOKEN" https://api.test:${ports.aS}/allowed/y`)).stdout, '200');
+    await call(c, 'close', { session_id: both });
     // Refused as a rule: a method that is not one, a path that is not canonical.
     for (const bad of ['api.test get /x', 'api.test GET /a/../b']) {
       const e = await callErr(c, 'open_session', { network: 'allow', allow_hosts: [bad] });
