@@ -1090,6 +1090,18 @@ static int write_head(struct ictx *c, const struct head *h, size_t hl, bool fina
   return wr;
 }
 
+/* C and what it holds: its log reference, its masks (zeroed), its copies. */
+static void ictx_free(struct ictx *c) {
+  record_log_unref(c->log);
+  for (size_t i = 0; i < c->n_masks; i++) {
+    explicit_bzero(c->masks[i].s, c->masks[i].n);
+    free(c->masks[i].s);
+  }
+  free(c->bind);
+  free(c->rules);
+  free(c);
+}
+
 static void *icpt_main(void *arg) {
   struct ictx *c = arg;
   struct timeval tv = {.tv_sec = HANDSHAKE_MS / 1000};
@@ -1130,14 +1142,7 @@ static void *icpt_main(void *arg) {
       close(e->fd);
   }
   ERR_clear_error();
-  record_log_unref(c->log);
-  for (size_t i = 0; i < c->n_masks; i++) {
-    explicit_bzero(c->masks[i].s, c->masks[i].n);
-    free(c->masks[i].s);
-  }
-  free(c->bind);
-  free(c->rules);
-  free(c);
+  ictx_free(c);
   OPENSSL_thread_stop();
   pthread_mutex_lock(&I.lock);
   if (--I.running == 0)
@@ -1212,8 +1217,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
       if (egress_rule_admits(&e->pol.rules[i], c->host, hl, c->port))
         c->rules[c->n_rules++] = e->pol.rules[i];
     if (!c->rules) {
-      free(c->bind);
-      free(c);
+      ictx_free(c);
       close(sv[0]);
       close(sv[1]);
       return -ENOMEM;
@@ -1233,14 +1237,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
   pthread_mutex_unlock(&I.lock);
   if (!room) {
     pthread_attr_destroy(&a);
-    record_log_unref(c->log);
-    for (size_t i = 0; i < c->n_masks; i++) {
-      explicit_bzero(c->masks[i].s, c->masks[i].n);
-      free(c->masks[i].s);
-    }
-    free(c->bind);
-    free(c->rules);
-    free(c);
+    ictx_free(c);
     close(sv[0]);
     close(sv[1]);
     return -EAGAIN;
@@ -1252,10 +1249,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
     pthread_mutex_lock(&I.lock);
     I.running--;
     pthread_mutex_unlock(&I.lock);
-    record_log_unref(c->log);
-    free(c->bind);
-    free(c->rules);
-    free(c);
+    ictx_free(c);
     close(sv[0]);
     close(sv[1]);
     return r;

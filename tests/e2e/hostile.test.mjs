@@ -437,6 +437,7 @@ const BASE = {
   copy_in: { session_id: SID, host_path: 'hostile-never', guest_path: '/root/hostile-in' },
   copy_out: { session_id: SID, guest_path: '/root/hostile.txt', host_path: 'hostile-never' },
   network_log: { session_id: SID },
+  network_update: { session_id: SID, network: 'none', secrets: [] },
 };
 const GENERATED = [];
 let gid = 1000;
