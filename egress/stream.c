@@ -402,7 +402,17 @@ void stream_resolved(struct stream *s, struct resolve_job *j) {
 /* Hands the chunk read to the agent; false when S was ended. */
 static bool send_down(struct stream *s) {
   while (s->down_len) {
+    /* Counted in the record before the bytes go: once the program has
+     * them (and perhaps ended, and its run reported), the record does. */
+    size_t want = s->down_len;
+    s->rec.bytes_down += want;
+    record_connect_update(s->lk->e->rec, &s->rec);
     ssize_t n = agent_stream_send(s->lk->c, s->sid, s->down + s->down_off, s->down_len);
+    size_t sent = n > 0 ? (size_t)n : 0;
+    if (sent != want) {
+      s->rec.bytes_down -= want - sent;
+      record_connect_update(s->lk->e->rec, &s->rec);
+    }
     if (n == -EAGAIN || n == 0) {
       s->down_blocked = true;
       return true;
@@ -413,9 +423,7 @@ static bool send_down(struct stream *s) {
     }
     s->down_off += (size_t)n;
     s->down_len -= (size_t)n;
-    s->rec.bytes_down += (uint64_t)n;
     s->lk->e->bytes_down += (uint64_t)n;
-    record_connect_update(s->lk->e->rec, &s->rec);
   }
   s->down_off = 0;
   s->down_blocked = false;
