@@ -1,10 +1,13 @@
 /* egress_int.h: what the broker's files share (egress.h is the interface;
  * this is not).  broker.c runs the thread and takes the connections'
  * callbacks, stream.c decides and relays a stream, names.c answers lookups
- * (the synthetic addresses, the DNS cache), resolve.c resolves names on the
- * host (the pool, the hosts file), record.c keeps the flight record, egress.c
- * makes a session's egress from a tool's arguments, self.c keeps the
- * server's own listening sockets out of reach.
+ * (the synthetic addresses, the DNS cache) and names_wild.c counts the names
+ * under wildcard rules, resolve.c resolves names on the host (the pool, the
+ * hosts file), record.c keeps the flight record, egress.c makes a session's
+ * egress from a tool's arguments, self.c keeps the server's own listening
+ * sockets out of reach, secrets.c holds the operator's secrets, ca.c the
+ * CA, and intercept.c (intercept_http.c for the bytes) runs a connection
+ * to a host of a secret or with request rules.
  *
  * Ownership: everything under "the broker thread's" below is touched only by
  * the broker thread (or by egress_shutdown after that thread ended), so it
@@ -393,6 +396,12 @@ int names_copy(struct egress *dst, struct egress *src);
  * changed). */
 int names_set_policy(struct egress *e, enum egress_mode *mode_io, struct egress_policy *pol,
                      struct binding **bind, size_t *n_bind);
+/* names_wild.c: whether E may look NAME up as far as its wildcard rules go
+ * (a new name under one is counted; false past the cap, with WHY); E's
+ * counts freed; DST given SRC's (under SRC's synth_lock).  0 or -ENOMEM. */
+bool names_wild_admit(struct egress *e, const char *name, char why[EGRESS_REASON_MAX]);
+void names_wild_free(struct egress *e);
+int names_wild_copy(struct egress *dst, const struct egress *src);
 /* Gives N names synthetic addresses 1..N in order (into a new E): 0, or
  * -EINVAL (a name that is not one) / -ENOMEM. */
 int names_restore(struct egress *e, const char *const *names, size_t n);
