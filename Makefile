@@ -13,7 +13,7 @@ SERVER_SRCS := $(wildcard mcp/*.c tools/*.c session/*.c sandbox/*.c sandbox/vm/*
 AGENT_SRCS  := $(wildcard guest/*.c) proto/proto.c common/tarstream.c common/tarstream_unpack.c \
                common/nft_counters.c
 HEADERS     := $(wildcard */*.h */*/*.h)
-SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive -lmicrohttpd -lnettle -lssl -lcrypto
+SERVER_LIBS := -ljansson -lpthread -lxxhash -larchive -lmicrohttpd -lnettle -lssl -lcrypto -lnghttp2
 # The agent is static: libarchive with every library it can pull in.
 AGENT_LIBS  := -lseccomp -larchive -lnettle -lacl -llzma -lzstd -llz4 -lbz2 -lz -lxml2 -lm
 

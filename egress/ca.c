@@ -264,24 +264,18 @@ static int make_ca(int dirfd, char **ret_err) {
   return 0;
 }
 
-/* HTTP/1.1 is what the broker speaks with a sandbox: a client that offers
- * only something else gets no protocol chosen. */
+/* HTTP/2 where the sandbox offers it (intercept_h2.c), else HTTP/1.1: a
+ * client that offers only something else gets no protocol chosen. */
 static int alpn_select(SSL *s, const unsigned char **out, unsigned char *outlen,
                        const unsigned char *in, unsigned int inlen, void *arg) {
   (void)s;
   (void)arg;
-  for (unsigned i = 0; i < inlen;) {
-    unsigned n = in[i];
-    if (i + 1 + n > inlen)
-      break;
-    if (n == 8 && memcmp(in + i + 1, "http/1.1", 8) == 0) {
-      *out = in + i + 1;
-      *outlen = (unsigned char)n;
-      return SSL_TLSEXT_ERR_OK;
-    }
-    i += 1 + n;
-  }
-  return SSL_TLSEXT_ERR_NOACK;
+  static const unsigned char ours[] = "\x02h2\x08http/1.1";
+  unsigned char *o;
+  if (SSL_select_next_proto(&o, outlen, ours, sizeof ours - 1, in, inlen) != OPENSSL_NPN_NEGOTIATED)
+    return SSL_TLSEXT_ERR_NOACK;
+  *out = o;
+  return SSL_TLSEXT_ERR_OK;
 }
 
 int ca_init(const char *dir, const char *extra_ca, char **ret_err) {
@@ -325,8 +319,8 @@ int ca_init(const char *dir, const char *extra_ca, char **ret_err) {
   }
   SSL_CTX_set_verify(C.client, SSL_VERIFY_PEER, NULL);
   SSL_CTX_set_session_cache_mode(C.client, SSL_SESS_CACHE_OFF);
-  static const unsigned char h1[] = "\x08http/1.1";
-  SSL_CTX_set_alpn_protos(C.client, h1, sizeof h1 - 1);
+  static const unsigned char protos[] = "\x02h2\x08http/1.1";
+  SSL_CTX_set_alpn_protos(C.client, protos, sizeof protos - 1);
   C.server = SSL_CTX_new(TLS_server_method());
   if (!C.server || !SSL_CTX_set_min_proto_version(C.server, TLS1_2_VERSION)) {
     *ret_err = xasprintf("cannot set up TLS toward the sandboxes: %s", ssl_why(why, sizeof why));

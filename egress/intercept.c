@@ -12,6 +12,9 @@
  * request with "Connection: close", relays the response (also marked
  * "Connection: close"), and ends: one request per connection, so every
  * request is parsed here and none rides a kept-alive connection unseen.
+ * Where the sandbox or the server chose HTTP/2 (ALPN), a gateway of
+ * intercept_h2.c stands between that TLS end and serve(), which sees one
+ * HTTP/1.1 request and its response all the same.
  *
  * Refused, and recorded, without reaching the server: a request that is
  * not strict HTTP/1.1 (fail closed: obs-fold, bare CR or LF, both
@@ -106,6 +109,14 @@ static void record_request(struct ictx *c) {
 
 /* ---- the connection ---- */
 
+/* The protocol ALPN chose on E is HTTP/2. */
+static bool alpn_h2(const struct end *e) {
+  const unsigned char *p;
+  unsigned n;
+  SSL_get0_alpn_selected(e->ssl, &p, &n);
+  return n == 2 && memcmp(p, "h2", 2) == 0;
+}
+
 static int connect_up(struct ictx *c) {
   struct sockaddr_storage ss = {0};
   socklen_t sl;
@@ -161,6 +172,11 @@ static int connect_up(struct ictx *c) {
       return -EPERM;
     }
     return -EPROTO;
+  }
+  /* The server chose HTTP/2: serve() speaks HTTP/1.1 to a gateway. */
+  if (alpn_h2(&c->up) && ic_h2_take(&c->up, false) < 0) {
+    c->why = "too many intercepted connections";
+    return -EAGAIN;
   }
   return 0;
 }
@@ -296,7 +312,7 @@ static int write_head(struct ictx *c, const struct head *h, size_t hl, bool fina
 /* The broker closed its end (the stream was ended): bytes it had passed
  * on may still be queued, but none of them is to go anywhere. */
 static bool peer_gone(const struct ictx *c) {
-  struct pollfd p = {.fd = c->in.fd, .events = POLLRDHUP};
+  struct pollfd p = {.fd = c->watch_fd >= 0 ? c->watch_fd : c->in.fd, .events = POLLRDHUP};
   return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
@@ -480,6 +496,40 @@ static void ictx_free(struct ictx *c) {
   free(c);
 }
 
+static void count_down(void);
+
+int ic_spawn(void *(*fn)(void *), void *arg) {
+  pthread_mutex_lock(&I.lock);
+  bool room = I.running < THREADS_MAX;
+  if (room)
+    I.running++;
+  pthread_mutex_unlock(&I.lock);
+  if (!room)
+    return -EAGAIN;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&a, 256u << 10);
+  pthread_t t;
+  int r = -pthread_create(&t, &a, fn, arg);
+  pthread_attr_destroy(&a);
+  if (r < 0)
+    count_down();
+  return r;
+}
+
+void ic_thread_end(void) {
+  OPENSSL_thread_stop();
+  count_down();
+}
+
+static void count_down(void) {
+  pthread_mutex_lock(&I.lock);
+  if (--I.running == 0)
+    pthread_cond_broadcast(&I.gone);
+  pthread_mutex_unlock(&I.lock);
+}
+
 static void *icpt_main(void *arg) {
   struct ictx *c = arg;
   struct timeval tv = {.tv_sec = HANDSHAKE_MS / 1000};
@@ -502,6 +552,16 @@ static void *icpt_main(void *arg) {
         c->why = "SNI mismatch";
         record_request(c);
         go = false;
+      } else if (alpn_h2(&c->in)) {
+        /* HTTP/2: a gateway takes the TLS end and gives serve() the
+         * request as HTTP/1.1; the broker's end is watched still. */
+        c->watch_fd = dup(c->in.fd);
+        if (c->watch_fd < 0 || ic_h2_take(&c->in, true) < 0) {
+          snprintf(c->method, sizeof c->method, "-");
+          c->why = "too many intercepted connections";
+          record_request(c);
+          go = false;
+        }
       }
     }
   }
@@ -519,13 +579,11 @@ static void *icpt_main(void *arg) {
     if (e->fd >= 0)
       close(e->fd);
   }
+  if (c->watch_fd >= 0)
+    close(c->watch_fd);
   ERR_clear_error();
   ictx_free(c);
-  OPENSSL_thread_stop();
-  pthread_mutex_lock(&I.lock);
-  if (--I.running == 0)
-    pthread_cond_broadcast(&I.gone);
-  pthread_mutex_unlock(&I.lock);
+  ic_thread_end();
   return NULL;
 }
 
@@ -545,7 +603,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
     return -ENOMEM;
   }
   c->in.fd = sv[1];
-  c->up.fd = -1;
+  c->up.fd = c->watch_fd = -1;
   c->family = family;
   memcpy(c->addr, addr, family == AF_INET ? 4 : 16);
   c->port = s->rec.port;
@@ -604,29 +662,8 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
   c->log = record_log_ref(e->rec);
   int fl = fcntl(sv[0], F_GETFL);
   fcntl(sv[0], F_SETFL, fl | O_NONBLOCK);
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&a, 256u << 10);
-  pthread_mutex_lock(&I.lock);
-  bool room = I.running < THREADS_MAX;
-  if (room)
-    I.running++;
-  pthread_mutex_unlock(&I.lock);
-  if (!room) {
-    pthread_attr_destroy(&a);
-    ictx_free(c);
-    close(sv[0]);
-    close(sv[1]);
-    return -EAGAIN;
-  }
-  pthread_t t;
-  int r = -pthread_create(&t, &a, icpt_main, c);
-  pthread_attr_destroy(&a);
+  int r = ic_spawn(icpt_main, c);
   if (r < 0) {
-    pthread_mutex_lock(&I.lock);
-    I.running--;
-    pthread_mutex_unlock(&I.lock);
     ictx_free(c);
     close(sv[0]);
     close(sv[1]);

@@ -31,6 +31,7 @@ struct end {
 
 struct ictx {
   struct end in, up;           /* the sandbox's side, the server's */
+  int watch_fd;                /* the broker's end, when a gateway holds in (HTTP/2) */
   int family;
   uint8_t addr[16];
   uint16_t port;
@@ -108,3 +109,21 @@ int ic_relay_masked(struct ictx *c, struct end *src, struct end *dst, enum frame
  * SCAN: refused on a placeholder that may not go (c->why). */
 int ic_relay_body(struct ictx *c, struct end *src, struct end *dst, enum frame f, uint64_t len,
                   bool scan, uint64_t *bytes);
+
+/* ---- intercept.c: the threads of interception ---- */
+
+/* FN(ARG) on a detached thread counted against the server's cap:
+ * 0, -EAGAIN at the cap, or -errno. */
+int ic_spawn(void *(*fn)(void *), void *arg);
+/* The last call of such a thread. */
+void ic_thread_end(void);
+
+/* ---- intercept_h2.c: HTTP/2 on one side, HTTP/1.1 on the other ---- */
+
+/* E, a TLS end on which ALPN chose "h2", is taken by a gateway thread
+ * that speaks HTTP/2 on it (FRONT: as the server, toward the sandbox;
+ * else as the client, toward the real server) and HTTP/1.1 on a
+ * socketpair: E becomes that socketpair's other end, without TLS.  One
+ * request and its response, then the gateway ends.  0, or -errno (E as
+ * it was). */
+int ic_h2_take(struct end *e, bool front);

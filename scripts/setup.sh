@@ -32,8 +32,8 @@ packages=(
 	libarchive-dev libacl1-dev nettle-dev libzstd-dev liblz4-dev libbz2-dev liblzma-dev zlib1g-dev libxml2-dev
 	# the Streamable HTTP transport (--http)
 	libmicrohttpd-dev
-	# the egress broker's TLS for hosts with secrets (its CA, both ends of an intercepted connection)
-	libssl-dev
+	# the egress broker's TLS for hosts with secrets (its CA, both ends of an intercepted connection); HTTP/2 on them
+	libssl-dev libnghttp2-dev
 	# sanitizers, fuzzing, benchmarks
 	clang lld llvm libclang-rt-14-dev valgrind hyperfine
 	# sandboxes and images

@@ -23,6 +23,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
+import http2 from 'node:http2';
 import os from 'node:os';
 import path from 'node:path';
 import { startServer, startRaw, call, callErr, run, waitUntil, AGENT, TOOLS_SKIP, SERVER, serverEnv } from './lib.mjs';
@@ -54,7 +55,13 @@ function recorder(seen) {
     const chunks = [];
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
-      seen.push({ method: req.method, url: req.url, host: req.headers.host, headers: req.headers, body: Buffer.concat(chunks).toString() });
+      seen.push({ method: req.method, url: req.url, host: req.headers.host ?? req.headers[':authority'], version: req.httpVersion, headers: req.headers, body: Buffer.concat(chunks).toString() });
+      if (req.url === '/big') { // 8 MiB, more than any window or buffer on the way
+        res.writeHead(200, { 'content-type': 'application/octet-stream' });
+        const block = Buffer.alloc(1 << 20, 'x');
+        for (let i = 0; i < 7; i++) res.write(block);
+        return res.end(block);
+      }
       if (req.url === '/echo') { // a server that echoes the request back
         res.writeHead(200, { 'x-echo': req.headers.authorization ?? '' });
         return res.end(`${req.headers.authorization}\n`);
@@ -90,17 +97,19 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     // One HTTPS and one HTTP server per name (a host tells them apart), and
     // one HTTPS server with a certificate the broker does not trust.
     const mk = (tls, sink, cert) => (tls ? https.createServer(cert, recorder(sink)) : http.createServer(recorder(sink)));
-    const s = [mk(true, seen.api, good), mk(false, seen.api), mk(true, seen.other, good), mk(false, seen.other), mk(true, [], bad)];
+    // And api.test over HTTP/2 only (ALPN h2, no HTTP/1.1).
+    const h2 = http2.createSecureServer({ key: good.key, cert: good.cert, allowHTTP1: false }, recorder(seen.api));
+    const s = [mk(true, seen.api, good), mk(false, seen.api), mk(true, seen.other, good), mk(false, seen.other), mk(true, [], bad), h2];
     servers.push(...s);
-    const [aS, aH, oS, oH, bS] = await Promise.all(s.map(listen));
-    ports = { aS, aH, oS, oH, bS };
+    const [aS, aH, oS, oH, bS, a2] = await Promise.all(s.map(listen));
+    ports = { aS, aH, oS, oH, bS, a2 };
     const hosts = path.join(dir, 'hosts');
     fs.writeFileSync(hosts, '127.0.0.1 api.test other.test bad.test plain.test\n');
     fs.chmodSync(hosts, 0o644);
     secretsFile = path.join(dir, 'secrets.json');
     fs.writeFileSync(secretsFile, JSON.stringify({
       // cleartext: true lets its value go over plain HTTP (aH) too.
-      API_TOKEN: { value: VALUE, hosts: [`api.test:${aS}`, `api.test:${aH}`], cleartext: true },
+      API_TOKEN: { value: VALUE, hosts: [`api.test:${aS}`, `api.test:${aH}`, `api.test:${a2}`], cleartext: true },
       WEB_TOKEN: { value: 'web-only-over-tls-77', hosts: [`api.test:${aS}`, `api.test:${aH}`] },
       OTHER_TOKEN: { value: OTHER_VALUE, hosts: [`other.test:${oH}`] },
       BAD_TOKEN: { value: 'never-sent-anywhere-1', hosts: [`bad.test:${bS}`] },
@@ -234,6 +243,73 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     assert.ok(lines.some((l) => l.kind === 'request' && l.path === '/leak' && l.status === 403 && /secret sent to a host it is not for \(API_TOKEN/.test(l.reason)), JSON.stringify(lines.filter((l) => l.kind === 'request')));
     assert.ok(lines.some((l) => l.kind === 'request' && l.path === '/clear' && l.status === 403 && /secret not sent without TLS \(WEB_TOKEN/.test(l.reason)), JSON.stringify(lines.filter((l) => l.kind === 'request')));
     assert.ok(lines.some((l) => l.kind === 'connect' && l.host === 'plain.test' && l.reason === 'secret sent to a host it is not for'), 'the cut cleartext connection is not recorded');
+    noValueAnywhere('the flight record', fs.readFileSync(file, 'utf8'));
+    await call(c, 'close', { session_id: sid });
+  });
+
+  test('HTTP/2: with the sandbox, with the server, or both; the value goes, masked on the way back, and nowhere else', T, async () => {
+    const o = await call(c, 'open_session', { secrets: ['API_TOKEN', 'OTHER_TOKEN'], network: 'allow', allow_hosts: [`api.test:${ports.a2} GET /rules/`] });
+    const sid = o.session_id;
+    const file = o.egress.egress_log_path;
+    const v = await sh(sid, 'curl --version');
+    assert.match(v.stdout, /HTTP2/, 'the tools image\'s curl speaks HTTP/2');
+    const before = seen.api.length;
+    // %{http_version} is what the sandbox spoke with the broker.
+    const w = '-o /dev/null -w "%{http_version} %{http_code}\\n"';
+    const cmds = [
+      // h2 with the sandbox, HTTP/1.1 with a server that has no h2.
+      `curl -sS --http2 ${w} -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.aS}/h2-to-h1`,
+      // h2 both ways; HTTP/1.1 with the sandbox and h2 with the server.
+      `curl -sS --http2 ${w} -H "X-Api-Key: $API_TOKEN" "https://api.test:${ports.a2}/rules/both?key=$API_TOKEN"`,
+      `curl -sS --http1.1 ${w} -u "me:$API_TOKEN" https://api.test:${ports.a2}/rules/h1-to-h2`,
+      // Two requests of one curl on one connection: the second comes on a new one.
+      `curl -sS --http2 ${w} ${w} -H "X-Api-Key: $API_TOKEN" https://api.test:${ports.a2}/rules/one https://api.test:${ports.a2}/rules/two`,
+    ];
+    const r = await sh(sid, cmds.join(' && '));
+    assert.equal(r.stdout, '2 200\n2 200\n1.1 200\n2 200\n2 200\n', r.stderr);
+    const got = seen.api.slice(before);
+    const by = Object.fromEntries(got.map((x) => [x.url.split('?')[0], x]));
+    assert.equal(by['/h2-to-h1'].headers.authorization, `Bearer ${VALUE}`);
+    assert.equal(by['/h2-to-h1'].version, '1.1');
+    assert.equal(by['/rules/both'].headers['x-api-key'], VALUE);
+    assert.equal(by['/rules/both'].url, `/rules/both?key=${VALUE}`);
+    assert.equal(by['/rules/both'].version, '2.0');
+    assert.equal(by['/rules/both'].host, `api.test:${ports.a2}`);
+    assert.equal(by['/rules/h1-to-h2'].headers.authorization, `Basic ${Buffer.from(`me:${VALUE}`).toString('base64')}`);
+    assert.equal(by['/rules/one'].headers['x-api-key'], VALUE);
+    assert.equal(by['/rules/two'].headers['x-api-key'], VALUE);
+    // Echoed back over h2 both ways: masked in the head and the body.
+    const stars = '*'.repeat(VALUE.length);
+    const echo = await sh(sid, `curl -sS --http2 -D - -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.a2}/rules/../echo --path-as-is; curl -sS --http2 -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.aS}/echo-chunked`);
+    assert.match(echo.stdout, /^HTTP\/2 403/, 'a path that is not canonical is refused over h2 too');
+    const echo2 = await call(c, 'open_session', { secrets: ['API_TOKEN'] });
+    const e2 = await sh(echo2.session_id, `curl -sS --http2 -D - -H "Authorization: Bearer $API_TOKEN" https://api.test:${ports.a2}/echo`);
+    assert.match(e2.stdout, /^HTTP\/2 200/, e2.stdout);
+    assert.match(e2.stdout, new RegExp(`x-echo: Bearer \\*{${VALUE.length}}`, 'i'), e2.stdout);
+    assert.ok(e2.stdout.includes(`\nBearer ${stars}\n`), e2.stdout);
+    assert.ok(echo.stdout.includes(`you sent: Bearer ${stars}\n`), echo.stdout);
+    // A body with no length (h2 DATA to the end of the stream), and 8 MiB
+    // back through both gateways.
+    const up = await sh(echo2.session_id, `printf 'line one\\nline two\\n' | curl -sS --http2 -T - -o /dev/null -w "%{http_code}" https://api.test:${ports.a2}/upload; curl -sS --http2 https://api.test:${ports.a2}/big | wc -c; curl -sS --http2 https://api.test:${ports.aS}/big | sha256sum | cut -c1-16`);
+    const bigSum = (await import('node:crypto')).createHash('sha256').update(Buffer.alloc(8 << 20, 'x')).digest('hex').slice(0, 16);
+    assert.equal(up.stdout, `200${8 << 20}\n${bigSum}\n`, up.stderr);
+    assert.equal(seen.api.find((x) => x.url === '/upload')?.body, 'line one\nline two\n');
+    await call(c, 'close', { session_id: echo2.session_id });
+    // Refused over h2 as over HTTP/1.1, none reaching the server: another
+    // secret's placeholder, another :authority, a request outside the rules.
+    const n = seen.api.length;
+    const code = async (args) => (await sh(sid, `curl -sS --http2 -o /dev/null -w "%{http_code}" ${args}`)).stdout;
+    assert.equal(await code(`-H "X-K: $OTHER_TOKEN" https://api.test:${ports.a2}/rules/leak`), '403');
+    assert.equal(await code(`-H "Host: other.test:${ports.a2}" https://api.test:${ports.a2}/rules/authority`), '421');
+    assert.equal(await code(`-X POST https://api.test:${ports.a2}/rules/post`), '403');
+    assert.equal(await code(`https://api.test:${ports.a2}/outside`), '403');
+    assert.deepEqual(seen.api.slice(n).map((x) => x.url), [], 'a refused request reached the server');
+    assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).some((l) => l.kind === 'request' && l.path === '/outside'), { timeoutMs: 10_000 }));
+    const reqs = logLines(file).filter((l) => l.kind === 'request');
+    assert.ok(reqs.some((l) => l.path === '/rules/both' && l.status === 200 && l.secrets.includes('API_TOKEN')), JSON.stringify(reqs));
+    assert.ok(reqs.some((l) => l.path === '/rules/leak' && l.status === 403 && /secret sent to a host it is not for \(OTHER_TOKEN/.test(l.reason)), JSON.stringify(reqs));
+    assert.ok(reqs.some((l) => l.path === '/rules/authority' && l.status === 421), JSON.stringify(reqs));
+    assert.ok(reqs.some((l) => l.method === 'POST' && l.path === '/rules/post' && l.reason === 'request not in allow_hosts'), JSON.stringify(reqs));
     noValueAnywhere('the flight record', fs.readFileSync(file, 'utf8'));
     await call(c, 'close', { session_id: sid });
   });
