@@ -576,7 +576,9 @@ static void *icpt_main(void *arg) {
       SSL_shutdown(e->ssl);
       SSL_free(e->ssl);
     }
-    if (e->fd >= 0)
+    if (e->fd >= 0 && e == &c->in && c->watch_fd < 0 && go)
+      ic_close_gently(e->fd); /* a body refused early, unread, must not reset the answer */
+    else if (e->fd >= 0)
       close(e->fd);
   }
   if (c->watch_fd >= 0)

@@ -660,11 +660,15 @@ static void *gw_main(void *arg) {
   gw_loop(g);
   nv_clear(g);
   nghttp2_session_del(g->s);
-  if (!g->fail && !g->h2_eof)
+  bool gently = !g->fail && !g->h2_eof;
+  if (gently)
     SSL_shutdown(g->ssl);
   SSL_free(g->ssl);
   ERR_clear_error();
-  close(g->h2fd);
+  if (gently && g->front)
+    ic_close_gently(g->h2fd); /* the client's last frames (its ACKs) read, not reset */
+  else
+    close(g->h2fd);
   close(g->h1fd);
   free(g->h2out.p);
   free(g->h1out.p);

@@ -6,10 +6,13 @@
  * values in responses. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <openssl/err.h>
@@ -59,6 +62,30 @@ int ic_end_write(struct end *e, const void *p, size_t n) {
     n -= (size_t)r;
   }
   return 0;
+}
+
+void ic_close_gently(int fd) {
+  shutdown(fd, SHUT_WR);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  uint64_t until = mono_ms() + LINGER_MS;
+  size_t total = 0;
+  for (;;) {
+    char b[4096];
+    ssize_t r = read(fd, b, sizeof b);
+    if (r > 0) {
+      total += (size_t)r;
+      if (total > LINGER_BYTES)
+        break;
+      continue;
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EINTR))
+      break;
+    uint64_t now = mono_ms();
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (now >= until || poll(&p, 1, (int)(until - now)) <= 0)
+      break;
+  }
+  close(fd);
 }
 
 /* The buffered bytes, or a read into the buffer: how many are there (0:

@@ -20,6 +20,8 @@
 #define HANDSHAKE_MS 10000u
 #define HEAD_MS 30000u        /* a whole head, however it trickles in */
 #define MASKS_MAX 64u
+#define LINGER_MS 2000u       /* a closing connection's last bytes, read and dropped */
+#define LINGER_BYTES (1u << 20)
 
 struct end {
   int fd;
@@ -75,6 +77,11 @@ enum frame { F_NONE, F_LEN, F_CHUNKED, F_CLOSE };
 /* ---- intercept_http.c: I/O, heads, placeholders, bodies ---- */
 
 ssize_t ic_end_read(struct end *e, void *p, size_t n);
+/* Closes FD, the broker's end of a connection, once what the sandbox
+ * still sends has been read and dropped (its end, or LINGER_MS): closed
+ * with bytes unread, the broker would see a reset and could drop the
+ * answer still on its way to the sandbox. */
+void ic_close_gently(int fd);
 int ic_end_write(struct end *e, const void *p, size_t n);
 /* The buffered bytes, or a read into the buffer: how many (0: end, -1: error). */
 ssize_t ic_end_fill(struct end *e);

@@ -298,11 +298,14 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     // Refused over h2 as over HTTP/1.1, none reaching the server: another
     // secret's placeholder, another :authority, a request outside the rules.
     const n = seen.api.length;
-    const code = async (args) => (await sh(sid, `curl -sS --http2 -o /dev/null -w "%{http_code}" ${args}`)).stdout;
-    assert.equal(await code(`-H "X-K: $OTHER_TOKEN" https://api.test:${ports.a2}/rules/leak`), '403');
-    assert.equal(await code(`-H "Host: other.test:${ports.a2}" https://api.test:${ports.a2}/rules/authority`), '421');
-    assert.equal(await code(`-X POST https://api.test:${ports.a2}/rules/post`), '403');
-    assert.equal(await code(`https://api.test:${ports.a2}/outside`), '403');
+    const code = async (args, want) => {
+      const x = await sh(sid, `curl -sS -v --http2 -o /dev/null -w "%{http_code}" ${args}`);
+      assert.equal(x.stdout, want, `curl ${args}: ${x.stderr}`);
+    };
+    await code(`-H "X-K: $OTHER_TOKEN" https://api.test:${ports.a2}/rules/leak`, '403');
+    await code(`-H "Host: other.test:${ports.a2}" https://api.test:${ports.a2}/rules/authority`, '421');
+    await code(`-X POST https://api.test:${ports.a2}/rules/post`, '403');
+    await code(`https://api.test:${ports.a2}/outside`, '403');
     assert.deepEqual(seen.api.slice(n).map((x) => x.url), [], 'a refused request reached the server');
     assert.ok(await waitUntil(() => fs.existsSync(file) && logLines(file).some((l) => l.kind === 'request' && l.path === '/outside'), { timeoutMs: 10_000 }));
     const reqs = logLines(file).filter((l) => l.kind === 'request');
