@@ -54,6 +54,7 @@ struct gw {
   int32_t sid;                 /* the one stream (0: none yet) */
   unsigned refused;
   struct buf h2out;            /* frames for the HTTP/2 side */
+  bool send_full;              /* nghttp2 had more when h2out was full */
   /* HTTP/2 to HTTP/1.1: the message's fields as they come, then its bytes. */
   nghttp2_nv nv[HDR_MAX + 8];
   size_t n_nv, nv_bytes;
@@ -352,8 +353,10 @@ static ssize_t on_send(nghttp2_session *s, const uint8_t *p, size_t n, int flags
   (void)s;
   (void)flags;
   struct gw *g = ud;
-  if (g->h2out.len >= CAP)
+  if (g->h2out.len >= CAP) {
+    g->send_full = true;
     return NGHTTP2_ERR_WOULDBLOCK;
+  }
   return buf_add(&g->h2out, p, n) < 0 ? NGHTTP2_ERR_CALLBACK_FAILURE : (ssize_t)n;
 }
 
@@ -629,7 +632,15 @@ static void gw_loop(struct gw *g) {
       g->deferred = false;
       nghttp2_session_resume_data(g->s, g->sid);
     }
-    if (nghttp2_session_send(g->s) != 0 || h2_flush(g) < 0 || h1_flush(g) < 0)
+    /* Frames, until nghttp2 has none or the TLS end takes no more: had
+     * h2out been full and then flushed whole, nothing would wake the poll
+     * below for what nghttp2 still holds. */
+    do {
+      g->send_full = false;
+      if (nghttp2_session_send(g->s) != 0 || h2_flush(g) < 0)
+        return;
+    } while (g->send_full && !g->h2out.len);
+    if (h1_flush(g) < 0)
       return;
     if (!g->front && g->closed && !g->h1out.len) {
       shutdown(g->h1fd, SHUT_WR); /* the response ends with the connection */
