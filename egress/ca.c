@@ -319,6 +319,7 @@ int ca_init(const char *dir, const char *extra_ca, char **ret_err) {
   }
   SSL_CTX_set_verify(C.client, SSL_VERIFY_PEER, NULL);
   SSL_CTX_set_session_cache_mode(C.client, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_options(C.client, SSL_OP_NO_RENEGOTIATION); /* RFC 9113 §9.2.1 */
   static const unsigned char protos[] = "\x02h2\x08http/1.1";
   SSL_CTX_set_alpn_protos(C.client, protos, sizeof protos - 1);
   C.server = SSL_CTX_new(TLS_server_method());

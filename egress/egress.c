@@ -644,6 +644,7 @@ void egress_free(struct egress *e) {
     record_free(e->rec);
   if (e->quota)
     resolve_quota_put(e->quota);
+  intercept_share_unref(e->icpt);
   egress_policy_free(&e->pol);
   names_free(e);
   pthread_mutex_destroy(&e->synth_lock);

@@ -224,6 +224,9 @@ struct ssl_st *ca_server_ssl(struct ssl_ctx_st *ctx, const char *name);
  * broker.  0 or -errno. */
 struct stream;
 int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls, int *ret_fd);
+struct ic_share;
+/* The egress's reference to its count of interception threads. */
+void intercept_share_unref(struct ic_share *sh);
 /* Waits (bounded) for the interceptor threads to end. */
 void intercept_shutdown(void);
 /* No interceptor thread runs (the secrets may be freed). */
@@ -245,6 +248,7 @@ struct egress {
   uint8_t owner_key[EGRESS_OWNER_KEY]; /* the session's owner (egress_set_session) */
   struct record *rec;
   struct resolve_quota *quota;
+  struct ic_share *icpt;       /* its interception threads' count (intercept.c), or NULL */
   pthread_mutex_t att_lock;    /* egress_attach/detach/free */
   struct link *link;           /* under att_lock */
   /* The refusal counters (egress_report asks the attached connection):

@@ -46,17 +46,45 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "common/config.h"
 #include "common/util.h"
 #include "egress/intercept_int.h"
 #include "egress/stream_int.h"
 
-#define THREADS_MAX 512u      /* interceptor threads of the whole server */
+/* Threads of interception (an intercepted connection: 1, 2 or 3 with
+ * HTTP/2 gateways): a session may have PER_STREAM for each connection it
+ * may hold open, and the server room for every session to have as many
+ * (so one session cannot use up another's), within these bounds. */
+#define PER_STREAM 3u
+#define THREADS_MIN 512u
+#define THREADS_MAX 16384u
 
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t gone;
   unsigned running;
 } I = {.lock = PTHREAD_MUTEX_INITIALIZER, .gone = PTHREAD_COND_INITIALIZER};
+
+/* A session's count of interception threads: its egress and each of its
+ * threads hold a reference (a thread may outlive the session). */
+struct ic_share {
+  unsigned refs, threads;      /* under I.lock */
+};
+
+static unsigned server_cap(void) {
+  uint64_t n = (uint64_t)PER_STREAM * egress_cfg.max_streams * cfg.max_sessions;
+  return n < THREADS_MIN ? THREADS_MIN : n > THREADS_MAX ? THREADS_MAX : (unsigned)n;
+}
+
+void intercept_share_unref(struct ic_share *sh) {
+  if (!sh)
+    return;
+  pthread_mutex_lock(&I.lock);
+  bool last = --sh->refs == 0;
+  pthread_mutex_unlock(&I.lock);
+  if (last)
+    free(sh);
+}
 
 
 /* ---- answers and the record ---- */
@@ -174,9 +202,11 @@ static int connect_up(struct ictx *c) {
     return -EPROTO;
   }
   /* The server chose HTTP/2: serve() speaks HTTP/1.1 to a gateway. */
-  if (alpn_h2(&c->up) && ic_h2_take(&c->up, false) < 0) {
-    c->why = "too many intercepted connections";
-    return -EAGAIN;
+  int hr = alpn_h2(&c->up) ? ic_h2_take(&c->up, false, c->share) : 0;
+  if (hr < 0) {
+    c->why = hr == -EAGAIN ? "too many intercepted connections"
+                           : "cannot speak HTTP/2 with the server";
+    return hr;
   }
   return 0;
 }
@@ -307,7 +337,7 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
   return 0;
 }
 
-static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final, bool dechunk);
+static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final);
 
 /* The broker closed its end (the stream was ended): bytes it had passed
  * on may still be queued, but none of them is to go anywhere. */
@@ -427,7 +457,7 @@ static void serve(struct ictx *c) {
     c->status = atoi(h.line + 9);
     if (c->status >= 200 || c->status == 101)
       break;
-    if (write_head(c, &h, hl, false, false) < 0)
+    if (write_head(c, &h, hl, false) < 0)
       goto out;
   }
   if (c->status == 101) {
@@ -443,7 +473,7 @@ static void serve(struct ictx *c) {
   /* The head again, with "Connection: close": the sandbox opens a new
    * connection for its next request. */
   bool masking = c->n_masks > 0 && f != F_NONE;
-  if (write_head(c, &h, hl, true, masking && f == F_CHUNKED) < 0)
+  if (write_head(c, &h, hl, true) < 0)
     goto out;
   if (masking)
     ic_relay_masked(c, &c->up, &c->in, f, len, &c->bytes_down);
@@ -456,7 +486,7 @@ out:
 
 /* A response head H (HL bytes as read) to the sandbox, masked; the final
  * one (FINAL) says "Connection: close".  0 or -1. */
-static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final, bool dechunk) {
+static int write_head(struct ictx *c, const struct head *h, size_t hl, bool final) {
   (void)hl;
   size_t size = strlen(h->line) + 2 + 24;
   for (size_t i = 0; i < h->n; i++)
@@ -470,9 +500,6 @@ static int write_head(struct ictx *c, const struct head *h, size_t hl, bool fina
     if (final && (strcasecmp(h->h[i].name, "connection") == 0 ||
                   strcasecmp(h->h[i].name, "keep-alive") == 0))
       continue;
-    if (dechunk && (strcasecmp(h->h[i].name, "transfer-encoding") == 0 ||
-                    strcasecmp(h->h[i].name, "trailer") == 0))
-      continue; /* sent on de-chunked: read to the close */
     n += (size_t)sprintf(o + n, "%s: %s\r\n", h->h[i].name, h->h[i].value);
   }
   n += (size_t)sprintf(o + n, final ? "Connection: close\r\n\r\n" : "\r\n");
@@ -496,13 +523,17 @@ static void ictx_free(struct ictx *c) {
   free(c);
 }
 
-static void count_down(void);
+static void count_down(struct ic_share *sh);
 
-int ic_spawn(void *(*fn)(void *), void *arg) {
+int ic_spawn(void *(*fn)(void *), void *arg, struct ic_share *sh) {
+  unsigned per = PER_STREAM * egress_cfg.max_streams;
   pthread_mutex_lock(&I.lock);
-  bool room = I.running < THREADS_MAX;
-  if (room)
+  bool room = I.running < server_cap() && sh->threads < (per ? per : PER_STREAM);
+  if (room) {
     I.running++;
+    sh->threads++;
+    sh->refs++;
+  }
   pthread_mutex_unlock(&I.lock);
   if (!room)
     return -EAGAIN;
@@ -514,20 +545,24 @@ int ic_spawn(void *(*fn)(void *), void *arg) {
   int r = -pthread_create(&t, &a, fn, arg);
   pthread_attr_destroy(&a);
   if (r < 0)
-    count_down();
+    count_down(sh);
   return r;
 }
 
-void ic_thread_end(void) {
-  OPENSSL_thread_stop();
-  count_down();
-}
-
-static void count_down(void) {
+static void count_down(struct ic_share *sh) {
   pthread_mutex_lock(&I.lock);
+  sh->threads--;
+  bool last = --sh->refs == 0;
   if (--I.running == 0)
     pthread_cond_broadcast(&I.gone);
   pthread_mutex_unlock(&I.lock);
+  if (last)
+    free(sh);
+}
+
+void ic_thread_end(struct ic_share *sh) {
+  OPENSSL_thread_stop();
+  count_down(sh);
 }
 
 static void *icpt_main(void *arg) {
@@ -555,10 +590,14 @@ static void *icpt_main(void *arg) {
       } else if (alpn_h2(&c->in)) {
         /* HTTP/2: a gateway takes the TLS end and gives serve() the
          * request as HTTP/1.1; the broker's end is watched still. */
-        c->watch_fd = dup(c->in.fd);
-        if (c->watch_fd < 0 || ic_h2_take(&c->in, true) < 0) {
+        c->watch_fd = fcntl(c->in.fd, F_DUPFD_CLOEXEC, 0);
+        int hr = c->watch_fd < 0 ? -errno : ic_h2_take(&c->in, true, c->share);
+        if (hr < 0) {
           snprintf(c->method, sizeof c->method, "-");
-          c->why = "too many intercepted connections";
+          snprintf(c->why_buf, sizeof c->why_buf, "%s",
+                   hr == -EAGAIN ? "too many intercepted connections"
+                                 : "cannot speak HTTP/2 with the program");
+          c->why = c->why_buf;
           record_request(c);
           go = false;
         }
@@ -584,8 +623,9 @@ static void *icpt_main(void *arg) {
   if (c->watch_fd >= 0)
     close(c->watch_fd);
   ERR_clear_error();
+  struct ic_share *sh = c->share;
   ictx_free(c);
-  ic_thread_end();
+  ic_thread_end(sh);
   return NULL;
 }
 
@@ -664,7 +704,18 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
   c->log = record_log_ref(e->rec);
   int fl = fcntl(sv[0], F_GETFL);
   fcntl(sv[0], F_SETFL, fl | O_NONBLOCK);
-  int r = ic_spawn(icpt_main, c);
+  if (!e->icpt) {
+    e->icpt = calloc(1, sizeof *e->icpt);
+    if (!e->icpt) {
+      ictx_free(c);
+      close(sv[0]);
+      close(sv[1]);
+      return -ENOMEM;
+    }
+    e->icpt->refs = 1; /* the egress's (egress_free) */
+  }
+  c->share = e->icpt;
+  int r = ic_spawn(icpt_main, c, c->share);
   if (r < 0) {
     ictx_free(c);
     close(sv[0]);

@@ -40,6 +40,7 @@
 #define CAP (256u << 10)       /* bytes waiting in one direction */
 #define REFUSED_MAX 64u        /* streams refused before the connection goes */
 #define WINDOW (1u << 20)      /* what the peer may send on the stream ahead */
+#define OUTQ_MAX 64u           /* frames owed to a peer before it is read no more */
 
 struct buf {
   uint8_t *p;
@@ -47,6 +48,7 @@ struct buf {
 };
 
 struct gw {
+  struct ic_share *share;
   bool front;                  /* the HTTP/2 side is the sandbox's */
   int h2fd, h1fd;
   SSL *ssl;
@@ -74,6 +76,8 @@ struct gw {
   bool closed;                 /* the stream is closed */
   bool goaway;
   bool h2_eof, fail;
+  bool h1_dead;                /* front: intercept.c took no more (its answer is read still) */
+  uint64_t moved_ms;           /* when a byte of the exchange last moved */
 };
 
 /* ---- buffers ---- */
@@ -118,6 +122,8 @@ static int buf_printf(struct buf *b, const char *fmt, ...) {
 static void nv_clear(struct gw *g) {
   for (size_t i = 0; i < g->n_nv; i++) {
     free(g->nv[i].name);
+    if (g->nv[i].value)
+      explicit_bzero(g->nv[i].value, g->nv[i].valuelen);
     free(g->nv[i].value);
   }
   g->n_nv = g->nv_bytes = 0;
@@ -144,6 +150,8 @@ static bool hop_field(const char *name) {
 /* ---- HTTP/2 to HTTP/1.1 ---- */
 
 static int put(struct gw *g, const void *p, size_t n) {
+  if (g->h1_dead)
+    return 0;
   if (buf_add(&g->h1out, p, n) < 0) {
     g->fail = true;
     return -1;
@@ -183,17 +191,20 @@ static int request_head(struct gw *g, bool end) {
   bool cookie = false, length = false;
   for (size_t i = 0; i < g->n_nv; i++) {
     const nghttp2_nv *v = &g->nv[i];
-    if (v->name[0] == ':' || hop_field((char *)v->name))
+    if (v->name[0] == ':' || hop_field((char *)v->name) || strcmp((char *)v->name, "cookie") == 0)
       continue;
-    if (strcmp((char *)v->name, "cookie") == 0) {
-      if ((cookie ? put_s(g, "; ") : put_s(g, "Cookie: ")) || put(g, v->value, v->valuelen))
-        return -1;
-      cookie = true;
-      continue;
-    }
     length |= strcmp((char *)v->name, "content-length") == 0;
     if (put_nv(g, v))
       return -1;
+  }
+  /* The crumbs of a cookie, in order, as one field (RFC 9113 §8.2.3). */
+  for (size_t i = 0; i < g->n_nv; i++) {
+    const nghttp2_nv *v = &g->nv[i];
+    if (strcmp((char *)v->name, "cookie") != 0)
+      continue;
+    if ((cookie ? put_s(g, "; ") : put_s(g, "Cookie: ")) || put(g, v->value, v->valuelen))
+      return -1;
+    cookie = true;
   }
   if (cookie && put_s(g, "\r\n"))
     return -1;
@@ -262,16 +273,23 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *fr, const uint8_t 
   struct gw *g = ud;
   if (fr->hd.stream_id != g->sid || fr->hd.type != NGHTTP2_HEADERS)
     return 0;
-  if (fr->headers.cat == NGHTTP2_HCAT_HEADERS)
-    /* Trailers: none goes to a server (intercept.c refuses them in
-     * requests); a response's are dropped. */
+  /* Trailers: none goes to a server (intercept.c refuses them in
+   * requests); a response's are dropped.  (A response's final HEADERS
+   * after an interim one come as NGHTTP2_HCAT_HEADERS too.) */
+  if (fr->headers.cat == NGHTTP2_HCAT_HEADERS && (g->front || g->head_in))
     return g->front ? NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE : 0;
   g->nv_bytes += nl + vl + 4;
   if (g->n_nv >= sizeof g->nv / sizeof *g->nv || g->nv_bytes > HEAD_MAX)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* the stream is reset */
   nghttp2_nv *v = &g->nv[g->n_nv];
-  v->name = (uint8_t *)strndup((const char *)name, nl);
-  v->value = (uint8_t *)strndup((const char *)value, vl);
+  v->name = malloc(nl + 1);
+  v->value = malloc(vl + 1);
+  if (v->name && v->value) {
+    memcpy(v->name, name, nl);
+    v->name[nl] = 0;
+    memcpy(v->value, value, vl);
+    v->value[vl] = 0;
+  }
   if (!v->name || !v->value) {
     free(v->name);
     free(v->value);
@@ -296,7 +314,8 @@ static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *fr, void *ud) 
   if (!g->sid || fr->hd.stream_id != g->sid)
     return 0;
   bool end = fr->hd.flags & NGHTTP2_FLAG_END_STREAM;
-  if (fr->hd.type == NGHTTP2_HEADERS && !g->head_in && fr->headers.cat != NGHTTP2_HCAT_HEADERS) {
+  if (fr->hd.type == NGHTTP2_HEADERS && !g->head_in &&
+      (fr->headers.cat != NGHTTP2_HCAT_HEADERS || !g->front)) {
     if (g->front) {
       if (request_head(g, end) < 0)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -325,6 +344,7 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t id, const uint8_t 
   struct gw *g = ud;
   if (id != g->sid || !g->head_in || g->msg_done)
     return 0;
+  g->moved_ms = mono_ms();
   if (g->chunked && buf_printf(&g->h1out, "%zx\r\n", n) < 0)
     return NGHTTP2_ERR_CALLBACK_FAILURE;
   if (put(g, p, n) || (g->chunked && put_s(g, "\r\n")))
@@ -428,8 +448,11 @@ static size_t body_take(struct gw *g, uint8_t *p, size_t n) {
       buf_take(b, ll);
     }
   }
-  if (!g->body_done && g->h1_eof && !b->len && g->f != F_CLOSE)
-    g->fail = true; /* the body ended before its framing did */
+  if (got)
+    g->moved_ms = mono_ms();
+  /* The body ended before its framing did (what is left cannot be read on). */
+  if (!g->body_done && g->h1_eof && got < n && g->f != F_CLOSE)
+    g->fail = true;
   return got;
 }
 
@@ -453,6 +476,8 @@ static ssize_t on_body_read(nghttp2_session *s, int32_t id, uint8_t *p, size_t n
   return (ssize_t)got;
 }
 
+static int h1_head_parsed(struct gw *g, char *text, size_t hl);
+
 /* The HTTP/1.1 message's head, once h1in holds it all: submitted as the
  * stream's HEADERS (front: the response; else: the request, which opens
  * the stream).  0: not yet, 1: done, 2: an interim head left out, -1: bad. */
@@ -467,14 +492,25 @@ static int h1_head(struct gw *g) {
     }
   if (!hl)
     return b->len > HEAD_MAX || g->h1_eof ? -1 : 0;
-  _cleanup_free_ char *text = strndup((char *)q, hl);
+  char *text = strndup((char *)q, hl);
+  if (!text)
+    return -1;
+  int r = h1_head_parsed(g, text, hl);
+  explicit_bzero(text, hl);
+  free(text);
+  return r;
+}
+
+static int h1_head_parsed(struct gw *g, char *text, size_t hl) {
+  struct buf *b = &g->h1in;
   struct head h;
-  if (!text || !ic_parse_head(text, hl, &h))
+  if (!ic_parse_head(text, hl, &h))
     return -1;
   buf_take(b, hl);
   int status = 0;
   if (g->front) {
-    if (strncmp(h.line, "HTTP/1.1 ", 9) != 0 || strlen(h.line) < 12)
+    if ((strncmp(h.line, "HTTP/1.1 ", 9) != 0 && strncmp(h.line, "HTTP/1.0 ", 9) != 0) ||
+        strlen(h.line) < 12)
       return -1;
     status = atoi(h.line + 9);
     if (status < 100 || status > 599)
@@ -506,15 +542,19 @@ static int h1_head(struct gw *g) {
     nv[n++] = (nghttp2_nv){(uint8_t *)":method", (uint8_t *)method, 7, strlen(method), 0};
     nv[n++] = (nghttp2_nv){(uint8_t *)":scheme", (uint8_t *)"https", 7, 5, 0};
     nv[n++] = (nghttp2_nv){(uint8_t *)":authority", (uint8_t *)host, 10, strlen(host), 0};
-    nv[n++] = (nghttp2_nv){(uint8_t *)":path", (uint8_t *)target, 5, strlen(target), 0};
+    nv[n++] = (nghttp2_nv){(uint8_t *)":path", (uint8_t *)target, 5, strlen(target),
+                           NGHTTP2_NV_FLAG_NO_INDEX};
   }
   for (size_t i = 0; i < h.n; i++) {
     if (hop_field(h.h[i].name) || strcasecmp(h.h[i].name, "expect") == 0)
       continue;
     for (char *c = h.h[i].name; *c; c++)
       *c = (char)((*c >= 'A' && *c <= 'Z') ? *c + 32 : *c);
+    /* Toward a server, fields carry values of secrets: kept out of the
+     * HPACK tables. */
     nv[n++] = (nghttp2_nv){(uint8_t *)h.h[i].name, (uint8_t *)h.h[i].value, strlen(h.h[i].name),
-                           strlen(h.h[i].value), NGHTTP2_NV_FLAG_NONE};
+                           strlen(h.h[i].value),
+                           g->front ? NGHTTP2_NV_FLAG_NONE : NGHTTP2_NV_FLAG_NO_INDEX};
   }
   uint64_t len = 0;
   if (!ic_framing(&h, !g->front, &g->f, &len))
@@ -542,10 +582,18 @@ static int h1_head(struct gw *g) {
 
 /* ---- the loop ---- */
 
-/* TLS reads into nghttp2 until there is nothing to read, or h1out is full. */
+/* The HTTP/2 side may be read: it is there, what it gives has room, and
+ * what it is owed does not pile up (a peer that sends and never reads
+ * would grow nghttp2's queue of answers, RST_STREAMs, without end). */
+static bool h2_room(const struct gw *g) {
+  return !g->h2_eof && !g->fail && g->h1out.len < CAP && g->h2out.len < CAP &&
+         nghttp2_session_get_outbound_queue_size(g->s) < OUTQ_MAX;
+}
+
+/* TLS reads into nghttp2 while there is something to read and room. */
 static void h2_read(struct gw *g) {
   uint8_t b[16384];
-  while (!g->h2_eof && !g->fail && g->h1out.len < CAP) {
+  while (h2_room(g)) {
     int r = SSL_read(g->ssl, b, sizeof b);
     if (r <= 0) {
       int e = SSL_get_error(g->ssl, r);
@@ -587,6 +635,7 @@ static void h1_read(struct gw *g) {
       g->h1_eof = true;
       return;
     }
+    g->moved_ms = mono_ms();
     if (buf_add(&g->h1in, b, (size_t)r) < 0) {
       g->fail = true;
       return;
@@ -595,25 +644,50 @@ static void h1_read(struct gw *g) {
 }
 
 static int h1_flush(struct gw *g) {
-  while (g->h1out.len) {
+  while (g->h1out.len && !g->h1_dead) {
     ssize_t w = write(g->h1fd, g->h1out.p + g->h1out.off, g->h1out.len);
     if (w < 0 && errno == EINTR)
       continue;
-    if (w < 0)
-      return errno == EAGAIN ? 0 : -1;
+    if (w < 0 && errno == EAGAIN)
+      return 0;
+    if (w < 0) {
+      if (!g->front)
+        return -1;
+      /* intercept.c answered without reading the rest (a refusal): its
+       * answer is still read and sent; the rest of the request is
+       * dropped. */
+      g->h1_dead = true;
+      explicit_bzero(g->h1out.p, g->h1out.cap);
+      g->h1out.off = g->h1out.len = 0;
+      return 0;
+    }
+    g->moved_ms = mono_ms();
     buf_take(&g->h1out, (size_t)w);
   }
   return 0;
 }
 
 /* Until the one exchange is over, either side goes, or EGRESS_IDLE_MS
- * pass with nothing to do. */
+ * pass with no byte of it moving (frames that carry none, PINGs, do not
+ * count). */
 static void gw_loop(struct gw *g) {
+  g->moved_ms = mono_ms();
   for (;;) {
     h2_read(g);
     h1_read(g);
-    if (g->fail || g->h2_eof)
+    if (g->fail)
       return; /* the other side sees its connection end */
+    if (g->h2_eof) {
+      /* The server may end its connection after the whole response:
+       * what is left of it still goes to intercept.c. */
+      if (g->front || !g->msg_done)
+        return;
+      g->h2out.off = g->h2out.len = 0;
+    }
+    /* intercept.c ended: before the request came (front), or while a
+     * server answers it (nothing reads the rest). */
+    if (g->h1_eof && (!g->front || !g->head_in))
+      return;
     if (!g->head_out && (g->front ? g->head_in : true)) {
       int r;
       while ((r = h1_head(g)) == 2)
@@ -635,33 +709,42 @@ static void gw_loop(struct gw *g) {
     /* Frames, until nghttp2 has none or the TLS end takes no more: had
      * h2out been full and then flushed whole, nothing would wake the poll
      * below for what nghttp2 still holds. */
-    do {
-      g->send_full = false;
-      if (nghttp2_session_send(g->s) != 0 || h2_flush(g) < 0)
-        return;
-    } while (g->send_full && !g->h2out.len);
+    if (!g->h2_eof) {
+      do {
+        g->send_full = false;
+        if (nghttp2_session_send(g->s) != 0 || h2_flush(g) < 0)
+          return;
+      } while (g->send_full && !g->h2out.len);
+    }
     if (h1_flush(g) < 0)
       return;
-    if (!g->front && g->closed && !g->h1out.len) {
+    if (!g->front && (g->closed || (g->h2_eof && g->msg_done)) && !g->h1out.len) {
       shutdown(g->h1fd, SHUT_WR); /* the response ends with the connection */
       return;
     }
     if (g->front && g->closed && g->goaway && !g->h2out.len && !nghttp2_session_want_write(g->s))
       return;
-    if (!nghttp2_session_want_read(g->s) && !nghttp2_session_want_write(g->s) && !g->h2out.len)
+    if (!g->h2_eof && !nghttp2_session_want_read(g->s) && !nghttp2_session_want_write(g->s) &&
+        !g->h2out.len && !g->h1out.len)
       return;
-    if (!g->front && g->h1_eof && !g->head_out)
+    uint64_t now = mono_ms();
+    if (now - g->moved_ms >= EGRESS_IDLE_MS)
       return;
     struct pollfd p[2] = {
-        {.fd = g->h2fd, .events = (short)((g->h1out.len < CAP ? POLLIN : 0) |
-                                          (g->h2out.len ? POLLOUT : 0))},
+        {.fd = g->h2fd, .events = (short)((h2_room(g) ? POLLIN : 0) |
+                                          (g->h2out.len && !g->h2_eof ? POLLOUT : 0))},
         {.fd = g->h1fd, .events = (short)((!g->h1_eof && g->h1in.len < CAP ? POLLIN : 0) |
-                                          (g->h1out.len ? POLLOUT : 0))},
+                                          (g->h1out.len && !g->h1_dead ? POLLOUT : 0))},
     };
-    int r = poll(p, 2, EGRESS_IDLE_MS);
-    if (r == 0 || (r < 0 && errno != EINTR))
+    /* A side asked for nothing is not polled: an ended socket says
+     * POLLHUP each time, and the loop would spin on it. */
+    for (int k = 0; k < 2; k++)
+      if (!p[k].events)
+        p[k].fd = -1;
+    int r = poll(p, 2, (int)(g->moved_ms + EGRESS_IDLE_MS - now));
+    if (r < 0 && errno != EINTR)
       return;
-    if (p[0].revents & (POLLERR | POLLNVAL))
+    if (r > 0 && (p[0].revents & (POLLERR | POLLNVAL | POLLHUP)))
       return;
   }
 }
@@ -681,15 +764,19 @@ static void *gw_main(void *arg) {
   else
     close(g->h2fd);
   close(g->h1fd);
-  free(g->h2out.p);
-  free(g->h1out.p);
-  free(g->h1in.p);
+  /* They held the request, values of secrets put in (toward a server). */
+  for (struct buf *b = &g->h2out; b; b = b == &g->h2out ? &g->h1out : b == &g->h1out ? &g->h1in : NULL) {
+    if (b->p)
+      explicit_bzero(b->p, b->cap);
+    free(b->p);
+  }
+  struct ic_share *sh = g->share;
   free(g);
-  ic_thread_end();
+  ic_thread_end(sh);
   return NULL;
 }
 
-int ic_h2_take(struct end *e, bool front) {
+int ic_h2_take(struct end *e, bool front, struct ic_share *sh) {
   if (e->len)
     return -EPROTO; /* nothing was read as HTTP yet */
   struct gw *g = calloc(1, sizeof *g);
@@ -727,7 +814,8 @@ int ic_h2_take(struct end *e, bool front) {
   fcntl(g->h2fd, F_SETFL, fcntl(g->h2fd, F_GETFL) | O_NONBLOCK);
   fcntl(g->h1fd, F_SETFL, fcntl(g->h1fd, F_GETFL) | O_NONBLOCK);
   SSL_set_mode(g->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  r = ic_spawn(gw_main, g);
+  g->share = sh;
+  r = ic_spawn(gw_main, g, sh);
   if (r < 0) {
     fcntl(g->h2fd, F_SETFL, fcntl(g->h2fd, F_GETFL) & ~O_NONBLOCK);
     goto fail;

@@ -429,7 +429,7 @@ static int ic_skip_trailers(struct end *src) {
 }
 
 /* A response body of LEN bytes (F_LEN), up to the end (F_CLOSE), or
- * chunked (F_CHUNKED: sent on de-chunked, the sandbox reads to the close)
+ * chunked (F_CHUNKED: chunked again as it is sent, the last chunk only at its end)
  * from SRC to DST, masked (mask_values) across reads: the last bytes of
  * each read, which may begin a value, wait for the next.  0 or -1. */
 int ic_relay_masked(struct ictx *c, struct end *src, struct end *dst, enum frame f,
@@ -487,11 +487,23 @@ int ic_relay_masked(struct ictx *c, struct end *src, struct end *dst, enum frame
     ic_mask_values(c, buf, n);
     bool last = f == F_CHUNKED ? done : (take == 0 || left == 0);
     size_t out = last ? n : (n > keep ? n - keep : 0);
-    if (out && ic_end_write(dst, buf, out) < 0) {
+    /* Chunked: chunked again as it goes, so that a response cut short
+     * still lacks its last chunk on the sandbox's side. */
+    char sz[24];
+    int szl = f == F_CHUNKED && out ? snprintf(sz, sizeof sz, "%zx\r\n", out) : 0;
+    if (out && ((szl && ic_end_write(dst, sz, (size_t)szl) < 0) || ic_end_write(dst, buf, out) < 0 ||
+                (szl && ic_end_write(dst, "\r\n", 2) < 0))) {
       r = -1;
       break;
     }
-    *bytes += out;
+    *bytes += out + (szl ? (size_t)szl + 2 : 0);
+    if (last && f == F_CHUNKED) {
+      if (ic_end_write(dst, "0\r\n\r\n", 5) < 0) {
+        r = -1;
+        break;
+      }
+      *bytes += 5;
+    }
     memmove(buf, buf + out, n - out);
     held = n - out;
     if (last)

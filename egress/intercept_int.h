@@ -34,6 +34,7 @@ struct end {
 struct ictx {
   struct end in, up;           /* the sandbox's side, the server's */
   int watch_fd;                /* the broker's end, when a gateway holds in (HTTP/2) */
+  struct ic_share *share;      /* its session's count of threads */
   int family;
   uint8_t addr[16];
   uint16_t port;
@@ -109,7 +110,7 @@ char *ic_replace_basic(struct ictx *c, const char *b64);
 void ic_mask_values(const struct ictx *c, char *p, size_t n);
 size_t ic_longest_value(const struct ictx *c);
 void ic_mask_add(struct ictx *c, const char *s, size_t n);
-/* A response body, masked across reads (chunked: sent on de-chunked). */
+/* A response body, masked across reads (chunked: chunked again). */
 int ic_relay_masked(struct ictx *c, struct end *src, struct end *dst, enum frame f, uint64_t len,
                     uint64_t *bytes);
 /* A body framed F from SRC to DST as it is (chunk sizes made canonical);
@@ -119,11 +120,12 @@ int ic_relay_body(struct ictx *c, struct end *src, struct end *dst, enum frame f
 
 /* ---- intercept.c: the threads of interception ---- */
 
-/* FN(ARG) on a detached thread counted against the server's cap:
- * 0, -EAGAIN at the cap, or -errno. */
-int ic_spawn(void *(*fn)(void *), void *arg);
+/* FN(ARG) on a detached thread counted against the server's cap and SH's
+ * (its session's; the thread holds a reference until ic_thread_end):
+ * 0, -EAGAIN at a cap, or -errno. */
+int ic_spawn(void *(*fn)(void *), void *arg, struct ic_share *sh);
 /* The last call of such a thread. */
-void ic_thread_end(void);
+void ic_thread_end(struct ic_share *sh);
 
 /* ---- intercept_h2.c: HTTP/2 on one side, HTTP/1.1 on the other ---- */
 
@@ -133,4 +135,4 @@ void ic_thread_end(void);
  * socketpair: E becomes that socketpair's other end, without TLS.  One
  * request and its response, then the gateway ends.  0, or -errno (E as
  * it was). */
-int ic_h2_take(struct end *e, bool front);
+int ic_h2_take(struct end *e, bool front, struct ic_share *sh);
