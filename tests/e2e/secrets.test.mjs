@@ -56,6 +56,16 @@ function recorder(seen) {
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
       seen.push({ method: req.method, url: req.url, host: req.headers.host ?? req.headers[':authority'], version: req.httpVersion, headers: req.headers, body: Buffer.concat(chunks).toString() });
+      if (req.url === '/early') { // a 103 before the answer
+        res.writeEarlyHints({ link: '</a.css>; rel=preload' });
+        return res.end('early ok\n');
+      }
+      if (req.url === '/mid') return res.end(Buffer.alloc(100_000, 'm'));
+      if (req.url === '/cut') { // 1000 bytes of a body without a length, then the connection goes
+        res.writeHead(200, { 'content-type': 'text/plain' });
+        res.write('c'.repeat(1000));
+        return setTimeout(() => (res.stream ? res.stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR) : req.socket.destroy()), 100);
+      }
       if (req.url === '/big') { // 8 MiB, more than any window or buffer on the way
         res.writeHead(200, { 'content-type': 'application/octet-stream' });
         const block = Buffer.alloc(1 << 20, 'x');
@@ -314,6 +324,38 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     assert.ok(reqs.some((l) => l.path === '/rules/authority' && l.status === 421), JSON.stringify(reqs));
     assert.ok(reqs.some((l) => l.method === 'POST' && l.path === '/rules/post' && l.reason === 'request not in allow_hosts'), JSON.stringify(reqs));
     noValueAnywhere('the flight record', fs.readFileSync(file, 'utf8'));
+    await call(c, 'close', { session_id: sid });
+  });
+
+  test('HTTP/2 at its edges: cookie crumbs, a 103 before the answer, a body cut short, a client that grants no window', T, async () => {
+    const sid = (await call(c, 'open_session', { secrets: ['API_TOKEN'] })).session_id;
+    await call(c, 'write_file', { session_id: sid, path: '/root/h2raw.py', content_base64: fs.readFileSync(new URL('./helpers/h2raw.py', import.meta.url)).toString('base64') });
+    // Cookie crumbs with a field between them go up as one Cookie field, in
+    // order; the connection ends with a GOAWAY after its one request.
+    const n = seen.api.length;
+    const ck = await sh(sid, `python3 /root/h2raw.py get api.test ${ports.a2} /crumbs cookie=a=1 x-mid=1 cookie=b=2`);
+    assert.deepEqual(JSON.parse(ck.stdout || '{}'), { status200: true, body: 3, goaway: true }, ck.stderr);
+    assert.equal(seen.api.slice(n).find((x) => x.url === '/crumbs')?.headers.cookie, 'a=1; b=2');
+    // 103 Early Hints, then the answer: from an HTTP/2 server to either
+    // protocol, and from an HTTP/1.1 server to an HTTP/2 client.
+    const early = await sh(sid, `curl -sS --http2 https://api.test:${ports.a2}/early; curl -sS --http1.1 https://api.test:${ports.a2}/early; curl -sS --http2 https://api.test:${ports.aS}/early`);
+    assert.equal(early.stdout, 'early ok\n'.repeat(3), early.stderr);
+    // A body without a length cut short by the server is seen cut by the
+    // program, whatever the protocols on either side (never a clean end).
+    const cut = await sh(sid, `for p in --http1.1 --http2; do for port in ${ports.aS} ${ports.a2}; do curl -sS $p -o /dev/null https://api.test:$port/cut; echo "$p $port rc=$?"; done; done`);
+    assert.equal((cut.stdout.match(/rc=0$/gm) ?? []).length, 0, `${cut.stdout}${cut.stderr}`);
+    assert.equal((cut.stdout.match(/rc=\d+$/gm) ?? []).length, 4, cut.stdout);
+    // A client that grants no window and only PINGs: its answer waits, and
+    // the server does not spin meanwhile (its CPU over 3 s).
+    const tck = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }));
+    const cpu = () => fs.readFileSync(`/proc/${P.pid}/stat`, 'utf8').split(') ')[1].split(' ').slice(11, 13).reduce((a, x) => a + Number(x), 0) / tck;
+    await call(c, 'write_file', { session_id: sid, path: '/root/hold.sh', content_base64: Buffer.from(`python3 /root/h2raw.py hold api.test ${ports.aS} /mid 3 > /root/hold.out 2>&1 &\n`).toString('base64') });
+    await sh(sid, 'sh /root/hold.sh; sleep 0.5');
+    const c0 = cpu();
+    await sh(sid, 'sleep 2.5; wait; cat /root/hold.out');
+    const spent = cpu() - c0;
+    assert.match((await sh(sid, 'sleep 0.5; cat /root/hold.out')).stdout, /^held \d+/);
+    assert.ok(spent < 1.5, `the server used ${spent.toFixed(2)} s of CPU in 2.5 s while one client held its window shut`);
     await call(c, 'close', { session_id: sid });
   });
 
