@@ -319,7 +319,10 @@ static void connect_addr(struct stream *s, int family, const uint8_t *addr) {
     /* A host of a secret: an interceptor connects it (intercept.c). */
     int r = intercept_start(s, family, addr, s->icpt == ICPT_TLS, &s->fd);
     if (r < 0) {
-      snprintf(why, sizeof why, "cannot intercept: %s", strerror(-r));
+      if (r == -EAGAIN)
+        snprintf(why, sizeof why, "too many intercepted connections");
+      else
+        snprintf(why, sizeof why, "cannot intercept: %s", strerror(-r));
       stream_kill(s, -r, why, true);
       return;
     }
