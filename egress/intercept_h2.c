@@ -13,8 +13,9 @@
  * every stream but the first, and ends with a GOAWAY naming it.  Nothing
  * here looks at a value: every placeholder, rule and mask is applied by
  * intercept.c to the HTTP/1.1 form, which it parses as strictly as one
- * from a socket (nghttp2 has already refused a field with CR, LF or NUL,
- * connection-specific fields and bad pseudo-headers).
+ * from a socket (nghttp2 has already dropped a field with CR, LF or NUL,
+ * and reset a stream with connection-specific fields or bad
+ * pseudo-headers).
  *
  * Non-blocking I/O on both sides in one poll loop; a side is read only
  * while what it gave still waits below CAP (back-pressure reaches the peer
