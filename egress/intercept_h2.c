@@ -92,9 +92,17 @@ static int buf_add(struct buf *b, const void *p, size_t n) {
     size_t cap = b->cap ? b->cap : 16384;
     while (cap < b->len + n)
       cap *= 2;
-    uint8_t *q = realloc(b->p, cap);
+    /* Not realloc: the old block may hold values of secrets, and is
+     * cleared before it goes. */
+    uint8_t *q = malloc(cap);
     if (!q)
       return -1;
+    if (b->p) {
+      memcpy(q, b->p + b->off, b->len);
+      explicit_bzero(b->p, b->cap);
+      free(b->p);
+      b->off = 0;
+    }
     b->p = q;
     b->cap = cap;
   }
@@ -343,7 +351,7 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t id, const uint8_t 
   (void)s;
   (void)flags;
   struct gw *g = ud;
-  if (id != g->sid || !g->head_in || g->msg_done)
+  if (id != g->sid || !g->head_in || g->msg_done || g->h1_dead)
     return 0;
   g->moved_ms = mono_ms();
   if (g->chunked && buf_printf(&g->h1out, "%zx\r\n", n) < 0)
@@ -713,9 +721,13 @@ static void gw_loop(struct gw *g) {
     if (!g->h2_eof) {
       do {
         g->send_full = false;
-        if (nghttp2_session_send(g->s) != 0 || h2_flush(g) < 0)
-          return;
-      } while (g->send_full && !g->h2out.len);
+        if (nghttp2_session_send(g->s) != 0 || h2_flush(g) < 0) {
+          if (g->front || !g->msg_done)
+            return;
+          g->h2_eof = true; /* the server went after its whole response: it still goes on */
+          g->h2out.off = g->h2out.len = 0;
+        }
+      } while (!g->h2_eof && g->send_full && !g->h2out.len);
     }
     if (h1_flush(g) < 0)
       return;
@@ -737,16 +749,22 @@ static void gw_loop(struct gw *g) {
         {.fd = g->h1fd, .events = (short)((!g->h1_eof && g->h1in.len < CAP ? POLLIN : 0) |
                                           (g->h1out.len && !g->h1_dead ? POLLOUT : 0))},
     };
-    /* A side asked for nothing is not polled: an ended socket says
-     * POLLHUP each time, and the loop would spin on it. */
-    for (int k = 0; k < 2; k++)
-      if (!p[k].events)
-        p[k].fd = -1;
+    /* An ended side is not polled: it says POLLHUP each time, and the
+     * loop would spin on it.  The HTTP/2 side is, while it is there, even
+     * for nothing: its end (the broker's, the server's) is seen at once. */
+    if (g->h2_eof)
+      p[0].fd = -1;
+    if (!p[1].events)
+      p[1].fd = -1;
     int r = poll(p, 2, (int)(g->moved_ms + EGRESS_IDLE_MS - now));
     if (r < 0 && errno != EINTR)
       return;
-    if (r > 0 && (p[0].revents & (POLLERR | POLLNVAL | POLLHUP)))
-      return;
+    if (r > 0 && (p[0].revents & (POLLERR | POLLNVAL | POLLHUP))) {
+      if (g->front || !g->msg_done)
+        return;
+      g->h2_eof = true; /* the server went after its whole response: it still goes on */
+      g->h2out.off = g->h2out.len = 0;
+    }
   }
 }
 
