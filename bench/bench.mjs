@@ -1386,11 +1386,11 @@ async function sectionHttp() {
 
 /* A local HTTP server for section 11: /hello (a short answer) and /big?n=N
  * (N bytes), every connection closed after its answer. */
-async function egressHttpServer(tls = null) {
-  const http = await import(tls ? 'node:https' : 'node:http');
+async function egressHttpServer(tls = null, { h2 = false } = {}) {
+  const http = await import(h2 ? 'node:http2' : tls ? 'node:https' : 'node:http');
   const chunk = Buffer.alloc(1 << 16, 'x');
   const handler = (req, res) => {
-    res.setHeader('Connection', 'close');
+    if (!h2) res.setHeader('Connection', 'close');
     const u = new URL(req.url, 'http://x');
     if (u.pathname === '/big') {
       const n = Number(u.searchParams.get('n'));
@@ -1407,9 +1407,12 @@ async function egressHttpServer(tls = null) {
       more();
     } else res.end('hello\n');
   };
-  const srv = tls ? http.createServer(tls, handler) : http.createServer(handler);
+  const srv = h2 ? http.createSecureServer({ ...tls, allowHTTP1: false }, handler)
+    : tls ? http.createServer(tls, handler) : http.createServer(handler);
+  const sessions = new Set();
+  srv.on('session', (x) => { sessions.add(x); x.on('close', () => sessions.delete(x)); });
   await new Promise((resolve) => srv.listen(0, '127.0.0.1', resolve));
-  return { port: srv.address().port, close: () => new Promise((r) => { srv.closeAllConnections?.(); srv.close(r); }) };
+  return { port: srv.address().port, close: () => new Promise((r) => { srv.closeAllConnections?.(); for (const x of sessions) x.destroy(); srv.close(r); }) };
 }
 
 /* The program that times connections, the same on the host and in the
@@ -1507,6 +1510,7 @@ async function sectionEgress() {
     }
   } finally {
     await web.close();
+    await web2.close();
     fs.rmSync(dir, { recursive: true, force: true });
   }
   const notes = [
@@ -1538,11 +1542,12 @@ async function sectionIntercept() {
     '-keyout', key, '-out', cert, '-days', '2', '-subj', '/CN=good.test', '-addext', 'subjectAltName=DNS:good.test,DNS:plain.test',
     '-addext', 'basicConstraints=critical,CA:TRUE'], { stdio: 'pipe' });
   const web = await egressHttpServer({ key: fs.readFileSync(key), cert: fs.readFileSync(cert) });
+  const web2 = await egressHttpServer({ key: fs.readFileSync(key), cert: fs.readFileSync(cert) }, { h2: true });
   const hosts = path.join(dir, 'hosts');
   fs.writeFileSync(hosts, '127.0.0.1 good.test plain.test\n');
   const secrets = path.join(dir, 'secrets.json');
-  fs.writeFileSync(secrets, JSON.stringify({ BENCH_TOKEN: { value: 'bench-value-0123456789', hosts: [`good.test:${web.port}`] } }), { mode: 0o600 });
-  const loop = (h, p, proto = '--http1.1') => `for i in $(seq ${n + 3}); do curl -sS ${proto} -o /dev/null -w '%{time_total}\\n' --cacert /root/both.pem -H "Authorization: Bearer $BENCH_TOKEN" https://${h}:${web.port}${p}; done`;
+  fs.writeFileSync(secrets, JSON.stringify({ BENCH_TOKEN: { value: 'bench-value-0123456789', hosts: [`good.test:${web.port}`, `good.test:${web2.port}`] } }), { mode: 0o600 });
+  const loop = (h, p, proto = '--http1.1', port = web.port) => `for i in $(seq ${n + 3}); do curl -sS ${proto} -o /dev/null -w '%{time_total}\\n' --cacert /root/both.pem -H "Authorization: Bearer $BENCH_TOKEN" https://${h}:${port}${p}; done`;
   const times = (out) => out.trim().split('\n').slice(3).map((x) => Number(x) * 1000);
   try {
     const hd = [];
@@ -1568,15 +1573,19 @@ async function sectionIntercept() {
         const ic2 = times((await srv.run(s.session_id, loop('good.test', '/hello', '--http2'), { timeout_s: 600 })).stdout);
         rows.push(row(label2, ic2, { group: g1, baseline: direct, extra: `+${(median(ic2) - median(ic)).toFixed(2)} ms against HTTP/1.1 intercepted: the HTTP/2 gateway's thread, its frames, the request carried as HTTP/1.1 inside` }));
         doneLine(label2, ic2);
+        const label3 = 'ns: intercepted, HTTP/2 both ways (an HTTP/2-only server)';
+        const ic3 = times((await srv.run(s.session_id, loop('good.test', '/hello', '--http2', web2.port), { timeout_s: 600 })).stdout);
+        rows.push(row(label3, ic3, { group: g1, baseline: direct, extra: `+${(median(ic3) - median(ic)).toFixed(2)} ms against HTTP/1.1 intercepted: both gateways` }));
+        doneLine(label3, ic3);
         // A session of its own per series: a session's egress stops at
         // IGN_MCP_EGRESS_BYTES (1 GiB), and three series of 500 MiB pass it.
-        const dl = async (h, proto = '--http1.1') => {
+        const dl = async (h, proto = '--http1.1', port = web.port) => {
           const v = [];
           const ds = await srv.tool('open_session', { secrets: ['BENCH_TOKEN'], allow_hosts: [`plain.test:${web.port}`] });
           await srv.tool('write_file', { session_id: ds.session_id, path: '/root/cert.pem', content_base64: fs.readFileSync(cert).toString('base64') });
           await srv.run(ds.session_id, 'cat "$SSL_CERT_FILE" /root/cert.pem > /root/both.pem');
           for (let i = 0; i < reps; i++) {
-            const x = await srv.run(ds.session_id, `curl -sS ${proto} -o /dev/null -w '%{speed_download}' --cacert /root/both.pem https://${h}:${web.port}/big?n=${size}`, { timeout_s: 600 });
+            const x = await srv.run(ds.session_id, `curl -sS ${proto} -o /dev/null -w '%{speed_download}' --cacert /root/both.pem https://${h}:${port}/big?n=${size}`, { timeout_s: 600 });
             v.push(Number(x.stdout) / MiB);
           }
           await srv.tool('close', { session_id: ds.session_id });
@@ -1589,6 +1598,8 @@ async function sectionIntercept() {
         rows.push(row(ld, sd, { group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl, extra: `${((100 * median(sd)) / median(hd)).toFixed(0)}% of the host's, ${((100 * median(sd)) / median(rd)).toFixed(0)}% of the same download relayed end to end` }));
         const sd2 = await dl('good.test', '--http2');
         rows.push(row('ns: curl --http2 through interception', sd2, { group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl, extra: `${((100 * median(sd2)) / median(sd)).toFixed(0)}% of the same download intercepted over HTTP/1.1` }));
+        const sd3 = await dl('good.test', '--http2', web2.port);
+        rows.push(row('ns: curl --http2 through interception to an HTTP/2-only server', sd3, { group: g2, unit: 'MiB/s', higherIsBetter: true, baseline: hostDl, extra: `${((100 * median(sd3)) / median(sd)).toFixed(0)}% of the same download intercepted over HTTP/1.1 (both gateways)` }));
         log(`  intercepted download: median ${median(sd).toFixed(0)} MiB/s (HTTP/1.1), ${median(sd2).toFixed(0)} MiB/s (HTTP/2)`);
       } finally {
         await srv.tool('close', { session_id: s.session_id }).catch(() => {});
@@ -1601,7 +1612,7 @@ async function sectionIntercept() {
   const notes = [
     `A local HTTPS server (node) on 127.0.0.1 with its own certificate, reached from one ns sandbox (tools rootfs) as plain.test (allow_hosts: relayed end to end, the broker only peeks at the SNI) and as good.test (the host of a secret: intercepted). Each request is a new curl process and connection sending the secret's placeholder; the first 3 of each series are not counted. The difference is what interception adds: a TLS handshake with the sandbox (ECDSA P-256 leaf from the server's CA), one with the server, the request parsed and rewritten, the response relayed with Connection: close.`,
     `Download: curl -o /dev/null of 100 MiB over HTTPS, ${reps} times; the host's curl against the same server is the baseline.`,
-    'curl speaks HTTP/1.1 (--http1.1) unless a row says HTTP/2; the server speaks HTTP/1.1 only, so an HTTP/2 row goes through the front gateway alone (sandbox h2, broker, server h1).',
+    'curl speaks HTTP/1.1 (--http1.1) unless a row says HTTP/2. The server speaks HTTP/1.1 only, so an HTTP/2 row goes through the front gateway alone (sandbox h2, broker, server h1), except the rows of the HTTP/2-only server (node http2, no HTTP/1.1): both gateways (sandbox h2, broker h1 inside, server h2).',
   ];
   return { id: 'intercept', title: '14. Secrets: the cost of interception', unit: 'ms', rows, notes, grouped: true };
 }
