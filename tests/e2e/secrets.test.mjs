@@ -349,12 +349,14 @@ describe('secrets', { skip: captureSkip() || TOOLS_SKIP }, () => {
     // the server does not spin meanwhile (its CPU over 3 s).
     const tck = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }));
     const cpu = () => fs.readFileSync(`/proc/${P.pid}/stat`, 'utf8').split(') ')[1].split(' ').slice(11, 13).reduce((a, x) => a + Number(x), 0) / tck;
-    await call(c, 'write_file', { session_id: sid, path: '/root/hold.sh', content_base64: Buffer.from(`python3 /root/h2raw.py hold api.test ${ports.aS} /mid 3 > /root/hold.out 2>&1 &\n`).toString('base64') });
-    await sh(sid, 'sh /root/hold.sh; sleep 0.5');
+    await call(c, 'write_file', { session_id: sid, path: '/root/hold.sh', content_base64: Buffer.from(`python3 /root/h2raw.py hold api.test ${ports.aS} /mid 4 > /root/hold.out 2>&1 &\n`).toString('base64') });
+    const ready = await sh(sid, 'sh /root/hold.sh; for i in $(seq 600); do grep -q holding /root/hold.out && break; sleep 0.1; done; sleep 0.5; cat /root/hold.out');
+    assert.match(ready.stdout, /^holding\n$/, ready.stderr);
     const c0 = cpu();
-    await sh(sid, 'sleep 2.5; wait; cat /root/hold.out');
+    await new Promise((r) => setTimeout(r, 2500));
     const spent = cpu() - c0;
-    assert.match((await sh(sid, 'sleep 0.5; cat /root/hold.out')).stdout, /^held \d+/);
+    const held = await sh(sid, 'for i in $(seq 600); do grep -q held /root/hold.out && break; sleep 0.1; done; cat /root/hold.out');
+    assert.match(held.stdout, /^holding\nheld \d+\n$/, held.stderr);
     assert.ok(spent < 1.5, `the server used ${spent.toFixed(2)} s of CPU in 2.5 s while one client held its window shut`);
     await call(c, 'close', { session_id: sid });
   });

@@ -7,8 +7,8 @@
 #       200"), body (bytes of DATA), goaway.
 #   h2raw.py hold HOST PORT PATH SECONDS
 #       a GET from a client that grants no window (SETTINGS_INITIAL_WINDOW_SIZE
-#       0) and PINGs every half second, for SECONDS; prints "held N" (the
-#       frames it got).
+#       0) and PINGs every half second, for SECONDS; prints "holding" once
+#       its request is sent, "held N" at the end (N: the frames it got).
 # HPACK: literals without indexing, no Huffman (what it sends); of what it
 # gets only the first byte of the response's field block is looked at.
 import json
@@ -104,6 +104,7 @@ def get(host, port, path, fields):
 def hold(host, port, path, seconds):
     t = connect(host, port, window=0)
     request(t, host, port, path)
+    print('holding', flush=True)
     t.settimeout(0.5)
     r = Reader(t)
     got, until = 0, time.time() + seconds
