@@ -381,6 +381,11 @@ static json_t *policy_json_of(const struct egress_policy *p, bool implied) {
 
 static json_t *policy_json(const struct egress_policy *p) { return policy_json_of(p, true); }
 
+bool egress_requests_checked(const struct egress *e, const char *host, uint16_t port) {
+  return e->mode == EGRESS_MODE_ALLOW &&
+         egress_policy_requests_checked(&e->pol, host, strlen(host), port);
+}
+
 /* E's mode and rules, read together (the broker may be changing them). */
 static json_t *rules_json(const struct egress *e, enum egress_mode *ret_mode) {
   pthread_mutex_lock((pthread_mutex_t *)&e->synth_lock);

@@ -224,6 +224,10 @@ struct ssl_st *ca_server_ssl(struct ssl_ctx_st *ctx, const char *name);
  * broker.  0 or -errno. */
 struct stream;
 int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls, int *ret_fd);
+/* E's requests to HOST:PORT are each read and checked: the session's own
+ * rules for it are request rules (allow mode; a secret's hosts alone are
+ * not). */
+bool egress_requests_checked(const struct egress *e, const char *host, uint16_t port);
 struct ic_share;
 /* The egress's reference to its count of interception threads. */
 void intercept_share_unref(struct ic_share *sh);

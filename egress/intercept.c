@@ -86,7 +86,6 @@ void intercept_share_unref(struct ic_share *sh) {
     free(sh);
 }
 
-
 /* ---- answers and the record ---- */
 
 static void answer(struct ictx *c, int code, const char *phrase, const char *body) {
@@ -100,14 +99,14 @@ static void answer(struct ictx *c, int code, const char *phrase, const char *bod
   c->status = code;
 }
 
-static void refuse(struct ictx *c, int code, const char *phrase, const char *why) {
+static void refuse(struct ictx *c, int code, const char *why) {
   if (!c->why) {
     snprintf(c->why_buf, sizeof c->why_buf, "%s", why);
     c->why = c->why_buf;
   }
   char body[256];
   snprintf(body, sizeof body, "ignition-mcp egress: %s", c->why);
-  answer(c, code, phrase, body);
+  answer(c, code, ic_reason(code), body);
 }
 
 static void clean_path(struct ictx *c, const char *target) {
@@ -222,14 +221,12 @@ static int rewrite_request(struct ictx *c, struct head *h, char **out, size_t *o
     return 400;
   }
   *sp1 = *sp2 = 0;
-  const char *method = h->line, *target = sp1 + 1;
-  snprintf(c->method, sizeof c->method, "%s", method);
+  const char *method = h->line, *target = sp1 + 1; /* in the record already (serve) */
   for (const char *q = method; *q; q++)
     if (!ic_tchar(*q) || q - method > 24) {
       c->why = "malformed HTTP request";
       return 400;
     }
-  clean_path(c, target);
   if (target[0] != '/') {
     c->why = strcmp(method, "CONNECT") == 0 ? "CONNECT on an intercepted host"
                                             : "request target not in origin form";
@@ -359,11 +356,11 @@ static void serve(struct ictx *c) {
   }
   snprintf(c->method, sizeof c->method, "-");
   if (r == -EMSGSIZE) {
-    refuse(c, 431, "Request Header Fields Too Large", "request head too large");
+    refuse(c, 431, "request head too large");
     goto out;
   }
   if (r < 0 || !ic_parse_head(head, hl, &h)) {
-    refuse(c, 400, "Bad Request", "malformed HTTP request");
+    refuse(c, 400, "malformed HTTP request");
     goto out;
   }
   /* For the record: the method and the path, as the line says them. */
@@ -384,7 +381,7 @@ static void serve(struct ictx *c) {
    * placeholder never goes up. */
   if (!ic_tokens_ok(c, head, hl, "the request head")) {
     explicit_bzero(head, hl);
-    refuse(c, 403, "Forbidden", c->why);
+    refuse(c, 403, c->why);
     goto out;
   }
   char *req = NULL;
@@ -400,11 +397,7 @@ static void serve(struct ictx *c) {
   if (code) {
     explicit_bzero(head, hl);
     free(req);
-    refuse(c, code,
-           code == 403 ? "Forbidden" : code == 421 ? "Misdirected Request"
-           : code == 431 ? "Request Header Fields Too Large" : code == 500 ? "Internal Server Error"
-                                                                          : "Bad Request",
-           c->why ? c->why : "refused");
+    refuse(c, code, c->why ? c->why : "refused");
     goto out;
   }
   if (peer_gone(c)) { /* the stream was ended (a policy change): nothing goes up */
@@ -421,7 +414,7 @@ static void serve(struct ictx *c) {
       snprintf(c->why_buf, sizeof c->why_buf, "connect failed: %s", strerror(-cr));
       c->why = c->why_buf;
     }
-    refuse(c, 502, "Bad Gateway", c->why);
+    refuse(c, 502, c->why);
     goto out;
   }
   int w = ic_end_write(&c->up, req, req_len);
@@ -451,7 +444,7 @@ static void serve(struct ictx *c) {
         strlen(h.line) < 12 || h.line[8] != ' ' || !isdigit((unsigned char)h.line[9]) ||
         !isdigit((unsigned char)h.line[10]) || !isdigit((unsigned char)h.line[11]) ||
         (h.line[12] && h.line[12] != ' ') || h.line[9] < '1' || h.line[9] > '5' || interim > 8) {
-      refuse(c, 502, "Bad Gateway", "malformed response from the server");
+      refuse(c, 502, "malformed response from the server");
       goto out;
     }
     c->status = atoi(h.line + 9);
@@ -461,11 +454,11 @@ static void serve(struct ictx *c) {
       goto out;
   }
   if (c->status == 101) {
-    refuse(c, 502, "Bad Gateway", "protocol upgrade on an intercepted host");
+    refuse(c, 502, "protocol upgrade on an intercepted host");
     goto out;
   }
   if (!ic_framing(&h, false, &f, &len)) {
-    refuse(c, 502, "Bad Gateway", "ambiguous response body framing");
+    refuse(c, 502, "ambiguous response body framing");
     goto out;
   }
   if (head_req || c->status == 204 || c->status == 304)
@@ -565,6 +558,14 @@ void ic_thread_end(struct ic_share *sh) {
   count_down(sh);
 }
 
+/* C ends before any request was read (WHY): its one line in the record. */
+static bool ended_early(struct ictx *c, const char *why) {
+  snprintf(c->method, sizeof c->method, "-");
+  c->why = why;
+  record_request(c);
+  return false;
+}
+
 static void *icpt_main(void *arg) {
   struct ictx *c = arg;
   struct timeval tv = {.tv_sec = HANDSHAKE_MS / 1000};
@@ -575,32 +576,20 @@ static void *icpt_main(void *arg) {
     c->in.ssl = ca_server_ssl(ca_server_ctx(), c->host);
     if (!c->in.ssl || !SSL_set_fd(c->in.ssl, c->in.fd) || SSL_accept(c->in.ssl) != 1) {
       ERR_clear_error();
-      snprintf(c->method, sizeof c->method, "-");
-      c->why = "TLS with the program failed: it may pin its server's certificate or carry "
-               "its own trust store";
-      record_request(c);
-      go = false;
+      go = ended_early(c, "TLS with the program failed: it may pin its server's certificate or "
+                          "carry its own trust store");
     } else {
       const char *sni = SSL_get_servername(c->in.ssl, TLSEXT_NAMETYPE_host_name);
       if (!sni || strcasecmp(sni, c->host) != 0) {
-        snprintf(c->method, sizeof c->method, "-");
-        c->why = "SNI mismatch";
-        record_request(c);
-        go = false;
+        go = ended_early(c, "SNI mismatch");
       } else if (alpn_h2(&c->in)) {
         /* HTTP/2: a gateway takes the TLS end and gives serve() the
          * request as HTTP/1.1; the broker's end is watched still. */
         c->watch_fd = fcntl(c->in.fd, F_DUPFD_CLOEXEC, 0);
         int hr = c->watch_fd < 0 ? -errno : ic_h2_take(&c->in, true, c->share);
-        if (hr < 0) {
-          snprintf(c->method, sizeof c->method, "-");
-          snprintf(c->why_buf, sizeof c->why_buf, "%s",
-                   hr == -EAGAIN ? "too many intercepted connections"
-                                 : "cannot speak HTTP/2 with the program");
-          c->why = c->why_buf;
-          record_request(c);
-          go = false;
-        }
+        if (hr < 0)
+          go = ended_early(c, hr == -EAGAIN ? "too many intercepted connections"
+                                            : "cannot speak HTTP/2 with the program");
       }
     }
   }
@@ -689,7 +678,7 @@ int intercept_start(struct stream *s, int family, const uint8_t *addr, bool tls,
     explicit_bzero(pct, pn);
   }
   size_t hl = strlen(c->host);
-  if (e->mode == EGRESS_MODE_ALLOW && egress_policy_requests_checked(&e->pol, c->host, hl, c->port)) {
+  if (egress_requests_checked(e, c->host, c->port)) {
     c->rules = malloc(e->pol.n * sizeof *c->rules);
     for (size_t i = 0; c->rules && i < e->pol.n; i++)
       if (egress_rule_admits(&e->pol.rules[i], c->host, hl, c->port))

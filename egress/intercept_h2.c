@@ -132,11 +132,11 @@ static int on_data(nghttp2_session *s, uint8_t flags, int32_t id, const uint8_t 
 }
 
 static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *ud) {
+  (void)code;
   struct gw *g = ud;
   if (id != g->sid)
     return 0;
   g->closed = true;
-  (void)code;
   if (!g->msg_done && !(g->front && g->head_out && g->body_done))
     g->fail = true; /* cut short: the other side sees its connection end */
   if (g->front && !g->goaway) {
@@ -354,10 +354,11 @@ static void *gw_main(void *arg) {
     close(g->h2fd);
   close(g->h1fd);
   /* They held the request, values of secrets put in (toward a server). */
-  for (struct buf *b = &g->h2out; b; b = b == &g->h2out ? &g->h1out : b == &g->h1out ? &g->h1in : NULL) {
-    if (b->p)
-      explicit_bzero(b->p, b->cap);
-    free(b->p);
+  struct buf *bufs[] = {&g->h2out, &g->h1out, &g->h1in};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+    if (bufs[i]->p)
+      explicit_bzero(bufs[i]->p, bufs[i]->cap);
+    free(bufs[i]->p);
   }
   struct ic_share *sh = g->share;
   free(g);

@@ -155,32 +155,11 @@ int gw_request_head(struct gw *g, bool end) {
   return put_s(g, "\r\n");
 }
 
-static const char *reason(int status) {
-  switch (status) {
-  case 200: return "OK";
-  case 201: return "Created";
-  case 204: return "No Content";
-  case 206: return "Partial Content";
-  case 301: return "Moved Permanently";
-  case 302: return "Found";
-  case 304: return "Not Modified";
-  case 400: return "Bad Request";
-  case 401: return "Unauthorized";
-  case 403: return "Forbidden";
-  case 404: return "Not Found";
-  case 429: return "Too Many Requests";
-  case 500: return "Internal Server Error";
-  case 502: return "Bad Gateway";
-  case 503: return "Service Unavailable";
-  default: return "Status";
-  }
-}
-
 /* The response that came on the stream, as an HTTP/1.1 head (from the
  * server): without a length its body goes chunked, so that one cut short
  * is seen as such.  END: it has no body. */
 int gw_response_head(struct gw *g, int status, bool end) {
-  if (buf_printf(&g->h1out, "HTTP/1.1 %03d %s\r\n", status, reason(status)) < 0)
+  if (buf_printf(&g->h1out, "HTTP/1.1 %03d %s\r\n", status, ic_reason(status)) < 0)
     return -1;
   for (size_t i = 0; i < g->n_nv; i++)
     if (g->nv[i].name[0] != ':' && !hop_field((char *)g->nv[i].name) && put_nv(g, &g->nv[i]))

@@ -132,6 +132,28 @@ int ic_read_head(struct end *e, char *out, size_t *ret_len) {
 
 /* ---- heads ---- */
 
+const char *ic_reason(int status) {
+  switch (status) {
+  case 200: return "OK";
+  case 201: return "Created";
+  case 204: return "No Content";
+  case 206: return "Partial Content";
+  case 301: return "Moved Permanently";
+  case 302: return "Found";
+  case 304: return "Not Modified";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 421: return "Misdirected Request";
+  case 429: return "Too Many Requests";
+  case 431: return "Request Header Fields Too Large";
+  case 500: return "Internal Server Error";
+  case 502: return "Bad Gateway";
+  case 503: return "Service Unavailable";
+  default: return "Status";
+  }
+}
 
 bool ic_tchar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

@@ -91,6 +91,8 @@ ssize_t ic_end_fill(struct end *e);
  * at an end before any byte, -ETIMEDOUT, -EIO. */
 int ic_read_head(struct end *e, char *out, size_t *ret_len);
 bool ic_tchar(char c);
+/* The reason phrase of an HTTP status ("Status" for one not listed). */
+const char *ic_reason(int status);
 /* Splits TEXT (a head read whole) into its line and fields, in place,
  * strictly; false: malformed. */
 bool ic_parse_head(char *text, size_t len, struct head *h);

@@ -26,14 +26,9 @@ static bool peek_name_ok(const struct stream *s, const char *found) {
   return !host_is_literal(found) || strcmp(found, s->rec.ip) == 0;
 }
 
-/* Bytes a peek found malformed (R: EGRESS_PEEK_MALFORMED, refused, with
- * what it read recorded), or cut short of what it needs (EGRESS_PEEK_MORE:
- * waited for while more may come, refused as WHY when none will). */
 /* S's host has request rules of the session's own: its requests must be read. */
 static bool stream_needs_reading(const struct stream *s) {
-  const struct egress *e = s->lk->e;
-  return !s->raw && e->mode == EGRESS_MODE_ALLOW &&
-         egress_policy_requests_checked(&e->pol, s->rec.host, strlen(s->rec.host), s->rec.port);
+  return !s->raw && egress_requests_checked(s->lk->e, s->rec.host, s->rec.port);
 }
 
 bool stream_intercepts(const struct stream *s) {
@@ -42,7 +37,7 @@ bool stream_intercepts(const struct stream *s) {
     return false;
   size_t len = strlen(s->rec.host);
   /* Request rules for its host and port: each request is checked. */
-  if (e->mode == EGRESS_MODE_ALLOW && egress_policy_requests_checked(&e->pol, s->rec.host, len, s->rec.port))
+  if (egress_requests_checked(e, s->rec.host, s->rec.port))
     return true;
   for (size_t i = 0; i < e->n_bind; i++)
     if (secret_for(e->bind[i].s, s->rec.host, len, s->rec.port))
@@ -94,6 +89,9 @@ bool stream_scan_tokens(struct stream *s, const uint8_t *p, size_t n, const char
   return true;
 }
 
+/* Bytes a peek found malformed (R: EGRESS_PEEK_MALFORMED, refused, with
+ * what it read recorded), or cut short of what it needs (EGRESS_PEEK_MORE:
+ * waited for while more may come, refused as WHY when none will). */
 static enum verdict peek_malformed(struct stream *s, enum egress_peek r, const char *out,
                                    const char *why, bool last, const char **ret_why) {
   *ret_why = why;

@@ -25,7 +25,6 @@
 
 #define SECRETS_FILE_MAX (1u << 20)
 
-
 static struct secret *table;
 static size_t n_table;
 

@@ -584,8 +584,7 @@ static const char *stage1(struct egress *e, struct stream *s, const struct agent
     snprintf(s->rec.host, sizeof s->rec.host, "%s", name);
     /* A host whose requests are checked is always read before a connect,
      * whatever its port (no timed connect, no server speaking first). */
-    if (e->mode == EGRESS_MODE_ALLOW &&
-        egress_policy_requests_checked(&e->pol, name, strlen(name), o->port))
+    if (egress_requests_checked(e, name, o->port))
       s->web = true;
   } else {
     s->raw = true;
